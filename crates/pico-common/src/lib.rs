@@ -1,0 +1,18 @@
+//! Shared vocabulary of PicoMQ. No IO happens here.
+//!
+//! - [`ids`]: `StreamId`, `NodeId`, stream `Epoch`, `Offset`.
+//! - [`name`]: stream-name rules (`/orders/42` → canonical `orders/42`).
+//! - [`uri`]: bucket URIs with a numeric bucket id before the scheme (`-2@file://./objects`).
+//! - [`error`]: [`ErrorKind`], the small prescriptive error vocabulary every protocol maps.
+//! - [`clock`]: wall-clock milliseconds; the only place the time is read.
+
+pub mod clock;
+pub mod error;
+pub mod ids;
+pub mod name;
+pub mod uri;
+
+pub use error::ErrorKind;
+pub use ids::{Epoch, NodeId, Offset, StreamId};
+pub use name::{NameError, StreamName};
+pub use uri::{BucketUri, Scheme, UriError};

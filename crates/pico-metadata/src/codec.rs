@@ -1,0 +1,656 @@
+//! Hand-written, versioned binary codec for commands (log rows) and state (snapshots).
+//!
+//! Layout: the first byte is the codec version ([`VERSION`]); then little-endian fixed-width
+//! integers, `u32` length-prefixed strings/bytes/lists, a `u8` tag for enums and options.
+//! Decoding checks every length against the bytes left, so garbage yields a [`CodecError`]
+//! (never a panic, never a huge allocation). New fields mean a new version byte; old versions
+//! keep decoding so old log rows and snapshots stay readable.
+
+use crate::command::{Command, CommitRange, ProducerMark, StreamConfig};
+use crate::state::{
+    NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
+};
+use thiserror::Error;
+
+/// Current codec version (first byte of every encoded value).
+pub const VERSION: u8 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CodecError {
+    #[error("empty input")]
+    Empty,
+    #[error("unsupported codec version: version={0} supported={VERSION}")]
+    UnsupportedVersion(u8),
+    #[error("truncated input: reading={0}")]
+    Truncated(&'static str),
+    #[error("unknown tag: reading={what} tag={tag}")]
+    BadTag { what: &'static str, tag: u8 },
+    #[error("invalid utf-8 in string")]
+    BadUtf8,
+    #[error("trailing bytes after value: count={0}")]
+    Trailing(usize),
+}
+
+// ---------------------------------------------------------------- public entry points
+
+pub fn encode_command(cmd: &Command) -> Vec<u8> {
+    let mut w = Writer(vec![VERSION]);
+    w.command(cmd);
+    w.0
+}
+
+pub fn decode_command(bytes: &[u8]) -> Result<Command, CodecError> {
+    let mut r = Reader::versioned(bytes)?;
+    let cmd = r.command()?;
+    r.finish()?;
+    Ok(cmd)
+}
+
+/// A batch of commands (one log row).
+pub fn encode_commands(cmds: &[Command]) -> Vec<u8> {
+    let mut w = Writer(vec![VERSION]);
+    w.len(cmds.len());
+    for c in cmds {
+        w.command(c);
+    }
+    w.0
+}
+
+pub fn decode_commands(bytes: &[u8]) -> Result<Vec<Command>, CodecError> {
+    let mut r = Reader::versioned(bytes)?;
+    let n = r.count("command count", 1)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(r.command()?);
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// A snapshot of the whole state.
+pub fn encode_state(s: &State) -> Vec<u8> {
+    let mut w = Writer(vec![VERSION]);
+    w.u64(s.applied_index);
+    w.u64(s.next_stream_id);
+    w.len(s.nodes.len());
+    for n in s.nodes.values() {
+        w.u32(n.node_id);
+        w.u64(n.epoch);
+        w.str(&n.address);
+        w.i64(n.registered_at_ms);
+    }
+    w.len(s.streams.len());
+    for m in s.streams.values() {
+        w.stream(m);
+    }
+    w.len(s.registry.len());
+    for (name, e) in s.registry.iter() {
+        w.str(name);
+        w.u64(e.stream_id);
+        w.config(&e.config);
+        w.i64(e.created_at_ms);
+        w.bool(e.closed);
+        w.opt_u64(e.closed_at);
+        match &e.closed_by {
+            None => w.u8(0),
+            Some(p) => {
+                w.u8(1);
+                w.producer(p);
+            }
+        }
+        w.i64(e.last_touch_ms);
+    }
+    w.len(s.objects.len());
+    for o in s.objects.values() {
+        w.str(&o.key);
+        w.u64(o.size);
+        w.u32(o.live_refs);
+        w.u32(o.node_id);
+        w.i64(o.committed_at_ms);
+    }
+    w.len(s.destroyed.len());
+    for k in s.destroyed.iter() {
+        w.str(k);
+    }
+    w.len(s.kv.len());
+    for (k, v) in s.kv.iter() {
+        w.str(k);
+        w.bytes(v);
+    }
+    w.0
+}
+
+pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
+    let mut r = Reader::versioned(bytes)?;
+    let mut s = State::new();
+    s.applied_index = r.u64("applied_index")?;
+    s.next_stream_id = r.u64("next_stream_id")?;
+    for _ in 0..r.count("nodes", 4 + 8 + 4 + 8)? {
+        let n = NodeInfo {
+            node_id: r.u32("node_id")?,
+            epoch: r.u64("node epoch")?,
+            address: r.str("address")?,
+            registered_at_ms: r.i64("registered_at_ms")?,
+        };
+        s.nodes.insert(n.node_id, n);
+    }
+    for _ in 0..r.count("streams", 8)? {
+        let m = r.stream()?;
+        s.streams.insert(m.id, m);
+    }
+    for _ in 0..r.count("registry", 8)? {
+        let name = r.str("registry name")?;
+        let e = RegistryEntry {
+            stream_id: r.u64("registry stream_id")?,
+            config: r.config()?,
+            created_at_ms: r.i64("created_at_ms")?,
+            closed: r.bool("closed")?,
+            closed_at: r.opt_u64("closed_at")?,
+            closed_by: match r.u8("closed_by tag")? {
+                0 => None,
+                1 => Some(r.producer()?),
+                tag => {
+                    return Err(CodecError::BadTag {
+                        what: "closed_by",
+                        tag,
+                    });
+                }
+            },
+            last_touch_ms: r.i64("last_touch_ms")?,
+        };
+        s.registry.insert(name, e);
+    }
+    for _ in 0..r.count("objects", 4 + 8 + 4 + 4 + 8)? {
+        let o = ObjectMeta {
+            key: r.str("object key")?,
+            size: r.u64("object size")?,
+            live_refs: r.u32("live_refs")?,
+            node_id: r.u32("object node_id")?,
+            committed_at_ms: r.i64("committed_at_ms")?,
+        };
+        s.objects.insert(o.key.clone(), o);
+    }
+    for _ in 0..r.count("destroyed", 4)? {
+        s.destroyed.insert(r.str("destroyed key")?);
+    }
+    for _ in 0..r.count("kv", 8)? {
+        let k = r.str("kv key")?;
+        let v = r.bytes("kv value")?;
+        s.kv.insert(k, v);
+    }
+    r.finish()?;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------- writer
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn bool(&mut self, v: bool) {
+        self.0.push(v as u8);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn i64(&mut self, v: i64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    /// Lengths are u32: a single value over 4 GiB is not a metadata value.
+    fn len(&mut self, n: usize) {
+        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.len(b.len());
+        self.0.extend_from_slice(b);
+    }
+    fn str(&mut self, s: &str) {
+        self.bytes(s.as_bytes());
+    }
+    fn opt_u64(&mut self, v: Option<u64>) {
+        match v {
+            None => self.u8(0),
+            Some(x) => {
+                self.u8(1);
+                self.u64(x);
+            }
+        }
+    }
+    fn opt_i64(&mut self, v: Option<i64>) {
+        match v {
+            None => self.u8(0),
+            Some(x) => {
+                self.u8(1);
+                self.i64(x);
+            }
+        }
+    }
+    fn config(&mut self, c: &StreamConfig) {
+        self.str(&c.content_type);
+        self.opt_u64(c.ttl_secs);
+        self.opt_i64(c.expires_at_ms);
+    }
+    fn producer(&mut self, p: &ProducerMark) {
+        self.str(&p.id);
+        self.u64(p.epoch);
+        self.u64(p.seq);
+    }
+    fn stream(&mut self, m: &StreamMeta) {
+        self.u64(m.id);
+        self.str(&m.name);
+        self.i64(m.epoch);
+        match m.owner {
+            None => self.u8(0),
+            Some(o) => {
+                self.u8(1);
+                self.u32(o.node_id);
+                self.u64(o.node_epoch);
+            }
+        }
+        self.u64(m.start_offset);
+        self.u64(m.end_offset);
+        self.bool(m.deleted);
+        self.len(m.slices.len());
+        for s in m.slices.iter() {
+            self.str(&s.key);
+            self.u64(s.start_offset);
+            self.u64(s.end_offset);
+            self.u64(s.position);
+            self.u64(s.len);
+        }
+        self.len(m.producers.len());
+        for (id, p) in m.producers.iter() {
+            self.str(id);
+            self.u64(p.epoch);
+            self.u64(p.seq);
+        }
+    }
+    fn command(&mut self, cmd: &Command) {
+        match cmd {
+            Command::RegisterNode {
+                node_id,
+                node_epoch,
+                address,
+                now_ms,
+            } => {
+                self.u8(1);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.str(address);
+                self.i64(*now_ms);
+            }
+            Command::CreateStream {
+                name,
+                config,
+                closed,
+                now_ms,
+            } => {
+                self.u8(2);
+                self.str(name);
+                self.config(config);
+                self.bool(*closed);
+                self.i64(*now_ms);
+            }
+            Command::OpenStream {
+                stream_id,
+                node_id,
+                node_epoch,
+            } => {
+                self.u8(3);
+                self.u64(*stream_id);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+            }
+            Command::ReleaseStream {
+                stream_id,
+                epoch,
+                node_id,
+                node_epoch,
+            } => {
+                self.u8(4);
+                self.u64(*stream_id);
+                self.i64(*epoch);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+            }
+            Command::SealStream {
+                stream_id,
+                closed_at,
+                producer,
+                now_ms,
+            } => {
+                self.u8(5);
+                self.u64(*stream_id);
+                self.u64(*closed_at);
+                match producer {
+                    None => self.u8(0),
+                    Some(p) => {
+                        self.u8(1);
+                        self.producer(p);
+                    }
+                }
+                self.i64(*now_ms);
+            }
+            Command::Trim {
+                stream_id,
+                start_offset,
+            } => {
+                self.u8(6);
+                self.u64(*stream_id);
+                self.u64(*start_offset);
+            }
+            Command::DeleteStream { name, stream_id } => {
+                self.u8(7);
+                self.str(name);
+                self.u64(*stream_id);
+            }
+            Command::CommitObject {
+                node_id,
+                node_epoch,
+                key,
+                size,
+                ranges,
+                now_ms,
+            } => {
+                self.u8(8);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.str(key);
+                self.u64(*size);
+                self.len(ranges.len());
+                for r in ranges {
+                    self.u64(r.stream_id);
+                    self.i64(r.epoch);
+                    self.u64(r.start_offset);
+                    self.u64(r.end_offset);
+                    self.u64(r.position);
+                    self.u64(r.len);
+                    self.len(r.producers.len());
+                    for p in &r.producers {
+                        self.producer(p);
+                    }
+                }
+                self.i64(*now_ms);
+            }
+            Command::ForgetObject { key } => {
+                self.u8(9);
+                self.str(key);
+            }
+            Command::Touch { stream_id, now_ms } => {
+                self.u8(10);
+                self.u64(*stream_id);
+                self.i64(*now_ms);
+            }
+            Command::KvPut { key, value } => {
+                self.u8(11);
+                self.str(key);
+                self.bytes(value);
+            }
+            Command::KvDelete { key } => {
+                self.u8(12);
+                self.str(key);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- reader
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn versioned(bytes: &'a [u8]) -> Result<Reader<'a>, CodecError> {
+        let (&v, rest) = bytes.split_first().ok_or(CodecError::Empty)?;
+        if v != VERSION {
+            return Err(CodecError::UnsupportedVersion(v));
+        }
+        Ok(Reader { buf: rest })
+    }
+    fn finish(&self) -> Result<(), CodecError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(CodecError::Trailing(self.buf.len()))
+        }
+    }
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], CodecError> {
+        if self.buf.len() < n {
+            return Err(CodecError::Truncated(what));
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], CodecError> {
+        let b = self.take(N, what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(b);
+        Ok(a)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, CodecError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+    fn bool(&mut self, what: &'static str) -> Result<bool, CodecError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            tag => Err(CodecError::BadTag { what, tag }),
+        }
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, CodecError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, CodecError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+    fn i64(&mut self, what: &'static str) -> Result<i64, CodecError> {
+        Ok(i64::from_le_bytes(self.array(what)?))
+    }
+    /// A list length, checked against the bytes left (each element takes at least
+    /// `min_elem` bytes) so garbage cannot make us allocate or loop for long.
+    fn count(&mut self, what: &'static str, min_elem: usize) -> Result<usize, CodecError> {
+        let n = self.u32(what)? as usize;
+        if n.saturating_mul(min_elem.max(1)) > self.buf.len() {
+            return Err(CodecError::Truncated(what));
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self, what: &'static str) -> Result<Vec<u8>, CodecError> {
+        let n = self.u32(what)? as usize;
+        Ok(self.take(n, what)?.to_vec())
+    }
+    fn str(&mut self, what: &'static str) -> Result<String, CodecError> {
+        String::from_utf8(self.bytes(what)?).map_err(|_| CodecError::BadUtf8)
+    }
+    fn opt_u64(&mut self, what: &'static str) -> Result<Option<u64>, CodecError> {
+        match self.u8(what)? {
+            0 => Ok(None),
+            1 => Ok(Some(self.u64(what)?)),
+            tag => Err(CodecError::BadTag { what, tag }),
+        }
+    }
+    fn opt_i64(&mut self, what: &'static str) -> Result<Option<i64>, CodecError> {
+        match self.u8(what)? {
+            0 => Ok(None),
+            1 => Ok(Some(self.i64(what)?)),
+            tag => Err(CodecError::BadTag { what, tag }),
+        }
+    }
+    fn config(&mut self) -> Result<StreamConfig, CodecError> {
+        Ok(StreamConfig {
+            content_type: self.str("content_type")?,
+            ttl_secs: self.opt_u64("ttl_secs")?,
+            expires_at_ms: self.opt_i64("expires_at_ms")?,
+        })
+    }
+    fn producer(&mut self) -> Result<ProducerMark, CodecError> {
+        Ok(ProducerMark {
+            id: self.str("producer id")?,
+            epoch: self.u64("producer epoch")?,
+            seq: self.u64("producer seq")?,
+        })
+    }
+    fn stream(&mut self) -> Result<StreamMeta, CodecError> {
+        let id = self.u64("stream id")?;
+        let name = self.str("stream name")?;
+        let epoch = self.i64("stream epoch")?;
+        let owner = match self.u8("owner tag")? {
+            0 => None,
+            1 => Some(Owner {
+                node_id: self.u32("owner node_id")?,
+                node_epoch: self.u64("owner node_epoch")?,
+            }),
+            tag => return Err(CodecError::BadTag { what: "owner", tag }),
+        };
+        let start_offset = self.u64("start_offset")?;
+        let end_offset = self.u64("end_offset")?;
+        let deleted = self.bool("deleted")?;
+        let mut slices = im::Vector::new();
+        for _ in 0..self.count("slices", 4 + 32)? {
+            slices.push_back(Slice {
+                key: self.str("slice key")?,
+                start_offset: self.u64("slice start")?,
+                end_offset: self.u64("slice end")?,
+                position: self.u64("slice position")?,
+                len: self.u64("slice len")?,
+            });
+        }
+        let mut producers = im::OrdMap::new();
+        for _ in 0..self.count("producers", 4 + 16)? {
+            let pid = self.str("producer id")?;
+            let st = ProducerState {
+                epoch: self.u64("producer epoch")?,
+                seq: self.u64("producer seq")?,
+            };
+            producers.insert(pid, st);
+        }
+        Ok(StreamMeta {
+            id,
+            name,
+            epoch,
+            owner,
+            start_offset,
+            end_offset,
+            deleted,
+            slices,
+            producers,
+        })
+    }
+    fn command(&mut self) -> Result<Command, CodecError> {
+        let tag = self.u8("command tag")?;
+        Ok(match tag {
+            1 => Command::RegisterNode {
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+                address: self.str("address")?,
+                now_ms: self.i64("now_ms")?,
+            },
+            2 => Command::CreateStream {
+                name: self.str("name")?,
+                config: self.config()?,
+                closed: self.bool("closed")?,
+                now_ms: self.i64("now_ms")?,
+            },
+            3 => Command::OpenStream {
+                stream_id: self.u64("stream_id")?,
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+            },
+            4 => Command::ReleaseStream {
+                stream_id: self.u64("stream_id")?,
+                epoch: self.i64("epoch")?,
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+            },
+            5 => Command::SealStream {
+                stream_id: self.u64("stream_id")?,
+                closed_at: self.u64("closed_at")?,
+                producer: match self.u8("producer tag")? {
+                    0 => None,
+                    1 => Some(self.producer()?),
+                    tag => {
+                        return Err(CodecError::BadTag {
+                            what: "producer",
+                            tag,
+                        });
+                    }
+                },
+                now_ms: self.i64("now_ms")?,
+            },
+            6 => Command::Trim {
+                stream_id: self.u64("stream_id")?,
+                start_offset: self.u64("start_offset")?,
+            },
+            7 => Command::DeleteStream {
+                name: self.str("name")?,
+                stream_id: self.u64("stream_id")?,
+            },
+            8 => {
+                let node_id = self.u32("node_id")?;
+                let node_epoch = self.u64("node_epoch")?;
+                let key = self.str("key")?;
+                let size = self.u64("size")?;
+                let n = self.count("ranges", 52)?;
+                let mut ranges = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let stream_id = self.u64("range stream_id")?;
+                    let epoch = self.i64("range epoch")?;
+                    let start_offset = self.u64("range start")?;
+                    let end_offset = self.u64("range end")?;
+                    let position = self.u64("range position")?;
+                    let len = self.u64("range len")?;
+                    let np = self.count("range producers", 20)?;
+                    let mut producers = Vec::with_capacity(np);
+                    for _ in 0..np {
+                        producers.push(self.producer()?);
+                    }
+                    ranges.push(CommitRange {
+                        stream_id,
+                        epoch,
+                        start_offset,
+                        end_offset,
+                        position,
+                        len,
+                        producers,
+                    });
+                }
+                Command::CommitObject {
+                    node_id,
+                    node_epoch,
+                    key,
+                    size,
+                    ranges,
+                    now_ms: self.i64("now_ms")?,
+                }
+            }
+            9 => Command::ForgetObject {
+                key: self.str("key")?,
+            },
+            10 => Command::Touch {
+                stream_id: self.u64("stream_id")?,
+                now_ms: self.i64("now_ms")?,
+            },
+            11 => Command::KvPut {
+                key: self.str("key")?,
+                value: self.bytes("value")?,
+            },
+            12 => Command::KvDelete {
+                key: self.str("key")?,
+            },
+            tag => {
+                return Err(CodecError::BadTag {
+                    what: "command",
+                    tag,
+                });
+            }
+        })
+    }
+}

@@ -1,0 +1,218 @@
+//! The vocabulary of the metadata log: commands, their outcomes and deterministic rejections.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Stream configuration fixed at creation (compared by idempotent creates).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamConfig {
+    pub content_type: String,
+    pub ttl_secs: Option<u64>,
+    pub expires_at_ms: Option<i64>,
+}
+
+/// A producer's last (epoch, seq) as seen by a commit or a close.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerMark {
+    pub id: String,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// One stream's records inside an uploaded object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRange {
+    pub stream_id: u64,
+    pub epoch: i64,
+    pub start_offset: u64,
+    pub end_offset: u64,
+    /// Byte position of the range inside the object.
+    pub position: u64,
+    pub len: u64,
+    /// Last state per producer in this range.
+    pub producers: Vec<ProducerMark>,
+}
+
+/// A state change. Time enters as a field (`now_ms`): `apply` never reads a clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Registers a node start. `node_epoch` must be higher than the registered one.
+    RegisterNode {
+        node_id: u32,
+        node_epoch: u64,
+        address: String,
+        now_ms: i64,
+    },
+    /// Allocates an internal stream AND stores the registry entry, atomically (one command: no
+    /// orphan ids). Idempotent: same name + same config (+ same `closed`) -> existing;
+    /// different -> Conflict.
+    CreateStream {
+        name: String,
+        config: StreamConfig,
+        closed: bool,
+        now_ms: i64,
+    },
+    /// Assigns the stream to a node and bumps its epoch (first open: -1 -> 0). Requires node_epoch
+    /// current. The bump fences any previous owner: its commits at the old epoch are rejected.
+    OpenStream {
+        stream_id: u64,
+        node_id: u32,
+        node_epoch: u64,
+    },
+    /// Owner gives the stream up (flushed). Requires owner match and epoch == current.
+    ReleaseStream {
+        stream_id: u64,
+        epoch: i64,
+        node_id: u32,
+        node_epoch: u64,
+    },
+    /// Client close (seal): no appends after `closed_at` (the tail offset). Idempotent.
+    /// `producer` = the producer triple that closed it (for idempotent retries).
+    SealStream {
+        stream_id: u64,
+        closed_at: u64,
+        producer: Option<ProducerMark>,
+        now_ms: i64,
+    },
+    /// Moves start_offset to max(current, given); drops slices wholly below it and releases their
+    /// object refs (also for slices committed later that lie wholly below start_offset).
+    Trim {
+        stream_id: u64,
+        start_offset: u64,
+    },
+    /// Removes the registry entry (name reusable at once), marks the stream deleted and releases
+    /// its object references; objects with no live references become "destroyed".
+    DeleteStream {
+        name: String,
+        stream_id: u64,
+    },
+    /// Makes an uploaded object visible; see `State::apply` for the per-range acceptance rule.
+    CommitObject {
+        node_id: u32,
+        node_epoch: u64,
+        key: String,
+        size: u64,
+        ranges: Vec<CommitRange>,
+        now_ms: i64,
+    },
+    /// GC finished deleting a destroyed object from storage; forget it.
+    ForgetObject {
+        key: String,
+    },
+    /// Sliding TTL bookkeeping: persist the last access time.
+    Touch {
+        stream_id: u64,
+        now_ms: i64,
+    },
+    KvPut {
+        key: String,
+        value: Vec<u8>,
+    },
+    KvDelete {
+        key: String,
+    },
+}
+
+impl Command {
+    /// Short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::RegisterNode { .. } => "register_node",
+            Command::CreateStream { .. } => "create_stream",
+            Command::OpenStream { .. } => "open_stream",
+            Command::ReleaseStream { .. } => "release_stream",
+            Command::SealStream { .. } => "seal_stream",
+            Command::Trim { .. } => "trim",
+            Command::DeleteStream { .. } => "delete_stream",
+            Command::CommitObject { .. } => "commit_object",
+            Command::ForgetObject { .. } => "forget_object",
+            Command::Touch { .. } => "touch",
+            Command::KvPut { .. } => "kv_put",
+            Command::KvDelete { .. } => "kv_delete",
+        }
+    }
+}
+
+/// What an accepted command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    NodeRegistered,
+    /// `created == false`: the stream existed with the same config.
+    Created {
+        stream_id: u64,
+        created: bool,
+    },
+    Opened {
+        epoch: i64,
+        start_offset: u64,
+        end_offset: u64,
+    },
+    Released,
+    Sealed {
+        closed_at: u64,
+    },
+    Trimmed {
+        start_offset: u64,
+    },
+    Deleted,
+    /// One flag per range, in order.
+    Committed {
+        accepted: Vec<bool>,
+    },
+    Forgotten,
+    Touched,
+    KvDone,
+}
+
+/// Deterministic rejections: the state is unchanged (except `applied_index`).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ApplyError {
+    #[error("stream not found: stream_id={stream_id}")]
+    StreamNotFound { stream_id: u64 },
+    #[error("stream name not found: name=`{name}`")]
+    NameNotFound { name: String },
+    #[error("stream exists with another config: name=`{name}` reason={reason}")]
+    Conflict { name: String, reason: String },
+    #[error(
+        "stale node epoch (a newer process of this node exists): node_id={node_id} given={given} current={current}"
+    )]
+    StaleNodeEpoch {
+        node_id: u32,
+        given: u64,
+        current: u64,
+    },
+    #[error("node not registered: node_id={node_id}")]
+    UnknownNode { node_id: u32 },
+    #[error(
+        "stale stream epoch (the stream was reopened): stream_id={stream_id} given={given} current={current}"
+    )]
+    StaleStreamEpoch {
+        stream_id: u64,
+        given: i64,
+        current: i64,
+    },
+    #[error("node does not own the stream: stream_id={stream_id}")]
+    NotOwner { stream_id: u64 },
+    #[error("stream deleted: stream_id={stream_id}")]
+    StreamDeleted { stream_id: u64 },
+    #[error("invalid command: {0}")]
+    Invalid(String),
+}
+
+impl ApplyError {
+    /// The prescriptive kind callers map to their wire.
+    pub fn kind(&self) -> pico_common::ErrorKind {
+        use pico_common::ErrorKind;
+        match self {
+            ApplyError::StreamNotFound { .. }
+            | ApplyError::NameNotFound { .. }
+            | ApplyError::StreamDeleted { .. } => ErrorKind::NotFound,
+            ApplyError::Conflict { .. } => ErrorKind::Conflict,
+            ApplyError::StaleNodeEpoch { .. }
+            | ApplyError::UnknownNode { .. }
+            | ApplyError::StaleStreamEpoch { .. }
+            | ApplyError::NotOwner { .. } => ErrorKind::Fenced,
+            ApplyError::Invalid(_) => ErrorKind::BadRequest,
+        }
+    }
+}

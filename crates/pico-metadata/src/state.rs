@@ -1,0 +1,598 @@
+//! The applied metadata state and the pure, deterministic `apply`.
+//!
+//! Every map is an `im` persistent map, so `State::clone` is O(1): the log publishes a fresh
+//! immutable view after each applied row without copying, and snapshots serialize a clone in the
+//! background. No `HashMap` anywhere: iteration order is part of determinism (snapshots, replay).
+
+use crate::command::{ApplyError, Command, CommitRange, Outcome, ProducerMark, StreamConfig};
+use serde::{Deserialize, Serialize};
+
+/// A registered node process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub node_id: u32,
+    pub epoch: u64,
+    pub address: String,
+    pub registered_at_ms: i64,
+}
+
+/// The node process that currently owns a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub node_id: u32,
+    pub node_epoch: u64,
+}
+
+/// A committed range `[start_offset, end_offset)` of a stream, stored at `position..position+len`
+/// of object `key`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slice {
+    pub key: String,
+    pub start_offset: u64,
+    pub end_offset: u64,
+    pub position: u64,
+    pub len: u64,
+}
+
+/// Last committed (epoch, seq) of a producer on a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerState {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// An internal stream (the data side; the name lives in the registry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMeta {
+    pub id: u64,
+    pub name: String,
+    /// -1 = created, never opened; bumped by every open, never reset.
+    pub epoch: i64,
+    pub owner: Option<Owner>,
+    /// First readable offset (trim point). May be ahead of `end_offset` (trimmed at the tail
+    /// of data still in a WAL).
+    pub start_offset: u64,
+    /// End of committed (object-backed) data.
+    pub end_offset: u64,
+    pub deleted: bool,
+    /// Ascending and contiguous; the last one ends at `end_offset`.
+    pub slices: im::Vector<Slice>,
+    pub producers: im::OrdMap<String, ProducerState>,
+}
+
+/// A name → stream entry with the client-visible config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryEntry {
+    pub stream_id: u64,
+    pub config: StreamConfig,
+    pub created_at_ms: i64,
+    pub closed: bool,
+    /// Tail at close; `None` while open, and for a stream created closed until it is sealed.
+    pub closed_at: Option<u64>,
+    pub closed_by: Option<ProducerMark>,
+    pub last_touch_ms: i64,
+}
+
+/// A committed object in storage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    pub key: String,
+    pub size: u64,
+    /// Number of slices (across all streams) that reference it.
+    pub live_refs: u32,
+    pub node_id: u32,
+    pub committed_at_ms: i64,
+}
+
+/// The whole applied metadata state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    /// Number of commands applied (including rejected ones).
+    pub applied_index: u64,
+    pub next_stream_id: u64,
+    pub nodes: im::OrdMap<u32, NodeInfo>,
+    /// Deleted streams are removed once they own no slices.
+    pub streams: im::OrdMap<u64, StreamMeta>,
+    pub registry: im::OrdMap<String, RegistryEntry>,
+    pub objects: im::OrdMap<String, ObjectMeta>,
+    /// Objects with `live_refs == 0` awaiting GC.
+    pub destroyed: im::OrdSet<String>,
+    pub kv: im::OrdMap<String, Vec<u8>>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State::new()
+    }
+}
+
+impl State {
+    pub fn new() -> State {
+        State {
+            applied_index: 0,
+            next_stream_id: 0,
+            nodes: im::OrdMap::new(),
+            streams: im::OrdMap::new(),
+            registry: im::OrdMap::new(),
+            objects: im::OrdMap::new(),
+            destroyed: im::OrdSet::new(),
+            kv: im::OrdMap::new(),
+        }
+    }
+
+    /// Applies one command. `applied_index` is incremented ALWAYS (rejections are log positions
+    /// too); on `Err` everything else is unchanged. Pure and deterministic: no clock, no IO.
+    pub fn apply(&mut self, cmd: &Command) -> Result<Outcome, ApplyError> {
+        // Work on an O(1) clone so a rejection half-way through cannot leave partial changes.
+        let mut next = self.clone();
+        let result = next.apply_inner(cmd);
+        if result.is_ok() {
+            *self = next;
+        }
+        self.applied_index += 1;
+        result
+    }
+
+    fn apply_inner(&mut self, cmd: &Command) -> Result<Outcome, ApplyError> {
+        match cmd {
+            Command::RegisterNode {
+                node_id,
+                node_epoch,
+                address,
+                now_ms,
+            } => {
+                if let Some(n) = self.nodes.get(node_id)
+                    && *node_epoch <= n.epoch
+                {
+                    return Err(ApplyError::StaleNodeEpoch {
+                        node_id: *node_id,
+                        given: *node_epoch,
+                        current: n.epoch,
+                    });
+                }
+                self.nodes.insert(
+                    *node_id,
+                    NodeInfo {
+                        node_id: *node_id,
+                        epoch: *node_epoch,
+                        address: address.clone(),
+                        registered_at_ms: *now_ms,
+                    },
+                );
+                Ok(Outcome::NodeRegistered)
+            }
+            Command::CreateStream {
+                name,
+                config,
+                closed,
+                now_ms,
+            } => self.create_stream(name, config, *closed, *now_ms),
+            Command::OpenStream {
+                stream_id,
+                node_id,
+                node_epoch,
+            } => {
+                self.check_node(*node_id, *node_epoch)?;
+                let s = self.live_stream_mut(*stream_id)?;
+                s.epoch += 1;
+                s.owner = Some(Owner {
+                    node_id: *node_id,
+                    node_epoch: *node_epoch,
+                });
+                Ok(Outcome::Opened {
+                    epoch: s.epoch,
+                    start_offset: s.start_offset,
+                    end_offset: s.end_offset,
+                })
+            }
+            Command::ReleaseStream {
+                stream_id,
+                epoch,
+                node_id,
+                node_epoch,
+            } => {
+                self.check_node(*node_id, *node_epoch)?;
+                let s = self.live_stream_mut(*stream_id)?;
+                if s.owner
+                    != Some(Owner {
+                        node_id: *node_id,
+                        node_epoch: *node_epoch,
+                    })
+                {
+                    return Err(ApplyError::NotOwner {
+                        stream_id: *stream_id,
+                    });
+                }
+                if s.epoch != *epoch {
+                    return Err(ApplyError::StaleStreamEpoch {
+                        stream_id: *stream_id,
+                        given: *epoch,
+                        current: s.epoch,
+                    });
+                }
+                s.owner = None;
+                Ok(Outcome::Released)
+            }
+            Command::SealStream {
+                stream_id,
+                closed_at,
+                producer,
+                now_ms,
+            } => {
+                let s = self.live_stream(*stream_id)?;
+                let end_offset = s.end_offset;
+                let name = s.name.clone();
+                let entry = self.registry_entry_mut(&name, *stream_id)?;
+                if let Some(at) = entry.closed_at {
+                    // Idempotent: the first seal fixed the tail.
+                    return Ok(Outcome::Sealed { closed_at: at });
+                }
+                if *closed_at < end_offset {
+                    return Err(ApplyError::Invalid(format!(
+                        "seal below committed data: stream_id={stream_id} closed_at={closed_at} end_offset={end_offset}"
+                    )));
+                }
+                entry.closed = true;
+                entry.closed_at = Some(*closed_at);
+                entry.closed_by = producer.clone();
+                entry.last_touch_ms = entry.last_touch_ms.max(*now_ms);
+                Ok(Outcome::Sealed {
+                    closed_at: *closed_at,
+                })
+            }
+            Command::Trim {
+                stream_id,
+                start_offset,
+            } => {
+                let s = self.live_stream_mut(*stream_id)?;
+                s.start_offset = s.start_offset.max(*start_offset);
+                let new_start = s.start_offset;
+                let mut released = Vec::new();
+                while let Some(first) = s.slices.front() {
+                    if first.end_offset > new_start {
+                        break;
+                    }
+                    if let Some(dropped) = s.slices.pop_front() {
+                        released.push(dropped.key);
+                    }
+                }
+                for key in released {
+                    self.release_ref(&key);
+                }
+                Ok(Outcome::Trimmed {
+                    start_offset: new_start,
+                })
+            }
+            Command::DeleteStream { name, stream_id } => {
+                let entry = self
+                    .registry
+                    .get(name)
+                    .ok_or_else(|| ApplyError::NameNotFound { name: name.clone() })?;
+                if entry.stream_id != *stream_id {
+                    return Err(ApplyError::Conflict {
+                        name: name.clone(),
+                        reason: format!(
+                            "name maps to another stream: given={stream_id} current={}",
+                            entry.stream_id
+                        ),
+                    });
+                }
+                self.registry.remove(name);
+                if let Some(mut s) = self.streams.remove(stream_id) {
+                    s.deleted = true;
+                    for slice in std::mem::take(&mut s.slices) {
+                        self.release_ref(&slice.key);
+                    }
+                    // All refs released at once, so the stream owns no slices: forget it.
+                }
+                Ok(Outcome::Deleted)
+            }
+            Command::CommitObject {
+                node_id,
+                node_epoch,
+                key,
+                size,
+                ranges,
+                now_ms,
+            } => {
+                self.check_node(*node_id, *node_epoch)?;
+                if key.is_empty() {
+                    return Err(ApplyError::Invalid("object key is empty".to_string()));
+                }
+                if self.objects.contains_key(key) {
+                    return Err(ApplyError::Invalid(format!(
+                        "object already committed: key=`{key}`"
+                    )));
+                }
+                let mut accepted = Vec::with_capacity(ranges.len());
+                let mut live_refs: u32 = 0;
+                for range in ranges {
+                    match self.commit_range(*node_id, key, range) {
+                        RangeResult::Rejected => accepted.push(false),
+                        RangeResult::Dropped => accepted.push(true),
+                        RangeResult::Kept => {
+                            accepted.push(true);
+                            live_refs = live_refs.saturating_add(1);
+                        }
+                    }
+                }
+                self.objects.insert(
+                    key.clone(),
+                    ObjectMeta {
+                        key: key.clone(),
+                        size: *size,
+                        live_refs,
+                        node_id: *node_id,
+                        committed_at_ms: *now_ms,
+                    },
+                );
+                if live_refs == 0 {
+                    self.destroyed.insert(key.clone());
+                }
+                Ok(Outcome::Committed { accepted })
+            }
+            Command::ForgetObject { key } => {
+                match self.objects.get(key) {
+                    // Idempotent: GC may retry after the command applied.
+                    None => Ok(Outcome::Forgotten),
+                    Some(o) if o.live_refs > 0 => Err(ApplyError::Invalid(format!(
+                        "object still referenced: key=`{key}` live_refs={}",
+                        o.live_refs
+                    ))),
+                    Some(_) => {
+                        self.objects.remove(key);
+                        self.destroyed.remove(key);
+                        Ok(Outcome::Forgotten)
+                    }
+                }
+            }
+            Command::Touch { stream_id, now_ms } => {
+                let name = self.live_stream(*stream_id)?.name.clone();
+                let entry = self.registry_entry_mut(&name, *stream_id)?;
+                entry.last_touch_ms = entry.last_touch_ms.max(*now_ms);
+                Ok(Outcome::Touched)
+            }
+            Command::KvPut { key, value } => {
+                self.kv.insert(key.clone(), value.clone());
+                Ok(Outcome::KvDone)
+            }
+            Command::KvDelete { key } => {
+                self.kv.remove(key);
+                Ok(Outcome::KvDone)
+            }
+        }
+    }
+
+    fn create_stream(
+        &mut self,
+        name: &str,
+        config: &StreamConfig,
+        closed: bool,
+        now_ms: i64,
+    ) -> Result<Outcome, ApplyError> {
+        if name.is_empty() {
+            return Err(ApplyError::Invalid("stream name is empty".to_string()));
+        }
+        if let Some(existing) = self.registry.get(name) {
+            let reason = if existing.config.content_type != config.content_type {
+                Some("content type differs")
+            } else if existing.config.ttl_secs != config.ttl_secs
+                || existing.config.expires_at_ms != config.expires_at_ms
+            {
+                Some("ttl or expiry differs")
+            } else if existing.closed != closed {
+                Some("closed status differs")
+            } else {
+                None
+            };
+            return match reason {
+                Some(r) => Err(ApplyError::Conflict {
+                    name: name.to_string(),
+                    reason: r.to_string(),
+                }),
+                None => Ok(Outcome::Created {
+                    stream_id: existing.stream_id,
+                    created: false,
+                }),
+            };
+        }
+        let id = self.next_stream_id;
+        self.next_stream_id += 1;
+        self.streams.insert(
+            id,
+            StreamMeta {
+                id,
+                name: name.to_string(),
+                epoch: pico_common::ids::NEVER_OPENED,
+                owner: None,
+                start_offset: 0,
+                end_offset: 0,
+                deleted: false,
+                slices: im::Vector::new(),
+                producers: im::OrdMap::new(),
+            },
+        );
+        self.registry.insert(
+            name.to_string(),
+            RegistryEntry {
+                stream_id: id,
+                config: config.clone(),
+                created_at_ms: now_ms,
+                closed,
+                closed_at: None,
+                closed_by: None,
+                last_touch_ms: now_ms,
+            },
+        );
+        Ok(Outcome::Created {
+            stream_id: id,
+            created: true,
+        })
+    }
+
+    fn commit_range(&mut self, node_id: u32, key: &str, r: &CommitRange) -> RangeResult {
+        let Some(s) = self.streams.get(&r.stream_id) else {
+            return RangeResult::Rejected;
+        };
+        let owner_ok = s.owner.is_some_and(|o| o.node_id == node_id);
+        if s.deleted
+            || !owner_ok
+            || r.epoch != s.epoch
+            || r.start_offset != s.end_offset
+            || r.end_offset <= r.start_offset
+        {
+            return RangeResult::Rejected;
+        }
+        // A sealed stream accepts nothing past its close point.
+        let closed_at = self.registry.get(&s.name).and_then(|e| e.closed_at);
+        if closed_at.is_some_and(|at| r.end_offset > at) {
+            return RangeResult::Rejected;
+        }
+        let Some(s) = self.streams.get_mut(&r.stream_id) else {
+            return RangeResult::Rejected;
+        };
+        s.end_offset = r.end_offset;
+        for p in &r.producers {
+            s.producers.insert(
+                p.id.clone(),
+                ProducerState {
+                    epoch: p.epoch,
+                    seq: p.seq,
+                },
+            );
+        }
+        if r.end_offset <= s.start_offset {
+            // Already trimmed away: accepted (offsets advance) but no slice, no reference.
+            return RangeResult::Dropped;
+        }
+        s.slices.push_back(Slice {
+            key: key.to_string(),
+            start_offset: r.start_offset,
+            end_offset: r.end_offset,
+            position: r.position,
+            len: r.len,
+        });
+        RangeResult::Kept
+    }
+
+    fn check_node(&self, node_id: u32, node_epoch: u64) -> Result<(), ApplyError> {
+        let n = self
+            .nodes
+            .get(&node_id)
+            .ok_or(ApplyError::UnknownNode { node_id })?;
+        if n.epoch != node_epoch {
+            return Err(ApplyError::StaleNodeEpoch {
+                node_id,
+                given: node_epoch,
+                current: n.epoch,
+            });
+        }
+        Ok(())
+    }
+
+    fn live_stream(&self, stream_id: u64) -> Result<&StreamMeta, ApplyError> {
+        let s = self
+            .streams
+            .get(&stream_id)
+            .ok_or(ApplyError::StreamNotFound { stream_id })?;
+        if s.deleted {
+            return Err(ApplyError::StreamDeleted { stream_id });
+        }
+        Ok(s)
+    }
+
+    fn live_stream_mut(&mut self, stream_id: u64) -> Result<&mut StreamMeta, ApplyError> {
+        let s = self
+            .streams
+            .get_mut(&stream_id)
+            .ok_or(ApplyError::StreamNotFound { stream_id })?;
+        if s.deleted {
+            return Err(ApplyError::StreamDeleted { stream_id });
+        }
+        Ok(s)
+    }
+
+    fn registry_entry_mut(
+        &mut self,
+        name: &str,
+        stream_id: u64,
+    ) -> Result<&mut RegistryEntry, ApplyError> {
+        match self.registry.get_mut(name) {
+            Some(e) if e.stream_id == stream_id => Ok(e),
+            _ => Err(ApplyError::StreamNotFound { stream_id }),
+        }
+    }
+
+    /// Drops one reference; an object left with none becomes a GC candidate.
+    fn release_ref(&mut self, key: &str) {
+        if let Some(o) = self.objects.get_mut(key) {
+            o.live_refs = o.live_refs.saturating_sub(1);
+            if o.live_refs == 0 {
+                self.destroyed.insert(key.to_string());
+            }
+        }
+    }
+
+    // ---- queries (views call these; no mutation) ----
+
+    /// The registry entry and stream of a live stream name.
+    pub fn stream_by_name(&self, name: &str) -> Option<(&RegistryEntry, &StreamMeta)> {
+        let entry = self.registry.get(name)?;
+        let meta = self.streams.get(&entry.stream_id)?;
+        Some((entry, meta))
+    }
+
+    pub fn stream(&self, stream_id: u64) -> Option<&StreamMeta> {
+        self.streams.get(&stream_id)
+    }
+
+    pub fn node(&self, node_id: u32) -> Option<&NodeInfo> {
+        self.nodes.get(&node_id)
+    }
+
+    /// Up to `max` slices covering offsets from `from_offset` on (the first one contains
+    /// `from_offset` when it is committed), found by binary search.
+    pub fn slices_from(&self, stream_id: u64, from_offset: u64, max: usize) -> Vec<Slice> {
+        let Some(s) = self.streams.get(&stream_id) else {
+            return Vec::new();
+        };
+        // First slice whose end is past `from_offset` (slices are sorted by end).
+        let (mut lo, mut hi) = (0usize, s.slices.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if s.slices[mid].end_offset <= from_offset {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        s.slices.iter().skip(lo).take(max).cloned().collect()
+    }
+
+    /// Registry entries whose name starts with `prefix`, in name order, strictly after
+    /// `start_after` when given, at most `limit`.
+    pub fn list(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Vec<(&String, &RegistryEntry)> {
+        use std::ops::Bound;
+        let lower = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after.to_string()),
+            _ => Bound::Included(prefix.to_string()),
+        };
+        self.registry
+            .range((lower, Bound::Unbounded))
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .take(limit)
+            .collect()
+    }
+}
+
+enum RangeResult {
+    Rejected,
+    /// Accepted, but wholly below the trim point: no slice kept.
+    Dropped,
+    Kept,
+}

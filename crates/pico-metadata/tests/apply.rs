@@ -1,0 +1,615 @@
+//! Scenario tests of `State::apply`: each command's acceptance rules and effects.
+
+use pico_metadata::{
+    ApplyError, Command, CommitRange, Outcome, ProducerMark, State, StreamConfig, invariants,
+};
+
+fn cfg(ct: &str) -> StreamConfig {
+    StreamConfig {
+        content_type: ct.into(),
+        ttl_secs: None,
+        expires_at_ms: None,
+    }
+}
+
+fn ok(s: &mut State, c: Command) -> Outcome {
+    let o = s
+        .apply(&c)
+        .unwrap_or_else(|e| panic!("{c:?} rejected: {e}"));
+    invariants::check(s).unwrap();
+    o
+}
+
+fn err(s: &mut State, c: Command) -> ApplyError {
+    let before = s.clone();
+    let e = s.apply(&c).expect_err("command should be rejected");
+    assert_eq!(
+        s.applied_index,
+        before.applied_index + 1,
+        "rejection must consume a log position"
+    );
+    let mut expect = before;
+    expect.applied_index += 1;
+    assert_eq!(*s, expect, "rejection must leave the state unchanged");
+    e
+}
+
+fn register(s: &mut State, node_id: u32, node_epoch: u64) {
+    ok(
+        s,
+        Command::RegisterNode {
+            node_id,
+            node_epoch,
+            address: format!("n{node_id}"),
+            now_ms: 1,
+        },
+    );
+}
+
+fn create(s: &mut State, name: &str) -> u64 {
+    match ok(
+        s,
+        Command::CreateStream {
+            name: name.into(),
+            config: cfg("text/plain"),
+            closed: false,
+            now_ms: 5,
+        },
+    ) {
+        Outcome::Created {
+            stream_id,
+            created: true,
+        } => stream_id,
+        o => panic!("unexpected {o:?}"),
+    }
+}
+
+fn range(stream_id: u64, epoch: i64, start: u64, end: u64) -> CommitRange {
+    CommitRange {
+        stream_id,
+        epoch,
+        start_offset: start,
+        end_offset: end,
+        position: 0,
+        len: end - start,
+        producers: vec![ProducerMark {
+            id: "p1".into(),
+            epoch: 0,
+            seq: end,
+        }],
+    }
+}
+
+fn commit(s: &mut State, node: (u32, u64), key: &str, ranges: Vec<CommitRange>) -> Vec<bool> {
+    match ok(
+        s,
+        Command::CommitObject {
+            node_id: node.0,
+            node_epoch: node.1,
+            key: key.into(),
+            size: 10,
+            ranges,
+            now_ms: 9,
+        },
+    ) {
+        Outcome::Committed { accepted } => accepted,
+        o => panic!("unexpected {o:?}"),
+    }
+}
+
+/// One node (1, epoch 1) owning a fresh stream `a` at epoch 0.
+fn setup() -> (State, u64) {
+    let mut s = State::new();
+    register(&mut s, 1, 1);
+    let id = create(&mut s, "a");
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::OpenStream {
+                stream_id: id,
+                node_id: 1,
+                node_epoch: 1
+            }
+        ),
+        Outcome::Opened {
+            epoch: 0,
+            start_offset: 0,
+            end_offset: 0
+        }
+    );
+    (s, id)
+}
+
+#[test]
+fn register_node_requires_higher_epoch() {
+    let mut s = State::new();
+    register(&mut s, 1, 3);
+    assert_eq!(
+        err(
+            &mut s,
+            Command::RegisterNode {
+                node_id: 1,
+                node_epoch: 3,
+                address: "x".into(),
+                now_ms: 2
+            }
+        ),
+        ApplyError::StaleNodeEpoch {
+            node_id: 1,
+            given: 3,
+            current: 3
+        }
+    );
+    register(&mut s, 1, 4);
+    assert_eq!(s.node(1).unwrap().epoch, 4);
+}
+
+#[test]
+fn create_is_idempotent_and_detects_conflicts() {
+    let mut s = State::new();
+    let id = create(&mut s, "a");
+    let again = ok(
+        &mut s,
+        Command::CreateStream {
+            name: "a".into(),
+            config: cfg("text/plain"),
+            closed: false,
+            now_ms: 7,
+        },
+    );
+    assert_eq!(
+        again,
+        Outcome::Created {
+            stream_id: id,
+            created: false
+        }
+    );
+    let e = err(
+        &mut s,
+        Command::CreateStream {
+            name: "a".into(),
+            config: cfg("application/json"),
+            closed: false,
+            now_ms: 7,
+        },
+    );
+    assert!(matches!(e, ApplyError::Conflict { .. }));
+    let e = err(
+        &mut s,
+        Command::CreateStream {
+            name: "a".into(),
+            config: cfg("text/plain"),
+            closed: true,
+            now_ms: 7,
+        },
+    );
+    assert!(matches!(e, ApplyError::Conflict { ref reason, .. } if reason.contains("closed")));
+    let b = create(&mut s, "b");
+    assert_ne!(id, b);
+    let (entry, meta) = s.stream_by_name("a").unwrap();
+    assert_eq!(
+        (entry.stream_id, meta.epoch, entry.created_at_ms),
+        (id, -1, 5)
+    );
+}
+
+#[test]
+fn open_requires_current_node_epoch_and_bumps_epoch() {
+    let (mut s, id) = setup();
+    assert_eq!(
+        err(
+            &mut s,
+            Command::OpenStream {
+                stream_id: id,
+                node_id: 1,
+                node_epoch: 0
+            }
+        ),
+        ApplyError::StaleNodeEpoch {
+            node_id: 1,
+            given: 0,
+            current: 1
+        }
+    );
+    assert_eq!(
+        err(
+            &mut s,
+            Command::OpenStream {
+                stream_id: id,
+                node_id: 2,
+                node_epoch: 1
+            }
+        ),
+        ApplyError::UnknownNode { node_id: 2 }
+    );
+    assert_eq!(
+        err(
+            &mut s,
+            Command::OpenStream {
+                stream_id: 99,
+                node_id: 1,
+                node_epoch: 1
+            }
+        ),
+        ApplyError::StreamNotFound { stream_id: 99 }
+    );
+    register(&mut s, 2, 1);
+    // Another node takes over: the epoch bump fences the previous owner's commits.
+    assert!(matches!(
+        ok(
+            &mut s,
+            Command::OpenStream {
+                stream_id: id,
+                node_id: 2,
+                node_epoch: 1
+            }
+        ),
+        Outcome::Opened { epoch: 1, .. }
+    ));
+    assert_eq!(
+        commit(&mut s, (1, 1), "k1", vec![range(id, 0, 0, 5)]),
+        vec![false]
+    );
+    assert_eq!(
+        commit(&mut s, (2, 1), "k2", vec![range(id, 1, 0, 5)]),
+        vec![true]
+    );
+}
+
+#[test]
+fn release_requires_owner_and_epoch() {
+    let (mut s, id) = setup();
+    register(&mut s, 2, 1);
+    assert_eq!(
+        err(
+            &mut s,
+            Command::ReleaseStream {
+                stream_id: id,
+                epoch: 0,
+                node_id: 2,
+                node_epoch: 1
+            }
+        ),
+        ApplyError::NotOwner { stream_id: id }
+    );
+    assert_eq!(
+        err(
+            &mut s,
+            Command::ReleaseStream {
+                stream_id: id,
+                epoch: 5,
+                node_id: 1,
+                node_epoch: 1
+            }
+        ),
+        ApplyError::StaleStreamEpoch {
+            stream_id: id,
+            given: 5,
+            current: 0
+        }
+    );
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::ReleaseStream {
+                stream_id: id,
+                epoch: 0,
+                node_id: 1,
+                node_epoch: 1
+            }
+        ),
+        Outcome::Released
+    );
+    assert_eq!(s.stream(id).unwrap().owner, None);
+    // Unowned: commits are refused.
+    assert_eq!(
+        commit(&mut s, (1, 1), "k", vec![range(id, 0, 0, 1)]),
+        vec![false]
+    );
+}
+
+#[test]
+fn commit_accepts_only_tail_ranges_of_owned_streams() {
+    let (mut s, id) = setup();
+    let other = create(&mut s, "b"); // never opened
+    let acc = commit(
+        &mut s,
+        (1, 1),
+        "k1",
+        vec![
+            range(id, 0, 0, 3),
+            range(id, 0, 3, 7),
+            range(id, 0, 9, 10),
+            range(other, -1, 0, 2),
+            range(id, -1, 7, 8),
+        ],
+    );
+    assert_eq!(acc, vec![true, true, false, false, false]);
+    let m = s.stream(id).unwrap();
+    assert_eq!(m.end_offset, 7);
+    assert_eq!(m.slices.len(), 2);
+    assert_eq!(m.producers["p1"].seq, 7);
+    assert_eq!(s.objects["k1"].live_refs, 2);
+    // Stale node epoch: the whole command is rejected.
+    register(&mut s, 1, 2);
+    assert_eq!(
+        err(
+            &mut s,
+            Command::CommitObject {
+                node_id: 1,
+                node_epoch: 1,
+                key: "k2".into(),
+                size: 1,
+                ranges: vec![range(id, 0, 7, 8)],
+                now_ms: 0
+            }
+        ),
+        ApplyError::StaleNodeEpoch {
+            node_id: 1,
+            given: 1,
+            current: 2
+        }
+    );
+    // The same key twice is refused (a retried commit cannot apply twice).
+    assert!(matches!(
+        err(
+            &mut s,
+            Command::CommitObject {
+                node_id: 1,
+                node_epoch: 2,
+                key: "k1".into(),
+                size: 1,
+                ranges: vec![],
+                now_ms: 0
+            }
+        ),
+        ApplyError::Invalid(_)
+    ));
+    // Nothing accepted: the object is destroyed at once.
+    assert_eq!(
+        commit(&mut s, (1, 2), "k3", vec![range(id, 0, 0, 1)]),
+        vec![false]
+    );
+    assert!(s.destroyed.contains("k3"));
+}
+
+#[test]
+fn slices_from_uses_offsets() {
+    let (mut s, id) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(id, 0, 0, 3)]);
+    commit(&mut s, (1, 1), "k2", vec![range(id, 0, 3, 7)]);
+    commit(&mut s, (1, 1), "k3", vec![range(id, 0, 7, 9)]);
+    let keys = |v: Vec<pico_metadata::Slice>| v.into_iter().map(|x| x.key).collect::<Vec<_>>();
+    assert_eq!(keys(s.slices_from(id, 0, 10)), ["k1", "k2", "k3"]);
+    assert_eq!(keys(s.slices_from(id, 3, 10)), ["k2", "k3"]);
+    assert_eq!(keys(s.slices_from(id, 6, 1)), ["k2"]);
+    assert_eq!(keys(s.slices_from(id, 9, 10)), Vec::<String>::new());
+    assert!(s.slices_from(42, 0, 10).is_empty());
+}
+
+#[test]
+fn trim_drops_whole_slices_and_releases_objects() {
+    let (mut s, id) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(id, 0, 0, 3)]);
+    commit(&mut s, (1, 1), "k2", vec![range(id, 0, 3, 7)]);
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::Trim {
+                stream_id: id,
+                start_offset: 4
+            }
+        ),
+        Outcome::Trimmed { start_offset: 4 }
+    );
+    assert_eq!(s.stream(id).unwrap().slices.len(), 1);
+    assert!(s.destroyed.contains("k1"));
+    // Never moves backwards.
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::Trim {
+                stream_id: id,
+                start_offset: 1
+            }
+        ),
+        Outcome::Trimmed { start_offset: 4 }
+    );
+    // Trim ahead of committed data (WAL tail); a later commit wholly below is accepted but dropped.
+    ok(
+        &mut s,
+        Command::Trim {
+            stream_id: id,
+            start_offset: 12,
+        },
+    );
+    assert!(s.destroyed.contains("k2"));
+    assert_eq!(
+        commit(&mut s, (1, 1), "k3", vec![range(id, 0, 7, 10)]),
+        vec![true]
+    );
+    assert_eq!(s.stream(id).unwrap().end_offset, 10);
+    assert!(s.stream(id).unwrap().slices.is_empty());
+    assert!(s.destroyed.contains("k3"));
+    assert_eq!(
+        commit(&mut s, (1, 1), "k4", vec![range(id, 0, 10, 14)]),
+        vec![true]
+    );
+    assert_eq!(s.objects["k4"].live_refs, 1);
+}
+
+#[test]
+fn seal_is_idempotent_and_stops_commits_past_close() {
+    let (mut s, id) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(id, 0, 0, 3)]);
+    assert!(matches!(
+        err(
+            &mut s,
+            Command::SealStream {
+                stream_id: id,
+                closed_at: 2,
+                producer: None,
+                now_ms: 1
+            }
+        ),
+        ApplyError::Invalid(_)
+    ));
+    let p = ProducerMark {
+        id: "p1".into(),
+        epoch: 0,
+        seq: 9,
+    };
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::SealStream {
+                stream_id: id,
+                closed_at: 5,
+                producer: Some(p.clone()),
+                now_ms: 1
+            }
+        ),
+        Outcome::Sealed { closed_at: 5 }
+    );
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::SealStream {
+                stream_id: id,
+                closed_at: 8,
+                producer: None,
+                now_ms: 1
+            }
+        ),
+        Outcome::Sealed { closed_at: 5 }
+    );
+    let (e, _) = s.stream_by_name("a").unwrap();
+    assert_eq!(
+        (e.closed, e.closed_at, e.closed_by.clone()),
+        (true, Some(5), Some(p))
+    );
+    // WAL data up to the close point still commits; nothing beyond.
+    assert_eq!(
+        commit(&mut s, (1, 1), "k2", vec![range(id, 0, 3, 6)]),
+        vec![false]
+    );
+    assert_eq!(
+        commit(&mut s, (1, 1), "k3", vec![range(id, 0, 3, 5)]),
+        vec![true]
+    );
+}
+
+#[test]
+fn delete_frees_name_and_objects() {
+    let (mut s, id) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(id, 0, 0, 3)]);
+    assert_eq!(
+        err(
+            &mut s,
+            Command::DeleteStream {
+                name: "zz".into(),
+                stream_id: id
+            }
+        ),
+        ApplyError::NameNotFound { name: "zz".into() }
+    );
+    assert!(matches!(
+        err(
+            &mut s,
+            Command::DeleteStream {
+                name: "a".into(),
+                stream_id: id + 1
+            }
+        ),
+        ApplyError::Conflict { .. }
+    ));
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::DeleteStream {
+                name: "a".into(),
+                stream_id: id
+            }
+        ),
+        Outcome::Deleted
+    );
+    assert!(s.stream_by_name("a").is_none());
+    assert!(s.stream(id).is_none());
+    assert!(s.destroyed.contains("k1"));
+    // The name is reusable at once, with a new id.
+    let again = create(&mut s, "a");
+    assert_ne!(again, id);
+    assert_eq!(
+        err(
+            &mut s,
+            Command::Trim {
+                stream_id: id,
+                start_offset: 1
+            }
+        ),
+        ApplyError::StreamNotFound { stream_id: id }
+    );
+    // Forget: only unreferenced objects; idempotent.
+    assert_eq!(
+        ok(&mut s, Command::ForgetObject { key: "k1".into() }),
+        Outcome::Forgotten
+    );
+    assert!(!s.objects.contains_key("k1") && s.destroyed.is_empty());
+    assert_eq!(
+        ok(&mut s, Command::ForgetObject { key: "k1".into() }),
+        Outcome::Forgotten
+    );
+}
+
+#[test]
+fn forget_refuses_live_objects() {
+    let (mut s, id) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(id, 0, 0, 3)]);
+    assert!(matches!(
+        err(&mut s, Command::ForgetObject { key: "k1".into() }),
+        ApplyError::Invalid(_)
+    ));
+}
+
+#[test]
+fn touch_kv_and_list() {
+    let (mut s, id) = setup();
+    ok(
+        &mut s,
+        Command::Touch {
+            stream_id: id,
+            now_ms: 100,
+        },
+    );
+    ok(
+        &mut s,
+        Command::Touch {
+            stream_id: id,
+            now_ms: 50,
+        },
+    );
+    assert_eq!(s.stream_by_name("a").unwrap().0.last_touch_ms, 100);
+    ok(
+        &mut s,
+        Command::KvPut {
+            key: "t".into(),
+            value: vec![1, 2],
+        },
+    );
+    assert_eq!(s.kv["t"], vec![1, 2]);
+    ok(&mut s, Command::KvDelete { key: "t".into() });
+    assert!(s.kv.is_empty());
+    for n in ["logs/a", "logs/b", "logs/c", "m"] {
+        create(&mut s, n);
+    }
+    let names = |v: Vec<(&String, &pico_metadata::RegistryEntry)>| {
+        v.into_iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(s.list("logs/", None, 10)),
+        ["logs/a", "logs/b", "logs/c"]
+    );
+    assert_eq!(names(s.list("logs/", Some("logs/a"), 1)), ["logs/b"]);
+    assert_eq!(names(s.list("", Some("logs/c"), 10)), ["m"]);
+    assert_eq!(names(s.list("", None, 10)).len(), 5);
+}

@@ -1,0 +1,40 @@
+//! Node configuration (what `pico serve` flags become once parsed).
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub node_id: u32,
+    /// This incarnation's node epoch; must grow across restarts (default: start time in ms).
+    pub node_epoch: u64,
+    /// Advertised base URL of the protocol listener (for 307 redirects).
+    pub advertised_url: String,
+    /// Longest a long-poll read waits before 204.
+    pub long_poll_timeout: Duration,
+    /// Longest an SSE response stays open.
+    pub sse_max_duration: Duration,
+    /// Largest body one read response carries (bytes).
+    pub max_chunk_size: usize,
+    /// Largest accepted request body (bytes); larger → 413.
+    pub max_request_size: usize,
+    /// Records returned by one read when the client gives no count.
+    pub default_read_records: usize,
+    /// Streams not touched for this long are released by their owner (engine state dropped).
+    pub idle_release: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            node_id: 1,
+            node_epoch: 0,
+            advertised_url: "http://127.0.0.1:4437".to_string(),
+            long_poll_timeout: Duration::from_secs(25),
+            sse_max_duration: Duration::from_secs(55),
+            max_chunk_size: 64 * 1024,
+            max_request_size: 32 * 1024 * 1024,
+            default_read_records: 1000,
+            idle_release: Duration::from_secs(60),
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! The PicoMQ node: everything behind the wire facades.
+//!
+//! - [`api`]: request/response types of the stream service.
+//! - [`error`]: one error enum per operation, each mapped to an `ErrorKind`.
+//! - [`config`]: node settings.
+//! - [`node`]: [`Node`], the stream service (create, append, read, wait, head, delete, trim, list).
+//! - [`open`]: streams open on this node and their writer state (lazy open, epochs).
+//! - [`producers`]: idempotent producer rules and the aux codec that stores claims with the data.
+//! - [`waiters`]: long-poll/SSE wake-ups, one channel per awaited stream.
+//! - [`ttl`]: sliding-TTL touches kept in memory and persisted in batches.
+//! - [`catalog`]: the engine's object index and commit path over the metadata log.
+//! - `maintenance`: GC, TTL sweeps, idle release.
+//! - [`testing`]: a real node on in-memory storage, for tests.
+
+pub mod api;
+pub mod catalog;
+pub mod config;
+pub mod error;
+mod maintenance;
+pub mod node;
+pub mod open;
+pub mod producers;
+pub mod testing;
+pub mod ttl;
+pub mod waiters;
+
+pub use api::*;
+pub use config::NodeConfig;
+pub use error::*;
+pub use node::{Node, StartError, content_type_matches};

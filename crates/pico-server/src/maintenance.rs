@@ -1,0 +1,125 @@
+//! Loops that run without a request: object GC, TTL sweeps and touch persistence, idle-stream
+//! release, waiter cleanup. Single node: this node runs them all (the cluster issue moves GC and
+//! TTL sweeps behind a SQL lease).
+
+use crate::node::Node;
+use pico_common::StreamName;
+use pico_common::clock::now_ms;
+use pico_metadata::Command;
+use std::time::Duration;
+
+pub(crate) fn spawn_all(node: &Node) {
+    let mut tasks = node.inner.tasks.lock().unwrap_or_else(|p| p.into_inner());
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), gc_pass));
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(1), ttl_pass));
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), idle_pass));
+}
+
+fn spawn_loop<F, Fut>(node: Node, every: Duration, pass: F) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Node) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            pass(node.clone()).await;
+        }
+    })
+}
+
+/// Deletes destroyed objects (no live stream references them) from storage, then forgets them.
+/// Deleting before forgetting means a crash in between only repeats an idempotent delete.
+pub(crate) async fn gc_pass(node: Node) {
+    let view = node.inner.meta.view();
+    let keys: Vec<String> = view.destroyed.iter().take(256).cloned().collect();
+    for key in keys {
+        if let Err(e) = node.inner.data.delete(&key).await {
+            tracing::warn!(error = %e, key, "gc: delete failed, will retry");
+            continue;
+        }
+        if let Err(e) = node.inner.meta.propose(Command::ForgetObject { key: key.clone() }).await {
+            tracing::warn!(error = %e, key, "gc: forget failed, will retry");
+        }
+    }
+}
+
+/// Persists pending TTL touches and removes streams whose TTL or expiry passed.
+pub(crate) async fn ttl_pass(node: Node) {
+    let pending = node.inner.touches.pending();
+    if !pending.is_empty() {
+        let view = node.inner.meta.view();
+        // Persist only touches that moved the persisted time by a quarter of the TTL or more.
+        let due: Vec<(u64, i64)> = pending
+            .into_iter()
+            .filter(|(id, at)| {
+                view.streams
+                    .get(id)
+                    .and_then(|m| view.registry.get(&m.name))
+                    .and_then(|e| e.config.ttl_secs.map(|ttl| (e.last_touch_ms, ttl)))
+                    .is_some_and(|(last, ttl)| at - last >= (ttl as i64 * 1000 / 4).max(1))
+            })
+            .collect();
+        if !due.is_empty() {
+            let cmds = due
+                .iter()
+                .map(|(id, at)| Command::Touch { stream_id: *id, now_ms: *at })
+                .collect();
+            match node.inner.meta.propose_many(cmds).await {
+                Ok(_) => {
+                    for (id, at) in due {
+                        node.inner.touches.persisted(id, at);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "ttl: persisting touches failed"),
+            }
+        }
+    }
+    let now = now_ms();
+    let view = node.inner.meta.view();
+    let expired: Vec<(String, u64)> = view
+        .registry
+        .iter()
+        .filter(|(_, e)| e.config.ttl_secs.is_some() || e.config.expires_at_ms.is_some())
+        .filter(|(_, e)| node.expired(e, e.stream_id, now))
+        .take(1024)
+        .map(|(n, e)| (n.clone(), e.stream_id))
+        .collect();
+    for (name, id) in expired {
+        let Ok(name) = StreamName::parse(&name) else { continue };
+        if let Err(e) = node.remove_expired(&name, id).await {
+            tracing::warn!(error = %e, stream = %name, "ttl: remove failed");
+        }
+    }
+}
+
+/// Releases streams idle for `idle_release`: flushes them into committed objects and drops their
+/// engine state, so memory follows the active set, not the number of streams ever written.
+pub(crate) async fn idle_pass(node: Node) {
+    node.inner.waiters.sweep();
+    let cutoff = now_ms() - node.inner.config.idle_release.as_millis() as i64;
+    for open in node.inner.open.idle(cutoff) {
+        {
+            let mut w = open.writer.lock().await;
+            w.broken = true;
+        }
+        node.inner.open.remove(open.stream_id, Some(open.epoch));
+        if let Err(e) = node.inner.engine.close(open.stream_id).await {
+            tracing::warn!(error = %e, stream = open.stream_id, "idle release: flush failed");
+            continue;
+        }
+        let cfg = &node.inner.config;
+        let _ = node
+            .inner
+            .meta
+            .propose(Command::ReleaseStream {
+                stream_id: open.stream_id,
+                epoch: open.epoch,
+                node_id: cfg.node_id,
+                node_epoch: cfg.node_epoch,
+            })
+            .await;
+    }
+}

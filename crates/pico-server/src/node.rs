@@ -1,0 +1,823 @@
+//! The node: the stream service every facade calls. Routing questions and committed state come
+//! from the metadata view (never SQL); record data goes through the engine.
+
+use crate::api::*;
+use crate::catalog::MetaCatalog;
+use crate::config::NodeConfig;
+use crate::error::*;
+use crate::open::{OpenStream, OpenTable, Writer};
+use crate::producers::{self, Decision, ProducerState};
+use crate::ttl::Touches;
+use crate::waiters::{Signal, Waiters};
+use pico_common::StreamName;
+use pico_common::clock::now_ms;
+use pico_metadata::{ApplyError, Command, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta};
+use pico_protocol::{Record, decode_batch, encode_batch};
+use pico_sql::MetaLog;
+use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::Mutex;
+
+/// A running node. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: NodeConfig,
+    pub(crate) meta: MetaLog,
+    pub(crate) engine: Engine,
+    pub(crate) data: Arc<dyn ObjectStorage>,
+    pub(crate) open: OpenTable,
+    pub(crate) waiters: Arc<Waiters>,
+    pub(crate) touches: Touches,
+    pub(crate) serving: AtomicBool,
+    pub(crate) registered: AtomicBool,
+    pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("metadata log unavailable: {0}")]
+    Meta(String),
+    #[error("node registration rejected: {0}")]
+    Register(String),
+    #[error("engine recovery failed: {0}")]
+    Engine(String),
+}
+
+/// A stream resolved from the view: its registry entry and internal state.
+struct Resolved {
+    name: StreamName,
+    entry: RegistryEntry,
+    meta: StreamMeta,
+}
+
+impl Node {
+    /// Registers this incarnation (new node epoch), recovers the WAL into committed objects, and
+    /// starts the maintenance loops. Returns once the node can serve.
+    pub async fn start(
+        config: NodeConfig,
+        meta: MetaLog,
+        data: Arc<dyn ObjectStorage>,
+        wal: Arc<dyn Wal>,
+        mut engine_config: EngineConfig,
+    ) -> Result<Node, StartError> {
+        let registered = meta
+            .propose(Command::RegisterNode {
+                node_id: config.node_id,
+                node_epoch: config.node_epoch,
+                address: config.advertised_url.clone(),
+                now_ms: now_ms(),
+            })
+            .await
+            .map_err(|e| StartError::Meta(e.to_string()))?;
+        registered.map_err(|e| StartError::Register(e.to_string()))?;
+
+        engine_config.node_id = config.node_id;
+        engine_config.node_epoch = config.node_epoch;
+        let waiters = Arc::new(Waiters::default());
+        let hook_waiters = waiters.clone();
+        let catalog = Arc::new(MetaCatalog {
+            meta: meta.clone(),
+            node_id: config.node_id,
+            node_epoch: config.node_epoch,
+        });
+        let (engine, report) = Engine::start(
+            engine_config,
+            data.clone(),
+            wal,
+            catalog,
+            Arc::new(move |stream, end| hook_waiters.notify_tail(stream, end)),
+        )
+        .await
+        .map_err(|e| StartError::Engine(e.to_string()))?;
+        tracing::info!(
+            wal_entries = report.wal_entries,
+            records = report.records_replayed,
+            skipped = report.skipped,
+            "wal recovered"
+        );
+        let node = Node {
+            inner: Arc::new(Inner {
+                config,
+                meta,
+                engine,
+                data,
+                open: OpenTable::default(),
+                waiters,
+                touches: Touches::default(),
+                serving: AtomicBool::new(true),
+                registered: AtomicBool::new(true),
+                tasks: std::sync::Mutex::new(Vec::new()),
+            }),
+        };
+        crate::maintenance::spawn_all(&node);
+        Ok(node)
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
+    /// The metadata log (admin API, tests).
+    pub fn meta(&self) -> &MetaLog {
+        &self.inner.meta
+    }
+
+    /// The engine (stats, tests).
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// Idempotent create.
+    pub async fn create(&self, req: CreateRequest) -> Result<CreateOutcome, CreateError> {
+        if req.config.ttl_secs.is_some() && req.config.expires_at_ms.is_some() {
+            return Err(CreateError::BadRequest(
+                "ttl and expires-at are mutually exclusive".into(),
+            ));
+        }
+        let now = now_ms();
+        // An expired stream behaves as absent: remove it so the name is free again.
+        if let Some(r) = self.resolve_raw(&req.name) {
+            if self.expired(&r.entry, r.meta.id, now) {
+                self.remove_stream(&r.name, r.meta.id).await.map_err(|e| match e {
+                    DeleteError::Unavailable(m) => CreateError::Unavailable(m),
+                    other => CreateError::Internal(other.to_string()),
+                })?;
+            }
+        }
+        let content_type = req
+            .config
+            .content_type
+            .as_deref()
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .unwrap_or("application/octet-stream")
+            .to_string();
+        let has_initial = !req.initial.is_empty();
+        let cmd = Command::CreateStream {
+            name: req.name.as_str().to_string(),
+            config: StreamConfig {
+                content_type,
+                ttl_secs: req.config.ttl_secs,
+                expires_at_ms: req.config.expires_at_ms,
+            },
+            // With initial records, close after appending them.
+            closed: req.config.closed && !has_initial,
+            now_ms: now,
+        };
+        let created = match self.propose(cmd).await.map_err(CreateError::Unavailable)? {
+            Ok(Outcome::Created { created, .. }) => created,
+            Ok(other) => return Err(CreateError::Internal(format!("unexpected outcome {other:?}"))),
+            Err(ApplyError::Conflict { name, reason }) => {
+                return Err(CreateError::Conflict { name, reason });
+            }
+            Err(e) => return Err(CreateError::Internal(e.to_string())),
+        };
+        if created && has_initial {
+            self.append(AppendRequest {
+                name: req.name.clone(),
+                records: req.initial,
+                producer: None,
+                match_seq: None,
+                close: req.config.closed,
+                content_type: None,
+            })
+            .await?;
+        }
+        let info = self
+            .resolve(&req.name, now_ms())
+            .map(|r| self.info(&r))
+            .ok_or_else(|| CreateError::Internal("stream vanished after create".into()))?;
+        Ok(CreateOutcome { created, info })
+    }
+
+    /// Append records (and/or close); returns once durable.
+    pub async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, AppendError> {
+        let now = now_ms();
+        let r = self
+            .resolve(&req.name, now)
+            .ok_or_else(|| AppendError::NotFound(req.name.to_string()))?;
+        if let Some(p) = &req.producer {
+            if p.id.is_empty() || p.id.len() > producers::MAX_PRODUCER_ID_LEN {
+                return Err(AppendError::BadRequest(format!(
+                    "producer id must be 1..={} bytes",
+                    producers::MAX_PRODUCER_ID_LEN
+                )));
+            }
+        }
+        if req.records.is_empty() && !req.close {
+            return Err(AppendError::BadRequest("empty append".into()));
+        }
+        let stream_id = r.meta.id;
+        self.touch(&r, now);
+        let open = self.open_stream(&r).await?;
+        open.touch(now);
+        let engine = &self.inner.engine;
+
+        let mut w = open.writer.lock().await;
+        if w.broken {
+            drop(w);
+            self.inner.open.remove(stream_id, Some(open.epoch));
+            return Err(AppendError::Unavailable(format!(
+                "stream is being reopened, retry: name=`{}`",
+                r.name
+            )));
+        }
+        let next = engine
+            .next_offset(stream_id)
+            .ok_or_else(|| AppendError::Unavailable("stream not open on the engine".into()))?;
+        if w.closed {
+            if let (Some(p), Some(cb)) = (&req.producer, &w.closed_by) {
+                if (p.id.as_str(), p.epoch, p.seq) == (cb.0.as_str(), cb.1, cb.2) {
+                    drop(w);
+                    return Ok(AppendOutcome {
+                        start_seq: next,
+                        next_seq: next,
+                        duplicate: true,
+                        closed: true,
+                        producer: Some((p.epoch, p.seq)),
+                        timestamp_ms: now,
+                    });
+                }
+            }
+            return Err(AppendError::Closed { name: r.name.to_string(), next_seq: next });
+        }
+        if let Some(ct) = &req.content_type {
+            if !req.records.is_empty() && !content_type_matches(ct, &r.entry.config.content_type) {
+                return Err(AppendError::ContentType {
+                    stream: r.entry.config.content_type.clone(),
+                    request: ct.clone(),
+                });
+            }
+        }
+        if let Some(p) = &req.producer {
+            match producers::decide(w.producers.get(&p.id).copied(), p) {
+                Decision::Accept => {}
+                Decision::Duplicate { last_seq } => {
+                    let closed = w.closed;
+                    drop(w);
+                    // The original may still be in flight: acknowledge only once it is durable.
+                    self.wait_durable(stream_id, next).await?;
+                    return Ok(AppendOutcome {
+                        start_seq: next,
+                        next_seq: next,
+                        duplicate: true,
+                        closed,
+                        producer: Some((p.epoch, last_seq)),
+                        timestamp_ms: now,
+                    });
+                }
+                Decision::Fenced { current } => {
+                    return Err(AppendError::Fenced {
+                        producer: p.id.clone(),
+                        given: p.epoch,
+                        current,
+                    });
+                }
+                Decision::Gap { expected } => {
+                    return Err(AppendError::SequenceGap {
+                        producer: p.id.clone(),
+                        expected,
+                        received: p.seq,
+                    });
+                }
+                Decision::EpochMustStartAtZero => {
+                    return Err(AppendError::EpochSeq {
+                        producer: p.id.clone(),
+                        epoch: p.epoch,
+                        seq: p.seq,
+                    });
+                }
+            }
+        }
+        if let Some(expected) = req.match_seq {
+            if expected != next {
+                return Err(AppendError::MatchFailed { expected, next_seq: next });
+            }
+        }
+
+        let mut pending = None;
+        if !req.records.is_empty() {
+            let records: Vec<Record> = req
+                .records
+                .into_iter()
+                .map(|mut rec| {
+                    rec.timestamp_ms = now;
+                    rec
+                })
+                .collect();
+            let batch = encode_batch(next, &records);
+            let aux = req.producer.as_ref().map(producers::encode_aux).unwrap_or_default();
+            let submitted = engine
+                .append(s3stream::AppendRequest {
+                    stream: stream_id,
+                    epoch: open.epoch,
+                    record_count: records.len() as u32,
+                    batch,
+                    aux,
+                })
+                .await;
+            match submitted {
+                Ok(p) => pending = Some(p),
+                Err(e) => {
+                    w.broken = true;
+                    drop(w);
+                    self.inner.open.remove(stream_id, Some(open.epoch));
+                    return Err(engine_append_error(e));
+                }
+            }
+        }
+        if let Some(p) = &req.producer {
+            w.producers.insert(p.id.clone(), ProducerState { epoch: p.epoch, seq: p.seq });
+        }
+        if req.close {
+            w.closed = true;
+            w.closed_by = req.producer.as_ref().map(|p| (p.id.clone(), p.epoch, p.seq));
+        }
+        let new_next = pending.as_ref().map(|p| p.next_offset).unwrap_or(next);
+        drop(w);
+
+        match pending {
+            Some(p) => {
+                if let Err(e) = p.durable().await {
+                    open.writer.lock().await.broken = true;
+                    self.inner.open.remove(stream_id, Some(open.epoch));
+                    return Err(AppendError::Durability(e.to_string()));
+                }
+            }
+            // Close-only: everything appended before must be durable first.
+            None => self.wait_durable(stream_id, next).await?,
+        }
+        if req.close {
+            let mark = req.producer.as_ref().map(|p| ProducerMark {
+                id: p.id.clone(),
+                epoch: p.epoch,
+                seq: p.seq,
+            });
+            let sealed = self
+                .propose(Command::SealStream {
+                    stream_id,
+                    closed_at: new_next,
+                    producer: mark,
+                    now_ms: now,
+                })
+                .await
+                .map_err(AppendError::Unavailable)?;
+            if let Err(e) = sealed {
+                return Err(AppendError::Internal(format!("close rejected: {e}")));
+            }
+            self.inner.waiters.notify_closed(stream_id);
+        }
+        Ok(AppendOutcome {
+            start_seq: next,
+            next_seq: new_next,
+            duplicate: false,
+            closed: req.close,
+            producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
+            timestamp_ms: now,
+        })
+    }
+
+    /// Catch-up read: never waits.
+    pub async fn read(&self, req: ReadRequest) -> Result<ReadOutcome, ReadError> {
+        let now = now_ms();
+        let r = self
+            .resolve(&req.name, now)
+            .ok_or_else(|| ReadError::NotFound(req.name.to_string()))?;
+        if req.touch {
+            self.touch(&r, now);
+        }
+        let stream_id = r.meta.id;
+        let tail = self.tail(&r.meta);
+        let start = r.meta.start_offset;
+        let from = match req.from {
+            ReadFrom::Now => tail,
+            ReadFrom::Offset(o) => o,
+        };
+        if from < start {
+            return Err(ReadError::Trimmed { offset: from, start_seq: start });
+        }
+        let max_records = req.max_records.unwrap_or(self.inner.config.default_read_records).max(1);
+        let max_bytes = req.max_bytes.unwrap_or(self.inner.config.max_chunk_size).max(1);
+        let mut records = Vec::new();
+        let mut next = from;
+        let mut bytes = 0usize;
+        'outer: while next < tail && records.len() < max_records && bytes < max_bytes {
+            let batches = self
+                .inner
+                .engine
+                .read(stream_id, next, max_bytes - bytes)
+                .await
+                .map_err(|e| ReadError::Internal(e.to_string()))?;
+            if batches.is_empty() {
+                break;
+            }
+            let mut progressed = false;
+            for b in batches {
+                let decoded = decode_batch(&b.data).map_err(|e| {
+                    ReadError::Internal(format!(
+                        "corrupt stored batch: stream={stream_id} offset={} {e}",
+                        b.base_offset
+                    ))
+                })?;
+                for (i, record) in decoded.records.into_iter().enumerate() {
+                    let offset = b.base_offset + i as u64;
+                    if offset < next {
+                        continue;
+                    }
+                    if offset >= tail {
+                        break 'outer;
+                    }
+                    // Always return at least one record, however large, so readers progress.
+                    if !records.is_empty()
+                        && (records.len() >= max_records || bytes + record.value.len() > max_bytes)
+                    {
+                        break 'outer;
+                    }
+                    bytes += record.value.len();
+                    records.push(ReadRecord { offset, record });
+                    next = offset + 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let closed = r.entry.closed && r.entry.closed_at.is_none_or(|c| next >= c);
+        let info = self.info_with_tail(&r, tail);
+        Ok(ReadOutcome { records, next_seq: next, tail, up_to_date: next >= tail, closed, info })
+    }
+
+    /// Waits until the tail passes `offset`, the stream closes, or `timeout` elapses.
+    pub async fn wait(
+        &self,
+        name: &StreamName,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, ReadError> {
+        let r = self
+            .resolve(name, now_ms())
+            .ok_or_else(|| ReadError::NotFound(name.to_string()))?;
+        let stream_id = r.meta.id;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut rx = self.inner.waiters.subscribe(
+            stream_id,
+            Signal { tail: self.tail(&r.meta), closed: r.entry.closed, gone: false },
+        );
+        // Re-check after subscribing: a tail move between the read and the subscribe is not lost.
+        if let Some(r) = self.resolve_raw(name).filter(|r| r.meta.id == stream_id) {
+            self.inner.waiters.notify_tail(stream_id, self.tail(&r.meta));
+            if r.entry.closed {
+                self.inner.waiters.notify_closed(stream_id);
+            }
+        }
+        loop {
+            let s = *rx.borrow_and_update();
+            if s.gone {
+                return Err(ReadError::NotFound(name.to_string()));
+            }
+            if s.tail > offset {
+                return Ok(WaitOutcome::Data);
+            }
+            if s.closed {
+                return Ok(WaitOutcome::Closed);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) | Err(_) => return Ok(WaitOutcome::Timeout),
+            }
+        }
+    }
+
+    /// Metadata without touching the TTL.
+    pub async fn head(&self, name: &StreamName) -> Result<StreamInfo, ReadError> {
+        self.resolve(name, now_ms())
+            .map(|r| self.info(&r))
+            .ok_or_else(|| ReadError::NotFound(name.to_string()))
+    }
+
+    pub async fn delete(&self, name: &StreamName) -> Result<(), DeleteError> {
+        let r = self
+            .resolve(name, now_ms())
+            .ok_or_else(|| DeleteError::NotFound(name.to_string()))?;
+        self.remove_stream(&r.name, r.meta.id).await
+    }
+
+    /// Trims records below `seq`; returns the new start offset.
+    pub async fn trim(&self, name: &StreamName, seq: u64) -> Result<u64, TrimError> {
+        let now = now_ms();
+        let r = self
+            .resolve(name, now)
+            .ok_or_else(|| TrimError::NotFound(name.to_string()))?;
+        self.touch(&r, now);
+        let tail = self.tail(&r.meta);
+        if seq > tail {
+            return Err(TrimError::BeyondTail { seq, next_seq: tail });
+        }
+        let outcome = self
+            .propose(Command::Trim { stream_id: r.meta.id, start_offset: seq })
+            .await
+            .map_err(TrimError::Unavailable)?;
+        match outcome {
+            Ok(Outcome::Trimmed { start_offset }) => Ok(start_offset),
+            Ok(other) => Err(TrimError::Internal(format!("unexpected outcome {other:?}"))),
+            Err(ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. }) => {
+                Err(TrimError::NotFound(name.to_string()))
+            }
+            Err(e) => Err(TrimError::Internal(e.to_string())),
+        }
+    }
+
+    pub fn list(&self, req: ListRequest) -> ListOutcome {
+        let view = self.inner.meta.view();
+        let now = now_ms();
+        let prefix = req.prefix.as_deref().map(|p| p.trim_start_matches('/')).unwrap_or("");
+        let after = req.start_after.as_deref().map(|p| p.trim_matches('/').to_string());
+        let limit = req.limit.max(1);
+        let mut streams = Vec::new();
+        let mut has_more = false;
+        let lower = match &after {
+            Some(a) if a.as_str() >= prefix => std::ops::Bound::Excluded(a.clone()),
+            _ => std::ops::Bound::Included(prefix.to_string()),
+        };
+        for (name, entry) in view.registry.range((lower, std::ops::Bound::Unbounded)) {
+            if !name.starts_with(prefix) {
+                break;
+            }
+            let Some(meta) = view.streams.get(&entry.stream_id) else { continue };
+            if self.expired(entry, meta.id, now) {
+                continue;
+            }
+            if streams.len() == limit {
+                has_more = true;
+                break;
+            }
+            let Ok(sn) = StreamName::parse(name) else { continue };
+            let r = Resolved { name: sn, entry: entry.clone(), meta: meta.clone() };
+            streams.push(self.info(&r));
+        }
+        ListOutcome { streams, has_more }
+    }
+
+    pub fn ready(&self) -> ReadyInfo {
+        let serving = self.inner.serving.load(Ordering::Relaxed);
+        let registered = self.inner.registered.load(Ordering::Relaxed);
+        ReadyInfo {
+            ready: serving && registered,
+            serving,
+            registered,
+            applied_index: self.inner.meta.applied_index(),
+            node_id: self.inner.config.node_id,
+        }
+    }
+
+    /// Stops serving, flushes every open stream into committed objects, stops background tasks.
+    pub async fn shutdown(&self) {
+        self.inner.serving.store(false, Ordering::Relaxed);
+        for open in self.inner.open.all() {
+            open.writer.lock().await.broken = true;
+        }
+        if let Err(e) = self.inner.engine.shutdown().await {
+            tracing::error!(error = %e, "engine shutdown did not flush everything (the WAL keeps it)");
+        }
+        let tasks = std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            t.abort();
+        }
+        self.inner.meta.close().await;
+    }
+
+    /// Number of streams open on this node (for stats and tests).
+    pub fn open_streams(&self) -> usize {
+        self.inner.open.len()
+    }
+
+    // ---- internals ----
+
+    pub(crate) async fn propose(
+        &self,
+        cmd: Command,
+    ) -> Result<Result<Outcome, ApplyError>, String> {
+        self.inner.meta.propose(cmd).await.map_err(|e| format!("metadata log: {e}"))
+    }
+
+    /// The stream by name from the view, ignoring expiry.
+    fn resolve_raw(&self, name: &StreamName) -> Option<Resolved> {
+        let view = self.inner.meta.view();
+        let entry = view.registry.get(name.as_str())?;
+        let meta = view.streams.get(&entry.stream_id)?;
+        Some(Resolved { name: name.clone(), entry: entry.clone(), meta: meta.clone() })
+    }
+
+    /// The live stream by name: expired streams are absent (and get removed in the background).
+    fn resolve(&self, name: &StreamName, now: i64) -> Option<Resolved> {
+        let r = self.resolve_raw(name)?;
+        if self.expired(&r.entry, r.meta.id, now) {
+            let node = self.clone();
+            let (name, id) = (r.name.clone(), r.meta.id);
+            tokio::spawn(async move {
+                if let Err(e) = node.remove_expired(&name, id).await {
+                    tracing::warn!(error = %e, stream = %name, "expired stream not removed yet");
+                }
+            });
+            return None;
+        }
+        Some(r)
+    }
+
+    pub(crate) fn expired(&self, entry: &RegistryEntry, stream_id: u64, now: i64) -> bool {
+        if entry.config.expires_at_ms.is_some_and(|at| now >= at) {
+            return true;
+        }
+        match entry.config.ttl_secs {
+            Some(ttl) => {
+                let last = self.inner.touches.get(stream_id).unwrap_or(0).max(entry.last_touch_ms);
+                now >= last.saturating_add((ttl as i64).saturating_mul(1000))
+            }
+            None => false,
+        }
+    }
+
+    /// Slides the TTL (in memory; persisted in batches by the maintenance loop).
+    fn touch(&self, r: &Resolved, now: i64) {
+        if r.entry.config.ttl_secs.is_some() {
+            self.inner.touches.touch(r.meta.id, now);
+        }
+    }
+
+    /// Removes an expired stream, re-checking expiry against the current view first.
+    pub(crate) async fn remove_expired(&self, name: &StreamName, id: u64) -> Result<(), DeleteError> {
+        match self.resolve_raw(name) {
+            Some(r) if r.meta.id == id && self.expired(&r.entry, id, now_ms()) => {
+                self.remove_stream(name, id).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn remove_stream(&self, name: &StreamName, stream_id: u64) -> Result<(), DeleteError> {
+        let outcome = self
+            .propose(Command::DeleteStream { name: name.as_str().to_string(), stream_id })
+            .await
+            .map_err(DeleteError::Unavailable)?;
+        match outcome {
+            Ok(_) => {}
+            Err(ApplyError::NameNotFound { .. } | ApplyError::StreamNotFound { .. }) => {
+                return Err(DeleteError::NotFound(name.to_string()));
+            }
+            Err(e) => return Err(DeleteError::Internal(e.to_string())),
+        }
+        if let Some(open) = self.inner.open.get(stream_id) {
+            open.writer.lock().await.broken = true;
+        }
+        self.inner.open.remove(stream_id, None);
+        self.inner.engine.forget(stream_id);
+        self.inner.touches.remove(stream_id);
+        self.inner.waiters.notify_gone(stream_id);
+        Ok(())
+    }
+
+    /// The readable tail: the engine's durable end when the stream is open here, else the
+    /// committed end from the view.
+    fn tail(&self, meta: &StreamMeta) -> u64 {
+        self.inner
+            .engine
+            .durable_end(meta.id)
+            .map_or(meta.end_offset, |d| d.max(meta.end_offset))
+    }
+
+    fn info(&self, r: &Resolved) -> StreamInfo {
+        self.info_with_tail(r, self.tail(&r.meta))
+    }
+
+    fn info_with_tail(&self, r: &Resolved, tail: u64) -> StreamInfo {
+        StreamInfo {
+            name: r.name.clone(),
+            stream_id: r.meta.id,
+            content_type: r.entry.config.content_type.clone(),
+            start_seq: r.meta.start_offset.min(tail),
+            next_seq: tail,
+            closed: r.entry.closed,
+            ttl_secs: r.entry.config.ttl_secs,
+            expires_at_ms: r.entry.config.expires_at_ms,
+            created_at_ms: r.entry.created_at_ms,
+            epoch: r.meta.epoch,
+        }
+    }
+
+    /// Opens the stream on this node (lazily, once: concurrent callers share the open).
+    async fn open_stream(&self, r: &Resolved) -> Result<Arc<OpenStream>, AppendError> {
+        let stream_id = r.meta.id;
+        let slot = self.inner.open.slot(stream_id);
+        let result = slot
+            .get_or_try_init(|| async {
+                if !self.inner.serving.load(Ordering::Relaxed) {
+                    return Err(AppendError::Unavailable("node is shutting down".into()));
+                }
+                // A previous incarnation of this stream still has engine state: flush it into
+                // committed objects first, or the epoch bump below would fence acknowledged data.
+                if self.inner.engine.is_open(stream_id).is_some() {
+                    self.inner
+                        .engine
+                        .close(stream_id)
+                        .await
+                        .map_err(|e| AppendError::Unavailable(format!("flushing stream: {e}")))?;
+                }
+                let cfg = &self.inner.config;
+                let outcome = self
+                    .propose(Command::OpenStream {
+                        stream_id,
+                        node_id: cfg.node_id,
+                        node_epoch: cfg.node_epoch,
+                    })
+                    .await
+                    .map_err(AppendError::Unavailable)?;
+                let (epoch, end) = match outcome {
+                    Ok(Outcome::Opened { epoch, end_offset, .. }) => (epoch, end_offset),
+                    Ok(other) => {
+                        return Err(AppendError::Internal(format!("unexpected outcome {other:?}")));
+                    }
+                    Err(ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. }) => {
+                        return Err(AppendError::NotFound(r.name.to_string()));
+                    }
+                    Err(e) => return Err(AppendError::Unavailable(format!("open rejected: {e}"))),
+                };
+                self.inner.engine.open(stream_id, epoch, end);
+                // Producer and closure state as committed; the writer keeps it current from here.
+                let view = self.inner.meta.view();
+                let producers: HashMap<String, ProducerState> = view
+                    .streams
+                    .get(&stream_id)
+                    .map(|m| {
+                        m.producers
+                            .iter()
+                            .map(|(id, p)| (id.clone(), ProducerState { epoch: p.epoch, seq: p.seq }))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let entry = view.registry.get(r.name.as_str());
+                let closed = entry.is_some_and(|e| e.closed);
+                let closed_by = entry
+                    .and_then(|e| e.closed_by.as_ref())
+                    .map(|m| (m.id.clone(), m.epoch, m.seq));
+                Ok(Arc::new(OpenStream {
+                    stream_id,
+                    epoch,
+                    writer: Mutex::new(Writer { producers, closed, closed_by, broken: false }),
+                    last_used_ms: AtomicI64::new(now_ms()),
+                }))
+            })
+            .await
+            .cloned();
+        if result.is_err() && !slot.initialized() {
+            self.inner.open.remove(stream_id, None);
+        }
+        result
+    }
+
+    /// Waits until everything submitted below `target` is durable.
+    async fn wait_durable(&self, stream_id: u64, target: u64) -> Result<(), AppendError> {
+        let engine = &self.inner.engine;
+        if engine.durable_end(stream_id).is_none_or(|d| d >= target) {
+            return Ok(());
+        }
+        let mut rx = self.inner.waiters.subscribe(stream_id, Signal::default());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if engine.durable_end(stream_id).is_none_or(|d| d >= target) {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => {
+                    return Err(AppendError::Durability(
+                        "earlier appends did not become durable in time".into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn engine_append_error(e: EngineError) -> AppendError {
+    match e {
+        EngineError::ShuttingDown => AppendError::Unavailable("node is shutting down".into()),
+        other => AppendError::Unavailable(format!("stream must be reopened: {other}")),
+    }
+}
+
+/// Content types match on their essence (type/subtype), case-insensitively, ignoring parameters.
+pub fn content_type_matches(a: &str, b: &str) -> bool {
+    fn essence(s: &str) -> String {
+        s.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+    }
+    essence(a) == essence(b)
+}

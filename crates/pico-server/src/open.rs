@@ -1,0 +1,89 @@
+//! Streams open on this node: the per-stream writer state that serializes the producer and
+//! match-seq checks with offset assignment. Only streams with recent activity are here; idle ones
+//! are released by the maintenance loop, so memory does not grow with the number of streams.
+
+use crate::producers::ProducerState;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use tokio::sync::{Mutex, OnceCell};
+
+/// One open stream.
+pub struct OpenStream {
+    pub stream_id: u64,
+    pub epoch: i64,
+    /// Held while checking and submitting an append (not while waiting for durability).
+    pub writer: Mutex<Writer>,
+    /// Last use (ms), for idle release.
+    pub last_used_ms: AtomicI64,
+}
+
+/// Writer state: the in-flight view of producers and closure, ahead of the committed metadata.
+pub struct Writer {
+    pub producers: HashMap<String, ProducerState>,
+    /// Closed by a client (appends rejected); `closed_by` is the producer claim that closed it.
+    pub closed: bool,
+    pub closed_by: Option<(String, u64, u64)>,
+    /// An append failed to become durable: the stream must be reopened before more appends.
+    pub broken: bool,
+}
+
+impl OpenStream {
+    pub fn touch(&self, now_ms: i64) {
+        self.last_used_ms.store(now_ms, Ordering::Relaxed);
+    }
+}
+
+/// The table of open streams; a slot's `OnceCell` makes concurrent first requests share one open.
+#[derive(Default)]
+pub struct OpenTable {
+    slots: std::sync::Mutex<HashMap<u64, Arc<OnceCell<Arc<OpenStream>>>>>,
+}
+
+impl OpenTable {
+    pub fn slot(&self, stream_id: u64) -> Arc<OnceCell<Arc<OpenStream>>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.entry(stream_id).or_default().clone()
+    }
+
+    pub fn get(&self, stream_id: u64) -> Option<Arc<OpenStream>> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.get(&stream_id).and_then(|c| c.get().cloned())
+    }
+
+    /// Removes the stream if it is still the given incarnation.
+    pub fn remove(&self, stream_id: u64, epoch: Option<i64>) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let matches = match (slots.get(&stream_id).and_then(|c| c.get()), epoch) {
+            (Some(open), Some(e)) => open.epoch == e,
+            _ => true,
+        };
+        if matches {
+            slots.remove(&stream_id);
+        }
+    }
+
+    /// Open streams not used since `before_ms`.
+    pub fn idle(&self, before_ms: i64) -> Vec<Arc<OpenStream>> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .values()
+            .filter_map(|c| c.get())
+            .filter(|o| o.last_used_ms.load(Ordering::Relaxed) < before_ms)
+            .cloned()
+            .collect()
+    }
+
+    pub fn all(&self) -> Vec<Arc<OpenStream>> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.values().filter_map(|c| c.get()).cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

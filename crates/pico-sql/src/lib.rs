@@ -1,0 +1,18 @@
+//! PicoMQ metadata log on SQL. It stores and orders commands; it never interprets them beyond
+//! encode/decode (that is `pico-metadata`'s `apply`).
+//!
+//! - [`log`]: [`MetaLog`]: group commit, the single applier task, tailing, published views,
+//!   background snapshots, leases.
+//! - [`store`]: the [`LogStore`] seam (log rows, snapshots, leases) a database implements.
+//! - [`sqlite`]: [`SqliteStore`], the SQLite implementation (WAL, `synchronous=FULL`).
+//! - [`error`]: [`MetaError`], failures of the log itself.
+
+pub mod error;
+pub mod log;
+pub mod sqlite;
+pub mod store;
+
+pub use error::MetaError;
+pub use log::{MetaLog, MetaLogOptions, SnapshotStats};
+pub use sqlite::SqliteStore;
+pub use store::{LogRow, LogStore, SnapshotMeta};

@@ -1,0 +1,562 @@
+//! [`MetaLog`]: proposals are group-committed into `meta_log` rows by one committer task, which
+//! is also the only place commands are applied (its own rows, other writers' rows, the backstop
+//! tail). It publishes an immutable `Arc<State>` after every applied page of rows, so readers
+//! never lock and never touch SQL.
+
+use crate::error::MetaError;
+use crate::sqlite::SqliteStore;
+use crate::store::{LogStore, SnapshotMeta};
+use arc_swap::ArcSwap;
+use pico_metadata::codec;
+use pico_metadata::{ApplyError, Command, Outcome, State};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// Pending proposals (requests, not commands) the committer queue holds before `propose` waits.
+const QUEUE_REQUESTS: usize = 4096;
+/// Rows read per tail query.
+const TAIL_PAGE: u32 = 256;
+/// Snapshots kept; log rows are truncated below the oldest kept one so each stays replayable.
+const KEEP_SNAPSHOTS: u32 = 2;
+
+#[derive(Debug, Clone)]
+pub struct MetaLogOptions {
+    /// Write a snapshot every this many applied commands.
+    pub snapshot_every: u64,
+    /// Backstop tail interval (other writers' rows are also read after every own commit).
+    pub poll_interval: Duration,
+    /// Commands per row (a single larger `propose_many` still gets one row).
+    pub max_batch: usize,
+}
+
+impl Default for MetaLogOptions {
+    fn default() -> Self {
+        MetaLogOptions {
+            snapshot_every: 1024,
+            poll_interval: Duration::from_secs(1),
+            max_batch: 512,
+        }
+    }
+}
+
+/// Snapshot bookkeeping for the admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SnapshotStats {
+    /// Applied index of the newest snapshot (loaded or written), 0 if none.
+    pub last_index: u64,
+    /// Snapshots written by this process.
+    pub written: u64,
+    /// Log rows deleted by this process's snapshots.
+    pub rows_truncated: u64,
+}
+
+type Outcomes = Vec<Result<Outcome, ApplyError>>;
+
+struct Request {
+    cmds: Vec<Command>,
+    reply: oneshot::Sender<Result<Outcomes, MetaError>>,
+}
+
+#[derive(Default)]
+struct Stats {
+    last_index: AtomicU64,
+    written: AtomicU64,
+    rows_truncated: AtomicU64,
+}
+
+struct Inner {
+    store: Arc<dyn LogStore>,
+    view: Arc<ArcSwap<State>>,
+    applied_rx: watch::Receiver<u64>,
+    tx: mpsc::Sender<Request>,
+    shutdown: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    stats: Arc<Stats>,
+}
+
+/// The metadata log. Cheap to clone.
+#[derive(Clone)]
+pub struct MetaLog {
+    inner: Arc<Inner>,
+}
+
+impl MetaLog {
+    /// Opens `sqlite:./data/meta.db` (file and parent dir created if missing) or
+    /// `sqlite::memory:`; `postgres://…` is [`MetaError::Unsupported`] for now.
+    /// Startup = newest readable snapshot + replay of the rows after it.
+    pub async fn open(url: &str, opts: MetaLogOptions) -> Result<MetaLog, MetaError> {
+        let store: Arc<dyn LogStore> = if url.starts_with("sqlite:") {
+            Arc::new(SqliteStore::open(url).await?)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Err(MetaError::Unsupported(url.to_string()));
+        } else {
+            return Err(MetaError::BadUrl(format!(
+                "expected sqlite:… or postgres://…: url=`{url}`"
+            )));
+        };
+        MetaLog::with_store(store, opts).await
+    }
+
+    /// Opens the log on any [`LogStore`] (the seam Postgres plugs into).
+    pub async fn with_store(
+        store: Arc<dyn LogStore>,
+        opts: MetaLogOptions,
+    ) -> Result<MetaLog, MetaError> {
+        let stats = Arc::new(Stats::default());
+        let (state, last_row_id) = load_snapshot(store.as_ref()).await?;
+        stats
+            .last_index
+            .store(state.applied_index, Ordering::Relaxed);
+        let view = Arc::new(ArcSwap::from_pointee(state.clone()));
+        let (applied_tx, applied_rx) = watch::channel(state.applied_index);
+        let (snap_tx, snap_rx) = mpsc::channel(1);
+        let mut applier = Applier {
+            store: store.clone(),
+            last_snapshot_index: state.applied_index,
+            state,
+            last_row_id,
+            view: view.clone(),
+            applied_tx,
+            snap_tx,
+            snapshot_every: opts.snapshot_every.max(1),
+            own: None,
+        };
+        applier.catch_up().await?;
+        tracing::info!(
+            applied_index = applier.state.applied_index,
+            last_row_id = applier.last_row_id,
+            "metadata log opened"
+        );
+
+        let (tx, rx) = mpsc::channel(QUEUE_REQUESTS);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let committer = tokio::spawn(run_committer(applier, rx, shutdown_rx, opts));
+        let snapshotter = tokio::spawn(run_snapshotter(store.clone(), snap_rx, stats.clone()));
+        Ok(MetaLog {
+            inner: Arc::new(Inner {
+                store,
+                view,
+                applied_rx,
+                tx,
+                shutdown,
+                tasks: Mutex::new(vec![committer, snapshotter]),
+                stats,
+            }),
+        })
+    }
+
+    /// The current applied state: an immutable snapshot; never touches SQL.
+    pub fn view(&self) -> Arc<State> {
+        self.inner.view.load_full()
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        self.inner.view.load().applied_index
+    }
+
+    /// Group commit: batched with concurrent proposals into one row; returns after this node
+    /// applied it (read-your-writes). Outer `Err`: the log failed (for `Store`/`Closed` nothing
+    /// was written; see [`MetaError::OutcomeUnknown`]); inner: the command's deterministic outcome.
+    pub async fn propose(&self, cmd: Command) -> Result<Result<Outcome, ApplyError>, MetaError> {
+        let mut out = self.propose_many(vec![cmd]).await?;
+        out.pop().ok_or_else(|| MetaError::Store {
+            op: "propose",
+            message: "no outcome returned".into(),
+        })
+    }
+
+    /// Several commands, in order, in one row.
+    pub async fn propose_many(&self, cmds: Vec<Command>) -> Result<Outcomes, MetaError> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        if *self.inner.shutdown.borrow() {
+            return Err(MetaError::Closed);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Request { cmds, reply })
+            .await
+            .map_err(|_| MetaError::Closed)?;
+        rx.await.map_err(|_| MetaError::Closed)?
+    }
+
+    /// Applied-index changes (for waiters / readiness).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.applied_rx.clone()
+    }
+
+    pub fn snapshot_stats(&self) -> SnapshotStats {
+        let s = &self.inner.stats;
+        SnapshotStats {
+            last_index: s.last_index.load(Ordering::Relaxed),
+            written: s.written.load(Ordering::Relaxed),
+            rows_truncated: s.rows_truncated.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Takes lease `name` for `holder` if it is free, expired, or already theirs.
+    pub async fn try_acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, MetaError> {
+        let now = pico_common::clock::now_ms();
+        self.inner
+            .store
+            .try_acquire_lease(name, holder, ttl_ms(ttl), now)
+            .await
+    }
+
+    /// Extends a lease `holder` still holds; `false` = lost (expired or taken).
+    pub async fn renew_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, MetaError> {
+        let now = pico_common::clock::now_ms();
+        self.inner
+            .store
+            .renew_lease(name, holder, ttl_ms(ttl), now)
+            .await
+    }
+
+    /// Gives a lease up; `false` = `holder` did not hold it.
+    pub async fn release_lease(&self, name: &str, holder: &str) -> Result<bool, MetaError> {
+        self.inner.store.release_lease(name, holder).await
+    }
+
+    /// Current holder of a lease if unexpired: (holder, expires_at_ms).
+    pub async fn lease_holder(&self, name: &str) -> Result<Option<(String, i64)>, MetaError> {
+        let now = pico_common::clock::now_ms();
+        Ok(self
+            .inner
+            .store
+            .lease(name)
+            .await?
+            .filter(|(_, exp)| *exp > now))
+    }
+
+    /// Stops the committer (queued proposals fail with `Closed`), lets a running snapshot
+    /// finish, and closes the store.
+    pub async fn close(&self) {
+        self.inner.shutdown.send_replace(true);
+        let tasks: Vec<_> = match self.inner.tasks.lock() {
+            Ok(mut t) => t.drain(..).collect(),
+            Err(poisoned) => poisoned.into_inner().drain(..).collect(),
+        };
+        for t in tasks {
+            let _ = t.await;
+        }
+        self.inner.store.close().await;
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Newest readable snapshot (falling back to older kept ones), or the empty state.
+async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> {
+    let snaps = store.snapshots().await?;
+    if snaps.is_empty() {
+        return Ok((State::new(), 0));
+    }
+    let mut last_err = String::new();
+    for meta in snaps {
+        match store.load_snapshot(meta.applied_index).await {
+            Ok(Some(bytes)) => match codec::decode_state(&bytes) {
+                Ok(state) if state.applied_index == meta.applied_index => {
+                    return Ok((state, meta.last_row_id));
+                }
+                Ok(state) => {
+                    last_err = format!(
+                        "applied_index={} payload_index={}",
+                        meta.applied_index, state.applied_index
+                    )
+                }
+                Err(e) => last_err = format!("applied_index={} error={e}", meta.applied_index),
+            },
+            Ok(None) => last_err = format!("applied_index={} vanished", meta.applied_index),
+            Err(e) => last_err = e.to_string(),
+        }
+        tracing::warn!(error = %last_err, "unreadable metadata snapshot, trying an older one");
+    }
+    Err(MetaError::CorruptSnapshot(last_err))
+}
+
+/// Owns the mutable state: applies rows in table order and publishes views.
+struct Applier {
+    store: Arc<dyn LogStore>,
+    state: State,
+    last_row_id: i64,
+    view: Arc<ArcSwap<State>>,
+    applied_tx: watch::Sender<u64>,
+    snap_tx: mpsc::Sender<(State, i64)>,
+    snapshot_every: u64,
+    last_snapshot_index: u64,
+    /// This node's just-written row: (row id, its commands, their outcomes once applied).
+    own: Option<(i64, Vec<Command>, Option<Outcomes>)>,
+}
+
+impl Applier {
+    /// Applies every row after `last_row_id`. On error, what was applied stays applied (and
+    /// published); the failing row is retried by the next call.
+    async fn catch_up(&mut self) -> Result<(), MetaError> {
+        let mut checked_gap = false;
+        loop {
+            let rows = self.store.read_after(self.last_row_id, TAIL_PAGE).await?;
+            let Some(first) = rows.first() else {
+                return Ok(());
+            };
+            if first.id != self.last_row_id + 1 && !checked_gap {
+                // Rows may be gone (another node snapshotted and truncated): jump if a newer
+                // snapshot covers them. Sequence gaps (Postgres) land here too, harmlessly.
+                checked_gap = true;
+                if self.jump_to_newer_snapshot().await? {
+                    continue;
+                }
+            }
+            let result = self.apply_rows(rows);
+            self.publish();
+            result?;
+        }
+    }
+
+    fn apply_rows(&mut self, rows: Vec<crate::store::LogRow>) -> Result<(), MetaError> {
+        for row in rows {
+            if let Some((own_id, cmds, outcomes)) = self.own.as_mut()
+                && *own_id == row.id
+            {
+                // Our own row: apply the commands we encoded (the codec round trip is tested).
+                *outcomes = Some(cmds.iter().map(|c| self.state.apply(c)).collect());
+            } else {
+                let cmds = codec::decode_commands(&row.payload).map_err(|source| {
+                    MetaError::CorruptRow {
+                        row_id: row.id,
+                        source,
+                    }
+                })?;
+                if cmds.len() as i64 != row.count {
+                    return Err(MetaError::BadRow {
+                        row_id: row.id,
+                        reason: format!("count column={} decoded={}", row.count, cmds.len()),
+                    });
+                }
+                for c in &cmds {
+                    if let Err(e) = self.state.apply(c) {
+                        tracing::debug!(row_id = row.id, kind = c.kind(), error = %e, "command rejected");
+                    }
+                }
+            }
+            self.last_row_id = row.id;
+            self.maybe_snapshot();
+        }
+        Ok(())
+    }
+
+    async fn jump_to_newer_snapshot(&mut self) -> Result<bool, MetaError> {
+        let Some(meta) = self.store.snapshots().await?.into_iter().next() else {
+            return Ok(false);
+        };
+        if meta.last_row_id <= self.last_row_id || meta.applied_index <= self.state.applied_index {
+            return Ok(false);
+        }
+        let (state, last_row_id) = load_snapshot(self.store.as_ref()).await?;
+        if last_row_id <= self.last_row_id {
+            return Ok(false);
+        }
+        tracing::info!(
+            from = self.state.applied_index,
+            to = state.applied_index,
+            "metadata tail jumped to a newer snapshot"
+        );
+        self.state = state;
+        self.last_row_id = last_row_id;
+        self.last_snapshot_index = self.state.applied_index;
+        self.publish();
+        Ok(true)
+    }
+
+    fn maybe_snapshot(&mut self) {
+        if self.state.applied_index < self.last_snapshot_index + self.snapshot_every {
+            return;
+        }
+        // O(1) clone; if the snapshotter is still busy, the next row triggers again.
+        if self
+            .snap_tx
+            .try_send((self.state.clone(), self.last_row_id))
+            .is_ok()
+        {
+            self.last_snapshot_index = self.state.applied_index;
+        }
+    }
+
+    fn publish(&self) {
+        // Every applied command (even a rejected one) moves the index, so it identifies the state.
+        if self.view.load().applied_index != self.state.applied_index {
+            self.view.store(Arc::new(self.state.clone()));
+            self.applied_tx.send_replace(self.state.applied_index);
+        }
+    }
+}
+
+async fn run_committer(
+    mut applier: Applier,
+    mut rx: mpsc::Receiver<Request>,
+    mut shutdown: watch::Receiver<bool>,
+    opts: MetaLogOptions,
+) {
+    let mut ticker = tokio::time::interval(opts.poll_interval.max(Duration::from_millis(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let max_batch = opts.max_batch.max(1);
+    // A corrupted row stops the log for good: applying past it would diverge from other nodes.
+    let mut poisoned: Option<MetaError> = None;
+    let mut carry: Option<Request> = None;
+    loop {
+        let first = match carry.take() {
+            Some(r) => r,
+            None => tokio::select! {
+                biased;
+                _ = shutdown.changed() => break,
+                r = rx.recv() => match r { Some(r) => r, None => break },
+                _ = ticker.tick() => {
+                    if poisoned.is_none() && let Err(e) = applier.catch_up().await {
+                        tracing::warn!(error = %e, "metadata tail failed");
+                        if is_corruption(&e) { poisoned = Some(e); }
+                    }
+                    continue;
+                }
+            },
+        };
+        if *shutdown.borrow() {
+            let _ = first.reply.send(Err(MetaError::Closed));
+            break;
+        }
+        let mut batch = vec![first];
+        let mut n = batch[0].cmds.len();
+        while n < max_batch {
+            match rx.try_recv() {
+                Ok(r) if n + r.cmds.len() > max_batch => {
+                    carry = Some(r);
+                    break;
+                }
+                Ok(r) => {
+                    n += r.cmds.len();
+                    batch.push(r);
+                }
+                Err(_) => break,
+            }
+        }
+        // Callers that gave up before the write are dropped: their commands are not written.
+        batch.retain(|r| !r.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        if let Some(e) = &poisoned {
+            for r in batch {
+                let _ = r.reply.send(Err(e.clone()));
+            }
+            continue;
+        }
+        let cmds: Vec<Command> = batch.iter().flat_map(|r| r.cmds.iter().cloned()).collect();
+        let payload = codec::encode_commands(&cmds);
+        let count = cmds.len() as u32;
+        let row_id = match applier
+            .store
+            .append(&payload, count, pico_common::clock::now_ms())
+            .await
+        {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(error = %e, "metadata append failed");
+                for r in batch {
+                    let _ = r.reply.send(Err(e.clone()));
+                }
+                continue;
+            }
+        };
+        applier.own = Some((row_id, cmds, None));
+        let tail = applier.catch_up().await;
+        let outcomes = applier.own.take().and_then(|(_, _, o)| o);
+        if let Err(e) = &tail {
+            tracing::warn!(error = %e, row_id, "metadata tail after commit failed");
+            if is_corruption(e) {
+                poisoned = Some(e.clone());
+            }
+        }
+        match outcomes {
+            Some(mut all) => {
+                // Split the row's outcomes back to the requests, in order.
+                for r in batch.into_iter().rev() {
+                    let mine = all.split_off(all.len() - r.cmds.len());
+                    let _ = r.reply.send(Ok(mine));
+                }
+            }
+            None => {
+                let e = match tail {
+                    Err(e) => e,
+                    Ok(()) => MetaError::OutcomeUnknown { row_id },
+                };
+                for r in batch {
+                    let _ = r.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+    tracing::debug!("metadata committer stopped");
+}
+
+fn is_corruption(e: &MetaError) -> bool {
+    matches!(
+        e,
+        MetaError::CorruptRow { .. } | MetaError::BadRow { .. } | MetaError::CorruptSnapshot(_)
+    )
+}
+
+/// Writes snapshots off the committer's path (encoding a large state takes a while).
+async fn run_snapshotter(
+    store: Arc<dyn LogStore>,
+    mut rx: mpsc::Receiver<(State, i64)>,
+    stats: Arc<Stats>,
+) {
+    while let Some((state, last_row_id)) = rx.recv().await {
+        let applied_index = state.applied_index;
+        let payload = match tokio::task::spawn_blocking(move || codec::encode_state(&state)).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "snapshot encoding task failed");
+                continue;
+            }
+        };
+        let meta = SnapshotMeta {
+            applied_index,
+            last_row_id,
+        };
+        match store
+            .write_snapshot(meta, &payload, KEEP_SNAPSHOTS, pico_common::clock::now_ms())
+            .await
+        {
+            Ok(truncated) => {
+                stats.last_index.store(applied_index, Ordering::Relaxed);
+                stats.written.fetch_add(1, Ordering::Relaxed);
+                stats.rows_truncated.fetch_add(truncated, Ordering::Relaxed);
+                tracing::info!(
+                    applied_index,
+                    last_row_id,
+                    bytes = payload.len(),
+                    truncated,
+                    "metadata snapshot written"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e, applied_index, "metadata snapshot failed"),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The storage seam: what the log needs from a SQL database. SQLite implements it today
+//! ([`crate::sqlite::SqliteStore`]); Postgres slots in behind the same trait.
+
+use crate::error::MetaError;
+use async_trait::async_trait;
+
+/// One row of `meta_log`: a batch of encoded commands.
+#[derive(Debug, Clone)]
+pub struct LogRow {
+    pub id: i64,
+    pub payload: Vec<u8>,
+    pub count: i64,
+}
+
+/// Where a snapshot sits in the log (without its payload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotMeta {
+    pub applied_index: u64,
+    /// The last log row the snapshot includes.
+    pub last_row_id: i64,
+}
+
+#[async_trait]
+pub trait LogStore: Send + Sync + 'static {
+    /// Appends one row durably; returns its id (ids only grow, never reused).
+    async fn append(&self, payload: &[u8], count: u32, now_ms: i64) -> Result<i64, MetaError>;
+    /// Rows with id > `after_id`, ascending, at most `limit`.
+    async fn read_after(&self, after_id: i64, limit: u32) -> Result<Vec<LogRow>, MetaError>;
+    /// Snapshots present, newest first.
+    async fn snapshots(&self) -> Result<Vec<SnapshotMeta>, MetaError>;
+    async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError>;
+    /// Writes a snapshot, keeps the newest `keep`, and deletes the log rows the oldest kept one
+    /// already covers (so every kept snapshot stays replayable). Returns rows deleted.
+    async fn write_snapshot(
+        &self,
+        meta: SnapshotMeta,
+        payload: &[u8],
+        keep: u32,
+        now_ms: i64,
+    ) -> Result<u64, MetaError>;
+    /// Takes `name` if free, expired, or already held by `holder`.
+    async fn try_acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, MetaError>;
+    /// Extends a lease still held (and unexpired) by `holder`.
+    async fn renew_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, MetaError>;
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<bool, MetaError>;
+    /// Current (holder, expires_at_ms) of a lease, expired or not.
+    async fn lease(&self, name: &str) -> Result<Option<(String, i64)>, MetaError>;
+    async fn close(&self);
+}

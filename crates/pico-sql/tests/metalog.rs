@@ -1,0 +1,432 @@
+//! MetaLog against a real SQLite file in a temp dir.
+
+use pico_metadata::{ApplyError, Command, Outcome, StreamConfig};
+use pico_sql::{MetaError, MetaLog, MetaLogOptions};
+use sqlx::Row;
+use std::time::Duration;
+
+fn url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite:{}/nested/dir/meta.db", dir.path().display())
+}
+
+fn create(name: &str) -> Command {
+    Command::CreateStream {
+        name: name.into(),
+        config: StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_secs: None,
+            expires_at_ms: None,
+        },
+        closed: false,
+        now_ms: 1,
+    }
+}
+
+async fn raw_pool(dir: &tempfile::TempDir) -> sqlx::SqlitePool {
+    sqlx::SqlitePool::connect(&format!("{}?mode=rw", url(dir)))
+        .await
+        .unwrap()
+}
+
+async fn count(pool: &sqlx::SqlitePool, table: &str) -> i64 {
+    sqlx::query(&format!("SELECT COUNT(*) AS n FROM {table}"))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .get("n")
+}
+
+#[tokio::test]
+async fn propose_applies_and_reads_your_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    let mut sub = log.subscribe();
+    let out = log.propose(create("a")).await.unwrap();
+    assert_eq!(
+        out,
+        Ok(Outcome::Created {
+            stream_id: 0,
+            created: true
+        })
+    );
+    // Read-your-writes: the view already holds it when propose returns.
+    let view = log.view();
+    assert_eq!(view.applied_index, 1);
+    assert_eq!(view.stream_by_name("a").unwrap().0.stream_id, 0);
+    assert_eq!(log.applied_index(), 1);
+    assert_eq!(*sub.borrow_and_update(), 1);
+    // A deterministic rejection is an inner error and still a log position.
+    let out = log
+        .propose(Command::OpenStream {
+            stream_id: 0,
+            node_id: 9,
+            node_epoch: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, Err(ApplyError::UnknownNode { node_id: 9 }));
+    assert_eq!(log.applied_index(), 2);
+    // Several commands in one row, outcomes in order.
+    let outs = log
+        .propose_many(vec![
+            create("b"),
+            create("a"),
+            Command::KvPut {
+                key: "k".into(),
+                value: vec![7],
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        outs,
+        vec![
+            Ok(Outcome::Created {
+                stream_id: 1,
+                created: true
+            }),
+            Ok(Outcome::Created {
+                stream_id: 0,
+                created: false
+            }),
+            Ok(Outcome::KvDone)
+        ]
+    );
+    assert_eq!(log.view().kv["k"], vec![7]);
+    log.close().await;
+    assert!(matches!(
+        log.propose(create("c")).await,
+        Err(MetaError::Closed)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_batches_concurrent_proposals() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            log.propose(create(&format!("s{i}"))).await
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        match t.await.unwrap().unwrap().unwrap() {
+            Outcome::Created {
+                stream_id,
+                created: true,
+            } => ids.push(stream_id),
+            o => panic!("unexpected {o:?}"),
+        }
+    }
+    ids.sort();
+    assert_eq!(
+        ids,
+        (0..100).collect::<Vec<_>>(),
+        "each proposal got its own outcome"
+    );
+    assert_eq!(log.applied_index(), 100);
+    let pool = raw_pool(&dir).await;
+    let rows = count(&pool, "meta_log").await;
+    eprintln!("group commit: 100 proposals in {rows} rows");
+    assert!(
+        rows < 100,
+        "group commit should batch: rows={rows} proposals=100"
+    );
+    let cmds: i64 = sqlx::query("SELECT SUM(count) AS n FROM meta_log")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get("n");
+    assert_eq!(cmds, 100);
+    log.close().await;
+}
+
+#[tokio::test]
+async fn max_batch_bounds_commands_per_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = MetaLogOptions {
+        max_batch: 4,
+        ..MetaLogOptions::default()
+    };
+    let log = MetaLog::open(&url(&dir), opts).await.unwrap();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let log = log.clone();
+        set.spawn(async move {
+            log.propose(Command::KvPut {
+                key: format!("{i}"),
+                value: vec![],
+            })
+            .await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_eq!(r.unwrap().unwrap(), Ok(Outcome::KvDone));
+    }
+    assert_eq!(log.applied_index(), 20);
+    let pool = raw_pool(&dir).await;
+    let max: i64 = sqlx::query("SELECT MAX(count) AS n FROM meta_log")
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get("n");
+    assert!(max <= 4, "row holds {max} commands, max_batch=4");
+    log.close().await;
+}
+
+#[tokio::test]
+async fn restart_restores_state_after_snapshot_and_truncation() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    // 2600 commands in rows of 100: two snapshots (1024, 2048) so the log below the older
+    // one is truncated, plus rows after the newest to replay.
+    for batch in 0..26 {
+        let cmds = (0..100)
+            .map(|i| {
+                let n = batch * 100 + i;
+                if n % 3 == 0 {
+                    create(&format!("s{n}"))
+                } else {
+                    Command::KvPut {
+                        key: format!("k{}", n % 50),
+                        value: vec![n as u8],
+                    }
+                }
+            })
+            .collect();
+        log.propose_many(cmds).await.unwrap();
+    }
+    let before = log.view();
+    assert_eq!(before.applied_index, 2600);
+    // Snapshots are written in the background.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while log.snapshot_stats().written < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "snapshots not written: {:?}",
+            log.snapshot_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = log.snapshot_stats();
+    assert!(
+        stats.last_index >= 2048 && stats.rows_truncated > 0,
+        "{stats:?}"
+    );
+    log.close().await;
+
+    let pool = raw_pool(&dir).await;
+    let rows = count(&pool, "meta_log").await;
+    assert!(rows < 26, "log rows were truncated: rows={rows}");
+    assert_eq!(count(&pool, "meta_snapshot").await, 2);
+    pool.close().await;
+
+    let reopened = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        *reopened.view(),
+        *before,
+        "snapshot + replay must rebuild the same state"
+    );
+    assert!(reopened.snapshot_stats().last_index >= 2048);
+    // And it keeps going from there.
+    let out = reopened.propose(create("after")).await.unwrap();
+    assert!(matches!(out, Ok(Outcome::Created { created: true, .. })));
+    assert_eq!(reopened.applied_index(), 2601);
+    let before = reopened.view();
+    reopened.close().await;
+
+    // A damaged newest snapshot falls back to the older kept one (its rows are still there).
+    let pool = raw_pool(&dir).await;
+    sqlx::query("UPDATE meta_snapshot SET payload = x'01ff' WHERE applied_index = (SELECT MAX(applied_index) FROM meta_snapshot)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let fallback = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        *fallback.view(),
+        *before,
+        "older snapshot + longer replay gives the same state"
+    );
+    fallback.close().await;
+}
+
+#[tokio::test]
+async fn restart_without_snapshot_replays_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    log.propose(create("a")).await.unwrap().unwrap();
+    log.propose(Command::Trim {
+        stream_id: 7,
+        start_offset: 1,
+    })
+    .await
+    .unwrap()
+    .unwrap_err();
+    let before = log.view();
+    log.close().await;
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(*log.view(), *before);
+    assert_eq!(log.snapshot_stats().written, 0);
+    log.close().await;
+}
+
+#[tokio::test]
+async fn tailer_applies_rows_written_by_another_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = MetaLogOptions {
+        poll_interval: Duration::from_millis(20),
+        ..MetaLogOptions::default()
+    };
+    let a = MetaLog::open(&url(&dir), opts.clone()).await.unwrap();
+    let b = MetaLog::open(&url(&dir), opts).await.unwrap();
+    a.propose(create("from-a")).await.unwrap().unwrap();
+    // b sees a's row through the backstop poll, without proposing anything.
+    let mut sub = b.subscribe();
+    tokio::time::timeout(Duration::from_secs(5), sub.wait_for(|i| *i >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b.view().stream_by_name("from-a").is_some());
+    // b's own commit applies a's earlier rows first (table order), so ids agree.
+    a.propose(create("a2")).await.unwrap().unwrap();
+    let out = b.propose(create("from-b")).await.unwrap();
+    assert_eq!(
+        out,
+        Ok(Outcome::Created {
+            stream_id: 2,
+            created: true
+        })
+    );
+    tokio::time::timeout(Duration::from_secs(5), a.subscribe().wait_for(|i| *i >= 3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*a.view(), *b.view());
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn leases_acquire_renew_expire_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(200);
+    assert!(log.try_acquire_lease("maint", "n1", ttl).await.unwrap());
+    assert!(
+        !log.try_acquire_lease("maint", "n2", ttl).await.unwrap(),
+        "held by n1"
+    );
+    assert!(
+        log.try_acquire_lease("maint", "n1", ttl).await.unwrap(),
+        "re-acquire by holder"
+    );
+    assert!(log.renew_lease("maint", "n1", ttl).await.unwrap());
+    assert!(!log.renew_lease("maint", "n2", ttl).await.unwrap());
+    assert_eq!(log.lease_holder("maint").await.unwrap().unwrap().0, "n1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(log.lease_holder("maint").await.unwrap(), None, "expired");
+    assert!(
+        !log.renew_lease("maint", "n1", ttl).await.unwrap(),
+        "cannot renew an expired lease"
+    );
+    assert!(
+        log.try_acquire_lease("maint", "n2", ttl).await.unwrap(),
+        "expired lease is taken over"
+    );
+    assert!(!log.release_lease("maint", "n1").await.unwrap());
+    assert!(log.release_lease("maint", "n2").await.unwrap());
+    assert!(log.try_acquire_lease("maint", "n1", ttl).await.unwrap());
+    log.close().await;
+}
+
+#[tokio::test]
+async fn corrupted_row_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    log.propose(create("a")).await.unwrap().unwrap();
+    log.close().await;
+    let pool = raw_pool(&dir).await;
+    sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
+        .bind(vec![1u8, 2, 0xff, 0xff, 0xff])
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let err = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .err()
+        .expect("open must fail");
+    assert!(
+        matches!(err, MetaError::CorruptRow { row_id: 2, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("row_id=2"), "{err}");
+}
+
+#[tokio::test]
+async fn corrupted_row_from_another_writer_stops_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
+        .await
+        .unwrap();
+    log.propose(create("a")).await.unwrap().unwrap();
+    let pool = raw_pool(&dir).await;
+    sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
+        .bind(vec![9u8])
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = log.propose(create("b")).await.unwrap_err();
+    assert!(
+        matches!(err, MetaError::CorruptRow { row_id: 2, .. }),
+        "{err:?}"
+    );
+    // It stays stopped rather than applying past the bad row.
+    assert!(matches!(
+        log.propose(create("c")).await,
+        Err(MetaError::CorruptRow { .. })
+    ));
+    assert_eq!(log.applied_index(), 1);
+    log.close().await;
+}
+
+#[tokio::test]
+async fn memory_and_postgres_urls() {
+    let log = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+        .await
+        .unwrap();
+    log.propose(create("a")).await.unwrap().unwrap();
+    assert!(log.view().stream_by_name("a").is_some());
+    log.close().await;
+    let err = MetaLog::open("postgres://localhost/x", MetaLogOptions::default())
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, MetaError::Unsupported(_)));
+    assert!(matches!(
+        MetaLog::open("mysql://x", MetaLogOptions::default()).await,
+        Err(MetaError::BadUrl(_))
+    ));
+}
