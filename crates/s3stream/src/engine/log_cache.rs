@@ -1,0 +1,299 @@
+//! Log cache: recent durable batches of open streams, served to readers without storage IO.
+//!
+//! Invariants:
+//! - Only durable data enters (the WAL writer inserts after the WAL write returned).
+//! - Not-yet-uploaded batches are never evicted: until committed they exist nowhere readable.
+//! - Uploaded batches are evicted oldest-uploaded first once their total exceeds the budget;
+//!   per stream they always form a prefix of its deque because uploads go in offset order.
+//! - A stream's log belongs to one open generation; re-open replaces it, so batches of an old
+//!   epoch never mix with the new epoch's offsets.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+
+use crate::format::StoredBatch;
+
+#[derive(Debug)]
+struct CachedBatch {
+    base_offset: u64,
+    record_count: u32,
+    data: Bytes,
+    uploaded: bool,
+}
+
+impl CachedBatch {
+    fn next_offset(&self) -> u64 {
+        self.base_offset + u64::from(self.record_count)
+    }
+}
+
+#[derive(Debug, Default)]
+struct StreamLog {
+    gen_id: u64,
+    batches: VecDeque<CachedBatch>,
+}
+
+/// Eviction order entry: (stream, generation, base_offset).
+type FifoEntry = (u64, u64, u64);
+
+#[derive(Debug)]
+pub(crate) struct LogCache {
+    logs: HashMap<u64, StreamLog>,
+    fifo: VecDeque<FifoEntry>,
+    uploaded_budget: usize,
+    total_bytes: usize,
+    uploaded_bytes: usize,
+    uploaded_batches: usize,
+}
+
+impl LogCache {
+    pub(crate) fn new(uploaded_budget: usize) -> LogCache {
+        LogCache {
+            logs: HashMap::new(),
+            fifo: VecDeque::new(),
+            uploaded_budget,
+            total_bytes: 0,
+            uploaded_bytes: 0,
+            uploaded_batches: 0,
+        }
+    }
+
+    pub(crate) fn total_bytes(&self) -> usize {
+        self.total_bytes
+    }
+
+    pub(crate) fn uploaded_bytes(&self) -> usize {
+        self.uploaded_bytes
+    }
+
+    /// Starts an empty log for a new open generation, dropping the previous one.
+    pub(crate) fn reset(&mut self, stream: u64, gen_id: u64) {
+        self.remove(stream);
+        self.logs.insert(
+            stream,
+            StreamLog {
+                gen_id,
+                batches: VecDeque::new(),
+            },
+        );
+    }
+
+    pub(crate) fn remove(&mut self, stream: u64) {
+        if let Some(log) = self.logs.remove(&stream) {
+            for b in &log.batches {
+                self.total_bytes -= b.data.len();
+                if b.uploaded {
+                    self.uploaded_bytes -= b.data.len();
+                    self.uploaded_batches -= 1;
+                }
+            }
+        }
+        self.compact_fifo();
+    }
+
+    /// Appends a durable batch; ignored unless `gen_id` is the stream's current generation.
+    pub(crate) fn insert(
+        &mut self,
+        stream: u64,
+        gen_id: u64,
+        base_offset: u64,
+        record_count: u32,
+        data: Bytes,
+    ) {
+        let Some(log) = self.logs.get_mut(&stream) else {
+            return;
+        };
+        if log.gen_id != gen_id {
+            return;
+        }
+        self.total_bytes += data.len();
+        log.batches.push_back(CachedBatch {
+            base_offset,
+            record_count,
+            data,
+            uploaded: false,
+        });
+    }
+
+    /// Marks batches in [start, end) of generation `gen_id` as uploaded (evictable).
+    pub(crate) fn mark_uploaded(&mut self, stream: u64, gen_id: u64, start: u64, end: u64) {
+        let Some(log) = self.logs.get_mut(&stream) else {
+            return;
+        };
+        if log.gen_id != gen_id {
+            return;
+        }
+        for b in log.batches.iter_mut() {
+            if b.base_offset >= end {
+                break;
+            }
+            if !b.uploaded && b.base_offset >= start {
+                b.uploaded = true;
+                self.uploaded_bytes += b.data.len();
+                self.uploaded_batches += 1;
+                self.fifo.push_back((stream, gen_id, b.base_offset));
+            }
+        }
+        self.evict();
+    }
+
+    /// Drops batches in [start, end) of generation `gen_id` (their commit was rejected).
+    pub(crate) fn drop_range(&mut self, stream: u64, gen_id: u64, start: u64, end: u64) {
+        let Some(log) = self.logs.get_mut(&stream) else {
+            return;
+        };
+        if log.gen_id != gen_id {
+            return;
+        }
+        let (mut total, mut up, mut up_n) = (0, 0, 0);
+        log.batches.retain(|b| {
+            let inside = b.base_offset >= start && b.base_offset < end;
+            if inside {
+                total += b.data.len();
+                if b.uploaded {
+                    up += b.data.len();
+                    up_n += 1;
+                }
+            }
+            !inside
+        });
+        self.total_bytes -= total;
+        self.uploaded_bytes -= up;
+        self.uploaded_batches -= up_n;
+    }
+
+    fn evict(&mut self) {
+        while self.uploaded_bytes > self.uploaded_budget {
+            let Some((stream, gen_id, base)) = self.fifo.pop_front() else {
+                break;
+            };
+            let Some(log) = self.logs.get_mut(&stream) else {
+                continue;
+            };
+            if log.gen_id != gen_id {
+                continue;
+            }
+            if let Some(front) = log.batches.front()
+                && front.uploaded
+                && front.base_offset == base
+            {
+                let len = front.data.len();
+                log.batches.pop_front();
+                self.total_bytes -= len;
+                self.uploaded_bytes -= len;
+                self.uploaded_batches -= 1;
+            }
+        }
+        self.compact_fifo();
+    }
+
+    /// Stale FIFO entries (removed streams) are dropped once they dominate, bounding the FIFO
+    /// by the number of cached uploaded batches.
+    fn compact_fifo(&mut self) {
+        if self.fifo.len() > 2 * self.uploaded_batches + 64 {
+            let logs = &self.logs;
+            self.fifo.retain(|(s, g, base)| {
+                logs.get(s).is_some_and(|l| {
+                    l.gen_id == *g
+                        && l.batches
+                            .iter()
+                            .any(|b| b.uploaded && b.base_offset == *base)
+                })
+            });
+        }
+    }
+
+    /// Copies batches from the one containing `from` on, until `max_bytes` (at least one).
+    /// Returns the offset after the last batch added, or None if the cache does not reach
+    /// back to `from` for this stream.
+    pub(crate) fn read(
+        &self,
+        stream: u64,
+        from: u64,
+        max_bytes: usize,
+        out: &mut Vec<StoredBatch>,
+        bytes: &mut usize,
+    ) -> Option<u64> {
+        let log = self.logs.get(&stream)?;
+        let first = log.batches.front()?;
+        if first.base_offset > from {
+            return None;
+        }
+        let idx = log.batches.partition_point(|b| b.next_offset() <= from);
+        let mut cur = from;
+        for b in log.batches.range(idx..) {
+            if !out.is_empty() && *bytes >= max_bytes {
+                break;
+            }
+            if b.base_offset > cur && !out.is_empty() {
+                break; // a hole (dropped range): stop at contiguous data
+            }
+            out.push(StoredBatch {
+                base_offset: b.base_offset,
+                record_count: b.record_count,
+                data: b.data.clone(),
+            });
+            *bytes += b.data.len();
+            cur = b.next_offset();
+        }
+        Some(cur)
+    }
+
+    #[cfg(test)]
+    fn batch_count(&self, stream: u64) -> usize {
+        self.logs.get(&stream).map_or(0, |l| l.batches.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize) -> Bytes {
+        Bytes::from(vec![1u8; n])
+    }
+
+    #[test]
+    fn unuploaded_data_is_never_evicted_and_uploaded_is_bounded() {
+        let mut c = LogCache::new(250);
+        c.reset(1, 1);
+        for i in 0..10 {
+            c.insert(1, 1, i * 2, 2, data(100));
+        }
+        c.mark_uploaded(1, 0, 0, 100); // wrong generation: ignored
+        assert_eq!(c.uploaded_bytes(), 0);
+        assert_eq!(c.total_bytes(), 1000);
+        c.mark_uploaded(1, 1, 0, 10); // batches 0..5 uploaded
+        assert!(c.uploaded_bytes() <= 250);
+        assert_eq!(c.uploaded_bytes(), 200);
+        assert_eq!(c.batch_count(1), 7, "3 oldest uploaded batches evicted");
+        // Reads before the cached range miss; reads inside hit from the containing batch.
+        let (mut out, mut bytes) = (Vec::new(), 0);
+        assert_eq!(c.read(1, 0, 1000, &mut out, &mut bytes), None);
+        assert_eq!(c.read(1, 7, 250, &mut out, &mut bytes), Some(12));
+        assert_eq!(
+            out.iter().map(|b| b.base_offset).collect::<Vec<_>>(),
+            vec![6, 8, 10]
+        );
+    }
+
+    #[test]
+    fn reset_and_drop_range_keep_accounting_exact() {
+        let mut c = LogCache::new(10_000);
+        c.reset(1, 1);
+        c.reset(2, 5);
+        c.insert(1, 1, 0, 1, data(10));
+        c.insert(1, 1, 1, 1, data(10));
+        c.insert(2, 5, 0, 1, data(7));
+        c.insert(2, 4, 1, 1, data(7)); // stale generation: ignored
+        c.mark_uploaded(1, 1, 0, 1);
+        assert_eq!((c.total_bytes(), c.uploaded_bytes()), (27, 10));
+        c.drop_range(1, 1, 1, 2);
+        assert_eq!(c.total_bytes(), 17);
+        c.reset(1, 2);
+        assert_eq!((c.total_bytes(), c.uploaded_bytes()), (7, 0));
+        c.remove(2);
+        assert_eq!(c.total_bytes(), 0);
+    }
+}

@@ -1,0 +1,766 @@
+//! The engine: the only writer of record data.
+//!
+//! - `writer`: the WAL writer task (group commit, ordered acks, durable hook).
+//! - `uploader`: packs durable data into objects, commits them through the `Catalog`, trims the WAL.
+//! - `recovery`: which WAL records to replay at start (pure).
+//! - `log_cache`: recent durable batches of open streams.
+//! - `block_cache`: slices read back from objects.
+//! - `read`: the read path over both caches and object storage.
+//!
+//! `Engine` is cheap to clone (an `Arc` inside). Dropping the last clone aborts the background
+//! tasks without flushing, which is exactly a crash as far as storage is concerned.
+
+mod block_cache;
+mod log_cache;
+mod read;
+mod recovery;
+mod uploader;
+mod writer;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::format::FormatError;
+pub use crate::format::StoredBatch;
+use crate::storage::{ObjectStorage, StorageError};
+use crate::wal::{Wal, WalError, WalRecord};
+
+use block_cache::BlockCache;
+use log_cache::LogCache;
+
+/// Upper bound of one committed slice: a stream's data in one upload is split into ranges of
+/// about this size, so a read fetches (and the block cache holds) bounded pieces.
+pub const SLICE_TARGET_BYTES: usize = 1024 * 1024;
+
+/// Per-append bookkeeping charged against `max_unflushed_bytes` so that empty batches are
+/// bounded too.
+const APPEND_OVERHEAD_BYTES: usize = 64;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub node_id: u32,
+    pub node_epoch: u64,
+    /// Group-commit window; 0 = flush as soon as the writer is free.
+    pub batch_interval: Duration,
+    /// One WAL write at most this big (a single larger append is written alone).
+    pub max_bytes_in_batch: usize,
+    /// Appended-but-not-uploaded bytes; above it `append` waits (backpressure).
+    pub max_unflushed_bytes: usize,
+    /// The uploader wakes at least this often.
+    pub upload_interval: Duration,
+    /// Upload early when unuploaded bytes exceed this.
+    pub upload_threshold_bytes: usize,
+    /// A stream with at least this many bytes in one upload gets its own object.
+    pub stream_object_min_bytes: usize,
+    /// Uploaded data kept for reads (unuploaded data is always kept).
+    pub log_cache_bytes: usize,
+    /// Cache of object slices read from storage.
+    pub block_cache_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            node_id: 0,
+            node_epoch: 0,
+            batch_interval: Duration::from_millis(1),
+            max_bytes_in_batch: 4 << 20,
+            max_unflushed_bytes: 256 << 20,
+            upload_interval: Duration::from_secs(1),
+            upload_threshold_bytes: 16 << 20,
+            stream_object_min_bytes: 8 << 20,
+            log_cache_bytes: 128 << 20,
+            block_cache_bytes: 64 << 20,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct AppendRequest {
+    pub stream: u64,
+    pub epoch: i64,
+    pub record_count: u32,
+    pub batch: Bytes,
+    pub aux: Bytes,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: u64,
+    pub next_offset: u64,
+}
+
+/// An append with its offsets assigned, waiting for its WAL write.
+#[derive(Debug)]
+pub struct PendingAppend {
+    pub base_offset: u64,
+    pub next_offset: u64,
+    ack: oneshot::Receiver<Result<Appended, EngineError>>,
+}
+
+impl PendingAppend {
+    /// Resolves once the WAL write holding this append is durable.
+    pub async fn durable(self) -> Result<Appended, EngineError> {
+        self.ack.await.unwrap_or(Err(EngineError::ShuttingDown))
+    }
+}
+
+/// Committed object slice of one stream, as recorded by the host's metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectSlice {
+    pub key: String,
+    pub start_offset: u64,
+    pub end_offset: u64,
+    pub position: u64,
+    pub len: u64,
+}
+
+/// One contiguous range of one stream inside an uploaded object. An object may hold several
+/// consecutive ranges of the same stream (slices are bounded by `SLICE_TARGET_BYTES`); they
+/// appear in offset order and must be applied in order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommitRange {
+    pub stream: u64,
+    pub epoch: i64,
+    pub start_offset: u64,
+    pub end_offset: u64,
+    pub position: u64,
+    pub len: u64,
+    /// Non-empty aux blobs of the appends in this range, in order.
+    pub aux: Vec<Bytes>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectCommit {
+    pub key: String,
+    pub size: u64,
+    pub ranges: Vec<CommitRange>,
+}
+
+/// Provided by the host; backed by its metadata view and log.
+#[async_trait::async_trait]
+pub trait Catalog: Send + Sync + 'static {
+    /// Committed slices of `stream` with end_offset > from_offset, ascending, at most `max`.
+    fn slices(&self, stream: u64, from_offset: u64, max: usize) -> Vec<ObjectSlice>;
+    /// End of committed data for the stream (0 if none / unknown).
+    fn committed_end(&self, stream: u64) -> u64;
+    /// Make an uploaded object visible. Returns, per range, whether it was accepted (false =
+    /// fenced: stale epoch or non-contiguous; that data is dropped, never retried).
+    /// Err = transient, retried later with the same object.
+    async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("catalog: {0}")]
+pub struct CatalogError(pub String);
+
+/// Called by the WAL writer after each durable write, once per stream in it, in order,
+/// with the stream's new durable end offset.
+pub type DurableHook = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub wal_entries: usize,
+    pub records_replayed: usize,
+    /// (stream, epoch, committed end) of every stream that had records replayed.
+    pub streams: Vec<(u64, i64, u64)>,
+    /// Records not replayed: already committed, duplicates, stale epochs, or rejected.
+    pub skipped: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub open_streams: usize,
+    pub log_cache_bytes: usize,
+    pub log_cache_uploaded_bytes: usize,
+    pub unuploaded_bytes: usize,
+    pub wal_writes: u64,
+    pub wal_write_failures: u64,
+    pub appends: u64,
+    pub uploads: u64,
+    pub upload_failures: u64,
+    pub rejected_ranges: u64,
+    pub block_cache_bytes: usize,
+    pub block_cache_hits: u64,
+    pub block_cache_misses: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("stream not open on this engine: stream={stream}")]
+    NotOpen { stream: u64 },
+    #[error("stale epoch: stream={stream} epoch={epoch} current={current}")]
+    StaleEpoch {
+        stream: u64,
+        epoch: i64,
+        current: i64,
+    },
+    #[error("stream broken by a failed durable write, re-open it: stream={stream}")]
+    Broken { stream: u64 },
+    #[error("engine shutting down")]
+    ShuttingDown,
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("wal write failed, append not durable: {0}")]
+    Durability(String),
+    #[error("upload failed: {0}")]
+    Upload(String),
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("wal: {0}")]
+    Wal(#[from] WalError),
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    #[error("corrupt data: key=`{key}`: {source}")]
+    Corrupt {
+        key: String,
+        #[source]
+        source: FormatError,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared state
+// ---------------------------------------------------------------------------------------------
+
+/// Per open stream: a small fixed struct (no tasks, no buffers of its own).
+#[derive(Debug)]
+struct OpenStream {
+    epoch: i64,
+    /// Open generation: distinguishes re-opens (even at the same epoch after a break).
+    gen_id: u64,
+    next_offset: u64,
+    durable_end: u64,
+    broken: bool,
+}
+
+/// A WAL record that is durable but not yet uploaded.
+#[derive(Debug)]
+struct QueuedRecord {
+    gen_id: u64,
+    cost: u32,
+    rec: WalRecord,
+}
+
+/// One durable WAL write still needed for upload.
+#[derive(Debug)]
+struct DurableEntry {
+    pos: u64,
+    records: Vec<QueuedRecord>,
+}
+
+/// An append travelling from `append` to the WAL writer.
+struct WriteItem {
+    seq: u64,
+    gen_id: u64,
+    cost: u32,
+    rec: WalRecord,
+    ack: oneshot::Sender<Result<Appended, EngineError>>,
+}
+
+#[derive(Debug)]
+struct State {
+    streams: HashMap<u64, OpenStream>,
+    cache: LogCache,
+    /// Durable, not-yet-uploaded WAL entries, ascending by position.
+    queue: VecDeque<DurableEntry>,
+    unuploaded_bytes: usize,
+    /// Sequence number of the last append handed to the writer.
+    enqueued_seq: u64,
+    /// Highest WAL position whose records are queued or uploaded.
+    durable_pos: Option<u64>,
+    /// Generations with a failed WAL write: their still-queued appends must fail too, or later
+    /// data would be acked after a hole. Cleared once the writer has drained the queue.
+    failed_gens: HashSet<u64>,
+    next_gen: u64,
+    shutting_down: bool,
+    stopped: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Progress {
+    /// Highest append sequence the writer has finished (acked or failed).
+    written_seq: u64,
+    /// Every WAL entry <= this is uploaded, committed (or rejected) and trimmed.
+    uploaded_upto: Option<u64>,
+    /// Failed upload cycles so far.
+    upload_failures: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    wal_writes: AtomicU64,
+    wal_write_failures: AtomicU64,
+    appends: AtomicU64,
+    uploads: AtomicU64,
+    upload_failures: AtomicU64,
+    rejected_ranges: AtomicU64,
+}
+
+struct Shared {
+    cfg: EngineConfig,
+    data: Arc<dyn ObjectStorage>,
+    wal: Arc<dyn Wal>,
+    catalog: Arc<dyn Catalog>,
+    on_durable: DurableHook,
+    state: Mutex<State>,
+    tx: mpsc::UnboundedSender<WriteItem>,
+    /// Bytes of appends not yet uploaded (bounds the writer queue and the upload backlog).
+    space: Semaphore,
+    space_total: usize,
+    upload_kick: Notify,
+    progress: watch::Sender<Progress>,
+    block_cache: Mutex<BlockCache>,
+    object_counter: AtomicU64,
+    counters: Counters,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn blocks(&self) -> MutexGuard<'_, BlockCache> {
+        self.block_cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn release_space(&self, cost: u64) {
+        if cost > 0 {
+            self.space
+                .add_permits(usize::try_from(cost).unwrap_or(usize::MAX));
+        }
+    }
+
+    fn next_object_key(&self) -> String {
+        let n = self.object_counter.fetch_add(1, Ordering::SeqCst);
+        format!(
+            "{}{n:020}",
+            data_prefix(self.cfg.node_id, self.cfg.node_epoch)
+        )
+    }
+}
+
+fn data_prefix(node_id: u32, node_epoch: u64) -> String {
+    format!("data/{node_id}/{node_epoch}/")
+}
+
+struct EngineInner {
+    shared: Arc<Shared>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        for t in self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+/// The stream storage engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+/// Consecutive failed upload cycles after which `flush` gives up with an error.
+const FLUSH_MAX_UPLOAD_FAILURES: u64 = 8;
+
+impl Engine {
+    /// Replays the WAL (records at or after each stream's committed end are uploaded and
+    /// committed with the epoch recorded in the WAL; earlier ones are skipped), trims it, and
+    /// only then starts the writer and uploader tasks.
+    pub async fn start(
+        cfg: EngineConfig,
+        data: Arc<dyn ObjectStorage>,
+        wal: Arc<dyn Wal>,
+        catalog: Arc<dyn Catalog>,
+        on_durable: DurableHook,
+    ) -> Result<(Engine, RecoveryReport), EngineError> {
+        if cfg.max_bytes_in_batch == 0 || cfg.max_unflushed_bytes == 0 {
+            return Err(EngineError::InvalidRequest(
+                "max_bytes_in_batch and max_unflushed_bytes must be > 0".into(),
+            ));
+        }
+        // Object keys must never collide with a previous run's objects at the same node epoch.
+        let prefix = data_prefix(cfg.node_id, cfg.node_epoch);
+        let next_counter = data
+            .list(&prefix)
+            .await?
+            .iter()
+            .filter_map(|k| k.strip_prefix(&prefix)?.parse::<u64>().ok())
+            .max()
+            .map_or(0, |n| n + 1);
+
+        let space_total = cfg.max_unflushed_bytes.min(Semaphore::MAX_PERMITS);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                streams: HashMap::new(),
+                cache: LogCache::new(cfg.log_cache_bytes),
+                queue: VecDeque::new(),
+                unuploaded_bytes: 0,
+                enqueued_seq: 0,
+                durable_pos: None,
+                failed_gens: HashSet::new(),
+                next_gen: 1,
+                shutting_down: false,
+                stopped: false,
+            }),
+            block_cache: Mutex::new(BlockCache::new(cfg.block_cache_bytes)),
+            cfg,
+            data,
+            wal,
+            catalog,
+            on_durable,
+            tx,
+            space: Semaphore::new(space_total),
+            space_total,
+            upload_kick: Notify::new(),
+            progress: watch::Sender::new(Progress::default()),
+            object_counter: AtomicU64::new(next_counter),
+            counters: Counters::default(),
+        });
+
+        let report = recovery::recover(&shared).await?;
+
+        let writer = tokio::spawn(writer::run(shared.clone(), rx));
+        let uploader = tokio::spawn(uploader::run(shared.clone()));
+        let engine = Engine {
+            inner: Arc::new(EngineInner {
+                shared,
+                tasks: Mutex::new(vec![writer, uploader]),
+            }),
+        };
+        Ok((engine, report))
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Start serving appends for `stream` at `epoch` from `next_offset`. Re-opening at a higher
+    /// epoch (or at the same epoch after a failed write) replaces the state; pending appends of
+    /// the old state still complete. A lower epoch, or the same epoch while healthy, is ignored.
+    pub fn open(&self, stream: u64, epoch: i64, next_offset: u64) {
+        let mut st = self.shared().state();
+        if let Some(s) = st.streams.get(&stream)
+            && (s.epoch > epoch || (s.epoch == epoch && !s.broken))
+        {
+            if s.epoch > epoch {
+                tracing::warn!(
+                    stream,
+                    epoch,
+                    current = s.epoch,
+                    "open at stale epoch ignored"
+                );
+            }
+            return;
+        }
+        let gen_id = st.next_gen;
+        st.next_gen += 1;
+        st.streams.insert(
+            stream,
+            OpenStream {
+                epoch,
+                gen_id,
+                next_offset,
+                durable_end: next_offset,
+                broken: false,
+            },
+        );
+        st.cache.reset(stream, gen_id);
+    }
+
+    pub fn is_open(&self, stream: u64) -> Option<i64> {
+        self.shared().state().streams.get(&stream).map(|s| s.epoch)
+    }
+
+    /// Assigns offsets and hands the append to the WAL writer. Waits only for queue space
+    /// (`max_unflushed_bytes`). Offsets are assigned atomically with the enqueue, after space
+    /// was granted, so a cancelled call never leaves a hole; calls for one stream must be
+    /// serialized by the host and get offsets in call order.
+    pub async fn append(&self, req: AppendRequest) -> Result<PendingAppend, EngineError> {
+        let shared = self.shared();
+        let check = |st: &State| -> Result<(), EngineError> {
+            if st.shutting_down {
+                return Err(EngineError::ShuttingDown);
+            }
+            let s = st
+                .streams
+                .get(&req.stream)
+                .ok_or(EngineError::NotOpen { stream: req.stream })?;
+            if s.epoch != req.epoch {
+                return Err(EngineError::StaleEpoch {
+                    stream: req.stream,
+                    epoch: req.epoch,
+                    current: s.epoch,
+                });
+            }
+            if s.broken {
+                return Err(EngineError::Broken { stream: req.stream });
+            }
+            if s.next_offset
+                .checked_add(u64::from(req.record_count))
+                .is_none()
+            {
+                return Err(EngineError::InvalidRequest("offset overflow".into()));
+            }
+            Ok(())
+        };
+        if req.record_count == 0 {
+            return Err(EngineError::InvalidRequest(
+                "record_count must be > 0".into(),
+            ));
+        }
+        check(&shared.state())?;
+
+        let bytes = req.batch.len() + req.aux.len() + APPEND_OVERHEAD_BYTES;
+        let cost = u32::try_from(bytes.min(shared.space_total)).unwrap_or(u32::MAX);
+        let permit = match shared.space.try_acquire_many(cost) {
+            Ok(p) => p,
+            Err(_) => {
+                // Full: make sure the uploader is working on freeing space.
+                shared.upload_kick.notify_one();
+                shared
+                    .space
+                    .acquire_many(cost)
+                    .await
+                    .map_err(|_| EngineError::ShuttingDown)?
+            }
+        };
+
+        let mut st = shared.state();
+        check(&st)?;
+        let Some(s) = st.streams.get_mut(&req.stream) else {
+            return Err(EngineError::NotOpen { stream: req.stream });
+        };
+        let base_offset = s.next_offset;
+        let next_offset = base_offset + u64::from(req.record_count);
+        let gen_id = s.gen_id;
+        let (ack_tx, ack_rx) = oneshot::channel();
+        let seq = st.enqueued_seq + 1;
+        let item = WriteItem {
+            seq,
+            gen_id,
+            cost,
+            rec: WalRecord {
+                stream: req.stream,
+                epoch: req.epoch,
+                base_offset,
+                record_count: req.record_count,
+                batch: req.batch,
+                aux: req.aux,
+            },
+            ack: ack_tx,
+        };
+        shared
+            .tx
+            .send(item)
+            .map_err(|_| EngineError::ShuttingDown)?;
+        // Committed to the queue: only now do offsets and accounting move.
+        permit.forget();
+        st.enqueued_seq = seq;
+        if let Some(s) = st.streams.get_mut(&req.stream) {
+            s.next_offset = next_offset;
+        }
+        drop(st);
+        shared.counters.appends.fetch_add(1, Ordering::Relaxed);
+        Ok(PendingAppend {
+            base_offset,
+            next_offset,
+            ack: ack_rx,
+        })
+    }
+
+    pub fn next_offset(&self, stream: u64) -> Option<u64> {
+        self.shared()
+            .state()
+            .streams
+            .get(&stream)
+            .map(|s| s.next_offset)
+    }
+
+    pub fn durable_end(&self, stream: u64) -> Option<u64> {
+        self.shared()
+            .state()
+            .streams
+            .get(&stream)
+            .map(|s| s.durable_end)
+    }
+
+    /// Batches covering [from_offset, durable end), see `read::read`.
+    pub async fn read(
+        &self,
+        stream: u64,
+        from_offset: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredBatch>, EngineError> {
+        read::read(self.shared(), stream, from_offset, max_bytes).await
+    }
+
+    /// Waits until everything appended so far (to any stream, so also to `stream`) is durable,
+    /// uploaded and committed, then forgets the stream's open state and cached data.
+    pub async fn close(&self, stream: u64) -> Result<(), EngineError> {
+        let Some(gen_id) = self.shared().state().streams.get(&stream).map(|s| s.gen_id) else {
+            return Ok(());
+        };
+        self.flush().await?;
+        let mut st = self.shared().state();
+        if st.streams.get(&stream).is_some_and(|s| s.gen_id == gen_id) {
+            st.streams.remove(&stream);
+            st.cache.remove(stream);
+        }
+        Ok(())
+    }
+
+    /// Drops a stream's cached data, queued uploads and open state without uploading (the
+    /// stream was deleted). Appends already in the WAL writer still complete and may be
+    /// uploaded; the host's catalog decides what to do with them.
+    pub fn forget(&self, stream: u64) {
+        let shared = self.shared();
+        let mut st = shared.state();
+        st.streams.remove(&stream);
+        st.cache.remove(stream);
+        let mut freed_cost = 0u64;
+        let mut freed_bytes = 0usize;
+        for entry in st.queue.iter_mut() {
+            entry.records.retain(|r| {
+                if r.rec.stream == stream {
+                    freed_cost += u64::from(r.cost);
+                    freed_bytes += r.rec.batch.len() + r.rec.aux.len();
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        st.unuploaded_bytes -= freed_bytes;
+        drop(st);
+        shared.release_space(freed_cost);
+    }
+
+    /// Everything appended so far is durable, uploaded, committed, and the WAL trimmed.
+    pub async fn flush(&self) -> Result<(), EngineError> {
+        let shared = self.shared();
+        let mut progress = shared.progress.subscribe();
+        let (seq, stopped) = {
+            let st = shared.state();
+            (st.enqueued_seq, st.stopped)
+        };
+        if stopped {
+            let p = *progress.borrow();
+            let st = shared.state();
+            return if p.written_seq >= seq && st.queue.is_empty() {
+                Ok(())
+            } else {
+                Err(EngineError::ShuttingDown)
+            };
+        }
+        progress
+            .wait_for(|p| p.written_seq >= seq)
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        let target = shared.state().durable_pos;
+        let start_failures = progress.borrow().upload_failures;
+        shared.upload_kick.notify_one();
+        // The uploader retries on its own with backoff; give up after repeated failures.
+        let p = *progress
+            .wait_for(|p| {
+                p.uploaded_upto >= target
+                    || p.upload_failures >= start_failures + FLUSH_MAX_UPLOAD_FAILURES
+            })
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        if p.uploaded_upto >= target {
+            Ok(())
+        } else {
+            Err(EngineError::Upload(format!(
+                "upload failed {FLUSH_MAX_UPLOAD_FAILURES} times while flushing"
+            )))
+        }
+    }
+
+    /// Rejects new appends, flushes, then stops the background tasks.
+    pub async fn shutdown(&self) -> Result<(), EngineError> {
+        self.shared().state().shutting_down = true;
+        let flushed = self.flush().await;
+        self.shared().space.close();
+        self.shared().state().stopped = true;
+        let tasks: Vec<_> = self
+            .inner
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        flushed
+    }
+
+    /// Stops the background tasks at once without flushing: a crash, for tests and for a
+    /// host that lost its node epoch. Acked data stays in the WAL for the next start.
+    pub fn abort(&self) {
+        let mut st = self.shared().state();
+        st.shutting_down = true;
+        st.stopped = true;
+        drop(st);
+        self.shared().space.close();
+        for t in self
+            .inner
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let shared = self.shared();
+        let c = &shared.counters;
+        let (open_streams, log_cache_bytes, log_cache_uploaded_bytes, unuploaded_bytes) = {
+            let st = shared.state();
+            (
+                st.streams.len(),
+                st.cache.total_bytes(),
+                st.cache.uploaded_bytes(),
+                st.unuploaded_bytes,
+            )
+        };
+        let (block_cache_bytes, block_cache_hits, block_cache_misses) = {
+            let b = shared.blocks();
+            (b.bytes(), b.hits, b.misses)
+        };
+        EngineStats {
+            open_streams,
+            log_cache_bytes,
+            log_cache_uploaded_bytes,
+            unuploaded_bytes,
+            wal_writes: c.wal_writes.load(Ordering::Relaxed),
+            wal_write_failures: c.wal_write_failures.load(Ordering::Relaxed),
+            appends: c.appends.load(Ordering::Relaxed),
+            uploads: c.uploads.load(Ordering::Relaxed),
+            upload_failures: c.upload_failures.load(Ordering::Relaxed),
+            rejected_ranges: c.rejected_ranges.load(Ordering::Relaxed),
+            block_cache_bytes,
+            block_cache_hits,
+            block_cache_misses,
+        }
+    }
+}

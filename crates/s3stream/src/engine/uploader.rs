@@ -1,0 +1,411 @@
+//! The uploader: moves durable WAL data into objects and makes them visible.
+//!
+//! A cycle takes the oldest durable entries (all of WAL positions <= P), packs them into one
+//! stream-set object (plus one stream object per stream with >= `stream_object_min_bytes`),
+//! PUTs each object, commits it through the `Catalog`, and only when every object of the cycle
+//! is committed or rejected trims the WAL to P.
+//!
+//! Invariants:
+//! - The WAL is trimmed to P only after every record at positions <= P is committed or fenced.
+//! - A commit error keeps the cycle (same keys, same bytes) and retries it: the data stays in
+//!   the log cache and in the WAL meanwhile. A put is retried under the same key.
+//! - A rejected range is dropped (never retried) and its stream marked broken if still open in
+//!   the same generation: later data of it cannot be contiguous any more.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use super::{CommitRange, EngineError, ObjectCommit, SLICE_TARGET_BYTES, Shared};
+use crate::format::{self, DATA_HEADER_LEN};
+use crate::wal::WalRecord;
+
+/// One range of one stream within a planned object, with the generation it was appended in.
+#[derive(Clone, Debug)]
+pub(super) struct PlannedRange {
+    pub(super) gen_id: u64,
+    pub(super) range: CommitRange,
+}
+
+#[derive(Debug)]
+pub(super) struct PlannedObject {
+    pub(super) key: String,
+    pub(super) data: Bytes,
+    pub(super) ranges: Vec<PlannedRange>,
+    pub(super) put_done: bool,
+    pub(super) outcome: Option<Vec<bool>>,
+}
+
+impl PlannedObject {
+    pub(super) fn commit(&self) -> ObjectCommit {
+        ObjectCommit {
+            key: self.key.clone(),
+            size: self.data.len() as u64,
+            ranges: self.ranges.iter().map(|r| r.range.clone()).collect(),
+        }
+    }
+}
+
+/// Packs records (in WAL order) into objects. Pure apart from `next_key`.
+pub(super) fn plan_objects(
+    records: &[(u64, &WalRecord)],
+    stream_object_min_bytes: usize,
+    mut next_key: impl FnMut() -> String,
+) -> Result<Vec<PlannedObject>, EngineError> {
+    // Group per stream, streams in order of first appearance.
+    let mut order: Vec<u64> = Vec::new();
+    let mut per_stream: std::collections::HashMap<u64, Vec<(u64, &WalRecord)>> =
+        std::collections::HashMap::new();
+    for (gen_id, rec) in records {
+        per_stream
+            .entry(rec.stream)
+            .or_insert_with(|| {
+                order.push(rec.stream);
+                Vec::new()
+            })
+            .push((*gen_id, rec));
+    }
+    let mut groups: Vec<Vec<u64>> = Vec::new();
+    let mut set: Vec<u64> = Vec::new();
+    for s in order {
+        let bytes: usize = per_stream[&s].iter().map(|(_, r)| r.batch.len()).sum();
+        if bytes >= stream_object_min_bytes {
+            groups.push(vec![s]);
+        } else {
+            set.push(s);
+        }
+    }
+    if !set.is_empty() {
+        groups.insert(0, set);
+    }
+
+    let mut objects = Vec::with_capacity(groups.len());
+    for streams in groups {
+        let mut buf = BytesMut::new();
+        format::put_data_header(&mut buf);
+        let mut ranges: Vec<PlannedRange> = Vec::new();
+        for s in streams {
+            let mut open: Option<PlannedRange> = None;
+            for (gen_id, rec) in &per_stream[&s] {
+                // A new range on epoch/generation change, offset gap, or when the slice is full.
+                let continues = open.as_ref().is_some_and(|r| {
+                    r.gen_id == *gen_id
+                        && r.range.epoch == rec.epoch
+                        && r.range.end_offset == rec.base_offset
+                        && (r.range.len as usize) < SLICE_TARGET_BYTES
+                });
+                if !continues {
+                    ranges.extend(open.take());
+                    open = Some(PlannedRange {
+                        gen_id: *gen_id,
+                        range: CommitRange {
+                            stream: s,
+                            epoch: rec.epoch,
+                            start_offset: rec.base_offset,
+                            end_offset: rec.base_offset,
+                            position: buf.len() as u64,
+                            len: 0,
+                            aux: Vec::new(),
+                        },
+                    });
+                }
+                let written =
+                    format::put_frame(&mut buf, rec.base_offset, rec.record_count, &rec.batch)
+                        .map_err(|source| EngineError::Corrupt {
+                            key: String::new(),
+                            source,
+                        })?;
+                if let Some(r) = open.as_mut() {
+                    r.range.end_offset = rec.next_offset();
+                    r.range.len += written as u64;
+                    if !rec.aux.is_empty() {
+                        r.range.aux.push(rec.aux.clone());
+                    }
+                }
+            }
+            ranges.extend(open.take());
+        }
+        debug_assert!(buf.len() > DATA_HEADER_LEN);
+        objects.push(PlannedObject {
+            key: next_key(),
+            data: buf.freeze(),
+            ranges,
+            put_done: false,
+            outcome: None,
+        });
+    }
+    Ok(objects)
+}
+
+/// PUTs and commits every object not yet done. On Err the caller retries later with the same
+/// objects; completed steps are remembered in the objects.
+pub(super) async fn put_and_commit(
+    shared: &Shared,
+    objects: &mut [PlannedObject],
+) -> Result<(), EngineError> {
+    for obj in objects.iter_mut() {
+        if obj.outcome.is_some() {
+            continue;
+        }
+        if !obj.put_done {
+            shared.data.put(&obj.key, obj.data.clone()).await?;
+            obj.put_done = true;
+        }
+        let outcome = shared.catalog.commit(obj.commit()).await?;
+        if outcome.len() != obj.ranges.len() {
+            return Err(EngineError::Upload(format!(
+                "catalog answered {} outcomes for {} ranges: key=`{}`",
+                outcome.len(),
+                obj.ranges.len(),
+                obj.key
+            )));
+        }
+        shared.counters.uploads.fetch_add(1, Ordering::Relaxed);
+        apply_outcome(shared, obj, &outcome);
+        obj.outcome = Some(outcome);
+    }
+    Ok(())
+}
+
+/// Accepted ranges become evictable in the log cache; rejected ones are dropped.
+fn apply_outcome(shared: &Shared, obj: &PlannedObject, outcome: &[bool]) {
+    let mut st = shared.state();
+    for (planned, accepted) in obj.ranges.iter().zip(outcome) {
+        let r = &planned.range;
+        if *accepted {
+            st.cache
+                .mark_uploaded(r.stream, planned.gen_id, r.start_offset, r.end_offset);
+        } else {
+            shared
+                .counters
+                .rejected_ranges
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                stream = r.stream,
+                epoch = r.epoch,
+                start = r.start_offset,
+                end = r.end_offset,
+                key = %obj.key,
+                "catalog rejected range, dropping its data"
+            );
+            st.cache
+                .drop_range(r.stream, planned.gen_id, r.start_offset, r.end_offset);
+            if let Some(s) = st.streams.get_mut(&r.stream)
+                && s.gen_id == planned.gen_id
+            {
+                s.broken = true;
+            }
+        }
+    }
+}
+
+/// A cycle in progress: the WAL position it covers and its objects.
+struct Cycle {
+    upto: u64,
+    objects: Vec<PlannedObject>,
+    trimmed: bool,
+}
+
+pub(super) async fn run(shared: Arc<Shared>) {
+    let mut cycle: Option<Cycle> = None;
+    let mut failures: u32 = 0;
+    loop {
+        if failures == 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(shared.cfg.upload_interval) => {}
+                _ = shared.upload_kick.notified() => {}
+            }
+        } else {
+            let backoff = Duration::from_millis(20 * 2u64.pow(failures.min(6)));
+            tokio::time::sleep(
+                backoff.min(shared.cfg.upload_interval.max(Duration::from_millis(20))),
+            )
+            .await;
+        }
+        loop {
+            match run_cycle(&shared, &mut cycle).await {
+                Ok(more) => {
+                    failures = 0;
+                    if !more {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    shared
+                        .counters
+                        .upload_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, failures, "upload cycle failed, will retry");
+                    shared.progress.send_modify(|p| p.upload_failures += 1);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Runs (or resumes) one cycle. Returns whether more durable data is waiting.
+async fn run_cycle(shared: &Shared, cycle: &mut Option<Cycle>) -> Result<bool, EngineError> {
+    if cycle.is_none() {
+        let max_bytes = shared.cfg.upload_threshold_bytes.saturating_mul(2).max(1);
+        let (upto, taken) = {
+            let st = shared.state();
+            if st.queue.is_empty() {
+                let durable = st.durable_pos;
+                drop(st);
+                shared
+                    .progress
+                    .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(durable));
+                return Ok(false);
+            }
+            let mut bytes = 0usize;
+            let mut upto = 0;
+            let mut taken: Vec<(u64, WalRecord)> = Vec::new();
+            for entry in &st.queue {
+                if bytes >= max_bytes {
+                    break;
+                }
+                upto = entry.pos;
+                for r in &entry.records {
+                    bytes += r.rec.batch.len();
+                    taken.push((r.gen_id, r.rec.clone()));
+                }
+            }
+            (upto, taken)
+        };
+        // Entries emptied by `forget` plan no object: the cycle only trims.
+        let refs: Vec<(u64, &WalRecord)> = taken.iter().map(|(g, r)| (*g, r)).collect();
+        let objects = if refs.is_empty() {
+            Vec::new()
+        } else {
+            plan_objects(&refs, shared.cfg.stream_object_min_bytes, || {
+                shared.next_object_key()
+            })?
+        };
+        *cycle = Some(Cycle {
+            upto,
+            objects,
+            trimmed: false,
+        });
+    }
+    let Some(c) = cycle.as_mut() else {
+        return Ok(false);
+    };
+    put_and_commit(shared, &mut c.objects).await?;
+    if !c.trimmed {
+        shared.wal.trim(c.upto).await?;
+        c.trimmed = true;
+    }
+    let upto = c.upto;
+    *cycle = None;
+
+    let (freed_cost, more) = {
+        let mut st = shared.state();
+        let mut cost = 0u64;
+        let mut bytes = 0usize;
+        while st.queue.front().is_some_and(|e| e.pos <= upto) {
+            if let Some(e) = st.queue.pop_front() {
+                for r in e.records {
+                    cost += u64::from(r.cost);
+                    bytes += r.rec.batch.len() + r.rec.aux.len();
+                }
+            }
+        }
+        st.unuploaded_bytes -= bytes;
+        (cost, !st.queue.is_empty())
+    };
+    shared.release_space(freed_cost);
+    shared
+        .progress
+        .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(Some(upto)));
+    Ok(more)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(stream: u64, epoch: i64, base: u64, n: u32, size: usize, aux: &str) -> WalRecord {
+        WalRecord {
+            stream,
+            epoch,
+            base_offset: base,
+            record_count: n,
+            batch: Bytes::from(vec![stream as u8; size]),
+            aux: Bytes::from(aux.to_string()),
+        }
+    }
+
+    #[test]
+    fn plan_groups_small_streams_and_splits_big_ones() {
+        let recs = [
+            rec(1, 1, 0, 2, 10, "a"),
+            rec(2, 1, 0, 1, 100, ""),
+            rec(1, 1, 2, 1, 10, ""),
+            rec(2, 1, 1, 1, 100, "b"),
+            rec(3, 1, 5, 1, 5, ""),
+            rec(3, 2, 5, 1, 5, ""), // re-opened at a higher epoch: a new range
+        ];
+        let refs: Vec<_> = recs.iter().map(|r| (1u64, r)).collect();
+        let mut n = 0;
+        let objects = plan_objects(&refs, 150, || {
+            n += 1;
+            format!("k{n}")
+        })
+        .unwrap();
+        assert_eq!(
+            objects.len(),
+            2,
+            "one stream-set object + one stream object"
+        );
+        let set = &objects[0];
+        let ranges: Vec<_> = set
+            .ranges
+            .iter()
+            .map(|r| {
+                (
+                    r.range.stream,
+                    r.range.epoch,
+                    r.range.start_offset,
+                    r.range.end_offset,
+                )
+            })
+            .collect();
+        assert_eq!(ranges, vec![(1, 1, 0, 3), (3, 1, 5, 6), (3, 2, 5, 6)]);
+        assert_eq!(set.ranges[0].range.aux, vec![Bytes::from("a")]);
+        let big = &objects[1];
+        assert_eq!(big.ranges.len(), 1);
+        assert_eq!(big.ranges[0].range.stream, 2);
+        assert_eq!(big.ranges[0].range.aux, vec![Bytes::from("b")]);
+        // Every range decodes on its own to exactly its batches.
+        for obj in &objects {
+            format::check_data_header(&obj.data).unwrap();
+            for r in &obj.ranges {
+                let slice = obj
+                    .data
+                    .slice(r.range.position as usize..(r.range.position + r.range.len) as usize);
+                let batches = format::decode_frames(&slice).unwrap();
+                assert_eq!(batches[0].base_offset, r.range.start_offset);
+                assert_eq!(batches.last().unwrap().next_offset(), r.range.end_offset);
+            }
+        }
+    }
+
+    #[test]
+    fn plan_bounds_slices() {
+        let recs: Vec<_> = (0..5)
+            .map(|i| rec(1, 1, i, 1, SLICE_TARGET_BYTES / 2, ""))
+            .collect();
+        let refs: Vec<_> = recs.iter().map(|r| (1u64, r)).collect();
+        let objects = plan_objects(&refs, usize::MAX, || "k".into()).unwrap();
+        let ranges: Vec<_> = objects[0]
+            .ranges
+            .iter()
+            .map(|r| (r.range.start_offset, r.range.end_offset))
+            .collect();
+        assert_eq!(ranges, vec![(0, 2), (2, 4), (4, 5)]);
+    }
+}

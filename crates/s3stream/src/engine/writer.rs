@@ -1,0 +1,204 @@
+//! The WAL writer: one task for the whole node.
+//!
+//! Invariants:
+//! - Group commit: every append waiting in the queue (all streams) goes into one `Wal::append`,
+//!   bounded by `batch_interval` and `max_bytes_in_batch`.
+//! - Acks are sent in queue order, only after the WAL write returned; the log cache, durable
+//!   ends and the upload queue are updated before the acks and the durable hook run.
+//! - A failed write (after retries) fails every append in it and every later append of the same
+//!   open generation still queued, and marks those streams broken: nothing is ever acked after a
+//!   hole.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{Appended, DurableEntry, EngineError, QueuedRecord, Shared, WriteItem};
+
+/// Attempts per WAL write before the appends in it fail.
+const WAL_ATTEMPTS: u32 = 4;
+const WAL_BACKOFF: Duration = Duration::from_millis(10);
+
+fn item_bytes(item: &WriteItem) -> usize {
+    item.rec.batch.len() + item.rec.aux.len()
+}
+
+pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<WriteItem>) {
+    let max_bytes = shared.cfg.max_bytes_in_batch;
+    let interval = shared.cfg.batch_interval;
+    let mut carry: Option<WriteItem> = None;
+    loop {
+        let first = match carry.take() {
+            Some(item) => item,
+            None => match rx.recv().await {
+                Some(item) => item,
+                None => return,
+            },
+        };
+        let mut bytes = item_bytes(&first);
+        let mut batch = vec![first];
+        let deadline = Instant::now() + interval;
+        while bytes < max_bytes {
+            let next = if interval.is_zero() {
+                match rx.try_recv() {
+                    Ok(item) => item,
+                    Err(_) => break,
+                }
+            } else {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(item)) => item,
+                    _ => break,
+                }
+            };
+            let n = item_bytes(&next);
+            if bytes + n > max_bytes {
+                carry = Some(next);
+                break;
+            }
+            bytes += n;
+            batch.push(next);
+        }
+        write_batch(&shared, batch).await;
+    }
+}
+
+async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
+    let max_seq = batch.iter().map(|i| i.seq).max().unwrap_or(0);
+    // Appends queued behind a failed write of their generation must fail too.
+    let (doomed, items): (Vec<_>, Vec<_>) = {
+        let st = shared.state();
+        batch
+            .into_iter()
+            .partition(|i| st.failed_gens.contains(&i.gen_id))
+    };
+    if !doomed.is_empty() {
+        fail_items(
+            shared,
+            doomed,
+            "an earlier write of this stream failed".into(),
+        );
+    }
+
+    if !items.is_empty() {
+        let records: Vec<_> = items.iter().map(|i| i.rec.clone()).collect();
+        let mut result = Err(String::new());
+        for attempt in 0..WAL_ATTEMPTS {
+            match shared.wal.append(records.clone()).await {
+                Ok(pos) => {
+                    result = Ok(pos);
+                    break;
+                }
+                Err(e) => {
+                    shared
+                        .counters
+                        .wal_write_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(attempt, error = %e, "wal write failed");
+                    result = Err(e.to_string());
+                    if attempt + 1 < WAL_ATTEMPTS {
+                        tokio::time::sleep(WAL_BACKOFF * 4u32.pow(attempt)).await;
+                    }
+                }
+            }
+        }
+        match result {
+            Ok(pos) => {
+                shared.counters.wal_writes.fetch_add(1, Ordering::Relaxed);
+                complete_items(shared, pos, items);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, appends = items.len(), "wal write failed, failing appends");
+                fail_items(shared, items, e);
+            }
+        }
+    }
+
+    {
+        let mut st = shared.state();
+        if st.enqueued_seq <= max_seq {
+            // Queue drained: no appends of a failed generation can still be waiting.
+            st.failed_gens.clear();
+        }
+    }
+    shared.progress.send_modify(|p| {
+        p.written_seq = p.written_seq.max(max_seq);
+    });
+}
+
+fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
+    let mut hooks: Vec<(u64, u64)> = Vec::new();
+    let mut acks = Vec::with_capacity(items.len());
+    let mut records = Vec::with_capacity(items.len());
+    let over_threshold;
+    {
+        let mut st = shared.state();
+        for item in items {
+            let rec = item.rec;
+            let next = rec.next_offset();
+            if let Some(s) = st.streams.get_mut(&rec.stream)
+                && s.gen_id == item.gen_id
+            {
+                s.durable_end = next;
+                st.cache.insert(
+                    rec.stream,
+                    item.gen_id,
+                    rec.base_offset,
+                    rec.record_count,
+                    rec.batch.clone(),
+                );
+                match hooks.iter_mut().find(|(s, _)| *s == rec.stream) {
+                    Some(h) => h.1 = next,
+                    None => hooks.push((rec.stream, next)),
+                }
+            }
+            st.unuploaded_bytes += rec.batch.len() + rec.aux.len();
+            acks.push((
+                item.ack,
+                Appended {
+                    base_offset: rec.base_offset,
+                    next_offset: next,
+                },
+            ));
+            records.push(QueuedRecord {
+                gen_id: item.gen_id,
+                cost: item.cost,
+                rec,
+            });
+        }
+        st.queue.push_back(DurableEntry { pos, records });
+        st.durable_pos = Some(pos);
+        over_threshold = st.unuploaded_bytes >= shared.cfg.upload_threshold_bytes;
+    }
+    for (stream, end) in hooks {
+        (shared.on_durable)(stream, end);
+    }
+    for (ack, appended) in acks {
+        let _ = ack.send(Ok(appended));
+    }
+    if over_threshold {
+        shared.upload_kick.notify_one();
+    }
+}
+
+fn fail_items(shared: &Shared, items: Vec<WriteItem>, error: String) {
+    let mut cost = 0u64;
+    {
+        let mut st = shared.state();
+        for item in &items {
+            cost += u64::from(item.cost);
+            st.failed_gens.insert(item.gen_id);
+            if let Some(s) = st.streams.get_mut(&item.rec.stream)
+                && s.gen_id == item.gen_id
+            {
+                s.broken = true;
+            }
+        }
+    }
+    shared.release_space(cost);
+    for item in items {
+        let _ = item.ack.send(Err(EngineError::Durability(error.clone())));
+    }
+}

@@ -1,0 +1,26 @@
+//! s3stream: the stream storage engine of PicoMQ. Stream ids are plain `u64`, epochs `i64`,
+//! offsets `u64`; the engine knows nothing of names, HTTP or SQL.
+//!
+//! - `storage`: `ObjectStorage` trait, `FileStorage` (crash-atomic files), `MemoryStorage`.
+//! - `wal`: the `Wal` trait (one shared WAL per node) and `ObjectWal` on object storage.
+//! - `format`: sans-IO codecs of WAL entries and data objects (framed, versioned, CRC32C).
+//! - `engine`: `Engine` — append with group commit, log cache, uploader into stream-set and
+//!   stream objects committed through the host's `Catalog`, block cache, recovery.
+//! - `testing`: `MemCatalog` and `FaultWal` test doubles, also for the host's tests.
+//!
+//! Design and invariants: docs/design/engine.md.
+
+pub mod engine;
+pub mod format;
+pub mod storage;
+pub mod testing;
+pub mod wal;
+
+pub use engine::{
+    AppendRequest, Appended, Catalog, CatalogError, CommitRange, DurableHook, Engine, EngineConfig,
+    EngineError, EngineStats, ObjectCommit, ObjectSlice, PendingAppend, RecoveryReport,
+    SLICE_TARGET_BYTES,
+};
+pub use format::StoredBatch;
+pub use storage::{FileStorage, MemoryStorage, ObjectStorage, StorageError};
+pub use wal::{ObjectWal, Wal, WalError, WalRecord};

@@ -1,0 +1,541 @@
+//! Object storage abstraction: the only durable medium the engine writes data to.
+//!
+//! `FileStorage` maps keys onto a directory tree with crash-atomic puts; `MemoryStorage` is the
+//! in-process double used by tests, with fault injection.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use bytes::Bytes;
+
+/// Errors of every storage operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("object not found: key=`{key}`")]
+    NotFound { key: String },
+    #[error("storage io error: key=`{key}`: {source}")]
+    Io {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("storage error: {0}")]
+    Other(String),
+}
+
+/// A flat key space of immutable objects (keys may contain '/').
+#[async_trait::async_trait]
+pub trait ObjectStorage: Send + Sync + 'static {
+    /// Atomic: readers see the whole object or nothing.
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError>;
+    /// `NotFound` if missing.
+    async fn get(&self, key: &str) -> Result<Bytes, StorageError>;
+    /// Exactly `len` bytes from `start`; a range past the end of the object is an error.
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError>;
+    /// A missing key is Ok.
+    async fn delete(&self, key: &str) -> Result<(), StorageError>;
+    /// Keys starting with `prefix`, sorted ascending.
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError>;
+}
+
+fn range_error(key: &str, start: u64, len: u64, size: u64) -> StorageError {
+    StorageError::Other(format!(
+        "range out of bounds: key=`{key}` start={start} len={len} size={size}"
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// FileStorage
+// ---------------------------------------------------------------------------------------------
+
+/// Objects as files under a root directory. Temp files start with '.', so keys whose path
+/// components start with '.' are rejected and such files are invisible to `list`/`get`.
+#[derive(Debug)]
+pub struct FileStorage {
+    root: PathBuf,
+    tmp_counter: AtomicU64,
+}
+
+const TMP_MARKER: &str = ".tmp-";
+
+impl FileStorage {
+    /// Creates `root` if needed and removes temp files left behind by a crash.
+    pub fn open(root: impl Into<PathBuf>) -> Result<FileStorage, StorageError> {
+        let root = root.into();
+        let io = |source| StorageError::Io {
+            key: root.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(&root).map_err(io)?;
+        clean_temp_files(&root).map_err(io)?;
+        Ok(FileStorage {
+            root,
+            tmp_counter: AtomicU64::new(0),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path_of(&self, key: &str) -> Result<PathBuf, StorageError> {
+        let valid = !key.is_empty()
+            && !key.starts_with('/')
+            && key
+                .split('/')
+                .all(|c| !c.is_empty() && !c.starts_with('.') && !c.contains('\\'));
+        if !valid {
+            return Err(StorageError::Other(format!(
+                "invalid object key: key=`{key}`"
+            )));
+        }
+        Ok(self.root.join(key))
+    }
+}
+
+fn clean_temp_files(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ft = entry.file_type()?;
+        if ft.is_dir() {
+            clean_temp_files(&entry.path())?;
+        } else if name.starts_with('.') && name.contains(TMP_MARKER) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Creates the missing directories between `root` and `dir`, fsyncing each parent after a
+/// creation so the new directory entry itself is durable.
+fn create_dirs_durably(root: &Path, dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut cur = dir;
+    while !cur.is_dir() {
+        missing.push(cur.to_path_buf());
+        match cur.parent() {
+            Some(p) if p.starts_with(root) => cur = p,
+            _ => break,
+        }
+    }
+    for d in missing.iter().rev() {
+        match std::fs::create_dir(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+        if let Some(parent) = d.parent() {
+            fsync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
+fn walk(dir: &Path, rel: &str, prefix: &str, out: &mut Vec<String>) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue; // temp files
+        }
+        let key = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        if entry.file_type()?.is_dir() {
+            // Descend only where keys below can still match the prefix.
+            let as_dir = format!("{key}/");
+            if as_dir.starts_with(prefix) || prefix.starts_with(&as_dir) {
+                walk(&entry.path(), &key, prefix, out)?;
+            }
+        } else if key.starts_with(prefix) {
+            out.push(key);
+        }
+    }
+    Ok(())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StorageError::Other(format!("blocking storage task failed: {e}")))?
+}
+
+fn io_err(key: &str, source: std::io::Error) -> StorageError {
+    if source.kind() == std::io::ErrorKind::NotFound {
+        StorageError::NotFound {
+            key: key.to_string(),
+        }
+    } else {
+        StorageError::Io {
+            key: key.to_string(),
+            source,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStorage for FileStorage {
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+        let path = self.path_of(key)?;
+        let root = self.root.clone();
+        let key = key.to_string();
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        blocking(move || {
+            let wrap = |source: std::io::Error| StorageError::Io {
+                key: key.clone(),
+                source,
+            };
+            let dir = path
+                .parent()
+                .ok_or_else(|| StorageError::Other(format!("key has no parent: key=`{key}`")))?
+                .to_path_buf();
+            create_dirs_durably(&root, &dir).map_err(wrap)?;
+            let file_name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let tmp = dir.join(format!(
+                ".{file_name}{TMP_MARKER}{}-{n}",
+                std::process::id()
+            ));
+            let result = (|| {
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&data)?;
+                f.sync_all()?;
+                drop(f);
+                std::fs::rename(&tmp, &path)?;
+                // The rename is durable only once the directory entry is.
+                fsync_dir(&dir)
+            })();
+            if result.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            result.map_err(wrap)
+        })
+        .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+        let path = self.path_of(key)?;
+        let key = key.to_string();
+        blocking(move || {
+            std::fs::read(&path)
+                .map(Bytes::from)
+                .map_err(|e| io_err(&key, e))
+        })
+        .await
+    }
+
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
+        let path = self.path_of(key)?;
+        let key = key.to_string();
+        blocking(move || {
+            let mut f = std::fs::File::open(&path).map_err(|e| io_err(&key, e))?;
+            let size = f.metadata().map_err(|e| io_err(&key, e))?.len();
+            if start.checked_add(len).is_none_or(|end| end > size) {
+                return Err(range_error(&key, start, len, size));
+            }
+            let len_usize =
+                usize::try_from(len).map_err(|_| range_error(&key, start, len, size))?;
+            f.seek(SeekFrom::Start(start))
+                .map_err(|e| io_err(&key, e))?;
+            let mut buf = vec![0u8; len_usize];
+            f.read_exact(&mut buf).map_err(|e| io_err(&key, e))?;
+            Ok(Bytes::from(buf))
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        let path = self.path_of(key)?;
+        let key = key.to_string();
+        blocking(move || match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&key, e)),
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let root = self.root.clone();
+        let prefix = prefix.to_string();
+        blocking(move || {
+            // Start from the deepest directory the prefix fully names.
+            let (dir_rel, start) = match prefix.rfind('/') {
+                Some(i) => (&prefix[..i], root.join(&prefix[..i])),
+                None => ("", root.clone()),
+            };
+            let mut out = Vec::new();
+            walk(&start, dir_rel, &prefix, &mut out).map_err(|e| io_err(&prefix, e))?;
+            out.sort();
+            Ok(out)
+        })
+        .await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MemoryStorage
+// ---------------------------------------------------------------------------------------------
+
+/// In-memory storage for tests. Share it through an `Arc` to survive a simulated crash.
+/// Fault injection: `fail_puts(n)` / `fail_gets(n)` make the next n calls fail.
+#[derive(Debug, Default)]
+pub struct MemoryStorage {
+    objects: Mutex<BTreeMap<String, Bytes>>,
+    fail_puts: AtomicUsize,
+    fail_gets: AtomicUsize,
+    puts: AtomicU64,
+    gets: AtomicU64,
+}
+
+fn take_failure(counter: &AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+impl MemoryStorage {
+    pub fn new() -> MemoryStorage {
+        MemoryStorage::default()
+    }
+
+    /// The next `n` puts fail with an injected error (nothing is stored).
+    pub fn fail_puts(&self, n: usize) {
+        self.fail_puts.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` gets / range gets fail with an injected error.
+    pub fn fail_gets(&self, n: usize) {
+        self.fail_gets.store(n, Ordering::SeqCst);
+    }
+
+    /// Successful puts so far.
+    pub fn put_count(&self) -> u64 {
+        self.puts.load(Ordering::SeqCst)
+    }
+
+    /// Successful gets (whole or range) so far.
+    pub fn get_count(&self) -> u64 {
+        self.gets.load(Ordering::SeqCst)
+    }
+
+    /// All keys currently stored.
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Overwrites an object in place, bypassing fault injection (corruption tests).
+    pub fn raw_put(&self, key: &str, data: Bytes) {
+        self.lock().insert(key.to_string(), data);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Bytes>> {
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStorage for MemoryStorage {
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+        if take_failure(&self.fail_puts) {
+            return Err(StorageError::Other(format!(
+                "injected put failure: key=`{key}`"
+            )));
+        }
+        self.lock().insert(key.to_string(), data);
+        self.puts.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+        if take_failure(&self.fail_gets) {
+            return Err(StorageError::Other(format!(
+                "injected get failure: key=`{key}`"
+            )));
+        }
+        let data = self.lock().get(key).cloned();
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        data.ok_or_else(|| StorageError::NotFound {
+            key: key.to_string(),
+        })
+    }
+
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
+        let data = self.get(key).await?;
+        let size = data.len() as u64;
+        match start.checked_add(len) {
+            Some(end) if end <= size => Ok(data.slice(start as usize..end as usize)),
+            _ => Err(range_error(key, start, len, size)),
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        self.lock().remove(key);
+        Ok(())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        Ok(self
+            .lock()
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn exercise(s: &dyn ObjectStorage) {
+        s.put("a/b/1", Bytes::from_static(b"hello world"))
+            .await
+            .unwrap();
+        s.put("a/b/2", Bytes::from_static(b"two")).await.unwrap();
+        s.put("a/c", Bytes::from_static(b"c")).await.unwrap();
+        s.put("ab", Bytes::from_static(b"ab")).await.unwrap();
+        assert_eq!(
+            s.get("a/b/1").await.unwrap(),
+            Bytes::from_static(b"hello world")
+        );
+        assert_eq!(
+            s.get_range("a/b/1", 6, 5).await.unwrap(),
+            Bytes::from_static(b"world")
+        );
+        assert_eq!(s.get_range("a/b/1", 0, 0).await.unwrap(), Bytes::new());
+        assert!(s.get_range("a/b/1", 6, 6).await.is_err());
+        assert!(matches!(
+            s.get("a/b/3").await,
+            Err(StorageError::NotFound { key }) if key == "a/b/3"
+        ));
+        assert_eq!(s.list("a/").await.unwrap(), vec!["a/b/1", "a/b/2", "a/c"]);
+        assert_eq!(s.list("a/b").await.unwrap(), vec!["a/b/1", "a/b/2"]);
+        assert_eq!(
+            s.list("a").await.unwrap(),
+            vec!["a/b/1", "a/b/2", "a/c", "ab"]
+        );
+        assert_eq!(
+            s.list("").await.unwrap(),
+            vec!["a/b/1", "a/b/2", "a/c", "ab"]
+        );
+        assert!(s.list("zz/").await.unwrap().is_empty());
+        // Overwrite replaces atomically.
+        s.put("a/b/1", Bytes::from_static(b"new")).await.unwrap();
+        assert_eq!(s.get("a/b/1").await.unwrap(), Bytes::from_static(b"new"));
+        s.delete("a/b/1").await.unwrap();
+        s.delete("a/b/1").await.unwrap(); // missing = Ok
+        assert!(matches!(
+            s.get("a/b/1").await,
+            Err(StorageError::NotFound { .. })
+        ));
+        assert_eq!(s.list("a/").await.unwrap(), vec!["a/b/2", "a/c"]);
+    }
+
+    #[tokio::test]
+    async fn memory_storage_semantics() {
+        exercise(&MemoryStorage::new()).await;
+    }
+
+    #[tokio::test]
+    async fn file_storage_semantics() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStorage::open(dir.path()).unwrap();
+        exercise(&s).await;
+        // Keys map to subdirectories.
+        assert!(dir.path().join("a/b/2").is_file());
+    }
+
+    #[tokio::test]
+    async fn file_storage_rejects_unsafe_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStorage::open(dir.path()).unwrap();
+        for key in ["", "/abs", "a/../b", "a//b", ".hidden", "a/.x"] {
+            assert!(
+                s.put(key, Bytes::from_static(b"x")).await.is_err(),
+                "key {key:?} should be rejected"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn file_storage_temp_files_are_invisible_and_cleaned_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStorage::open(dir.path()).unwrap();
+        s.put("wal/00000000000000000001", Bytes::from_static(b"ok"))
+            .await
+            .unwrap();
+        // A crash between write and rename leaves a temp file: never visible as an object.
+        let torn = dir
+            .path()
+            .join("wal")
+            .join(format!(".00000000000000000002{TMP_MARKER}1-0"));
+        std::fs::write(&torn, b"tor").unwrap();
+        assert_eq!(
+            s.list("wal/").await.unwrap(),
+            vec!["wal/00000000000000000001"]
+        );
+        drop(s);
+        let s = FileStorage::open(dir.path()).unwrap();
+        assert!(!torn.exists(), "temp file must be cleaned at open");
+        assert_eq!(s.list("").await.unwrap(), vec!["wal/00000000000000000001"]);
+    }
+
+    #[tokio::test]
+    async fn file_storage_put_leaves_no_temp_and_creates_deep_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStorage::open(dir.path().join("root")).unwrap();
+        s.put("x/y/z/obj", Bytes::from(vec![7u8; 10_000]))
+            .await
+            .unwrap();
+        let d = dir.path().join("root/x/y/z");
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["obj"]);
+        assert_eq!(s.get("x/y/z/obj").await.unwrap().len(), 10_000);
+        // Directory fsync helper works on the created path.
+        fsync_dir(&d).unwrap();
+    }
+
+    #[tokio::test]
+    async fn memory_storage_fault_injection() {
+        let s = MemoryStorage::new();
+        s.fail_puts(2);
+        assert!(s.put("k", Bytes::new()).await.is_err());
+        assert!(s.put("k", Bytes::new()).await.is_err());
+        assert!(matches!(
+            s.get("k").await,
+            Err(StorageError::NotFound { .. })
+        ));
+        s.put("k", Bytes::from_static(b"v")).await.unwrap();
+        s.fail_gets(1);
+        assert!(s.get("k").await.is_err());
+        assert_eq!(s.get("k").await.unwrap(), Bytes::from_static(b"v"));
+        assert_eq!(s.put_count(), 1);
+    }
+}

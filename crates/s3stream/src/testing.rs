@@ -1,0 +1,218 @@
+//! Test doubles shared with the host's tests: an in-memory `Catalog` with the fencing rules the
+//! host enforces, and a `Wal` wrapper that counts writes and injects failures.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+
+use crate::engine::{Catalog, CatalogError, ObjectCommit, ObjectSlice};
+use crate::wal::{Wal, WalError, WalRecord};
+
+#[derive(Debug)]
+struct StreamMeta {
+    /// Ranges below this epoch are fenced.
+    min_epoch: i64,
+    last_epoch: i64,
+    end: u64,
+    slices: Vec<ObjectSlice>,
+    aux: Vec<Bytes>,
+}
+
+impl Default for StreamMeta {
+    fn default() -> Self {
+        StreamMeta {
+            min_epoch: i64::MIN,
+            last_epoch: i64::MIN,
+            end: 0,
+            slices: Vec::new(),
+            aux: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct CatalogState {
+    streams: HashMap<u64, StreamMeta>,
+    commits: Vec<ObjectCommit>,
+}
+
+/// In-memory catalog. A range is accepted iff it starts at the stream's committed end and its
+/// epoch is >= both the fence set with `fence` and the last accepted epoch.
+#[derive(Debug, Default)]
+pub struct MemCatalog {
+    state: Mutex<CatalogState>,
+    fail_commits: AtomicUsize,
+}
+
+impl MemCatalog {
+    pub fn new() -> MemCatalog {
+        MemCatalog::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CatalogState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next `n` commits fail transiently (nothing is applied).
+    pub fn fail_commits(&self, n: usize) {
+        self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// Fences the stream: ranges with an epoch below `min_epoch` are rejected from now on
+    /// (what the host does when a stream is opened at a new epoch).
+    pub fn fence(&self, stream: u64, min_epoch: i64) {
+        let mut st = self.lock();
+        let m = st.streams.entry(stream).or_default();
+        m.min_epoch = m.min_epoch.max(min_epoch);
+    }
+
+    /// Every commit call that was applied (accepted or not), in order.
+    pub fn commits(&self) -> Vec<ObjectCommit> {
+        self.lock().commits.clone()
+    }
+
+    /// Aux blobs of the accepted ranges of a stream, in order.
+    pub fn aux(&self, stream: u64) -> Vec<Bytes> {
+        self.lock()
+            .streams
+            .get(&stream)
+            .map(|m| m.aux.clone())
+            .unwrap_or_default()
+    }
+
+    /// Drops a stream's metadata (stream deleted).
+    pub fn delete_stream(&self, stream: u64) {
+        self.lock().streams.remove(&stream);
+    }
+}
+
+#[async_trait::async_trait]
+impl Catalog for MemCatalog {
+    fn slices(&self, stream: u64, from_offset: u64, max: usize) -> Vec<ObjectSlice> {
+        let st = self.lock();
+        let Some(m) = st.streams.get(&stream) else {
+            return Vec::new();
+        };
+        let i = m.slices.partition_point(|s| s.end_offset <= from_offset);
+        m.slices[i..].iter().take(max).cloned().collect()
+    }
+
+    fn committed_end(&self, stream: u64) -> u64 {
+        self.lock().streams.get(&stream).map_or(0, |m| m.end)
+    }
+
+    async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError> {
+        if self
+            .fail_commits
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(CatalogError("injected commit failure".into()));
+        }
+        let mut st = self.lock();
+        let mut out = Vec::with_capacity(commit.ranges.len());
+        for r in &commit.ranges {
+            let m = st.streams.entry(r.stream).or_default();
+            let ok = r.start_offset == m.end
+                && r.end_offset > r.start_offset
+                && r.epoch >= m.min_epoch
+                && r.epoch >= m.last_epoch;
+            if ok {
+                m.end = r.end_offset;
+                m.last_epoch = r.epoch;
+                m.aux.extend(r.aux.iter().cloned());
+                m.slices.push(ObjectSlice {
+                    key: commit.key.clone(),
+                    start_offset: r.start_offset,
+                    end_offset: r.end_offset,
+                    position: r.position,
+                    len: r.len,
+                });
+            }
+            out.push(ok);
+        }
+        st.commits.push(commit);
+        Ok(out)
+    }
+}
+
+/// Wraps a `Wal`: counts appends and records, and fails the next n appends on demand.
+pub struct FaultWal {
+    inner: Arc<dyn Wal>,
+    fail_appends: AtomicUsize,
+    skip_trims: AtomicBool,
+    appends: AtomicU64,
+    records: AtomicU64,
+    trims: AtomicU64,
+}
+
+impl FaultWal {
+    pub fn new(inner: Arc<dyn Wal>) -> FaultWal {
+        FaultWal {
+            inner,
+            fail_appends: AtomicUsize::new(0),
+            skip_trims: AtomicBool::new(false),
+            appends: AtomicU64::new(0),
+            records: AtomicU64::new(0),
+            trims: AtomicU64::new(0),
+        }
+    }
+
+    /// The next `n` appends fail without writing.
+    pub fn fail_appends(&self, n: usize) {
+        self.fail_appends.store(n, Ordering::SeqCst);
+    }
+
+    /// While set, `trim` returns Ok without trimming: a crash between commit and trim.
+    pub fn skip_trims(&self, skip: bool) {
+        self.skip_trims.store(skip, Ordering::SeqCst);
+    }
+
+    /// Trims performed (not skipped) so far.
+    pub fn trim_count(&self) -> u64 {
+        self.trims.load(Ordering::SeqCst)
+    }
+
+    /// Successful appends so far.
+    pub fn append_count(&self) -> u64 {
+        self.appends.load(Ordering::SeqCst)
+    }
+
+    /// Records in successful appends so far.
+    pub fn record_count(&self) -> u64 {
+        self.records.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl Wal for FaultWal {
+    async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
+        if self
+            .fail_appends
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(WalError::Other("injected append failure".into()));
+        }
+        let n = records.len() as u64;
+        let pos = self.inner.append(records).await?;
+        self.appends.fetch_add(1, Ordering::SeqCst);
+        self.records.fetch_add(n, Ordering::SeqCst);
+        Ok(pos)
+    }
+
+    async fn recover(&self) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
+        self.inner.recover().await
+    }
+
+    async fn trim(&self, upto: u64) -> Result<(), WalError> {
+        if self.skip_trims.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.inner.trim(upto).await?;
+        self.trims.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
