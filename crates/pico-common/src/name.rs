@@ -38,9 +38,7 @@ impl StreamName {
                 return Err(NameError::BadSegment(trimmed.to_string()));
             }
         }
-        let ok = |c: char| {
-            c.is_ascii_alphanumeric() || "-._~:@!$&'()*+,;=%/".contains(c)
-        };
+        let ok = |c: char| c.is_ascii_alphanumeric() || "-._~:@!$&'()*+,;=%/".contains(c);
         if !trimmed.chars().all(ok) {
             return Err(NameError::BadChar(trimmed.to_string()));
         }
@@ -83,11 +81,26 @@ mod tests {
     #[test]
     fn rejects_bad_names() {
         assert_eq!(StreamName::parse("/"), Err(NameError::Empty));
-        assert!(matches!(StreamName::parse("a//b"), Err(NameError::BadSegment(_))));
-        assert!(matches!(StreamName::parse("a/../b"), Err(NameError::BadSegment(_))));
-        assert!(matches!(StreamName::parse("a b"), Err(NameError::BadChar(_))));
-        assert!(matches!(StreamName::parse("a?b"), Err(NameError::BadChar(_))));
+        assert!(matches!(
+            StreamName::parse("a//b"),
+            Err(NameError::BadSegment(_))
+        ));
+        assert!(matches!(
+            StreamName::parse("a/../b"),
+            Err(NameError::BadSegment(_))
+        ));
+        assert!(matches!(
+            StreamName::parse("a b"),
+            Err(NameError::BadChar(_))
+        ));
+        assert!(matches!(
+            StreamName::parse("a?b"),
+            Err(NameError::BadChar(_))
+        ));
         let long = "x".repeat(MAX_NAME_LEN + 1);
-        assert!(matches!(StreamName::parse(&long), Err(NameError::TooLong(_))));
+        assert!(matches!(
+            StreamName::parse(&long),
+            Err(NameError::TooLong(_))
+        ));
     }
 }

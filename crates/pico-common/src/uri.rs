@@ -49,10 +49,13 @@ impl BucketUri {
                 params: BTreeMap::new(),
             });
         }
-        let (id, rest) = raw.split_once('@').ok_or_else(|| UriError::Shape(raw.to_string()))?;
+        let (id, rest) = raw
+            .split_once('@')
+            .ok_or_else(|| UriError::Shape(raw.to_string()))?;
         let id: i32 = id.parse().map_err(|_| UriError::BadId(raw.to_string()))?;
-        let (scheme, rest) =
-            rest.split_once("://").ok_or_else(|| UriError::Shape(raw.to_string()))?;
+        let (scheme, rest) = rest
+            .split_once("://")
+            .ok_or_else(|| UriError::Shape(raw.to_string()))?;
         let scheme = match scheme {
             "file" => Scheme::File,
             "memory" | "mem" => Scheme::Memory,
@@ -78,21 +81,31 @@ impl BucketUri {
         let mut params = BTreeMap::new();
         if let Some(q) = query {
             for pair in q.split('&').filter(|p| !p.is_empty()) {
-                let (k, v) = pair.split_once('=').ok_or_else(|| UriError::Param(pair.to_string()))?;
+                let (k, v) = pair
+                    .split_once('=')
+                    .ok_or_else(|| UriError::Param(pair.to_string()))?;
                 if k.is_empty() {
                     return Err(UriError::Param(pair.to_string()));
                 }
                 params.insert(k.to_string(), v.to_string());
             }
         }
-        Ok(BucketUri { id, scheme, location: location.to_string(), params })
+        Ok(BucketUri {
+            id,
+            scheme,
+            location: location.to_string(),
+            params,
+        })
     }
 
     /// A numeric parameter, if present; a present but malformed value is an error.
     pub fn param_u64(&self, key: &str) -> Result<Option<u64>, UriError> {
         match self.params.get(key) {
             None => Ok(None),
-            Some(v) => v.parse().map(Some).map_err(|_| UriError::Param(format!("{key}={v}"))),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| UriError::Param(format!("{key}={v}"))),
         }
     }
 
@@ -127,19 +140,24 @@ mod tests {
 
     #[test]
     fn parses_file_uri_with_params() {
-        let u = BucketUri::parse("-2@file://./objects?batchInterval=5&maxBytesInBatch=1024").unwrap();
+        let u =
+            BucketUri::parse("-2@file://./objects?batchInterval=5&maxBytesInBatch=1024").unwrap();
         assert_eq!(u.id, -2);
         assert_eq!(u.scheme, Scheme::File);
         assert_eq!(u.location, "./objects");
         assert_eq!(u.param_u64("batchInterval").unwrap(), Some(5));
         assert_eq!(u.param_u64("missing").unwrap(), None);
-        assert_eq!(u.to_string(), "-2@file://./objects?batchInterval=5&maxBytesInBatch=1024");
+        assert_eq!(
+            u.to_string(),
+            "-2@file://./objects?batchInterval=5&maxBytesInBatch=1024"
+        );
         assert_eq!(u.with_id(-3).id, -3);
     }
 
     #[test]
     fn parses_s3_and_postgres() {
-        let u = BucketUri::parse("-2@s3://bkt?region=us-east-1&endpoint=http://127.0.0.1:9000").unwrap();
+        let u = BucketUri::parse("-2@s3://bkt?region=us-east-1&endpoint=http://127.0.0.1:9000")
+            .unwrap();
         assert_eq!(u.scheme, Scheme::S3);
         assert_eq!(u.params["endpoint"], "http://127.0.0.1:9000");
         let p = BucketUri::parse("postgres://127.0.0.1/test").unwrap();
@@ -148,10 +166,27 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        assert!(matches!(BucketUri::parse("file://x"), Err(UriError::Shape(_))));
-        assert!(matches!(BucketUri::parse("x@file://a"), Err(UriError::BadId(_))));
-        assert!(matches!(BucketUri::parse("1@ftp://a"), Err(UriError::Scheme(_))));
-        assert!(matches!(BucketUri::parse("1@file://a?x=1").unwrap().param_u64("x"), Ok(Some(1))));
-        assert!(BucketUri::parse("1@file://a?x=z").unwrap().param_u64("x").is_err());
+        assert!(matches!(
+            BucketUri::parse("file://x"),
+            Err(UriError::Shape(_))
+        ));
+        assert!(matches!(
+            BucketUri::parse("x@file://a"),
+            Err(UriError::BadId(_))
+        ));
+        assert!(matches!(
+            BucketUri::parse("1@ftp://a"),
+            Err(UriError::Scheme(_))
+        ));
+        assert!(matches!(
+            BucketUri::parse("1@file://a?x=1").unwrap().param_u64("x"),
+            Ok(Some(1))
+        ));
+        assert!(
+            BucketUri::parse("1@file://a?x=z")
+                .unwrap()
+                .param_u64("x")
+                .is_err()
+        );
     }
 }

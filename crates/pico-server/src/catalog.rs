@@ -32,7 +32,12 @@ impl Catalog for MetaCatalog {
     }
 
     fn committed_end(&self, stream: u64) -> u64 {
-        self.meta.view().streams.get(&stream).map(|s| s.end_offset).unwrap_or(0)
+        self.meta
+            .view()
+            .streams
+            .get(&stream)
+            .map(|s| s.end_offset)
+            .unwrap_or(0)
     }
 
     async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError> {

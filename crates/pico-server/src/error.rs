@@ -48,11 +48,25 @@ pub enum AppendError {
     #[error("content type mismatch: stream=`{stream}` request=`{request}`")]
     ContentType { stream: String, request: String },
     #[error("producer fenced: producer=`{producer}` epoch={given} current={current}")]
-    Fenced { producer: String, given: u64, current: u64 },
+    Fenced {
+        producer: String,
+        given: u64,
+        current: u64,
+    },
     #[error("producer sequence gap: producer=`{producer}` expected={expected} received={received}")]
-    SequenceGap { producer: String, expected: u64, received: u64 },
-    #[error("new producer epoch must start at seq 0: producer=`{producer}` epoch={epoch} seq={seq}")]
-    EpochSeq { producer: String, epoch: u64, seq: u64 },
+    SequenceGap {
+        producer: String,
+        expected: u64,
+        received: u64,
+    },
+    #[error(
+        "new producer epoch must start at seq 0: producer=`{producer}` epoch={epoch} seq={seq}"
+    )]
+    EpochSeq {
+        producer: String,
+        epoch: u64,
+        seq: u64,
+    },
     #[error("match-seq failed: expected={expected} next_seq={next_seq}")]
     MatchFailed { expected: u64, next_seq: u64 },
     #[error("append too large: bytes={bytes} max={max}")]
@@ -148,7 +162,9 @@ impl ServiceError for AppendError {
                 producer_epoch: Some(*current),
                 ..Default::default()
             },
-            AppendError::SequenceGap { expected, received, .. } => ErrorDetails {
+            AppendError::SequenceGap {
+                expected, received, ..
+            } => ErrorDetails {
                 expected_seq: Some(*expected),
                 received_seq: Some(*received),
                 ..Default::default()

@@ -40,7 +40,12 @@ pub(crate) async fn gc_pass(node: Node) {
             tracing::warn!(error = %e, key, "gc: delete failed, will retry");
             continue;
         }
-        if let Err(e) = node.inner.meta.propose(Command::ForgetObject { key: key.clone() }).await {
+        if let Err(e) = node
+            .inner
+            .meta
+            .propose(Command::ForgetObject { key: key.clone() })
+            .await
+        {
             tracing::warn!(error = %e, key, "gc: forget failed, will retry");
         }
     }
@@ -65,7 +70,10 @@ pub(crate) async fn ttl_pass(node: Node) {
         if !due.is_empty() {
             let cmds = due
                 .iter()
-                .map(|(id, at)| Command::Touch { stream_id: *id, now_ms: *at })
+                .map(|(id, at)| Command::Touch {
+                    stream_id: *id,
+                    now_ms: *at,
+                })
                 .collect();
             match node.inner.meta.propose_many(cmds).await {
                 Ok(_) => {
@@ -88,7 +96,9 @@ pub(crate) async fn ttl_pass(node: Node) {
         .map(|(n, e)| (n.clone(), e.stream_id))
         .collect();
     for (name, id) in expired {
-        let Ok(name) = StreamName::parse(&name) else { continue };
+        let Ok(name) = StreamName::parse(&name) else {
+            continue;
+        };
         if let Err(e) = node.remove_expired(&name, id).await {
             tracing::warn!(error = %e, stream = %name, "ttl: remove failed");
         }

@@ -11,7 +11,9 @@ use crate::ttl::Touches;
 use crate::waiters::{Signal, Waiters};
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
-use pico_metadata::{ApplyError, Command, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta};
+use pico_metadata::{
+    ApplyError, Command, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta,
+};
 use pico_protocol::{Record, decode_batch, encode_batch};
 use pico_sql::MetaLog;
 use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal};
@@ -144,13 +146,15 @@ impl Node {
         }
         let now = now_ms();
         // An expired stream behaves as absent: remove it so the name is free again.
-        if let Some(r) = self.resolve_raw(&req.name) {
-            if self.expired(&r.entry, r.meta.id, now) {
-                self.remove_stream(&r.name, r.meta.id).await.map_err(|e| match e {
+        if let Some(r) = self.resolve_raw(&req.name)
+            && self.expired(&r.entry, r.meta.id, now)
+        {
+            self.remove_stream(&r.name, r.meta.id)
+                .await
+                .map_err(|e| match e {
                     DeleteError::Unavailable(m) => CreateError::Unavailable(m),
                     other => CreateError::Internal(other.to_string()),
                 })?;
-            }
         }
         let content_type = req
             .config
@@ -174,7 +178,11 @@ impl Node {
         };
         let created = match self.propose(cmd).await.map_err(CreateError::Unavailable)? {
             Ok(Outcome::Created { created, .. }) => created,
-            Ok(other) => return Err(CreateError::Internal(format!("unexpected outcome {other:?}"))),
+            Ok(other) => {
+                return Err(CreateError::Internal(format!(
+                    "unexpected outcome {other:?}"
+                )));
+            }
             Err(ApplyError::Conflict { name, reason }) => {
                 return Err(CreateError::Conflict { name, reason });
             }
@@ -204,13 +212,13 @@ impl Node {
         let r = self
             .resolve(&req.name, now)
             .ok_or_else(|| AppendError::NotFound(req.name.to_string()))?;
-        if let Some(p) = &req.producer {
-            if p.id.is_empty() || p.id.len() > producers::MAX_PRODUCER_ID_LEN {
-                return Err(AppendError::BadRequest(format!(
-                    "producer id must be 1..={} bytes",
-                    producers::MAX_PRODUCER_ID_LEN
-                )));
-            }
+        if let Some(p) = &req.producer
+            && (p.id.is_empty() || p.id.len() > producers::MAX_PRODUCER_ID_LEN)
+        {
+            return Err(AppendError::BadRequest(format!(
+                "producer id must be 1..={} bytes",
+                producers::MAX_PRODUCER_ID_LEN
+            )));
         }
         if req.records.is_empty() && !req.close {
             return Err(AppendError::BadRequest("empty append".into()));
@@ -234,28 +242,32 @@ impl Node {
             .next_offset(stream_id)
             .ok_or_else(|| AppendError::Unavailable("stream not open on the engine".into()))?;
         if w.closed {
-            if let (Some(p), Some(cb)) = (&req.producer, &w.closed_by) {
-                if (p.id.as_str(), p.epoch, p.seq) == (cb.0.as_str(), cb.1, cb.2) {
-                    drop(w);
-                    return Ok(AppendOutcome {
-                        start_seq: next,
-                        next_seq: next,
-                        duplicate: true,
-                        closed: true,
-                        producer: Some((p.epoch, p.seq)),
-                        timestamp_ms: now,
-                    });
-                }
-            }
-            return Err(AppendError::Closed { name: r.name.to_string(), next_seq: next });
-        }
-        if let Some(ct) = &req.content_type {
-            if !req.records.is_empty() && !content_type_matches(ct, &r.entry.config.content_type) {
-                return Err(AppendError::ContentType {
-                    stream: r.entry.config.content_type.clone(),
-                    request: ct.clone(),
+            if let (Some(p), Some(cb)) = (&req.producer, &w.closed_by)
+                && (p.id.as_str(), p.epoch, p.seq) == (cb.0.as_str(), cb.1, cb.2)
+            {
+                drop(w);
+                return Ok(AppendOutcome {
+                    start_seq: next,
+                    next_seq: next,
+                    duplicate: true,
+                    closed: true,
+                    producer: Some((p.epoch, p.seq)),
+                    timestamp_ms: now,
                 });
             }
+            return Err(AppendError::Closed {
+                name: r.name.to_string(),
+                next_seq: next,
+            });
+        }
+        if let Some(ct) = &req.content_type
+            && !req.records.is_empty()
+            && !content_type_matches(ct, &r.entry.config.content_type)
+        {
+            return Err(AppendError::ContentType {
+                stream: r.entry.config.content_type.clone(),
+                request: ct.clone(),
+            });
         }
         if let Some(p) = &req.producer {
             match producers::decide(w.producers.get(&p.id).copied(), p) {
@@ -297,10 +309,13 @@ impl Node {
                 }
             }
         }
-        if let Some(expected) = req.match_seq {
-            if expected != next {
-                return Err(AppendError::MatchFailed { expected, next_seq: next });
-            }
+        if let Some(expected) = req.match_seq
+            && expected != next
+        {
+            return Err(AppendError::MatchFailed {
+                expected,
+                next_seq: next,
+            });
         }
 
         let mut pending = None;
@@ -314,7 +329,11 @@ impl Node {
                 })
                 .collect();
             let batch = encode_batch(next, &records);
-            let aux = req.producer.as_ref().map(producers::encode_aux).unwrap_or_default();
+            let aux = req
+                .producer
+                .as_ref()
+                .map(producers::encode_aux)
+                .unwrap_or_default();
             let submitted = engine
                 .append(s3stream::AppendRequest {
                     stream: stream_id,
@@ -335,11 +354,20 @@ impl Node {
             }
         }
         if let Some(p) = &req.producer {
-            w.producers.insert(p.id.clone(), ProducerState { epoch: p.epoch, seq: p.seq });
+            w.producers.insert(
+                p.id.clone(),
+                ProducerState {
+                    epoch: p.epoch,
+                    seq: p.seq,
+                },
+            );
         }
         if req.close {
             w.closed = true;
-            w.closed_by = req.producer.as_ref().map(|p| (p.id.clone(), p.epoch, p.seq));
+            w.closed_by = req
+                .producer
+                .as_ref()
+                .map(|p| (p.id.clone(), p.epoch, p.seq));
         }
         let new_next = pending.as_ref().map(|p| p.next_offset).unwrap_or(next);
         drop(w);
@@ -402,10 +430,19 @@ impl Node {
             ReadFrom::Offset(o) => o,
         };
         if from < start {
-            return Err(ReadError::Trimmed { offset: from, start_seq: start });
+            return Err(ReadError::Trimmed {
+                offset: from,
+                start_seq: start,
+            });
         }
-        let max_records = req.max_records.unwrap_or(self.inner.config.default_read_records).max(1);
-        let max_bytes = req.max_bytes.unwrap_or(self.inner.config.max_chunk_size).max(1);
+        let max_records = req
+            .max_records
+            .unwrap_or(self.inner.config.default_read_records)
+            .max(1);
+        let max_bytes = req
+            .max_bytes
+            .unwrap_or(self.inner.config.max_chunk_size)
+            .max(1);
         let mut records = Vec::new();
         let mut next = from;
         let mut bytes = 0usize;
@@ -453,7 +490,14 @@ impl Node {
         }
         let closed = r.entry.closed && r.entry.closed_at.is_none_or(|c| next >= c);
         let info = self.info_with_tail(&r, tail);
-        Ok(ReadOutcome { records, next_seq: next, tail, up_to_date: next >= tail, closed, info })
+        Ok(ReadOutcome {
+            records,
+            next_seq: next,
+            tail,
+            up_to_date: next >= tail,
+            closed,
+            info,
+        })
     }
 
     /// Waits until the tail passes `offset`, the stream closes, or `timeout` elapses.
@@ -470,11 +514,17 @@ impl Node {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut rx = self.inner.waiters.subscribe(
             stream_id,
-            Signal { tail: self.tail(&r.meta), closed: r.entry.closed, gone: false },
+            Signal {
+                tail: self.tail(&r.meta),
+                closed: r.entry.closed,
+                gone: false,
+            },
         );
         // Re-check after subscribing: a tail move between the read and the subscribe is not lost.
         if let Some(r) = self.resolve_raw(name).filter(|r| r.meta.id == stream_id) {
-            self.inner.waiters.notify_tail(stream_id, self.tail(&r.meta));
+            self.inner
+                .waiters
+                .notify_tail(stream_id, self.tail(&r.meta));
             if r.entry.closed {
                 self.inner.waiters.notify_closed(stream_id);
             }
@@ -520,10 +570,16 @@ impl Node {
         self.touch(&r, now);
         let tail = self.tail(&r.meta);
         if seq > tail {
-            return Err(TrimError::BeyondTail { seq, next_seq: tail });
+            return Err(TrimError::BeyondTail {
+                seq,
+                next_seq: tail,
+            });
         }
         let outcome = self
-            .propose(Command::Trim { stream_id: r.meta.id, start_offset: seq })
+            .propose(Command::Trim {
+                stream_id: r.meta.id,
+                start_offset: seq,
+            })
             .await
             .map_err(TrimError::Unavailable)?;
         match outcome {
@@ -539,8 +595,15 @@ impl Node {
     pub fn list(&self, req: ListRequest) -> ListOutcome {
         let view = self.inner.meta.view();
         let now = now_ms();
-        let prefix = req.prefix.as_deref().map(|p| p.trim_start_matches('/')).unwrap_or("");
-        let after = req.start_after.as_deref().map(|p| p.trim_matches('/').to_string());
+        let prefix = req
+            .prefix
+            .as_deref()
+            .map(|p| p.trim_start_matches('/'))
+            .unwrap_or("");
+        let after = req
+            .start_after
+            .as_deref()
+            .map(|p| p.trim_matches('/').to_string());
         let limit = req.limit.max(1);
         let mut streams = Vec::new();
         let mut has_more = false;
@@ -552,7 +615,9 @@ impl Node {
             if !name.starts_with(prefix) {
                 break;
             }
-            let Some(meta) = view.streams.get(&entry.stream_id) else { continue };
+            let Some(meta) = view.streams.get(&entry.stream_id) else {
+                continue;
+            };
             if self.expired(entry, meta.id, now) {
                 continue;
             }
@@ -560,8 +625,14 @@ impl Node {
                 has_more = true;
                 break;
             }
-            let Ok(sn) = StreamName::parse(name) else { continue };
-            let r = Resolved { name: sn, entry: entry.clone(), meta: meta.clone() };
+            let Ok(sn) = StreamName::parse(name) else {
+                continue;
+            };
+            let r = Resolved {
+                name: sn,
+                entry: entry.clone(),
+                meta: meta.clone(),
+            };
             streams.push(self.info(&r));
         }
         ListOutcome { streams, has_more }
@@ -588,7 +659,8 @@ impl Node {
         if let Err(e) = self.inner.engine.shutdown().await {
             tracing::error!(error = %e, "engine shutdown did not flush everything (the WAL keeps it)");
         }
-        let tasks = std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for t in tasks {
             t.abort();
         }
@@ -606,7 +678,11 @@ impl Node {
         &self,
         cmd: Command,
     ) -> Result<Result<Outcome, ApplyError>, String> {
-        self.inner.meta.propose(cmd).await.map_err(|e| format!("metadata log: {e}"))
+        self.inner
+            .meta
+            .propose(cmd)
+            .await
+            .map_err(|e| format!("metadata log: {e}"))
     }
 
     /// The stream by name from the view, ignoring expiry.
@@ -614,7 +690,11 @@ impl Node {
         let view = self.inner.meta.view();
         let entry = view.registry.get(name.as_str())?;
         let meta = view.streams.get(&entry.stream_id)?;
-        Some(Resolved { name: name.clone(), entry: entry.clone(), meta: meta.clone() })
+        Some(Resolved {
+            name: name.clone(),
+            entry: entry.clone(),
+            meta: meta.clone(),
+        })
     }
 
     /// The live stream by name: expired streams are absent (and get removed in the background).
@@ -639,7 +719,12 @@ impl Node {
         }
         match entry.config.ttl_secs {
             Some(ttl) => {
-                let last = self.inner.touches.get(stream_id).unwrap_or(0).max(entry.last_touch_ms);
+                let last = self
+                    .inner
+                    .touches
+                    .get(stream_id)
+                    .unwrap_or(0)
+                    .max(entry.last_touch_ms);
                 now >= last.saturating_add((ttl as i64).saturating_mul(1000))
             }
             None => false,
@@ -654,7 +739,11 @@ impl Node {
     }
 
     /// Removes an expired stream, re-checking expiry against the current view first.
-    pub(crate) async fn remove_expired(&self, name: &StreamName, id: u64) -> Result<(), DeleteError> {
+    pub(crate) async fn remove_expired(
+        &self,
+        name: &StreamName,
+        id: u64,
+    ) -> Result<(), DeleteError> {
         match self.resolve_raw(name) {
             Some(r) if r.meta.id == id && self.expired(&r.entry, id, now_ms()) => {
                 self.remove_stream(name, id).await
@@ -665,7 +754,10 @@ impl Node {
 
     async fn remove_stream(&self, name: &StreamName, stream_id: u64) -> Result<(), DeleteError> {
         let outcome = self
-            .propose(Command::DeleteStream { name: name.as_str().to_string(), stream_id })
+            .propose(Command::DeleteStream {
+                name: name.as_str().to_string(),
+                stream_id,
+            })
             .await
             .map_err(DeleteError::Unavailable)?;
         match outcome {
@@ -741,9 +833,13 @@ impl Node {
                     .await
                     .map_err(AppendError::Unavailable)?;
                 let (epoch, end) = match outcome {
-                    Ok(Outcome::Opened { epoch, end_offset, .. }) => (epoch, end_offset),
+                    Ok(Outcome::Opened {
+                        epoch, end_offset, ..
+                    }) => (epoch, end_offset),
                     Ok(other) => {
-                        return Err(AppendError::Internal(format!("unexpected outcome {other:?}")));
+                        return Err(AppendError::Internal(format!(
+                            "unexpected outcome {other:?}"
+                        )));
                     }
                     Err(ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. }) => {
                         return Err(AppendError::NotFound(r.name.to_string()));
@@ -759,7 +855,15 @@ impl Node {
                     .map(|m| {
                         m.producers
                             .iter()
-                            .map(|(id, p)| (id.clone(), ProducerState { epoch: p.epoch, seq: p.seq }))
+                            .map(|(id, p)| {
+                                (
+                                    id.clone(),
+                                    ProducerState {
+                                        epoch: p.epoch,
+                                        seq: p.seq,
+                                    },
+                                )
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
@@ -771,7 +875,12 @@ impl Node {
                 Ok(Arc::new(OpenStream {
                     stream_id,
                     epoch,
-                    writer: Mutex::new(Writer { producers, closed, closed_by, broken: false }),
+                    writer: Mutex::new(Writer {
+                        producers,
+                        closed,
+                        closed_by,
+                        broken: false,
+                    }),
                     last_used_ms: AtomicI64::new(now_ms()),
                 }))
             })
@@ -817,7 +926,11 @@ fn engine_append_error(e: EngineError) -> AppendError {
 /// Content types match on their essence (type/subtype), case-insensitively, ignoring parameters.
 pub fn content_type_matches(a: &str, b: &str) -> bool {
     fn essence(s: &str) -> String {
-        s.split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+        s.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
     }
     essence(a) == essence(b)
 }

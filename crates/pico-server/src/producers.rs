@@ -51,7 +51,9 @@ pub fn decide(stored: Option<ProducerState>, claim: &ProducerClaim) -> Decision 
             } else if claim.seq == s.seq + 1 {
                 Decision::Accept
             } else {
-                Decision::Gap { expected: s.seq + 1 }
+                Decision::Gap {
+                    expected: s.seq + 1,
+                }
             }
         }
     }
@@ -96,7 +98,11 @@ mod tests {
     use super::*;
 
     fn claim(epoch: u64, seq: u64) -> ProducerClaim {
-        ProducerClaim { id: "p".into(), epoch, seq }
+        ProducerClaim {
+            id: "p".into(),
+            epoch,
+            seq,
+        }
     }
 
     #[test]
@@ -115,7 +121,11 @@ mod tests {
 
     #[test]
     fn aux_round_trip_and_garbage() {
-        let c = ProducerClaim { id: "writer-ü".into(), epoch: 7, seq: u64::MAX };
+        let c = ProducerClaim {
+            id: "writer-ü".into(),
+            epoch: 7,
+            seq: u64::MAX,
+        };
         assert_eq!(decode_aux(&encode_aux(&c)), Some(c));
         assert_eq!(decode_aux(&[]), None);
         assert_eq!(decode_aux(&[1, 0, 9, 1]), None);

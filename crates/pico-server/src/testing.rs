@@ -27,5 +27,7 @@ pub async fn start_test_node_with(mut config: NodeConfig) -> Node {
     let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
     let wal_store: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
     let wal = Arc::new(ObjectWal::new(wal_store, "wal".to_string()));
-    Node::start(config, meta, data, wal, EngineConfig::default()).await.expect("test node")
+    Node::start(config, meta, data, wal, EngineConfig::default())
+        .await
+        .expect("test node")
 }

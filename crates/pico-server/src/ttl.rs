@@ -19,11 +19,18 @@ impl Touches {
     }
 
     pub fn get(&self, stream_id: u64) -> Option<i64> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).get(&stream_id).copied()
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&stream_id)
+            .copied()
     }
 
     pub fn remove(&self, stream_id: u64) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&stream_id);
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&stream_id);
     }
 
     /// A copy of the pending touches.

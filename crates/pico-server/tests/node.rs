@@ -15,7 +15,12 @@ fn name(s: &str) -> StreamName {
 }
 
 fn rec(s: &str) -> Record {
-    Record { timestamp_ms: 0, key: None, value: Bytes::from(s.to_string()), headers: vec![] }
+    Record {
+        timestamp_ms: 0,
+        key: None,
+        value: Bytes::from(s.to_string()),
+        headers: vec![],
+    }
 }
 
 fn append_req(n: &str, bodies: &[&str]) -> AppendRequest {
@@ -30,7 +35,11 @@ fn append_req(n: &str, bodies: &[&str]) -> AppendRequest {
 }
 
 fn create_req(n: &str) -> CreateRequest {
-    CreateRequest { name: name(n), config: CreateConfig::default(), initial: vec![] }
+    CreateRequest {
+        name: name(n),
+        config: CreateConfig::default(),
+        initial: vec![],
+    }
 }
 
 async fn read_all(node: &Node, n: &str, from: u64) -> Vec<(u64, String)> {
@@ -48,7 +57,10 @@ async fn read_all(node: &Node, n: &str, from: u64) -> Vec<(u64, String)> {
             .await
             .unwrap();
         for rr in &r.records {
-            out.push((rr.offset, String::from_utf8(rr.record.value.to_vec()).unwrap()));
+            out.push((
+                rr.offset,
+                String::from_utf8(rr.record.value.to_vec()).unwrap(),
+            ));
         }
         next = r.next_seq;
         if r.up_to_date {
@@ -63,12 +75,18 @@ async fn create_append_read_round_trip() {
     let c = node.create(create_req("/a/b")).await.unwrap();
     assert!(c.created);
     assert_eq!(c.info.next_seq, 0);
-    assert_eq!(c.info.epoch, -1, "created streams are not opened until used");
+    assert_eq!(
+        c.info.epoch, -1,
+        "created streams are not opened until used"
+    );
     let again = node.create(create_req("a/b")).await.unwrap();
     assert!(!again.created, "create is idempotent");
     let mut other = create_req("a/b");
     other.config.content_type = Some("text/plain".into());
-    assert!(matches!(node.create(other).await, Err(CreateError::Conflict { .. })));
+    assert!(matches!(
+        node.create(other).await,
+        Err(CreateError::Conflict { .. })
+    ));
 
     let a1 = node.append(append_req("a/b", &["x", "y"])).await.unwrap();
     assert_eq!((a1.start_seq, a1.next_seq), (0, 2));
@@ -91,7 +109,11 @@ async fn create_append_read_round_trip() {
 async fn producers_pipeline_dedupe_and_fence() {
     let node = start_test_node().await;
     node.create(create_req("p")).await.unwrap();
-    let claim = |epoch, seq| ProducerClaim { id: "w1".into(), epoch, seq };
+    let claim = |epoch, seq| ProducerClaim {
+        id: "w1".into(),
+        epoch,
+        seq,
+    };
     let with = |c: ProducerClaim, body: &str| AppendRequest {
         producer: Some(c),
         ..append_req("p", &[body])
@@ -112,7 +134,11 @@ async fn producers_pipeline_dedupe_and_fence() {
     assert_eq!(dup.producer, Some((0, 19)));
     assert!(matches!(
         node.append(with(claim(0, 25), "gap")).await,
-        Err(AppendError::SequenceGap { expected: 20, received: 25, .. })
+        Err(AppendError::SequenceGap {
+            expected: 20,
+            received: 25,
+            ..
+        })
     ));
     node.append(with(claim(1, 0), "new epoch")).await.unwrap();
     assert!(matches!(
@@ -120,14 +146,20 @@ async fn producers_pipeline_dedupe_and_fence() {
         Err(AppendError::Fenced { current: 1, .. })
     ));
     let all = read_all(&node, "p", 0).await;
-    assert_eq!(all.len(), 21, "duplicates and rejected appends wrote nothing");
+    assert_eq!(
+        all.len(),
+        21,
+        "duplicates and rejected appends wrote nothing"
+    );
 }
 
 #[tokio::test]
 async fn match_seq_close_delete_trim() {
     let node = start_test_node().await;
     node.create(create_req("s")).await.unwrap();
-    node.append(append_req("s", &["a", "b", "c"])).await.unwrap();
+    node.append(append_req("s", &["a", "b", "c"]))
+        .await
+        .unwrap();
     let mut m = append_req("s", &["d"]);
     m.match_seq = Some(1);
     assert!(matches!(
@@ -149,7 +181,10 @@ async fn match_seq_close_delete_trim() {
         .await,
         Err(ReadError::Trimmed { start_seq: 2, .. })
     ));
-    assert!(matches!(node.trim(&name("s"), 99).await, Err(TrimError::BeyondTail { .. })));
+    assert!(matches!(
+        node.trim(&name("s"), 99).await,
+        Err(TrimError::BeyondTail { .. })
+    ));
 
     let mut close = append_req("s", &[]);
     close.close = true;
@@ -173,7 +208,10 @@ async fn match_seq_close_delete_trim() {
     assert_eq!(r.records.len(), 2);
 
     node.delete(&name("s")).await.unwrap();
-    assert!(matches!(node.head(&name("s")).await, Err(ReadError::NotFound(_))));
+    assert!(matches!(
+        node.head(&name("s")).await,
+        Err(ReadError::NotFound(_))
+    ));
     let again = node.create(create_req("s")).await.unwrap();
     assert!(again.created, "a deleted name is reusable at once");
     assert_eq!(again.info.next_seq, 0);
@@ -190,7 +228,10 @@ async fn long_poll_wakes_on_append_and_times_out() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     node.append(append_req("w", &["hi"])).await.unwrap();
     assert_eq!(waiter.await.unwrap().unwrap(), WaitOutcome::Data);
-    let t = node.wait(&name("w"), 1, Duration::from_millis(100)).await.unwrap();
+    let t = node
+        .wait(&name("w"), 1, Duration::from_millis(100))
+        .await
+        .unwrap();
     assert_eq!(t, WaitOutcome::Timeout);
 }
 
@@ -207,7 +248,10 @@ async fn ttl_expires_stream() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(node.head(&name("t")).await.is_ok(), "read slid the ttl");
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert!(matches!(node.head(&name("t")).await, Err(ReadError::NotFound(_))));
+    assert!(matches!(
+        node.head(&name("t")).await,
+        Err(ReadError::NotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -216,7 +260,11 @@ async fn list_with_prefix_and_pages() {
     for n in ["x/1", "x/2", "x/3", "y/1"] {
         node.create(create_req(n)).await.unwrap();
     }
-    let page = node.list(ListRequest { prefix: Some("x/".into()), start_after: None, limit: 2 });
+    let page = node.list(ListRequest {
+        prefix: Some("x/".into()),
+        start_after: None,
+        limit: 2,
+    });
     let names: Vec<_> = page.streams.iter().map(|s| s.name.to_string()).collect();
     assert_eq!(names, vec!["x/1", "x/2"]);
     assert!(page.has_more);
@@ -238,10 +286,16 @@ fn file_node(rt: &tokio::runtime::Runtime, dir: &std::path::Path, epoch: u64) ->
         )
         .await
         .unwrap();
-        let data: Arc<dyn ObjectStorage> = Arc::new(FileStorage::open(dir.join("objects")).unwrap());
+        let data: Arc<dyn ObjectStorage> =
+            Arc::new(FileStorage::open(dir.join("objects")).unwrap());
         let wal = Arc::new(ObjectWal::new(data.clone(), "wal/1".into()));
-        let config = NodeConfig { node_epoch: epoch, ..NodeConfig::default() };
-        Node::start(config, meta, data, wal, EngineConfig::default()).await.unwrap()
+        let config = NodeConfig {
+            node_epoch: epoch,
+            ..NodeConfig::default()
+        };
+        Node::start(config, meta, data, wal, EngineConfig::default())
+            .await
+            .unwrap()
     })
 }
 
@@ -254,7 +308,11 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
         node.create(create_req("c")).await.unwrap();
         for seq in 0..50u64 {
             let req = AppendRequest {
-                producer: Some(ProducerClaim { id: "p".into(), epoch: 0, seq }),
+                producer: Some(ProducerClaim {
+                    id: "p".into(),
+                    epoch: 0,
+                    seq,
+                }),
                 ..append_req("c", &[&format!("r{seq}")])
             };
             node.append(req).await.unwrap();
@@ -273,7 +331,11 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
         // Producer state survived with the data: a retry is a duplicate, the next seq continues.
         let dup = node
             .append(AppendRequest {
-                producer: Some(ProducerClaim { id: "p".into(), epoch: 0, seq: 49 }),
+                producer: Some(ProducerClaim {
+                    id: "p".into(),
+                    epoch: 0,
+                    seq: 49,
+                }),
                 ..append_req("c", &["dup"])
             })
             .await
@@ -281,7 +343,11 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
         assert!(dup.duplicate);
         let next = node
             .append(AppendRequest {
-                producer: Some(ProducerClaim { id: "p".into(), epoch: 0, seq: 50 }),
+                producer: Some(ProducerClaim {
+                    id: "p".into(),
+                    epoch: 0,
+                    seq: 50,
+                }),
                 ..append_req("c", &["r50"])
             })
             .await

@@ -1,0 +1,61 @@
+//! Permissive CORS and browser-safety headers on every response (errors included), and the
+//! answer to every `OPTIONS` preflight (204) before routing.
+
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use pico_protocol::headers::ALL_PICO_HEADERS;
+
+const ALLOW_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS";
+const PREFLIGHT_MAX_AGE_SECS: &str = "86400";
+
+fn expose_headers() -> HeaderValue {
+    let mut list: Vec<&str> = ALL_PICO_HEADERS.to_vec();
+    list.extend(["etag", "location", "retry-after", "content-type"]);
+    HeaderValue::from_str(&list.join(", ")).unwrap_or(HeaderValue::from_static("*"))
+}
+
+fn add_common(headers: &mut HeaderMap) {
+    headers.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose_headers());
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        HeaderName::from_static("cross-origin-resource-policy"),
+        HeaderValue::from_static("cross-origin"),
+    );
+}
+
+/// The middleware: `axum::middleware::from_fn(cors)`.
+pub async fn cors(req: Request, next: Next) -> Response {
+    if req.method() == Method::OPTIONS {
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        let h = resp.headers_mut();
+        add_common(h);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static(ALLOW_METHODS),
+        );
+        // Echo what the browser asks for: every request header is acceptable to us.
+        let allow = req
+            .headers()
+            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("*"));
+        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, allow);
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static(PREFLIGHT_MAX_AGE_SECS),
+        );
+        return resp;
+    }
+    let mut resp = next.run(req).await;
+    add_common(resp.headers_mut());
+    resp
+}

@@ -1,0 +1,52 @@
+//! PicoMQ HTTP facades. They only translate; all behaviour lives in `pico-server`.
+//!
+//! - [`protocol_router`]: the protocol listener (Pico protocol on stream paths, the Durable
+//!   Streams mount under `/v1/stream`).
+//! - [`admin_router`]: the admin listener (`/health`, `/ready`).
+//! - [`pico`]: Pico protocol handlers, one file per request kind.
+//! - [`ds`]: the reserved Durable Streams mount (501 for now).
+//! - [`headers`]: strict request-header parsing (TTL, Expires-At, producer triple, integers).
+//! - [`error`]: the one mapping of service errors to status, JSON body and headers.
+//! - [`cors`]: CORS preflight and the headers every response carries.
+//! - [`admin`]: probe handlers.
+
+pub mod admin;
+pub mod cors;
+pub mod ds;
+pub mod error;
+pub mod headers;
+pub mod pico;
+
+use axum::Router;
+use axum::middleware::from_fn;
+use pico_server::Node;
+
+pub use error::HttpError;
+
+/// Protocol listener options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// `--routing local`: never 307 to a stream's owner.
+    pub routing_local: bool,
+    /// Serve Durable Streams at the root instead of under `/v1/stream` (later issue).
+    pub ds_at_root: bool,
+}
+
+/// The protocol listener's router.
+pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
+    // Neither option has an effect yet: redirects need an ownership query on `Node`
+    // (not exposed yet), and DS is not served at all.
+    let HttpOptions {
+        routing_local: _,
+        ds_at_root: _,
+    } = opts;
+    Router::new()
+        .merge(ds::router())
+        .merge(pico::router(node))
+        .layer(from_fn(cors::cors))
+}
+
+/// The admin listener's router.
+pub fn admin_router(node: Node) -> Router {
+    admin::router(node).layer(from_fn(cors::cors))
+}

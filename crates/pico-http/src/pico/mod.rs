@@ -1,0 +1,207 @@
+//! The Pico protocol: the stream name is the request path.
+//!
+//! - [`create`]: `PUT /{name}`; [`append`]: `POST /{name}` (records, close, trim);
+//!   [`read`]: `GET /{name}` (catch-up, long-poll, SSE); [`head`]: `HEAD /{name}`;
+//!   [`delete`]: `DELETE /{name}`; [`list`]: `GET /`.
+
+pub mod append;
+pub mod create;
+pub mod delete;
+pub mod head;
+pub mod list;
+pub mod read;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Uri, header};
+use axum::routing::get;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use pico_common::StreamName;
+use pico_protocol::headers as h;
+use pico_server::{Node, StreamInfo};
+
+use crate::error::HttpError;
+use crate::headers::format_rfc3339_ms;
+
+/// First path segments that are never stream names.
+const RESERVED_PREFIXES: &[&str] = &["_sys", "_groups"];
+/// The Durable Streams mount (see [`crate::ds`]).
+const DS_PREFIX: &str = "v1/stream";
+
+pub fn router(node: Node) -> Router {
+    let stream = get(read::read)
+        .put(create::create)
+        .post(append::append)
+        .head(head::head)
+        .delete(delete::delete)
+        .fallback(method_not_allowed);
+    Router::new()
+        .route("/", get(list::list).fallback(method_not_allowed))
+        .route("/{*path}", stream)
+        .with_state(node)
+}
+
+async fn method_not_allowed() -> HttpError {
+    HttpError::method_not_allowed("method not allowed: use GET, HEAD, PUT, POST, DELETE or OPTIONS")
+}
+
+/// The stream named by the raw (still percent-encoded) request path: `%` is a legal name
+/// character, so decoding would make two spellings of one path name two streams.
+pub fn stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
+    let name = StreamName::parse(uri.path())
+        .map_err(|e| HttpError::bad_request(format!("bad stream name: {e}")))?;
+    let first = name.as_str().split('/').next().unwrap_or_default();
+    if RESERVED_PREFIXES.contains(&first) {
+        return Err(HttpError::bad_request(format!(
+            "stream name uses a reserved prefix: name=`{name}`"
+        )));
+    }
+    if name.as_str() == DS_PREFIX || name.as_str().starts_with("v1/stream/") {
+        return Err(crate::ds::not_implemented_error());
+    }
+    Ok(name)
+}
+
+/// Reads the whole request body, refusing more than `limit` bytes (413) before buffering it.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, HttpError> {
+    let too_large = || HttpError::too_large(format!("request body too large: max={limit}"));
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| HttpError::bad_request(format!("failed to read request body: {e}")))?;
+        if buf.len().saturating_add(chunk.len()) > limit {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+pub fn set(headers: &mut HeaderMap, name: &'static str, value: impl Into<HeaderValue>) {
+    headers.insert(HeaderName::from_static(name), value.into());
+}
+
+pub fn set_true(headers: &mut HeaderMap, name: &'static str) {
+    set(headers, name, HeaderValue::from_static("true"));
+}
+
+pub fn no_store(headers: &mut HeaderMap) {
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+/// A header value from text that might not be header-safe (content types come from clients,
+/// but were validated on create; fall back rather than fail a response).
+pub fn text_value(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static(h::CONTENT_TYPE_OCTET_STREAM))
+}
+
+/// The stream metadata headers shared by HEAD, PUT and trim responses.
+pub fn info_headers(headers: &mut HeaderMap, info: &StreamInfo) {
+    set(headers, h::PICO_NEXT_SEQ, info.next_seq);
+    set(headers, h::PICO_START_SEQ, info.start_seq);
+    if let Some(ttl) = info.ttl_secs {
+        set(headers, h::PICO_TTL, ttl);
+    }
+    if let Some(at) = info.expires_at_ms {
+        set(
+            headers,
+            h::PICO_EXPIRES_AT,
+            text_value(&format_rfc3339_ms(at)),
+        );
+    }
+    if info.closed {
+        set_true(headers, h::PICO_CLOSED);
+    }
+}
+
+/// Query parameters, each at most once. Unknown names are ignored (cache busters).
+pub struct Params(Vec<(String, String)>);
+
+impl Params {
+    pub fn parse(uri: &Uri) -> Result<Params, HttpError> {
+        let axum::extract::Query(pairs) =
+            axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri)
+                .map_err(|e| HttpError::bad_request(format!("bad query string: {e}")))?;
+        for (i, (k, _)) in pairs.iter().enumerate() {
+            if pairs[..i].iter().any(|(prev, _)| prev == k) {
+                return Err(HttpError::bad_request(format!(
+                    "query parameter repeated: name={k}"
+                )));
+            }
+        }
+        Ok(Params(pairs))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A strict decimal parameter.
+    pub fn u64(&self, name: &str) -> Result<Option<u64>, HttpError> {
+        self.get(name)
+            .map(|v| {
+                pico_protocol::parse_strict_u64(v).map_err(|e| {
+                    HttpError::bad_request(format!("bad query parameter: name={name} {e}"))
+                })
+            })
+            .transpose()
+    }
+
+    /// A strict decimal parameter that must be at least 1, as a usize.
+    pub fn positive(&self, name: &str) -> Result<Option<usize>, HttpError> {
+        match self.u64(name)? {
+            None => Ok(None),
+            Some(0) => Err(HttpError::bad_request(format!(
+                "query parameter must be at least 1: name={name}"
+            ))),
+            Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(path: &str) -> Result<StreamName, HttpError> {
+        stream_name(&path.parse::<Uri>().unwrap())
+    }
+
+    #[test]
+    fn names_from_paths() {
+        assert_eq!(name("/orders/42").unwrap().as_str(), "orders/42");
+        assert_eq!(name("/a%20b").unwrap().as_str(), "a%20b");
+        assert_eq!(name("/_sys/x").unwrap_err().status, 400);
+        assert_eq!(name("/_groups").unwrap_err().status, 400);
+        assert_eq!(name("/v1/stream/x").unwrap_err().status, 501);
+        assert_eq!(name("/v1/streams").unwrap().as_str(), "v1/streams");
+        assert_eq!(name("/a/../b").unwrap_err().status, 400);
+        assert_eq!(name("/a/./b").unwrap_err().status, 400);
+    }
+
+    #[tokio::test]
+    async fn body_limit_is_enforced() {
+        let h = HeaderMap::new();
+        let ok = read_body(&h, Body::from("12345"), 5).await.unwrap();
+        assert_eq!(&ok[..], b"12345");
+        let e = read_body(&h, Body::from("123456"), 5).await.unwrap_err();
+        assert_eq!(e.status, 413);
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1000"));
+        let e = read_body(&h, Body::from("1"), 5).await.unwrap_err();
+        assert_eq!(e.status, 413);
+    }
+}

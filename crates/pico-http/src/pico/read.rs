@@ -1,0 +1,503 @@
+//! `GET /{name}`: catch-up reads (cacheable, ETag), long-poll (`live=long-poll`) and SSE
+//! (`live=sse`). Query: `seq` (number or `now`; absent = the stream's start), `count`, `bytes`,
+//! `format=json|binary|raw`, `live`, `cursor`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures::Stream;
+use pico_common::StreamName;
+use pico_common::clock::now_ms;
+use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
+use pico_protocol::headers as h;
+use pico_protocol::{encode_binary, render_json};
+use pico_server::{Node, ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::{Params, no_store, set, set_true, stream_name, text_value};
+use crate::error::HttpError;
+use crate::headers::header_str;
+
+const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
+const SPURIOUS_WAKE_BACKOFF: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Binary,
+    Raw,
+}
+
+impl Format {
+    fn tag(self) -> &'static str {
+        match self {
+            Format::Json => "j",
+            Format::Binary => "b",
+            Format::Raw => "r",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Live {
+    CatchUp,
+    LongPoll,
+    Sse,
+}
+
+/// A parsed read query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadQuery {
+    /// `None` = from the stream's first readable record.
+    pub from: Option<ReadFrom>,
+    pub count: Option<usize>,
+    pub bytes: Option<usize>,
+    pub format: Format,
+    pub live: Live,
+    pub cursor: Option<u64>,
+}
+
+impl ReadQuery {
+    pub fn parse(p: &Params) -> Result<ReadQuery, HttpError> {
+        let from = match p.get("seq") {
+            None => None,
+            Some("now") => Some(ReadFrom::Now),
+            Some(_) => p.u64("seq")?.map(ReadFrom::Offset),
+        };
+        let format = match p.get("format") {
+            None | Some("json") => Format::Json,
+            Some("binary") => Format::Binary,
+            Some("raw") => Format::Raw,
+            Some(other) => {
+                return Err(HttpError::bad_request(format!(
+                    "bad format (want json, binary or raw): format=`{other}`"
+                )));
+            }
+        };
+        let live = match p.get("live") {
+            None => Live::CatchUp,
+            Some("long-poll") => Live::LongPoll,
+            Some("sse") => Live::Sse,
+            Some(other) => {
+                return Err(HttpError::bad_request(format!(
+                    "bad live mode (want long-poll or sse): live=`{other}`"
+                )));
+            }
+        };
+        if live == Live::Sse && format != Format::Json {
+            return Err(HttpError::bad_request(
+                "live=sse carries JSON events only: drop format or use format=json",
+            ));
+        }
+        Ok(ReadQuery {
+            from,
+            count: p.positive("count")?,
+            bytes: p.positive("bytes")?,
+            format,
+            live,
+            cursor: p.u64("cursor")?,
+        })
+    }
+}
+
+pub async fn read(
+    State(node): State<Node>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let name = stream_name(&uri)?;
+    let q = ReadQuery::parse(&Params::parse(&uri)?)?;
+    match q.live {
+        Live::CatchUp => catch_up(&node, &name, &q, &headers).await,
+        Live::LongPoll => long_poll(&node, &name, &q).await,
+        Live::Sse => {
+            let from = match header_str(&headers, h::LAST_EVENT_ID)? {
+                Some(id) => Some(ReadFrom::Offset(
+                    pico_protocol::parse_strict_u64(id).map_err(|e| {
+                        HttpError::bad_request(format!("bad {}: {e}", h::LAST_EVENT_ID))
+                    })?,
+                )),
+                None => q.from,
+            };
+            // Surface a missing stream or a bad offset as a plain error, not an SSE event.
+            let first = read_once(&node, &name, from, q.count, q.bytes).await?;
+            Ok(sse(node, name, q, first))
+        }
+    }
+}
+
+/// One read. With no explicit start, reads from the stream's first readable record (retrying
+/// once at the trim watermark the server reports).
+async fn read_once(
+    node: &Node,
+    name: &StreamName,
+    from: Option<ReadFrom>,
+    count: Option<usize>,
+    bytes: Option<usize>,
+) -> Result<ReadOutcome, ReadError> {
+    let req = |from| ReadRequest {
+        name: name.clone(),
+        from,
+        max_records: count,
+        max_bytes: bytes,
+        touch: true,
+    };
+    match node.read(req(from.unwrap_or(ReadFrom::Offset(0)))).await {
+        Err(ReadError::Trimmed { start_seq, .. }) if from.is_none() => {
+            node.read(req(ReadFrom::Offset(start_seq))).await
+        }
+        other => other,
+    }
+}
+
+/// The offset a response starts at: the first record's, else where it continues.
+fn first_offset(out: &ReadOutcome) -> u64 {
+    out.records.first().map_or(out.next_seq, |r| r.offset)
+}
+
+/// Body and content type of a read in `format`.
+fn render(out: &ReadOutcome, format: Format) -> Result<(Bytes, HeaderValue), HttpError> {
+    let recs = out.records.iter().map(|r| (r.offset, &r.record));
+    Ok(match format {
+        Format::Json => (
+            Bytes::from(render_json(recs)),
+            HeaderValue::from_static("application/json"),
+        ),
+        Format::Binary => (
+            encode_binary(recs)
+                .map_err(|e| HttpError::internal(format!("cannot frame records: {e}")))?,
+            HeaderValue::from_static(h::CONTENT_TYPE_BINARY_BATCH),
+        ),
+        Format::Raw => {
+            let mut buf = BytesMut::new();
+            for r in &out.records {
+                buf.extend_from_slice(&r.record.value);
+            }
+            (buf.freeze(), text_value(&out.info.content_type))
+        }
+    })
+}
+
+/// Headers every read response carries.
+fn read_headers(hm: &mut HeaderMap, out: &ReadOutcome) {
+    set(hm, h::PICO_NEXT_SEQ, out.next_seq);
+    if out.up_to_date {
+        set_true(hm, h::PICO_UP_TO_DATE);
+    }
+    if out.closed {
+        set_true(hm, h::PICO_CLOSED);
+    }
+}
+
+/// The validator of a catch-up response: same stream incarnation, same range, same format,
+/// same closure flag → same bytes.
+pub fn etag(stream_id: u64, from: u64, next: u64, format: Format, closed: bool) -> String {
+    let c = if closed { ":c" } else { "" };
+    format!("\"{stream_id}:{from}:{next}:{}{c}\"", format.tag())
+}
+
+/// Whether an If-None-Match value matches `tag` (weak comparison, `*` matches anything).
+pub fn if_none_match(value: &str, tag: &str) -> bool {
+    let bare = |t: &str| t.trim().trim_start_matches("W/").to_string();
+    value
+        .split(',')
+        .any(|t| t.trim() == "*" || bare(t) == bare(tag))
+}
+
+async fn catch_up(
+    node: &Node,
+    name: &StreamName,
+    q: &ReadQuery,
+    headers: &HeaderMap,
+) -> Result<Response, HttpError> {
+    let out = read_once(node, name, q.from, q.count, q.bytes).await?;
+    // `seq=now` answers "where is the tail right now": never cache it.
+    let cacheable = q.from != Some(ReadFrom::Now);
+    let tag = etag(
+        out.info.stream_id,
+        first_offset(&out),
+        out.next_seq,
+        q.format,
+        out.closed,
+    );
+    if cacheable
+        && let Some(inm) = header_str(headers, "if-none-match")?
+        && if_none_match(inm, &tag)
+    {
+        let mut resp = StatusCode::NOT_MODIFIED.into_response();
+        let hm = resp.headers_mut();
+        hm.insert(header::ETAG, text_value(&tag));
+        hm.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static(CACHE_CATCH_UP),
+        );
+        read_headers(hm, &out);
+        return Ok(resp);
+    }
+    let (body, ct) = render(&out, q.format)?;
+    let mut resp = Response::new(Body::from(body));
+    let hm = resp.headers_mut();
+    hm.insert(header::CONTENT_TYPE, ct);
+    read_headers(hm, &out);
+    if cacheable {
+        hm.insert(header::ETAG, text_value(&tag));
+        hm.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static(CACHE_CATCH_UP),
+        );
+    } else {
+        no_store(hm);
+    }
+    Ok(resp)
+}
+
+/// Randomness for cursor jitter without a RNG dependency: sub-second clock noise.
+fn jitter() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    u64::from(nanos) % MAX_JITTER_INTERVALS + 1
+}
+
+async fn long_poll(node: &Node, name: &StreamName, q: &ReadQuery) -> Result<Response, HttpError> {
+    let cursor = next_cursor(now_ms(), q.cursor, jitter());
+    let mut out = read_once(node, name, q.from, q.count, q.bytes).await?;
+    if out.records.is_empty() && !out.closed {
+        let waited = node
+            .wait(name, out.next_seq, node.config().long_poll_timeout)
+            .await?;
+        if waited != WaitOutcome::Timeout {
+            out = read_once(
+                node,
+                name,
+                Some(ReadFrom::Offset(out.next_seq)),
+                q.count,
+                q.bytes,
+            )
+            .await?;
+        }
+    }
+    let mut resp = if out.records.is_empty() {
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        // Nothing new: the reader is at the tail.
+        out.up_to_date = true;
+        read_headers(resp.headers_mut(), &out);
+        resp
+    } else {
+        let (body, ct) = render(&out, q.format)?;
+        let mut resp = Response::new(Body::from(body));
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+        read_headers(resp.headers_mut(), &out);
+        resp
+    };
+    let hm = resp.headers_mut();
+    set(hm, h::PICO_CURSOR, cursor);
+    no_store(hm);
+    Ok(resp)
+}
+
+/// SSE: `event: data` (id = next seq, data = JSON array) then `event: control`
+/// (`{"next_seq":N,"up_to_date":bool,"closed"?:true}`); ends at close or after
+/// `sse_max_duration` (clients resume with `Last-Event-ID`).
+fn sse(node: Node, name: StreamName, q: ReadQuery, first: ReadOutcome) -> Response {
+    let deadline = Instant::now() + node.config().sse_max_duration;
+    let poll = node.config().long_poll_timeout;
+    let mut st = SseState {
+        node,
+        name,
+        count: q.count,
+        bytes: q.bytes,
+        deadline,
+        poll,
+        pending: VecDeque::new(),
+        next: 0,
+        done: false,
+    };
+    let caught_up = st.absorb(first, true);
+    let mut resp = Sse::new(sse_events(st, caught_up))
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    no_store(resp.headers_mut());
+    resp
+}
+
+struct SseState {
+    node: Node,
+    name: StreamName,
+    count: Option<usize>,
+    bytes: Option<usize>,
+    deadline: Instant,
+    /// Longest single wait; a keep-alive control follows each one that times out.
+    poll: Duration,
+    /// Events ready to send; at most three per step, so bounded.
+    pending: VecDeque<Event>,
+    next: u64,
+    done: bool,
+}
+
+fn control(next_seq: u64, up_to_date: bool, closed: bool) -> Event {
+    let mut v = json!({ "next_seq": next_seq, "up_to_date": up_to_date });
+    if closed {
+        v["closed"] = json!(true);
+    }
+    Event::default().event("control").data(v.to_string())
+}
+
+impl SseState {
+    /// Queues the events for one read. Returns whether the reader is caught up (should wait).
+    fn absorb(&mut self, out: ReadOutcome, first: bool) -> bool {
+        let has_data = !out.records.is_empty();
+        if has_data {
+            let data = render_json(out.records.iter().map(|r| (r.offset, &r.record)));
+            self.pending.push_back(
+                Event::default()
+                    .event("data")
+                    .id(out.next_seq.to_string())
+                    .data(data),
+            );
+        }
+        self.next = out.next_seq;
+        if has_data || first || out.closed {
+            self.pending
+                .push_back(control(out.next_seq, out.up_to_date, out.closed));
+        }
+        if out.closed {
+            self.done = true;
+        }
+        !has_data || out.up_to_date
+    }
+
+    fn fail(&mut self, err: HttpError) {
+        let body = json!({ "error": err.code, "message": err.message });
+        self.pending
+            .push_back(Event::default().event("error").data(body.to_string()));
+        self.done = true;
+    }
+
+    /// Waits for data (bounded by the deadline), then reads and queues events.
+    async fn step(&mut self, caught_up: bool) -> bool {
+        if caught_up {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.done = true;
+                return true;
+            }
+            match self
+                .node
+                .wait(&self.name, self.next, left.min(self.poll))
+                .await
+            {
+                Ok(WaitOutcome::Timeout) => {
+                    if Instant::now() >= self.deadline {
+                        self.done = true;
+                    } else {
+                        self.pending.push_back(control(self.next, true, false));
+                    }
+                    return true;
+                }
+                Ok(WaitOutcome::Data | WaitOutcome::Closed) => {}
+                Err(e) => {
+                    self.fail(HttpError::from(e));
+                    return true;
+                }
+            }
+        } else if Instant::now() >= self.deadline {
+            self.done = true;
+            return true;
+        }
+        let from = Some(ReadFrom::Offset(self.next));
+        match read_once(&self.node, &self.name, from, self.count, self.bytes).await {
+            Ok(out) => {
+                let progressed = !out.records.is_empty() || out.closed;
+                let caught_up = self.absorb(out, false);
+                if caught_up && !progressed {
+                    // A wake-up with nothing to read (view lag): back off instead of spinning.
+                    tokio::time::sleep(SPURIOUS_WAKE_BACKOFF).await;
+                }
+                caught_up
+            }
+            Err(e) => {
+                self.fail(HttpError::from(e));
+                true
+            }
+        }
+    }
+}
+
+fn sse_events(st: SseState, caught_up: bool) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold((st, caught_up), |(mut st, mut caught_up)| async move {
+        loop {
+            if let Some(ev) = st.pending.pop_front() {
+                return Some((Ok(ev), (st, caught_up)));
+            }
+            if st.done {
+                return None;
+            }
+            caught_up = st.step(caught_up).await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(query: &str) -> Result<ReadQuery, HttpError> {
+        let uri: Uri = format!("/s?{query}").parse().unwrap();
+        ReadQuery::parse(&Params::parse(&uri)?)
+    }
+
+    #[test]
+    fn query_defaults_and_forms() {
+        let d = q("").unwrap();
+        assert_eq!(
+            d,
+            ReadQuery {
+                from: None,
+                count: None,
+                bytes: None,
+                format: Format::Json,
+                live: Live::CatchUp,
+                cursor: None,
+            }
+        );
+        let full = q("seq=5&count=10&bytes=100&format=binary&live=long-poll&cursor=42").unwrap();
+        assert_eq!(full.from, Some(ReadFrom::Offset(5)));
+        assert_eq!((full.count, full.bytes), (Some(10), Some(100)));
+        assert_eq!(
+            (full.format, full.live, full.cursor),
+            (Format::Binary, Live::LongPoll, Some(42))
+        );
+        assert_eq!(q("seq=now&live=sse").unwrap().from, Some(ReadFrom::Now));
+        for bad in [
+            "seq=",
+            "seq=05",
+            "seq=now1",
+            "count=-1",
+            "format=",
+            "live=sse&format=binary",
+        ] {
+            assert_eq!(q(bad).unwrap_err().status, 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn etags_and_if_none_match() {
+        let t = etag(7, 0, 3, Format::Json, false);
+        assert_eq!(t, "\"7:0:3:j\"");
+        assert_eq!(etag(7, 0, 3, Format::Raw, true), "\"7:0:3:r:c\"");
+        assert!(if_none_match(&t, &t));
+        assert!(if_none_match(&format!("\"x\", W/{t}"), &t));
+        assert!(if_none_match("*", &t));
+        assert!(!if_none_match("\"7:0:4:j\"", &t));
+    }
+}

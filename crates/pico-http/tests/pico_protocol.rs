@@ -1,0 +1,791 @@
+//! The Pico protocol end to end through the router, against a real node (in-memory storage,
+//! SQLite metadata log). Each test names the protocol row it pins.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use bytes::Bytes;
+use pico_http::{HttpOptions, admin_router, protocol_router};
+use pico_protocol::{Record, decode_binary, encode_binary};
+use pico_server::testing::{start_test_node, start_test_node_with};
+use pico_server::{Node, NodeConfig};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Resp {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Resp {
+    fn h(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+    fn text(&self) -> &str {
+        std::str::from_utf8(&self.body).unwrap()
+    }
+}
+
+async fn app() -> (Router, Node) {
+    let node = start_test_node().await;
+    (protocol_router(node.clone(), HttpOptions::default()), node)
+}
+
+async fn app_with(config: NodeConfig) -> Router {
+    let node = start_test_node_with(config).await;
+    protocol_router(node, HttpOptions::default())
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Resp {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn req(
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Body>,
+) -> Request<Body> {
+    let mut b = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(body.into()).unwrap()
+}
+
+async fn put(app: &Router, uri: &str, headers: &[(&str, &str)]) -> Resp {
+    send(app, req(Method::PUT, uri, headers, Body::empty())).await
+}
+
+async fn post(app: &Router, uri: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Resp {
+    send(app, req(Method::POST, uri, headers, body)).await
+}
+
+async fn get(app: &Router, uri: &str) -> Resp {
+    send(app, req(Method::GET, uri, &[], Body::empty())).await
+}
+
+fn assert_error(r: &Resp, status: u16, code: &str) {
+    assert_eq!(
+        r.status.as_u16(),
+        status,
+        "body: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["error"], code);
+    assert!(r.json()["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert_eq!(r.h("x-content-type-options"), Some("nosniff"));
+    assert_eq!(r.h("content-type"), Some("application/json"));
+}
+
+#[tokio::test]
+async fn create_is_idempotent_and_conflicts_on_different_config() {
+    let (app, _) = app().await;
+    let r = put(&app, "/orders/1", &[("content-type", "text/plain")]).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(r.h("location"), Some("/orders/1"));
+    assert_eq!(r.h("pico-next-seq"), Some("0"));
+    assert_eq!(r.h("cache-control"), Some("no-store"));
+    let r = put(&app, "/orders/1", &[("content-type", "text/plain")]).await;
+    assert_eq!(r.status, 200);
+    assert!(r.h("location").is_none());
+    let r = put(&app, "/orders/1", &[("content-type", "application/json")]).await;
+    assert_error(&r, 409, "conflict");
+    let r = put(
+        &app,
+        "/orders/1",
+        &[("content-type", "text/plain"), ("pico-ttl", "60")],
+    )
+    .await;
+    assert_error(&r, 409, "conflict");
+}
+
+#[tokio::test]
+async fn create_rejects_bad_headers_and_names() {
+    let (app, _) = app().await;
+    for (h, v) in [
+        ("pico-ttl", "1.5"),
+        ("pico-ttl", "-1"),
+        ("pico-ttl", "01"),
+        ("pico-expires-at", "next tuesday"),
+        ("pico-closed", "maybe"),
+        ("content-type", "nonsense"),
+    ] {
+        assert_error(&put(&app, "/s", &[(h, v)]).await, 400, "bad_request");
+    }
+    let both = put(
+        &app,
+        "/s",
+        &[
+            ("pico-ttl", "5"),
+            ("pico-expires-at", "2099-01-01T00:00:00Z"),
+        ],
+    )
+    .await;
+    assert_error(&both, 400, "bad_request");
+    assert_error(&put(&app, "/a/../b", &[]).await, 400, "bad_request");
+    assert_error(&put(&app, "/a|b", &[]).await, 400, "bad_request");
+    assert_error(&put(&app, "/_sys/x", &[]).await, 400, "bad_request");
+    assert_error(&put(&app, "/_groups/x", &[]).await, 400, "bad_request");
+    assert_error(
+        &put(&app, "/v1/stream/x", &[]).await,
+        501,
+        "not_implemented",
+    );
+    assert_error(&get(&app, "/v1/stream").await, 501, "not_implemented");
+}
+
+#[tokio::test]
+async fn raw_append_and_json_read() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[("content-type", "text/plain")]).await;
+    let r = post(
+        &app,
+        "/s",
+        &[("content-type", "text/plain"), ("pico-key", "k1")],
+        "hello",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("pico-start-seq"), Some("0"));
+    assert_eq!(r.h("pico-next-seq"), Some("1"));
+    assert!(r.h("pico-timestamp").unwrap().parse::<i64>().unwrap() > 0);
+    assert_eq!(r.h("cache-control"), Some("no-store"));
+    // Request Content-Type is ignored for raw appends.
+    let r = post(
+        &app,
+        "/s",
+        &[("content-type", "application/weird")],
+        &b"\xff\x00"[..],
+    )
+    .await;
+    assert_eq!(r.h("pico-start-seq"), Some("1"));
+
+    let r = get(&app, "/s").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("content-type"), Some("application/json"));
+    assert_eq!(r.h("pico-next-seq"), Some("2"));
+    assert_eq!(r.h("pico-up-to-date"), Some("true"));
+    assert!(r.h("pico-closed").is_none());
+    let v = r.json();
+    assert_eq!(v[0]["seq"], 0);
+    assert_eq!(v[0]["body"], "hello");
+    assert_eq!(v[0]["key"], "k1");
+    assert!(v[0]["timestamp"].as_i64().unwrap() > 0);
+    assert_eq!(v[1]["seq"], 1);
+    assert_eq!(v[1]["body_b64"], "/wA=");
+
+    let r = get(&app, "/s?seq=1&count=1").await;
+    assert_eq!(r.json().as_array().unwrap().len(), 1);
+    assert_eq!(r.json()[0]["seq"], 1);
+    let r = get(&app, "/s?count=1").await;
+    assert_eq!(r.h("pico-next-seq"), Some("1"));
+    assert!(r.h("pico-up-to-date").is_none());
+
+    assert_error(&post(&app, "/missing", &[], "x").await, 404, "not_found");
+    assert_error(&get(&app, "/missing").await, 404, "not_found");
+}
+
+#[tokio::test]
+async fn json_batch_append() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    let body = json!({"records":[
+        {"body":"a","headers":{"h":"1"},"key":"k"},
+        {"body_b64":"/wA="},
+        {"body":"c"}
+    ]});
+    let r = post(
+        &app,
+        "/s",
+        &[
+            ("content-type", "application/vnd.picomq.batch+json"),
+            ("pico-key", "dflt"),
+        ],
+        body.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("pico-start-seq"), Some("0"));
+    assert_eq!(r.h("pico-next-seq"), Some("3"));
+    let v = get(&app, "/s").await.json();
+    assert_eq!(v[0]["headers"], json!({"h":"1"}));
+    assert_eq!(v[0]["key"], "k");
+    assert_eq!(v[1]["body_b64"], "/wA=");
+    // Pico-Key fills in records that carry no key.
+    assert_eq!(v[1]["key"], "dflt");
+    assert_eq!(v[2]["body"], "c");
+
+    let bad = post(
+        &app,
+        "/s",
+        &[("content-type", "application/vnd.picomq.batch+json")],
+        r#"{"records":[{"body":"a"},{"body":7}]}"#,
+    )
+    .await;
+    assert_error(&bad, 400, "bad_request");
+    assert!(bad.json()["message"].as_str().unwrap().contains("index=1"));
+    let empty = post(
+        &app,
+        "/s",
+        &[("content-type", "application/vnd.picomq.batch+json")],
+        r#"{"records":[]}"#,
+    )
+    .await;
+    assert_error(&empty, 400, "bad_request");
+    assert_error(&post(&app, "/s", &[], "").await, 400, "bad_request");
+}
+
+#[tokio::test]
+async fn binary_batch_append_and_binary_and_raw_reads() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[("content-type", "text/plain")]).await;
+    let recs = [
+        Record {
+            timestamp_ms: 0,
+            key: None,
+            value: Bytes::from_static(b"one\n"),
+            headers: vec![("h".into(), Bytes::from_static(b"v"))],
+        },
+        Record::from_value(Bytes::from_static(b"two\n")),
+    ];
+    let body = encode_binary(recs.iter().map(|r| (99, r))).unwrap();
+    let r = post(
+        &app,
+        "/s",
+        &[("content-type", "application/vnd.picomq.batch")],
+        body,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("pico-next-seq"), Some("2"));
+
+    let r = get(&app, "/s?format=binary").await;
+    assert_eq!(r.h("content-type"), Some("application/vnd.picomq.batch"));
+    let got = decode_binary(&r.body).unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!((got[0].0, got[1].0), (0, 1));
+    assert_eq!(got[0].1.value, recs[0].value);
+    assert_eq!(got[0].1.headers, recs[0].headers);
+    assert!(got[1].1.timestamp_ms > 0);
+
+    let r = get(&app, "/s?format=raw").await;
+    assert_eq!(r.h("content-type"), Some("text/plain"));
+    assert_eq!(r.text(), "one\ntwo\n");
+
+    let bad = post(
+        &app,
+        "/s",
+        &[("content-type", "application/vnd.picomq.batch")],
+        &b"\x01\x00"[..],
+    )
+    .await;
+    assert_error(&bad, 400, "bad_request");
+}
+
+#[tokio::test]
+async fn read_query_validation() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    for q in [
+        "seq=abc",
+        "seq=-1",
+        "seq=1.0",
+        "count=0",
+        "count=x",
+        "bytes=0",
+        "format=xml",
+        "live=forever",
+        "cursor=x",
+        "seq=1&seq=2",
+        "live=sse&format=raw",
+    ] {
+        assert_error(&get(&app, &format!("/s?{q}")).await, 400, "bad_request");
+    }
+    // Unknown parameters (cache busters) are ignored.
+    assert_eq!(get(&app, "/s?_=123").await.status, 200);
+}
+
+#[tokio::test]
+async fn catch_up_reads_are_cacheable_with_etag() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    post(&app, "/s", &[], "a").await;
+    let r = get(&app, "/s?seq=0").await;
+    assert_eq!(
+        r.h("cache-control"),
+        Some("public, max-age=60, stale-while-revalidate=300")
+    );
+    let etag = r.h("etag").unwrap().to_string();
+    let r304 = send(
+        &app,
+        req(
+            Method::GET,
+            "/s?seq=0",
+            &[("if-none-match", &etag)],
+            Body::empty(),
+        ),
+    )
+    .await;
+    assert_eq!(r304.status, 304);
+    assert!(r304.body.is_empty());
+    assert_eq!(r304.h("etag"), Some(etag.as_str()));
+    // Other formats and later tails are other representations.
+    assert_ne!(
+        get(&app, "/s?seq=0&format=raw").await.h("etag"),
+        Some(etag.as_str())
+    );
+    post(&app, "/s", &[], "b").await;
+    let r = send(
+        &app,
+        req(
+            Method::GET,
+            "/s?seq=0",
+            &[("if-none-match", &etag)],
+            Body::empty(),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_ne!(r.h("etag"), Some(etag.as_str()));
+    // Closing changes the tag of the final chunk.
+    let open_tag = get(&app, "/s?seq=0").await.h("etag").unwrap().to_string();
+    post(&app, "/s", &[("pico-closed", "true")], "").await;
+    let closed = get(&app, "/s?seq=0").await;
+    assert_eq!(closed.h("pico-closed"), Some("true"));
+    assert_ne!(closed.h("etag"), Some(open_tag.as_str()));
+
+    let now = get(&app, "/s?seq=now").await;
+    assert_eq!(now.status, 200);
+    assert_eq!(now.h("cache-control"), Some("no-store"));
+    assert!(now.h("etag").is_none());
+    assert_eq!(now.h("pico-next-seq"), Some("2"));
+    assert_eq!(now.json(), json!([]));
+}
+
+#[tokio::test]
+async fn close_then_append_is_409_and_readers_see_closed() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    let r = post(&app, "/s", &[("pico-closed", "true")], "last").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("pico-closed"), Some("true"));
+    assert_eq!(r.h("pico-next-seq"), Some("1"));
+    let r = post(&app, "/s", &[], "more").await;
+    assert_error(&r, 409, "closed");
+    assert_eq!(r.json()["next_seq"], 1);
+    assert_eq!(r.h("pico-next-seq"), Some("1"));
+    let r = get(&app, "/s?seq=0").await;
+    assert_eq!(r.h("pico-closed"), Some("true"));
+    assert_eq!(r.h("pico-up-to-date"), Some("true"));
+    // Close-only on an already closed stream is refused too.
+    assert_error(
+        &post(&app, "/s", &[("pico-closed", "true")], "").await,
+        409,
+        "closed",
+    );
+    // A stream created closed.
+    let r = put(&app, "/c", &[("pico-closed", "true")]).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(r.h("pico-closed"), Some("true"));
+}
+
+#[tokio::test]
+async fn long_poll_times_out_with_204_and_wakes_on_append() {
+    let (app, node) = app().await;
+    put(&app, "/s", &[]).await;
+    let started = std::time::Instant::now();
+    let r = get(&app, "/s?seq=0&live=long-poll").await;
+    assert_eq!(r.status, 204);
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "did not wait"
+    );
+    assert_eq!(r.h("pico-next-seq"), Some("0"));
+    assert_eq!(r.h("pico-up-to-date"), Some("true"));
+    assert!(
+        r.h("pico-cursor")
+            .unwrap()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    );
+    assert_eq!(r.h("cache-control"), Some("no-store"));
+
+    let app2 = app.clone();
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        post(&app2, "/s", &[], "woke").await
+    });
+    let r = get(&app, "/s?seq=now&live=long-poll").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()[0]["body"], "woke");
+    assert_eq!(r.h("pico-next-seq"), Some("1"));
+    assert!(r.h("pico-cursor").is_some());
+    assert_eq!(writer.await.unwrap().status, 200);
+
+    // Data already there: immediate 200.
+    let r = get(&app, "/s?seq=0&live=long-poll").await;
+    assert_eq!(r.status, 200);
+    // Closed and at the tail: immediate 204 with Pico-Closed.
+    post(&app, "/s", &[("pico-closed", "true")], "").await;
+    let started = std::time::Instant::now();
+    let r = get(&app, "/s?seq=1&live=long-poll").await;
+    assert_eq!(r.status, 204);
+    assert_eq!(r.h("pico-closed"), Some("true"));
+    assert!(started.elapsed() < Duration::from_millis(400));
+    drop(node);
+}
+
+#[tokio::test]
+async fn long_poll_cursor_moves_forward_when_echoed() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    post(&app, "/s", &[], "x").await;
+    let c1: u64 = get(&app, "/s?seq=0&live=long-poll")
+        .await
+        .h("pico-cursor")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let c2: u64 = get(&app, &format!("/s?seq=0&live=long-poll&cursor={c1}"))
+        .await
+        .h("pico-cursor")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(c2 > c1, "{c2} > {c1}");
+}
+
+fn sse_events(text: &str) -> Vec<(String, Option<String>, Value)> {
+    text.split("\n\n")
+        .filter(|e| e.contains("event:"))
+        .map(|e| {
+            let mut event = String::new();
+            let mut id = None;
+            let mut data = String::new();
+            for line in e.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_string();
+                } else if let Some(v) = line.strip_prefix("id:") {
+                    id = Some(v.trim().to_string());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            (event, id, serde_json::from_str(&data).unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sse_sends_data_then_control_and_ends_at_close() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    post(&app, "/s", &[], "a").await;
+    post(&app, "/s", &[("pico-closed", "true")], "b").await;
+    let r = get(&app, "/s?seq=0&live=sse").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("content-type"), Some("text/event-stream"));
+    assert_eq!(r.h("cache-control"), Some("no-store"));
+    let ev = sse_events(r.text());
+    assert_eq!(ev.len(), 2, "{}", r.text());
+    assert_eq!(ev[0].0, "data");
+    assert_eq!(ev[0].1.as_deref(), Some("2"));
+    assert_eq!(ev[0].2[0]["body"], "a");
+    assert_eq!(ev[0].2[1]["body"], "b");
+    assert_eq!(ev[1].0, "control");
+    assert_eq!(
+        ev[1].2,
+        json!({"next_seq":2,"up_to_date":true,"closed":true})
+    );
+
+    // Resume with Last-Event-ID: only what follows.
+    let r = send(
+        &app,
+        req(
+            Method::GET,
+            "/s?seq=0&live=sse",
+            &[("last-event-id", "1")],
+            Body::empty(),
+        ),
+    )
+    .await;
+    let ev = sse_events(r.text());
+    assert_eq!(ev[0].2.as_array().unwrap().len(), 1);
+    assert_eq!(ev[0].2[0]["seq"], 1);
+    let r = send(
+        &app,
+        req(
+            Method::GET,
+            "/s?live=sse",
+            &[("last-event-id", "x")],
+            Body::empty(),
+        ),
+    )
+    .await;
+    assert_error(&r, 400, "bad_request");
+}
+
+#[tokio::test]
+async fn sse_follows_live_appends_until_max_duration() {
+    let node = start_test_node_with(NodeConfig {
+        long_poll_timeout: Duration::from_millis(200),
+        sse_max_duration: Duration::from_millis(900),
+        ..NodeConfig::default()
+    })
+    .await;
+    let app = protocol_router(node, HttpOptions::default());
+    put(&app, "/s", &[]).await;
+    let app2 = app.clone();
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        post(&app2, "/s", &[], "live").await
+    });
+    let started = std::time::Instant::now();
+    let r = get(&app, "/s?seq=now&live=sse").await;
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    assert_eq!(writer.await.unwrap().status, 200);
+    let ev = sse_events(r.text());
+    assert_eq!(ev[0].0, "control", "{}", r.text());
+    assert_eq!(ev[0].2, json!({"next_seq":0,"up_to_date":true}));
+    let data: Vec<_> = ev.iter().filter(|e| e.0 == "data").collect();
+    assert_eq!(data.len(), 1, "{}", r.text());
+    assert_eq!(data[0].2[0]["body"], "live");
+    assert_eq!(data[0].1.as_deref(), Some("1"));
+    // Every data event is followed by a control event.
+    let i = ev.iter().position(|e| e.0 == "data").unwrap();
+    assert_eq!(ev[i + 1].0, "control");
+    assert_eq!(ev[i + 1].2["next_seq"], 1);
+    assert!(ev.iter().all(|e| e.2.get("closed").is_none()));
+}
+
+#[tokio::test]
+async fn idempotent_producers() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    let p = |epoch: &'static str, seq: &'static str| {
+        [
+            ("pico-producer-id", "p1"),
+            ("pico-producer-epoch", epoch),
+            ("pico-producer-seq", seq),
+        ]
+    };
+    let r = post(&app, "/s", &p("1", "0"), "a").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("pico-producer-epoch"), Some("1"));
+    assert_eq!(r.h("pico-producer-seq"), Some("0"));
+    let dup = post(&app, "/s", &p("1", "0"), "a").await;
+    assert_eq!(dup.status, 200);
+    assert_eq!(dup.h("pico-next-seq"), Some("1"));
+    let gap = post(&app, "/s", &p("1", "5"), "x").await;
+    assert_error(&gap, 409, "sequence_gap");
+    assert_eq!(gap.h("pico-expected-seq"), Some("1"));
+    assert_eq!(gap.h("pico-received-seq"), Some("5"));
+    assert_eq!(post(&app, "/s", &p("2", "0"), "b").await.status, 200);
+    let fenced = post(&app, "/s", &p("1", "1"), "late").await;
+    assert_error(&fenced, 403, "fenced");
+    assert_eq!(fenced.h("pico-producer-epoch"), Some("2"));
+    let partial = post(&app, "/s", &[("pico-producer-id", "p1")], "x").await;
+    assert_error(&partial, 400, "bad_request");
+    assert_eq!(get(&app, "/s").await.json().as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn match_seq() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    assert_eq!(
+        post(&app, "/s", &[("pico-match-seq", "0")], "a")
+            .await
+            .status,
+        200
+    );
+    let r = post(&app, "/s", &[("pico-match-seq", "0")], "b").await;
+    assert_error(&r, 412, "match_failed");
+    assert_eq!(r.json()["next_seq"], 1);
+    assert_error(
+        &post(&app, "/s", &[("pico-match-seq", "x")], "b").await,
+        400,
+        "bad_request",
+    );
+}
+
+#[tokio::test]
+async fn trim() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    for v in ["a", "b", "c"] {
+        post(&app, "/s", &[], v).await;
+    }
+    let r = post(&app, "/s", &[("pico-trim-seq", "2")], "").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.h("pico-start-seq"), Some("2"));
+    assert_eq!(r.h("pico-next-seq"), Some("3"));
+    assert_error(
+        &post(&app, "/s", &[("pico-trim-seq", "2")], "body").await,
+        400,
+        "bad_request",
+    );
+    assert_error(
+        &post(&app, "/s", &[("pico-trim-seq", "9")], "").await,
+        400,
+        "bad_request",
+    );
+    // Default start follows the trim; an explicit offset below it is a 400 naming the start.
+    let v = get(&app, "/s").await.json();
+    assert_eq!(v[0]["seq"], 2);
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    let r = get(&app, "/s?seq=0").await;
+    assert_error(&r, 400, "bad_request");
+    assert_eq!(r.json()["next_seq"], 2);
+}
+
+#[tokio::test]
+async fn head_and_delete() {
+    let (app, _) = app().await;
+    put(
+        &app,
+        "/s",
+        &[("content-type", "text/plain"), ("pico-ttl", "3600")],
+    )
+    .await;
+    post(&app, "/s", &[], "a").await;
+    let r = send(&app, req(Method::HEAD, "/s", &[], Body::empty())).await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.is_empty());
+    assert_eq!(r.h("pico-next-seq"), Some("1"));
+    assert_eq!(r.h("pico-start-seq"), Some("0"));
+    assert_eq!(r.h("content-type"), Some("text/plain"));
+    assert_eq!(r.h("pico-ttl"), Some("3600"));
+    assert_eq!(r.h("cache-control"), Some("no-store"));
+    assert!(r.h("pico-closed").is_none());
+
+    put(&app, "/e", &[("pico-expires-at", "2099-01-01T00:00:00Z")]).await;
+    let r = send(&app, req(Method::HEAD, "/e", &[], Body::empty())).await;
+    assert_eq!(r.h("pico-expires-at"), Some("2099-01-01T00:00:00.000Z"));
+
+    let r = send(&app, req(Method::DELETE, "/s", &[], Body::empty())).await;
+    assert_eq!(r.status, 204);
+    let r = send(&app, req(Method::HEAD, "/s", &[], Body::empty())).await;
+    assert_eq!(r.status, 404);
+    assert_error(
+        &send(&app, req(Method::DELETE, "/s", &[], Body::empty())).await,
+        404,
+        "not_found",
+    );
+    // The name is reusable at once, and starts empty.
+    assert_eq!(put(&app, "/s", &[]).await.status, 201);
+    assert_eq!(get(&app, "/s").await.json(), json!([]));
+}
+
+#[tokio::test]
+async fn list_streams() {
+    let (app, _) = app().await;
+    for n in ["/a/1", "/a/2", "/b/1"] {
+        put(&app, n, &[]).await;
+    }
+    post(&app, "/a/2", &[], "x").await;
+    let v = get(&app, "/?prefix=a").await.json();
+    let names: Vec<_> = v["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["a/1", "a/2"]);
+    assert_eq!(v["has_more"], false);
+    assert_eq!(v["streams"][1]["next_seq"], 1);
+    assert_eq!(v["streams"][1]["content_type"], "application/octet-stream");
+    assert_eq!(v["streams"][1]["closed"], false);
+    let v = get(&app, "/?limit=1").await.json();
+    assert_eq!(v["streams"].as_array().unwrap().len(), 1);
+    assert_eq!(v["has_more"], true);
+    let v = get(&app, "/?start_after=a/2").await.json();
+    assert_eq!(v["streams"][0]["name"], "b/1");
+    assert_error(&get(&app, "/?limit=abc").await, 400, "bad_request");
+    assert_error(&get(&app, "/?limit=0").await, 400, "bad_request");
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413() {
+    let app = app_with(NodeConfig {
+        max_request_size: 16,
+        ..NodeConfig::default()
+    })
+    .await;
+    put(&app, "/s", &[]).await;
+    assert_eq!(post(&app, "/s", &[], "0123456789abcdef").await.status, 200);
+    let r = post(&app, "/s", &[], "0123456789abcdefX").await;
+    assert_error(&r, 413, "too_large");
+    // Without a Content-Length (streamed body) too.
+    let chunks = futures::stream::iter(
+        (0..4).map(|_| Ok::<_, std::io::Error>(Bytes::from_static(b"123456"))),
+    );
+    let r = post(&app, "/s", &[], Body::from_stream(chunks)).await;
+    assert_error(&r, 413, "too_large");
+}
+
+#[tokio::test]
+async fn cors_preflight_and_method_not_allowed() {
+    let (app, _) = app().await;
+    let r = send(
+        &app,
+        req(
+            Method::OPTIONS,
+            "/any/stream",
+            &[("access-control-request-headers", "pico-producer-id")],
+            Body::empty(),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    assert_eq!(r.h("access-control-allow-origin"), Some("*"));
+    assert_eq!(
+        r.h("access-control-allow-headers"),
+        Some("pico-producer-id")
+    );
+    assert!(r.h("access-control-allow-methods").unwrap().contains("PUT"));
+    let r = get(&app, "/missing").await;
+    assert_eq!(r.h("access-control-allow-origin"), Some("*"));
+    assert!(
+        r.h("access-control-expose-headers")
+            .unwrap()
+            .contains("pico-next-seq")
+    );
+    let r = send(&app, req(Method::PATCH, "/s", &[], Body::empty())).await;
+    assert_error(&r, 405, "method_not_allowed");
+}
+
+#[tokio::test]
+async fn admin_health_and_ready() {
+    let node = start_test_node().await;
+    let admin = admin_router(node);
+    let r = send(&admin, req(Method::GET, "/health", &[], Body::empty())).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "ok");
+    let r = send(&admin, req(Method::GET, "/ready", &[], Body::empty())).await;
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["ready"], true);
+    assert_eq!(v["serving"], true);
+    assert_eq!(v["registered"], true);
+    assert_eq!(v["nodeId"], 1);
+    assert!(v["appliedIndex"].as_u64().is_some());
+}

@@ -1,0 +1,280 @@
+//! The `application/vnd.picomq.batch` framing, big-endian:
+//! `u8 version (1) | u32 count | count × (u64 seq | i64 timestamp | u16 header count |
+//! header count × (u16 key len | key | u32 value len | value) | u32 body len | body)`.
+//! Reads send seqs; POST bodies may send anything there (it is ignored). Keys are not carried.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use thiserror::Error;
+
+use crate::record::Record;
+
+pub const VERSION: u8 = 1;
+/// seq + timestamp + header count + body len.
+const MIN_RECORD_LEN: usize = 8 + 8 + 2 + 4;
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BinaryError {
+    #[error("unsupported binary batch version: version={0}")]
+    Version(u8),
+    #[error("binary batch truncated: field={field} index={index}")]
+    Truncated { field: &'static str, index: usize },
+    #[error("binary batch count exceeds body: count={count} bytes={bytes}")]
+    Count { count: u32, bytes: usize },
+    #[error("binary batch has trailing bytes: extra={0}")]
+    Trailing(usize),
+    #[error("header key is not UTF-8: index={0}")]
+    HeaderKey(usize),
+    #[error("field too long for the framing: field={field} len={len}")]
+    TooLong { field: &'static str, len: usize },
+}
+
+/// Encodes `(seq, record)` pairs.
+pub fn encode_binary<'a>(
+    records: impl IntoIterator<Item = (u64, &'a Record)>,
+) -> Result<Bytes, BinaryError> {
+    let mut buf = BytesMut::new();
+    buf.put_u8(VERSION);
+    buf.put_u32(0); // count, patched below
+    let mut count: u32 = 0;
+    for (seq, r) in records {
+        buf.put_u64(seq);
+        buf.put_i64(r.timestamp_ms);
+        let n = u16::try_from(r.headers.len()).map_err(|_| BinaryError::TooLong {
+            field: "header count",
+            len: r.headers.len(),
+        })?;
+        buf.put_u16(n);
+        for (k, v) in &r.headers {
+            let kl = u16::try_from(k.len()).map_err(|_| BinaryError::TooLong {
+                field: "header key",
+                len: k.len(),
+            })?;
+            buf.put_u16(kl);
+            buf.put_slice(k.as_bytes());
+            put_u32_len(&mut buf, "header value", v.len())?;
+            buf.put_slice(v);
+        }
+        put_u32_len(&mut buf, "body", r.value.len())?;
+        buf.put_slice(&r.value);
+        count = count.checked_add(1).ok_or(BinaryError::TooLong {
+            field: "count",
+            len: usize::MAX,
+        })?;
+    }
+    buf[1..5].copy_from_slice(&count.to_be_bytes());
+    Ok(buf.freeze())
+}
+
+fn put_u32_len(buf: &mut BytesMut, field: &'static str, len: usize) -> Result<(), BinaryError> {
+    let l = u32::try_from(len).map_err(|_| BinaryError::TooLong { field, len })?;
+    buf.put_u32(l);
+    Ok(())
+}
+
+/// Decodes a binary batch into `(seq, record)` pairs.
+pub fn decode_binary(data: &[u8]) -> Result<Vec<(u64, Record)>, BinaryError> {
+    let mut c = Reader { data, pos: 0 };
+    let version = c.u8().ok_or(BinaryError::Truncated {
+        field: "version",
+        index: 0,
+    })?;
+    if version != VERSION {
+        return Err(BinaryError::Version(version));
+    }
+    let count = c.u32().ok_or(BinaryError::Truncated {
+        field: "count",
+        index: 0,
+    })?;
+    if (count as usize).saturating_mul(MIN_RECORD_LEN) > c.remaining() {
+        return Err(BinaryError::Count {
+            count,
+            bytes: c.remaining(),
+        });
+    }
+    let mut out = Vec::with_capacity(count as usize);
+    for index in 0..count as usize {
+        let t = |field| BinaryError::Truncated { field, index };
+        let seq = c.u64().ok_or(t("seq"))?;
+        let ts = c.u64().ok_or(t("timestamp"))? as i64;
+        let n = c.u16().ok_or(t("header count"))? as usize;
+        // Each header is at least 6 bytes (two length prefixes).
+        if n.saturating_mul(6) > c.remaining() {
+            return Err(t("headers"));
+        }
+        let mut headers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let kl = c.u16().ok_or(t("header key len"))? as usize;
+            let k = c.take(kl).ok_or(t("header key"))?;
+            let k = String::from_utf8(k.to_vec()).map_err(|_| BinaryError::HeaderKey(index))?;
+            let vl = c.u32().ok_or(t("header value len"))? as usize;
+            let v = c.take(vl).ok_or(t("header value"))?;
+            headers.push((k, Bytes::copy_from_slice(v)));
+        }
+        let bl = c.u32().ok_or(t("body len"))? as usize;
+        let body = c.take(bl).ok_or(t("body"))?;
+        out.push((
+            seq,
+            Record {
+                timestamp_ms: ts,
+                key: None,
+                value: Bytes::copy_from_slice(body),
+                headers,
+            },
+        ));
+    }
+    if c.remaining() != 0 {
+        return Err(BinaryError::Trailing(c.remaining()));
+    }
+    Ok(out)
+}
+
+/// Decodes a POST body: seqs are dropped, timestamps reset to 0 (the server assigns them).
+pub fn decode_binary_records(data: &[u8]) -> Result<Vec<Record>, BinaryError> {
+    Ok(decode_binary(data)?
+        .into_iter()
+        .map(|(_, mut r)| {
+            r.timestamp_ms = 0;
+            r
+        })
+        .collect())
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.data.len() - self.pos
+    }
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let s = self.data.get(self.pos..end)?;
+        self.pos = end;
+        Some(s)
+    }
+    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Some(out)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_be_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.array()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn known_layout() {
+        let r = Record {
+            timestamp_ms: 2,
+            key: None,
+            value: Bytes::from_static(b"ab"),
+            headers: vec![("k".into(), Bytes::from_static(b"v"))],
+        };
+        let b = encode_binary([(1, &r)]).unwrap();
+        let want: Vec<u8> = [
+            &[1u8][..],
+            &1u32.to_be_bytes(),
+            &1u64.to_be_bytes(),
+            &2i64.to_be_bytes(),
+            &1u16.to_be_bytes(),
+            &1u16.to_be_bytes(),
+            b"k",
+            &1u32.to_be_bytes(),
+            b"v",
+            &2u32.to_be_bytes(),
+            b"ab",
+        ]
+        .concat();
+        assert_eq!(&b[..], &want[..]);
+        assert_eq!(decode_binary(&b).unwrap(), vec![(1, r)]);
+    }
+
+    #[test]
+    fn strict_validation() {
+        assert_eq!(
+            decode_binary(&[]),
+            Err(BinaryError::Truncated {
+                field: "version",
+                index: 0
+            })
+        );
+        assert_eq!(
+            decode_binary(&[2, 0, 0, 0, 0]),
+            Err(BinaryError::Version(2))
+        );
+        assert!(matches!(
+            decode_binary(&[1, 255, 255, 255, 255]),
+            Err(BinaryError::Count { .. })
+        ));
+        let mut b = encode_binary([(0, &Record::from_value("x"))])
+            .unwrap()
+            .to_vec();
+        b.push(0);
+        assert_eq!(decode_binary(&b), Err(BinaryError::Trailing(1)));
+        b.truncate(b.len() - 2);
+        assert!(matches!(
+            decode_binary(&b),
+            Err(BinaryError::Truncated { field: "body", .. })
+        ));
+        assert_eq!(decode_binary(&[1, 0, 0, 0, 0]).unwrap(), vec![]);
+    }
+
+    fn arb_record() -> impl Strategy<Value = Record> {
+        (
+            any::<i64>(),
+            proptest::collection::vec(any::<u8>(), 0..64),
+            proptest::collection::vec(
+                ("\\PC{0,8}", proptest::collection::vec(any::<u8>(), 0..8)),
+                0..4,
+            ),
+        )
+            .prop_map(|(ts, value, headers)| Record {
+                timestamp_ms: ts,
+                key: None,
+                value: Bytes::from(value),
+                headers: headers
+                    .into_iter()
+                    .map(|(k, v)| (k, Bytes::from(v)))
+                    .collect(),
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn prop_round_trip(recs in proptest::collection::vec((any::<u64>(), arb_record()), 0..8)) {
+            let b = encode_binary(recs.iter().map(|(s, r)| (*s, r))).unwrap();
+            prop_assert_eq!(decode_binary(&b).unwrap(), recs.clone());
+            let plain = decode_binary_records(&b).unwrap();
+            prop_assert_eq!(plain.len(), recs.len());
+            prop_assert!(plain.iter().all(|r| r.timestamp_ms == 0));
+        }
+
+        #[test]
+        fn prop_garbage_never_panics(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_binary(&data);
+        }
+
+        #[test]
+        fn prop_truncation_fails(recs in proptest::collection::vec((any::<u64>(), arb_record()), 1..4), cut in any::<prop::sample::Index>()) {
+            let b = encode_binary(recs.iter().map(|(s, r)| (*s, r))).unwrap();
+            let n = cut.index(b.len());
+            prop_assert!(decode_binary(&b[..n]).is_err());
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Pico protocol header names (lowercase, as `http::HeaderName` wants them) and content types.
+
+// Request headers.
+pub const PICO_TTL: &str = "pico-ttl";
+pub const PICO_EXPIRES_AT: &str = "pico-expires-at";
+pub const PICO_CLOSED: &str = "pico-closed";
+pub const PICO_PRODUCER_ID: &str = "pico-producer-id";
+pub const PICO_PRODUCER_EPOCH: &str = "pico-producer-epoch";
+pub const PICO_PRODUCER_SEQ: &str = "pico-producer-seq";
+pub const PICO_MATCH_SEQ: &str = "pico-match-seq";
+pub const PICO_TRIM_SEQ: &str = "pico-trim-seq";
+pub const PICO_KEY: &str = "pico-key";
+pub const LAST_EVENT_ID: &str = "last-event-id";
+
+// Response headers (`pico-ttl`, `pico-expires-at`, `pico-closed`, `pico-producer-epoch` and
+// `pico-producer-seq` are shared with requests).
+pub const PICO_NEXT_SEQ: &str = "pico-next-seq";
+pub const PICO_START_SEQ: &str = "pico-start-seq";
+pub const PICO_TIMESTAMP: &str = "pico-timestamp";
+pub const PICO_UP_TO_DATE: &str = "pico-up-to-date";
+pub const PICO_CURSOR: &str = "pico-cursor";
+pub const PICO_EXPECTED_SEQ: &str = "pico-expected-seq";
+pub const PICO_RECEIVED_SEQ: &str = "pico-received-seq";
+
+/// Every Pico-specific header, for CORS `Access-Control-Expose-Headers` / `-Allow-Headers`.
+pub const ALL_PICO_HEADERS: &[&str] = &[
+    PICO_TTL,
+    PICO_EXPIRES_AT,
+    PICO_CLOSED,
+    PICO_PRODUCER_ID,
+    PICO_PRODUCER_EPOCH,
+    PICO_PRODUCER_SEQ,
+    PICO_MATCH_SEQ,
+    PICO_TRIM_SEQ,
+    PICO_KEY,
+    PICO_NEXT_SEQ,
+    PICO_START_SEQ,
+    PICO_TIMESTAMP,
+    PICO_UP_TO_DATE,
+    PICO_CURSOR,
+    PICO_EXPECTED_SEQ,
+    PICO_RECEIVED_SEQ,
+];
+
+/// A POST body holding a JSON batch (see [`crate::json_batch`]).
+pub const CONTENT_TYPE_JSON_BATCH: &str = "application/vnd.picomq.batch+json";
+/// A POST body or read response in the binary batch framing (see [`crate::binary`]).
+pub const CONTENT_TYPE_BINARY_BATCH: &str = "application/vnd.picomq.batch";
+/// The default stream content type.
+pub const CONTENT_TYPE_OCTET_STREAM: &str = "application/octet-stream";
+
+/// The media type of a Content-Type value: parameters dropped, trimmed, lowercased.
+pub fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_lowercase_and_media_type_normalizes() {
+        for h in ALL_PICO_HEADERS {
+            assert_eq!(*h, h.to_ascii_lowercase());
+        }
+        assert_eq!(
+            media_type(" Application/VND.picomq.Batch+JSON ; charset=utf-8"),
+            CONTENT_TYPE_JSON_BATCH
+        );
+        assert_eq!(media_type(""), "");
+    }
+}

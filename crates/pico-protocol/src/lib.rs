@@ -1,0 +1,28 @@
+//! PicoMQ sans-IO wire vocabulary. No IO happens here.
+//!
+//! - [`record`]: [`Record`], the record every protocol translates to and from.
+//! - [`batch`]: the stored record format (Kafka RecordBatch v2, CRC-32C).
+//! - [`headers`]: Pico header names and batch content types.
+//! - [`json_batch`]: the `application/vnd.picomq.batch+json` body and the `json` read format.
+//! - [`binary`]: the `application/vnd.picomq.batch` framing.
+//! - [`cursor`]: live-read cursors that keep CDN cache keys moving.
+//! - [`offset`]: text forms of record offsets (Durable Streams).
+//! - [`number`]: strict decimal parsing for TTLs and other integer headers.
+
+pub mod batch;
+pub mod binary;
+pub mod cursor;
+pub mod headers;
+pub mod json_batch;
+pub mod number;
+pub mod offset;
+pub mod record;
+
+pub use batch::{
+    BatchError, DecodedBatch, decode_batch, encode_batch, record_count, set_base_offset,
+};
+pub use binary::{BinaryError, decode_binary, decode_binary_records, encode_binary};
+pub use json_batch::{JsonBatchError, parse_json_batch, record_to_json, render_json};
+pub use number::{NumberError, parse_strict_u64};
+pub use offset::{OffsetError, OffsetSpec, format_offset, parse_offset};
+pub use record::Record;

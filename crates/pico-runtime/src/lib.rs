@@ -1,0 +1,157 @@
+//! Turns a [`Config`] into a running node.
+//!
+//! - [`config`]: the parsed `pico serve` settings.
+//! - [`stores`]: opens object storage and the WAL from bucket URIs.
+//! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
+
+pub mod config;
+pub mod stores;
+
+pub use config::{AuthMode, Config, RootProtocol, Routing};
+
+use pico_common::clock::now_ms;
+use pico_server::{Node, NodeConfig};
+use pico_sql::{MetaLog, MetaLogOptions};
+use std::net::SocketAddr;
+use thiserror::Error;
+use tokio::net::TcpListener;
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("startup: {0}")]
+    Startup(String),
+    #[error("listener: {0}")]
+    Listen(String),
+}
+
+/// Checks the settings that must hold before anything is opened.
+pub fn validate(config: &Config) -> Result<(), RuntimeError> {
+    let exposed = |a: &SocketAddr| !a.ip().is_loopback();
+    let remote = exposed(&config.listen) || config.admin_listen.as_ref().is_some_and(exposed);
+    if remote && config.auth != AuthMode::Required && !config.insecure_allow_remote {
+        return Err(RuntimeError::Config(
+            "binding a non-loopback address needs --auth required or --insecure-allow-remote"
+                .into(),
+        ));
+    }
+    if config.auth == AuthMode::Required {
+        return Err(RuntimeError::Config(
+            "--auth required is not supported by this build yet; bind loopback or pass --insecure-allow-remote".into(),
+        ));
+    }
+    if config.max_request_size == 0 || config.max_chunk_size == 0 {
+        return Err(RuntimeError::Config(
+            "sizes must be greater than zero".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs a node until `shutdown` resolves (SIGINT/SIGTERM in the binary), then drains.
+pub async fn run(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), RuntimeError> {
+    validate(&config)?;
+    let node_epoch = config.node_epoch.unwrap_or_else(|| now_ms().max(1) as u64);
+    let meta = MetaLog::open(&config.meta_url, MetaLogOptions::default())
+        .await
+        .map_err(|e| RuntimeError::Startup(format!("metadata log `{}`: {e}", config.meta_url)))?;
+    let data = stores::object_storage(&config.storage)?;
+    let wal_uri = config
+        .wal
+        .clone()
+        .unwrap_or_else(|| config.storage.with_id(config.storage.id - 1));
+    let wal = stores::wal(&wal_uri, config.node_id)?;
+    let mut engine = stores::engine_config(&wal_uri)?;
+    engine.log_cache_bytes = config.wal_cache_size;
+    engine.block_cache_bytes = config.block_cache_size;
+
+    let protocol = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| RuntimeError::Listen(format!("{}: {e}", config.listen)))?;
+    let admin = match config.admin_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| RuntimeError::Listen(format!("{a}: {e}")))?,
+        ),
+        None => None,
+    };
+    let local = protocol
+        .local_addr()
+        .map_err(|e| RuntimeError::Listen(e.to_string()))?;
+    let advertised = config
+        .http_address
+        .clone()
+        .unwrap_or_else(|| format!("http://{local}"));
+    let node_config = NodeConfig {
+        node_id: config.node_id,
+        node_epoch,
+        advertised_url: advertised,
+        long_poll_timeout: config.long_poll_timeout,
+        sse_max_duration: config.sse_max_duration,
+        max_chunk_size: config.max_chunk_size,
+        max_request_size: config.max_request_size,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(node_config, meta, data, wal, engine)
+        .await
+        .map_err(|e| RuntimeError::Startup(e.to_string()))?;
+
+    let opts = pico_http::HttpOptions {
+        routing_local: config.routing == Routing::Local,
+        ds_at_root: config.protocol == RootProtocol::Ds,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let proto_app = pico_http::protocol_router(node.clone(), opts);
+    let mut servers = Vec::new();
+    servers.push(tokio::spawn(serve(protocol, proto_app, stop_rx.clone())));
+    tracing::info!(addr = %local, "protocol listener ready");
+    if let Some(admin) = admin {
+        let addr = admin
+            .local_addr()
+            .map_err(|e| RuntimeError::Listen(e.to_string()))?;
+        servers.push(tokio::spawn(serve(
+            admin,
+            pico_http::admin_router(node.clone()),
+            stop_rx,
+        )));
+        tracing::info!(addr = %addr, "admin listener ready");
+    }
+    if config.kafka_listen.is_some() {
+        tracing::info!("kafka listener not available in this build; serving HTTP only");
+    }
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    let drain = tokio::time::sleep(config.shutdown_drain);
+    tokio::pin!(drain);
+    for s in servers {
+        tokio::select! {
+            _ = &mut drain => break,
+            _ = s => {}
+        }
+    }
+    node.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "listener failed");
+    }
+}

@@ -1,0 +1,54 @@
+//! Opens the storage named by bucket URIs.
+
+use crate::RuntimeError;
+use pico_common::{BucketUri, Scheme};
+use s3stream::{EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, Wal};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Object storage for data objects.
+pub fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, RuntimeError> {
+    match uri.scheme {
+        Scheme::File => FileStorage::open(uri.location.clone())
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStorage>)
+            .map_err(|e| RuntimeError::Startup(format!("storage `{uri}`: {e}"))),
+        Scheme::Memory => Ok(Arc::new(MemoryStorage::new())),
+        Scheme::S3 => Err(RuntimeError::Config(format!(
+            "s3 storage is not supported by this build yet: `{uri}`"
+        ))),
+        Scheme::Postgres => Err(RuntimeError::Config(format!(
+            "postgres cannot hold data objects, only the WAL: `{uri}`"
+        ))),
+    }
+}
+
+/// The node's WAL. On object storage it lives under `wal/{node_id}/`.
+pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> {
+    match uri.scheme {
+        Scheme::Postgres => Err(RuntimeError::Config(
+            "the Postgres WAL is not supported by this build yet".into(),
+        )),
+        _ => {
+            let storage = object_storage(uri)?;
+            Ok(Arc::new(ObjectWal::new(storage, format!("wal/{node_id}"))))
+        }
+    }
+}
+
+/// Engine settings from the WAL URI parameters (`batchInterval` ms, `maxBytesInBatch`,
+/// `maxUnflushedBytes`; `maxInflightUploadCount` is accepted for compatibility).
+pub fn engine_config(uri: &BucketUri) -> Result<EngineConfig, RuntimeError> {
+    let bad = |e: pico_common::UriError| RuntimeError::Config(e.to_string());
+    let mut cfg = EngineConfig::default();
+    if let Some(ms) = uri.param_u64("batchInterval").map_err(bad)? {
+        cfg.batch_interval = Duration::from_millis(ms);
+    }
+    if let Some(b) = uri.param_u64("maxBytesInBatch").map_err(bad)? {
+        cfg.max_bytes_in_batch = b as usize;
+    }
+    if let Some(b) = uri.param_u64("maxUnflushedBytes").map_err(bad)? {
+        cfg.max_unflushed_bytes = b as usize;
+    }
+    uri.param_u64("maxInflightUploadCount").map_err(bad)?;
+    Ok(cfg)
+}
