@@ -27,4 +27,4 @@ pub mod waiters;
 pub use api::*;
 pub use config::NodeConfig;
 pub use error::*;
-pub use node::{Node, StartError, content_type_matches};
+pub use node::{Node, StartError, StreamEvent, content_type_matches};

@@ -41,7 +41,19 @@ pub(crate) struct Inner {
     pub(crate) serving: AtomicBool,
     pub(crate) registered: AtomicBool,
     pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    pub(crate) events: tokio::sync::broadcast::Sender<StreamEvent>,
 }
+
+/// Stream changes, for listeners such as Durable Streams subscriptions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// Records were appended (and/or the stream closed); `next_seq` is the new tail.
+    Appended { name: StreamName, stream_id: u64, next_seq: u64, closed: bool },
+}
+
+/// Capacity of the event broadcast; a listener that falls further behind gets `Lagged` and must
+/// rescan from the view.
+const EVENT_CAPACITY: usize = 4096;
 
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -117,6 +129,7 @@ impl Node {
                 serving: AtomicBool::new(true),
                 registered: AtomicBool::new(true),
                 tasks: std::sync::Mutex::new(Vec::new()),
+                events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
             }),
         };
         crate::maintenance::spawn_all(&node);
@@ -403,6 +416,13 @@ impl Node {
             }
             self.inner.waiters.notify_closed(stream_id);
         }
+        // Nobody listening is fine: the channel is a bounded, lossy broadcast.
+        let _ = self.inner.events.send(StreamEvent::Appended {
+            name: r.name.clone(),
+            stream_id,
+            next_seq: new_next,
+            closed: req.close,
+        });
         Ok(AppendOutcome {
             start_seq: next,
             next_seq: new_next,
@@ -665,6 +685,22 @@ impl Node {
             t.abort();
         }
         self.inner.meta.close().await;
+    }
+
+    /// Appends and closes as they become durable (bounded, lossy: see [`StreamEvent`]).
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<StreamEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// The owner's advertised URL when another registered node owns the stream (for 307s).
+    pub fn owner_url(&self, name: &StreamName) -> Option<String> {
+        let view = self.inner.meta.view();
+        let entry = view.registry.get(name.as_str())?;
+        let owner = view.streams.get(&entry.stream_id)?.owner.as_ref()?;
+        if owner.node_id == self.inner.config.node_id {
+            return None;
+        }
+        view.nodes.get(&owner.node_id).map(|n| n.address.clone())
     }
 
     /// Number of streams open on this node (for stats and tests).
