@@ -1,6 +1,8 @@
 //! The Durable Streams mount, `/v1/stream/{name}` on the protocol listener: reserved here and
 //! answered with 501 until the DS facade lands (same namespace as the Pico paths).
 
+pub mod subscriptions;
+
 use axum::Router;
 use axum::routing::any;
 
