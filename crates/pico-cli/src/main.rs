@@ -1,0 +1,110 @@
+//! `pico`: the PicoMQ server, client CLI (and, in later issues, admin tool and benchmark).
+//!
+//! - [`cli`]: clap definitions; every flag has a `PICO_` environment variable.
+//! - [`serve`]: `pico serve` → `pico_runtime::run`, with the loopback/auth exposure check.
+//! - [`commands`]: create, head, append, read, tail, ls, close, delete, trim.
+//! - [`size`]: `64KiB`-style size parsing.
+
+mod cli;
+mod commands;
+mod serve;
+mod size;
+
+use clap::Parser;
+use cli::{Cli, Command, Protocol};
+use pico_client::{Client, ClientOptions};
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let serving = matches!(cli.command, Command::Serve(_));
+    // The server logs at info by default; client commands keep stderr for their own notes.
+    let default_level = if serving { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Serve(args) = &cli.command {
+        return serve::serve(args, cli.protocol).await;
+    }
+    if cli.protocol == Protocol::Ds {
+        anyhow::bail!(
+            "--protocol ds is not yet supported by the client commands (use --protocol pico)"
+        );
+    }
+    if let Some(profile) = &cli.profile {
+        eprintln!("note: profiles arrive with `pico config`; ignoring --profile {profile}");
+    }
+    let client = Client::new(
+        &cli.endpoint,
+        ClientOptions {
+            http2_prior_knowledge: cli.http2,
+            token: cli.token.clone(),
+        },
+    )?;
+    match cli.command {
+        Command::Serve(_) => unreachable!("handled above"),
+        Command::Create {
+            name,
+            content_type,
+            ttl,
+        } => {
+            commands::check_name(&name)?;
+            commands::create(&client, &name, content_type.as_deref(), ttl).await
+        }
+        Command::Head { name } => commands::head(&client, &name).await,
+        Command::Append {
+            name,
+            batch,
+            content_type,
+        } => {
+            commands::check_name(&name)?;
+            commands::append(&client, &name, batch as usize, content_type).await
+        }
+        Command::Read { name, from, format } => commands::read(&client, &name, from, format).await,
+        Command::Tail {
+            name,
+            follow,
+            lines,
+            format,
+        } => commands::tail(&client, &name, follow, lines, format).await,
+        Command::Ls { prefix } => commands::ls(&client, prefix.as_deref()).await,
+        Command::Close { name } => commands::close(&client, &name).await,
+        Command::Delete { name } => commands::delete(&client, &name).await,
+        Command::Trim { name, seq } => commands::trim(&client, &name, seq).await,
+    }
+}
+
+/// A closed stdout (`pico read x | head`) is a normal way to stop reading.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

@@ -1,0 +1,205 @@
+//! `pico serve`: flags → [`pico_runtime::Config`] → [`pico_runtime::run`] until SIGINT/SIGTERM.
+
+use crate::cli::{AuthArg, Protocol, RoutingArg, ServeArgs};
+use anyhow::{Context, bail};
+use pico_runtime::{AuthMode, Config, RootProtocol, Routing};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Builds the runtime configuration and refuses unsafe exposure.
+pub fn to_config(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<Config> {
+    if args.node_id == 0 {
+        bail!("--node-id must be at least 1");
+    }
+    if args.long_poll_timeout_sec == 0 || args.sse_max_duration_sec == 0 {
+        bail!("--long-poll-timeout-sec and --sse-max-duration-sec must be at least 1");
+    }
+    if args.max_chunk_size == 0 || args.max_request_size == 0 {
+        bail!("--max-chunk-size and --max-request-size must be positive");
+    }
+    let config = Config {
+        node_id: args.node_id,
+        node_epoch: args.node_epoch,
+        listen: args.listen,
+        admin_listen: (!args.no_admin).then_some(args.admin_listen),
+        kafka_listen: (!args.no_kafka).then_some(args.kafka_listen),
+        kafka_advertise: args.kafka_advertise.clone(),
+        http_address: args.http_address.clone(),
+        meta_url: args.meta_url.clone(),
+        storage: args.storage.clone(),
+        wal: args.wal.clone(),
+        cluster_id: args.cluster_id.clone(),
+        routing: match args.routing {
+            RoutingArg::Redirect => Routing::Redirect,
+            RoutingArg::Local => Routing::Local,
+        },
+        protocol: match protocol {
+            Protocol::Pico => RootProtocol::Pico,
+            Protocol::Ds => RootProtocol::Ds,
+        },
+        slots: args.slots,
+        long_poll_timeout: Duration::from_secs(args.long_poll_timeout_sec),
+        sse_max_duration: Duration::from_secs(args.sse_max_duration_sec),
+        max_chunk_size: args.max_chunk_size,
+        max_request_size: args.max_request_size,
+        shutdown_drain: Duration::from_secs(args.shutdown_drain_sec),
+        wal_cache_size: args.wal_cache_size,
+        block_cache_size: args.block_cache_size,
+        auth: match args.auth {
+            AuthArg::Off => AuthMode::Off,
+            AuthArg::Required => AuthMode::Required,
+        },
+        insecure_allow_remote: args.insecure_allow_remote,
+        auth_bootstrap_token: args.auth_bootstrap_token.clone(),
+        auth_bootstrap_token_file: args.auth_bootstrap_token_file.clone(),
+    };
+    check_exposure(&config)?;
+    Ok(config)
+}
+
+/// Authentication is off by default, so binding anything but loopback must be a decision:
+/// `--auth required` or `--insecure-allow-remote`.
+pub fn check_exposure(config: &Config) -> anyhow::Result<()> {
+    if config.auth == AuthMode::Required || config.insecure_allow_remote {
+        return Ok(());
+    }
+    let listeners: [(&str, Option<SocketAddr>); 3] = [
+        ("--listen", Some(config.listen)),
+        ("--admin-listen", config.admin_listen),
+        ("--kafka-listen", config.kafka_listen),
+    ];
+    for (flag, addr) in listeners {
+        if let Some(addr) = addr
+            && !addr.ip().is_loopback()
+        {
+            bail!(
+                "{flag} {addr} is not loopback and authentication is off: \
+                 pass --auth required, or --insecure-allow-remote to expose it without auth"
+            );
+        }
+    }
+    Ok(())
+}
+
+pub async fn serve(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<()> {
+    let config = to_config(args, protocol)?;
+    tracing::info!(
+        node_id = config.node_id,
+        listen = %config.listen,
+        admin = ?config.admin_listen,
+        meta_url = %config.meta_url,
+        storage = %config.storage,
+        "starting pico node"
+    );
+    pico_runtime::run(config, shutdown_signal())
+        .await
+        .context("pico serve")?;
+    tracing::info!("pico node stopped");
+    Ok(())
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received, shutting down"),
+        _ = term => tracing::info!("SIGTERM received, shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn config(args: &[&str]) -> anyhow::Result<Config> {
+        let mut argv = vec!["pico", "serve"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        match cli.command {
+            Command::Serve(s) => to_config(&s, cli.protocol),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_runtime_defaults() {
+        let c = config(&[]).unwrap();
+        let d = Config::default();
+        assert_eq!(c.listen, d.listen);
+        assert_eq!(c.admin_listen, d.admin_listen);
+        assert_eq!(c.kafka_listen, d.kafka_listen);
+        assert_eq!(c.meta_url, d.meta_url);
+        assert_eq!(c.storage, d.storage);
+        assert_eq!(c.long_poll_timeout, d.long_poll_timeout);
+        assert_eq!(c.sse_max_duration, d.sse_max_duration);
+        assert_eq!(c.max_chunk_size, d.max_chunk_size);
+        assert_eq!(c.max_request_size, d.max_request_size);
+        assert_eq!(c.shutdown_drain, d.shutdown_drain);
+        assert_eq!(c.wal_cache_size, d.wal_cache_size);
+        assert_eq!(c.block_cache_size, d.block_cache_size);
+        assert_eq!(c.cluster_id, d.cluster_id);
+        assert_eq!(c.routing, d.routing);
+        assert_eq!(c.auth, d.auth);
+    }
+
+    #[test]
+    fn flags_map_into_the_config() {
+        let c = config(&[
+            "--no-admin",
+            "--no-kafka",
+            "--long-poll-timeout-sec",
+            "1",
+            "--max-request-size",
+            "4KiB",
+            "--meta-url",
+            "sqlite::memory:",
+            "--storage",
+            "-5@memory://objs",
+        ])
+        .unwrap();
+        assert_eq!(c.admin_listen, None);
+        assert_eq!(c.kafka_listen, None);
+        assert_eq!(c.long_poll_timeout, Duration::from_secs(1));
+        assert_eq!(c.max_request_size, 4096);
+        assert_eq!(c.storage.id, -5);
+        assert_eq!(c.meta_url, "sqlite::memory:");
+    }
+
+    #[test]
+    fn remote_binds_need_auth_or_explicit_opt_in() {
+        let err = config(&["--listen", "0.0.0.0:4437"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--listen") && err.contains("--insecure-allow-remote"),
+            "{err}"
+        );
+        assert!(config(&["--admin-listen", "10.0.0.1:9090"]).is_err());
+        assert!(config(&["--listen", "0.0.0.0:4437", "--auth", "required"]).is_ok());
+        assert!(config(&["--listen", "0.0.0.0:4437", "--insecure-allow-remote"]).is_ok());
+        assert!(config(&["--admin-listen", "10.0.0.1:9090", "--no-admin"]).is_ok());
+        assert!(config(&["--listen", "[::1]:4437"]).is_ok());
+    }
+}

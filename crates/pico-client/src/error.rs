@@ -1,0 +1,124 @@
+//! The one error type of the client.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// The server answered with an error status; `code`/`message` come from its JSON body
+    /// (`{"error","message"}`) when it sent one.
+    #[error("{message} (http {status}, {code})")]
+    Http {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The request did not complete (connect, IO, redirect loop, bad URL).
+    #[error("transport: {0}")]
+    Transport(String),
+    /// The server answered 2xx but the response could not be understood.
+    #[error("decode: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// The HTTP status of a server error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(404)
+    }
+
+    /// Builds the error for a non-success response from its status and body.
+    pub(crate) fn from_response(status: u16, body: &[u8]) -> ClientError {
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            error: Option<String>,
+            message: Option<String>,
+        }
+        let parsed: Option<Wire> = serde_json::from_slice(body).ok();
+        let code = parsed
+            .as_ref()
+            .and_then(|w| w.error.clone())
+            .unwrap_or_else(|| default_code(status).to_string());
+        let message = parsed.and_then(|w| w.message).unwrap_or_else(|| {
+            let text = String::from_utf8_lossy(body).trim().to_string();
+            if text.is_empty() {
+                format!("http status {status}")
+            } else {
+                text
+            }
+        });
+        ClientError::Http {
+            status,
+            code,
+            message,
+        }
+    }
+}
+
+fn default_code(status: u16) -> &'static str {
+    match status {
+        400 => "bad_request",
+        401 => "unauthenticated",
+        403 => "permission_denied",
+        404 => "not_found",
+        409 => "conflict",
+        412 => "match_failed",
+        413 => "too_large",
+        503 => "unavailable",
+        _ => "internal",
+    }
+}
+
+impl From<reqwest::Error> for ClientError {
+    fn from(e: reqwest::Error) -> Self {
+        // reqwest's Display hides the cause ("error sending request"); keep the whole chain.
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        ClientError::Transport(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_server_json_error() {
+        let e = ClientError::from_response(
+            409,
+            br#"{"error":"sequence_gap","message":"gap: expected=1 received=3","next_seq":4}"#,
+        );
+        match e {
+            ClientError::Http {
+                status,
+                code,
+                message,
+            } => {
+                assert_eq!(status, 409);
+                assert_eq!(code, "sequence_gap");
+                assert_eq!(message, "gap: expected=1 received=3");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn falls_back_on_plain_bodies() {
+        let e = ClientError::from_response(404, b"");
+        assert!(e.is_not_found());
+        assert_eq!(e.to_string(), "http status 404 (http 404, not_found)");
+        let e = ClientError::from_response(502, b"bad gateway");
+        assert!(matches!(e, ClientError::Http { ref code, .. } if code == "internal"));
+    }
+}

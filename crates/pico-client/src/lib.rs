@@ -1,0 +1,18 @@
+//! Rust client for the Pico HTTP protocol (plain HTTP, optional HTTP/2 prior knowledge).
+//!
+//! - [`client`]: [`Client`], one method per protocol request; follows 307 redirects to owners.
+//! - [`types`]: what the methods take and return ([`ReadChunk`], [`AppendAck`], …).
+//! - [`wire`]: sans-IO codecs: header names, JSON batch encoding, JSON read decoding.
+//! - [`error`]: [`ClientError`], carrying the server's JSON error when there is one.
+
+pub mod client;
+pub mod error;
+pub mod types;
+pub mod wire;
+
+pub use client::{Client, ClientOptions};
+pub use error::ClientError;
+pub use types::{
+    AppendAck, AppendOptions, BatchRecord, Created, ListPage, Producer, ReadChunk, ReadRecord,
+    StreamMeta,
+};
