@@ -5,14 +5,22 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use pico_protocol::headers::ALL_PICO_HEADERS;
+use pico_protocol::headers::{ALL_DS_HEADERS, ALL_PICO_HEADERS};
 
 const ALLOW_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS";
 const PREFLIGHT_MAX_AGE_SECS: &str = "86400";
 
 fn expose_headers() -> HeaderValue {
     let mut list: Vec<&str> = ALL_PICO_HEADERS.to_vec();
-    list.extend(["etag", "location", "retry-after", "content-type"]);
+    list.extend(ALL_DS_HEADERS);
+    list.extend([
+        "etag",
+        "location",
+        "retry-after",
+        "content-type",
+        "content-encoding",
+        "vary",
+    ]);
     HeaderValue::from_str(&list.join(", ")).unwrap_or(HeaderValue::from_static("*"))
 }
 

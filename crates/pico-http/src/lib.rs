@@ -4,7 +4,7 @@
 //!   Streams mount under `/v1/stream`).
 //! - [`admin_router`]: the admin listener (`/health`, `/ready`).
 //! - [`pico`]: Pico protocol handlers, one file per request kind.
-//! - [`ds`]: the reserved Durable Streams mount (501 for now).
+//! - [`ds`]: the Durable Streams protocol under `/v1/stream` (and at `/` with `--protocol ds`).
 //! - [`headers`]: strict request-header parsing (TTL, Expires-At, producer triple, integers).
 //! - [`error`]: the one mapping of service errors to status, JSON body and headers.
 //! - [`cors`]: CORS preflight and the headers every response carries.
@@ -28,22 +28,23 @@ pub use error::HttpError;
 pub struct HttpOptions {
     /// `--routing local`: never 307 to a stream's owner.
     pub routing_local: bool,
-    /// Serve Durable Streams at the root instead of under `/v1/stream` (later issue).
+    /// `--protocol ds`: serve Durable Streams at the root instead of the Pico protocol (DS stays
+    /// under `/v1/stream` too).
     pub ds_at_root: bool,
 }
 
 /// The protocol listener's router.
 pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
-    // Neither option has an effect yet: redirects need an ownership query on `Node`
-    // (not exposed yet), and DS is not served at all.
+    // `routing_local` has no effect yet: redirects need an ownership query on `Node`.
     let HttpOptions {
         routing_local: _,
-        ds_at_root: _,
+        ds_at_root,
     } = opts;
-    Router::new()
-        .merge(ds::router())
-        .merge(pico::router(node))
-        .layer(from_fn(cors::cors))
+    let mut r = ds::router(node.clone(), ds_at_root);
+    if !ds_at_root {
+        r = r.merge(pico::router(node));
+    }
+    r.layer(from_fn(cors::cors))
 }
 
 /// The admin listener's router.

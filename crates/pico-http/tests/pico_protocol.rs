@@ -144,12 +144,8 @@ async fn create_rejects_bad_headers_and_names() {
     assert_error(&put(&app, "/a|b", &[]).await, 400, "bad_request");
     assert_error(&put(&app, "/_sys/x", &[]).await, 400, "bad_request");
     assert_error(&put(&app, "/_groups/x", &[]).await, 400, "bad_request");
-    assert_error(
-        &put(&app, "/v1/stream/x", &[]).await,
-        501,
-        "not_implemented",
-    );
-    assert_error(&get(&app, "/v1/stream").await, 501, "not_implemented");
+    // The DS mount point itself is not a stream (DS paths below it are the DS router's).
+    assert_error(&get(&app, "/v1/stream").await, 404, "not_found");
 }
 
 #[tokio::test]

@@ -6,20 +6,23 @@
 //! (never a panic, never a huge allocation). New fields mean a new version byte; old versions
 //! keep decoding so old log rows and snapshots stay readable.
 
-use crate::command::{Command, CommitRange, ProducerMark, StreamConfig};
+use crate::command::{Command, CommitRange, ForkOrigin, ProducerMark, StreamConfig};
 use crate::state::{
     NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
 };
 use thiserror::Error;
 
-/// Current codec version (first byte of every encoded value).
-pub const VERSION: u8 = 1;
+/// Current codec version (first byte of every encoded value). Version 2 added forks, soft
+/// delete and `Stream-Seq` state; version 1 values still decode (new fields take defaults).
+pub const VERSION: u8 = 2;
+/// Oldest version still decoded.
+pub const MIN_VERSION: u8 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CodecError {
     #[error("empty input")]
     Empty,
-    #[error("unsupported codec version: version={0} supported={VERSION}")]
+    #[error("unsupported codec version: version={0} supported={MIN_VERSION}..={VERSION}")]
     UnsupportedVersion(u8),
     #[error("truncated input: reading={0}")]
     Truncated(&'static str),
@@ -99,6 +102,9 @@ pub fn encode_state(s: &State) -> Vec<u8> {
             }
         }
         w.i64(e.last_touch_ms);
+        w.fork(e.fork.as_ref());
+        w.u32(e.forks);
+        w.bool(e.soft_deleted);
     }
     w.len(s.objects.len());
     for o in s.objects.values() {
@@ -157,6 +163,19 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
                 }
             },
             last_touch_ms: r.i64("last_touch_ms")?,
+            fork: None,
+            forks: 0,
+            soft_deleted: false,
+        };
+        let e = if r.version >= 2 {
+            RegistryEntry {
+                fork: r.fork()?,
+                forks: r.u32("forks")?,
+                soft_deleted: r.bool("soft_deleted")?,
+                ..e
+            }
+        } else {
+            e
         };
         s.registry.insert(name, e);
     }
@@ -231,6 +250,27 @@ impl Writer {
             }
         }
     }
+    fn opt_str(&mut self, v: Option<&str>) {
+        match v {
+            None => self.u8(0),
+            Some(x) => {
+                self.u8(1);
+                self.str(x);
+            }
+        }
+    }
+    fn fork(&mut self, f: Option<&ForkOrigin>) {
+        match f {
+            None => self.u8(0),
+            Some(f) => {
+                self.u8(1);
+                self.str(&f.source);
+                self.u64(f.source_stream_id);
+                self.u64(f.offset);
+                self.u64(f.sub_offset);
+            }
+        }
+    }
     fn config(&mut self, c: &StreamConfig) {
         self.str(&c.content_type);
         self.opt_u64(c.ttl_secs);
@@ -270,6 +310,7 @@ impl Writer {
             self.u64(p.epoch);
             self.u64(p.seq);
         }
+        self.opt_str(m.stream_seq.as_deref());
     }
     fn command(&mut self, cmd: &Command) {
         match cmd {
@@ -295,6 +336,22 @@ impl Writer {
                 self.str(name);
                 self.config(config);
                 self.bool(*closed);
+                self.i64(*now_ms);
+            }
+            Command::ForkStream {
+                name,
+                origin,
+                inherit_end,
+                offset_given,
+                config,
+                now_ms,
+            } => {
+                self.u8(13);
+                self.str(name);
+                self.fork(Some(origin));
+                self.u64(*inherit_end);
+                self.bool(*offset_given);
+                self.config(config);
                 self.i64(*now_ms);
             }
             Command::OpenStream {
@@ -375,6 +432,7 @@ impl Writer {
                     for p in &r.producers {
                         self.producer(p);
                     }
+                    self.opt_str(r.stream_seq.as_deref());
                 }
                 self.i64(*now_ms);
             }
@@ -404,15 +462,19 @@ impl Writer {
 
 struct Reader<'a> {
     buf: &'a [u8],
+    version: u8,
 }
 
 impl<'a> Reader<'a> {
     fn versioned(bytes: &'a [u8]) -> Result<Reader<'a>, CodecError> {
         let (&v, rest) = bytes.split_first().ok_or(CodecError::Empty)?;
-        if v != VERSION {
+        if !(MIN_VERSION..=VERSION).contains(&v) {
             return Err(CodecError::UnsupportedVersion(v));
         }
-        Ok(Reader { buf: rest })
+        Ok(Reader {
+            buf: rest,
+            version: v,
+        })
     }
     fn finish(&self) -> Result<(), CodecError> {
         if self.buf.is_empty() {
@@ -484,6 +546,25 @@ impl<'a> Reader<'a> {
             tag => Err(CodecError::BadTag { what, tag }),
         }
     }
+    fn opt_str(&mut self, what: &'static str) -> Result<Option<String>, CodecError> {
+        match self.u8(what)? {
+            0 => Ok(None),
+            1 => Ok(Some(self.str(what)?)),
+            tag => Err(CodecError::BadTag { what, tag }),
+        }
+    }
+    fn fork(&mut self) -> Result<Option<ForkOrigin>, CodecError> {
+        match self.u8("fork tag")? {
+            0 => Ok(None),
+            1 => Ok(Some(ForkOrigin {
+                source: self.str("fork source")?,
+                source_stream_id: self.u64("fork source_stream_id")?,
+                offset: self.u64("fork offset")?,
+                sub_offset: self.u64("fork sub_offset")?,
+            })),
+            tag => Err(CodecError::BadTag { what: "fork", tag }),
+        }
+    }
     fn config(&mut self) -> Result<StreamConfig, CodecError> {
         Ok(StreamConfig {
             content_type: self.str("content_type")?,
@@ -532,6 +613,11 @@ impl<'a> Reader<'a> {
             };
             producers.insert(pid, st);
         }
+        let stream_seq = if self.version >= 2 {
+            self.opt_str("stream_seq")?
+        } else {
+            None
+        };
         Ok(StreamMeta {
             id,
             name,
@@ -542,6 +628,7 @@ impl<'a> Reader<'a> {
             deleted,
             slices,
             producers,
+            stream_seq,
         })
     }
     fn command(&mut self) -> Result<Command, CodecError> {
@@ -612,6 +699,11 @@ impl<'a> Reader<'a> {
                     for _ in 0..np {
                         producers.push(self.producer()?);
                     }
+                    let stream_seq = if self.version >= 2 {
+                        self.opt_str("range stream_seq")?
+                    } else {
+                        None
+                    };
                     ranges.push(CommitRange {
                         stream_id,
                         epoch,
@@ -620,6 +712,7 @@ impl<'a> Reader<'a> {
                         position,
                         len,
                         producers,
+                        stream_seq,
                     });
                 }
                 Command::CommitObject {
@@ -645,6 +738,21 @@ impl<'a> Reader<'a> {
             12 => Command::KvDelete {
                 key: self.str("key")?,
             },
+            13 => {
+                let name = self.str("name")?;
+                let origin = self.fork()?.ok_or(CodecError::BadTag {
+                    what: "fork origin",
+                    tag: 0,
+                })?;
+                Command::ForkStream {
+                    name,
+                    origin,
+                    inherit_end: self.u64("inherit_end")?,
+                    offset_given: self.bool("offset_given")?,
+                    config: self.config()?,
+                    now_ms: self.i64("now_ms")?,
+                }
+            }
             tag => {
                 return Err(CodecError::BadTag {
                     what: "command",
@@ -652,5 +760,45 @@ impl<'a> Reader<'a> {
                 });
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_1_rows_still_decode() {
+        // A v1 commit row is the v2 row without the per-range `stream_seq` tag.
+        let cmd = Command::CommitObject {
+            node_id: 1,
+            node_epoch: 2,
+            key: "k".into(),
+            size: 9,
+            ranges: vec![CommitRange {
+                stream_id: 3,
+                epoch: 0,
+                start_offset: 0,
+                end_offset: 4,
+                position: 0,
+                len: 9,
+                producers: vec![],
+                stream_seq: None,
+            }],
+            now_ms: 5,
+        };
+        let v2 = encode_command(&cmd);
+        assert_eq!(v2[0], 2);
+        assert_eq!(decode_command(&v2).unwrap(), cmd);
+        let tag_at = v2.len() - 8 - 1; // the None tag sits just before now_ms
+        assert_eq!(v2[tag_at], 0);
+        let mut v1 = v2.clone();
+        v1.remove(tag_at);
+        v1[0] = 1;
+        assert_eq!(decode_command(&v1).unwrap(), cmd);
+        assert_eq!(
+            decode_command(&[3, 10]),
+            Err(CodecError::UnsupportedVersion(3))
+        );
     }
 }

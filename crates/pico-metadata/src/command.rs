@@ -19,6 +19,16 @@ pub struct ProducerMark {
     pub seq: u64,
 }
 
+/// Where a fork came from: the source's name and incarnation, and the fork point the client
+/// asked for (record offset plus sub-offset inside it). Compared by idempotent fork creates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    pub source: String,
+    pub source_stream_id: u64,
+    pub offset: u64,
+    pub sub_offset: u64,
+}
+
 /// One stream's records inside an uploaded object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitRange {
@@ -31,6 +41,8 @@ pub struct CommitRange {
     pub len: u64,
     /// Last state per producer in this range.
     pub producers: Vec<ProducerMark>,
+    /// Last Durable Streams `Stream-Seq` accepted in this range.
+    pub stream_seq: Option<String>,
 }
 
 /// A state change. Time enters as a field (`now_ms`): `apply` never reads a clock.
@@ -50,6 +62,18 @@ pub enum Command {
         name: String,
         config: StreamConfig,
         closed: bool,
+        now_ms: i64,
+    },
+    /// Creates `name` as a fork of `origin.source`: a new internal stream whose committed slices
+    /// below `inherit_end` are the source's (object references incremented, no data copied).
+    /// The source must be live and committed up to `inherit_end`. Idempotent like
+    /// `CreateStream`; the fork offset is compared only when `offset_given`.
+    ForkStream {
+        name: String,
+        origin: ForkOrigin,
+        inherit_end: u64,
+        offset_given: bool,
+        config: StreamConfig,
         now_ms: i64,
     },
     /// Assigns the stream to a node and bumps its epoch (first open: -1 -> 0). Requires node_epoch
@@ -81,7 +105,9 @@ pub enum Command {
         start_offset: u64,
     },
     /// Removes the registry entry (name reusable at once), marks the stream deleted and releases
-    /// its object references; objects with no live references become "destroyed".
+    /// its object references; objects with no live references become "destroyed". A stream
+    /// that forks still reference is soft-deleted instead: its data is released but the name
+    /// stays reserved until the last fork is gone (then removed, cascading up fork chains).
     DeleteStream {
         name: String,
         stream_id: u64,
@@ -119,6 +145,7 @@ impl Command {
         match self {
             Command::RegisterNode { .. } => "register_node",
             Command::CreateStream { .. } => "create_stream",
+            Command::ForkStream { .. } => "fork_stream",
             Command::OpenStream { .. } => "open_stream",
             Command::ReleaseStream { .. } => "release_stream",
             Command::SealStream { .. } => "seal_stream",
@@ -155,6 +182,8 @@ pub enum Outcome {
         start_offset: u64,
     },
     Deleted,
+    /// The stream is referenced by forks: data released, name reserved (see `DeleteStream`).
+    SoftDeleted,
     /// One flag per range, in order.
     Committed {
         accepted: Vec<bool>,

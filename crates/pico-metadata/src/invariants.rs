@@ -17,6 +17,7 @@ pub fn check(s: &State) -> Result<(), String> {
     destroyed_is_unreferenced(s)?;
     owners_are_registered(s)?;
     sealed_tail_holds(s)?;
+    fork_counts_match(s)?;
     Ok(())
 }
 
@@ -91,6 +92,15 @@ pub fn stream_ids_allocated(s: &State) -> Result<(), String> {
 ///    live stream is reachable from its name (no orphan ids: create does both in one command).
 pub fn registry_matches_streams(s: &State) -> Result<(), String> {
     for (name, e) in s.registry.iter() {
+        if e.soft_deleted {
+            // Its data is released; only forks keep the name reserved.
+            if e.forks == 0 || s.streams.contains_key(&e.stream_id) {
+                return Err(format!(
+                    "soft-deleted entry not held by forks: name=`{name}`"
+                ));
+            }
+            continue;
+        }
         match s.streams.get(&e.stream_id) {
             Some(m) if !m.deleted && &m.name == name => {}
             _ => return Err(format!("registry entry without live stream: name=`{name}`")),
@@ -196,6 +206,31 @@ pub fn sealed_tail_holds(s: &State) -> Result<(), String> {
     Ok(())
 }
 
+/// 10. A source's fork count equals the registry entries forked from it, so a soft-deleted
+///     source is removed exactly when its last fork is gone (and never while one remains).
+pub fn fork_counts_match(s: &State) -> Result<(), String> {
+    let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+    for e in s.registry.values() {
+        if let Some(f) = &e.fork
+            && s.registry
+                .get(&f.source)
+                .is_some_and(|src| src.stream_id == f.source_stream_id)
+        {
+            *counts.entry(f.source.as_str()).or_default() += 1;
+        }
+    }
+    for (name, e) in s.registry.iter() {
+        let n = counts.get(name.as_str()).copied().unwrap_or(0);
+        if e.forks != n {
+            return Err(format!(
+                "fork count mismatch: name=`{name}` forks={} referencing={n}",
+                e.forks
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     //! Each invariant, broken on purpose, is detected; a healthy state passes.
@@ -241,6 +276,7 @@ mod tests {
                     position: 0,
                     len: 4,
                     producers: vec![],
+                    stream_seq: None,
                 }],
                 now_ms: 0,
             },
@@ -257,6 +293,7 @@ mod tests {
                     position: 0,
                     len: 2,
                     producers: vec![],
+                    stream_seq: None,
                 }],
                 now_ms: 0,
             },

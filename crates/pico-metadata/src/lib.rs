@@ -12,7 +12,9 @@ pub mod invariants;
 pub mod state;
 
 pub use codec::CodecError;
-pub use command::{ApplyError, Command, CommitRange, Outcome, ProducerMark, StreamConfig};
+pub use command::{
+    ApplyError, Command, CommitRange, ForkOrigin, Outcome, ProducerMark, StreamConfig,
+};
 pub use state::{
     NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
 };

@@ -4,7 +4,9 @@
 //! immutable view after each applied row without copying, and snapshots serialize a clone in the
 //! background. No `HashMap` anywhere: iteration order is part of determinism (snapshots, replay).
 
-use crate::command::{ApplyError, Command, CommitRange, Outcome, ProducerMark, StreamConfig};
+use crate::command::{
+    ApplyError, Command, CommitRange, ForkOrigin, Outcome, ProducerMark, StreamConfig,
+};
 use serde::{Deserialize, Serialize};
 
 /// A registered node process.
@@ -58,6 +60,8 @@ pub struct StreamMeta {
     /// Ascending and contiguous; the last one ends at `end_offset`.
     pub slices: im::Vector<Slice>,
     pub producers: im::OrdMap<String, ProducerState>,
+    /// Last Durable Streams `Stream-Seq` committed with the data (forks start without one).
+    pub stream_seq: Option<String>,
 }
 
 /// A name → stream entry with the client-visible config.
@@ -71,6 +75,12 @@ pub struct RegistryEntry {
     pub closed_at: Option<u64>,
     pub closed_by: Option<ProducerMark>,
     pub last_touch_ms: i64,
+    /// Set when the stream was created as a fork.
+    pub fork: Option<ForkOrigin>,
+    /// Registry entries (live or soft-deleted) forked from this one.
+    pub forks: u32,
+    /// Deleted while forks still referenced it: the name is reserved, the data released.
+    pub soft_deleted: bool,
 }
 
 /// A committed object in storage.
@@ -167,6 +177,14 @@ impl State {
                 closed,
                 now_ms,
             } => self.create_stream(name, config, *closed, *now_ms),
+            Command::ForkStream {
+                name,
+                origin,
+                inherit_end,
+                offset_given,
+                config,
+                now_ms,
+            } => self.fork_stream(name, origin, *inherit_end, *offset_given, config, *now_ms),
             Command::OpenStream {
                 stream_id,
                 node_id,
@@ -277,13 +295,32 @@ impl State {
                         ),
                     });
                 }
-                self.registry.remove(name);
+                if entry.soft_deleted {
+                    return Err(ApplyError::StreamDeleted {
+                        stream_id: *stream_id,
+                    });
+                }
+                let referenced = entry.forks > 0;
+                let origin = entry.fork.clone();
+                if referenced {
+                    if let Some(e) = self.registry.get_mut(name) {
+                        e.soft_deleted = true;
+                    }
+                } else {
+                    self.registry.remove(name);
+                }
                 if let Some(mut s) = self.streams.remove(stream_id) {
                     s.deleted = true;
                     for slice in std::mem::take(&mut s.slices) {
                         self.release_ref(&slice.key);
                     }
                     // All refs released at once, so the stream owns no slices: forget it.
+                }
+                if referenced {
+                    return Ok(Outcome::SoftDeleted);
+                }
+                if let Some(origin) = origin {
+                    self.release_fork(&origin);
                 }
                 Ok(Outcome::Deleted)
             }
@@ -374,7 +411,9 @@ impl State {
             return Err(ApplyError::Invalid("stream name is empty".to_string()));
         }
         if let Some(existing) = self.registry.get(name) {
-            let reason = if existing.config.content_type != config.content_type {
+            let reason = if existing.soft_deleted {
+                Some("stream is deleted but still referenced by forks")
+            } else if existing.config.content_type != config.content_type {
                 Some("content type differs")
             } else if existing.config.ttl_secs != config.ttl_secs
                 || existing.config.expires_at_ms != config.expires_at_ms
@@ -410,6 +449,7 @@ impl State {
                 deleted: false,
                 slices: im::Vector::new(),
                 producers: im::OrdMap::new(),
+                stream_seq: None,
             },
         );
         self.registry.insert(
@@ -422,12 +462,159 @@ impl State {
                 closed_at: None,
                 closed_by: None,
                 last_touch_ms: now_ms,
+                fork: None,
+                forks: 0,
+                soft_deleted: false,
             },
         );
         Ok(Outcome::Created {
             stream_id: id,
             created: true,
         })
+    }
+
+    fn fork_stream(
+        &mut self,
+        name: &str,
+        origin: &ForkOrigin,
+        inherit_end: u64,
+        offset_given: bool,
+        config: &StreamConfig,
+        now_ms: i64,
+    ) -> Result<Outcome, ApplyError> {
+        if name.is_empty() {
+            return Err(ApplyError::Invalid("stream name is empty".to_string()));
+        }
+        if let Some(existing) = self.registry.get(name) {
+            let same_fork = existing.fork.as_ref().is_some_and(|f| {
+                f.source == origin.source
+                    && f.sub_offset == origin.sub_offset
+                    && (!offset_given || f.offset == origin.offset)
+            });
+            let reason = if existing.soft_deleted {
+                Some("stream is deleted but still referenced by forks")
+            } else if !same_fork {
+                Some("fork source or offset differs")
+            } else if existing.config.content_type != config.content_type {
+                Some("content type differs")
+            } else if existing.config.ttl_secs != config.ttl_secs
+                || existing.config.expires_at_ms != config.expires_at_ms
+            {
+                Some("ttl or expiry differs")
+            } else if existing.closed {
+                Some("closed status differs")
+            } else {
+                None
+            };
+            return match reason {
+                Some(r) => Err(ApplyError::Conflict {
+                    name: name.to_string(),
+                    reason: r.to_string(),
+                }),
+                None => Ok(Outcome::Created {
+                    stream_id: existing.stream_id,
+                    created: false,
+                }),
+            };
+        }
+        let source_entry = match self.registry.get(&origin.source) {
+            Some(e) if e.stream_id == origin.source_stream_id => e,
+            _ => {
+                return Err(ApplyError::NameNotFound {
+                    name: origin.source.clone(),
+                });
+            }
+        };
+        if source_entry.soft_deleted {
+            return Err(ApplyError::Conflict {
+                name: name.to_string(),
+                reason: "fork source is deleted".to_string(),
+            });
+        }
+        let source = self.live_stream(origin.source_stream_id)?;
+        if inherit_end > source.end_offset {
+            return Err(ApplyError::Invalid(format!(
+                "fork point beyond committed data: source_stream_id={} inherit_end={inherit_end} end_offset={}",
+                source.id, source.end_offset
+            )));
+        }
+        // Share the source's committed slices below the fork point (cut at it: a reader of the
+        // fork stops at a slice's end even when the object holds more of the source's data).
+        let start_offset = source.start_offset.min(inherit_end);
+        let mut slices = im::Vector::new();
+        for sl in source.slices.iter() {
+            if sl.start_offset >= inherit_end {
+                break;
+            }
+            let mut sl = sl.clone();
+            sl.end_offset = sl.end_offset.min(inherit_end);
+            if sl.end_offset > start_offset {
+                slices.push_back(sl);
+            }
+        }
+        for sl in slices.iter() {
+            if let Some(o) = self.objects.get_mut(&sl.key) {
+                o.live_refs = o.live_refs.saturating_add(1);
+            }
+        }
+        if let Some(e) = self.registry.get_mut(&origin.source) {
+            e.forks = e.forks.saturating_add(1);
+        }
+        let id = self.next_stream_id;
+        self.next_stream_id += 1;
+        self.streams.insert(
+            id,
+            StreamMeta {
+                id,
+                name: name.to_string(),
+                epoch: pico_common::ids::NEVER_OPENED,
+                owner: None,
+                start_offset,
+                end_offset: inherit_end,
+                deleted: false,
+                slices,
+                producers: im::OrdMap::new(),
+                stream_seq: None,
+            },
+        );
+        self.registry.insert(
+            name.to_string(),
+            RegistryEntry {
+                stream_id: id,
+                config: config.clone(),
+                created_at_ms: now_ms,
+                closed: false,
+                closed_at: None,
+                closed_by: None,
+                last_touch_ms: now_ms,
+                fork: Some(origin.clone()),
+                forks: 0,
+                soft_deleted: false,
+            },
+        );
+        Ok(Outcome::Created {
+            stream_id: id,
+            created: true,
+        })
+    }
+
+    /// A fork of `origin` is gone: drop the source's fork count and remove a soft-deleted source
+    /// that nothing references any more, cascading up the fork chain.
+    fn release_fork(&mut self, origin: &ForkOrigin) {
+        let mut next = Some(origin.clone());
+        while let Some(o) = next.take() {
+            let Some(e) = self.registry.get_mut(&o.source) else {
+                return;
+            };
+            if e.stream_id != o.source_stream_id {
+                return;
+            }
+            e.forks = e.forks.saturating_sub(1);
+            if e.soft_deleted && e.forks == 0 {
+                next = e.fork.clone();
+                self.registry.remove(&o.source);
+            }
+        }
     }
 
     fn commit_range(&mut self, node_id: u32, key: &str, r: &CommitRange) -> RangeResult {
@@ -452,6 +639,9 @@ impl State {
             return RangeResult::Rejected;
         };
         s.end_offset = r.end_offset;
+        if let Some(seq) = &r.stream_seq {
+            s.stream_seq = Some(seq.clone());
+        }
         for p in &r.producers {
             s.producers.insert(
                 p.id.clone(),
@@ -537,7 +727,7 @@ impl State {
 
     /// The registry entry and stream of a live stream name.
     pub fn stream_by_name(&self, name: &str) -> Option<(&RegistryEntry, &StreamMeta)> {
-        let entry = self.registry.get(name)?;
+        let entry = self.registry.get(name).filter(|e| !e.soft_deleted)?;
         let meta = self.streams.get(&entry.stream_id)?;
         Some((entry, meta))
     }
@@ -585,6 +775,7 @@ impl State {
         self.registry
             .range((lower, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
+            .filter(|(_, e)| !e.soft_deleted)
             .take(limit)
             .collect()
     }

@@ -1,7 +1,8 @@
 //! Scenario tests of `State::apply`: each command's acceptance rules and effects.
 
 use pico_metadata::{
-    ApplyError, Command, CommitRange, Outcome, ProducerMark, State, StreamConfig, invariants,
+    ApplyError, Command, CommitRange, ForkOrigin, Outcome, ProducerMark, State, StreamConfig,
+    invariants,
 };
 
 fn cfg(ct: &str) -> StreamConfig {
@@ -77,6 +78,7 @@ fn range(stream_id: u64, epoch: i64, start: u64, end: u64) -> CommitRange {
             epoch: 0,
             seq: end,
         }],
+        stream_seq: None,
     }
 }
 
@@ -612,4 +614,146 @@ fn touch_kv_and_list() {
     assert_eq!(names(s.list("logs/", Some("logs/a"), 1)), ["logs/b"]);
     assert_eq!(names(s.list("", Some("logs/c"), 10)), ["m"]);
     assert_eq!(names(s.list("", None, 10)).len(), 5);
+}
+
+fn fork_cmd(name: &str, source: &str, source_id: u64, at: u64) -> Command {
+    Command::ForkStream {
+        name: name.into(),
+        origin: ForkOrigin {
+            source: source.into(),
+            source_stream_id: source_id,
+            offset: at,
+            sub_offset: 0,
+        },
+        inherit_end: at,
+        offset_given: true,
+        config: cfg("text/plain"),
+        now_ms: 7,
+    }
+}
+
+fn created_id(o: Outcome) -> u64 {
+    match o {
+        Outcome::Created {
+            stream_id,
+            created: true,
+        } => stream_id,
+        o => panic!("unexpected {o:?}"),
+    }
+}
+
+#[test]
+fn fork_shares_slices_cut_at_the_fork_point() {
+    let (mut s, a) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(a, 0, 0, 4)]);
+    commit(&mut s, (1, 1), "k2", vec![range(a, 0, 4, 10)]);
+    // Beyond committed data: rejected (the node flushes first).
+    assert!(matches!(
+        err(&mut s, fork_cmd("f", "a", a, 11)),
+        ApplyError::Invalid(_)
+    ));
+    let f = created_id(ok(&mut s, fork_cmd("f", "a", a, 6)));
+    let m = &s.streams[&f];
+    assert_eq!((m.start_offset, m.end_offset, m.epoch), (0, 6, -1));
+    let ends: Vec<(u64, u64)> = m
+        .slices
+        .iter()
+        .map(|x| (x.start_offset, x.end_offset))
+        .collect();
+    assert_eq!(ends, vec![(0, 4), (4, 6)]);
+    assert!(m.producers.is_empty() && m.stream_seq.is_none());
+    assert_eq!(s.objects["k1"].live_refs, 2);
+    assert_eq!(s.objects["k2"].live_refs, 2);
+    assert_eq!(s.registry["a"].forks, 1);
+    // Idempotent: same fork → existing; another offset → conflict; default offset matches.
+    assert_eq!(
+        ok(&mut s, fork_cmd("f", "a", a, 6)),
+        Outcome::Created {
+            stream_id: f,
+            created: false
+        }
+    );
+    assert!(matches!(
+        err(&mut s, fork_cmd("f", "a", a, 5)),
+        ApplyError::Conflict { .. }
+    ));
+    let mut default_offset = fork_cmd("f", "a", a, 9);
+    if let Command::ForkStream { offset_given, .. } = &mut default_offset {
+        *offset_given = false;
+    }
+    assert!(matches!(
+        ok(&mut s, default_offset),
+        Outcome::Created { created: false, .. }
+    ));
+    // A missing or mismatched source.
+    assert!(matches!(
+        err(&mut s, fork_cmd("g", "nope", a, 0)),
+        ApplyError::NameNotFound { .. }
+    ));
+    assert!(matches!(
+        err(&mut s, fork_cmd("g", "a", a + 100, 0)),
+        ApplyError::NameNotFound { .. }
+    ));
+}
+
+#[test]
+fn delete_with_forks_soft_deletes_and_the_last_fork_cascades() {
+    let (mut s, a) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(a, 0, 0, 4)]);
+    let b = created_id(ok(&mut s, fork_cmd("b", "a", a, 4)));
+    let c = created_id(ok(&mut s, fork_cmd("c", "b", b, 4)));
+    assert_eq!(s.objects["k1"].live_refs, 3);
+
+    // a and b are referenced: soft delete keeps the names, releases their data.
+    let del = |name: &str, stream_id| Command::DeleteStream {
+        name: name.into(),
+        stream_id,
+    };
+    assert_eq!(ok(&mut s, del("a", a)), Outcome::SoftDeleted);
+    assert_eq!(ok(&mut s, del("b", b)), Outcome::SoftDeleted);
+    assert!(s.registry["a"].soft_deleted && s.registry["b"].soft_deleted);
+    assert!(!s.streams.contains_key(&a) && !s.streams.contains_key(&b));
+    assert_eq!(
+        s.objects["k1"].live_refs, 1,
+        "only the leaf fork still reads k1"
+    );
+    assert!(s.stream_by_name("a").is_none());
+    assert!(s.list("", None, 10).iter().all(|(n, _)| n.as_str() == "c"));
+    // Deleting again, re-creating or forking a soft-deleted stream is refused.
+    assert!(matches!(
+        err(&mut s, del("a", a)),
+        ApplyError::StreamDeleted { .. }
+    ));
+    assert!(matches!(
+        err(
+            &mut s,
+            Command::CreateStream {
+                name: "a".into(),
+                config: cfg("text/plain"),
+                closed: false,
+                now_ms: 1
+            }
+        ),
+        ApplyError::Conflict { .. }
+    ));
+    assert!(matches!(
+        err(&mut s, fork_cmd("d", "b", b, 0)),
+        ApplyError::Conflict { .. }
+    ));
+
+    // The last fork goes: the whole chain is removed and the object destroyed.
+    assert_eq!(ok(&mut s, del("c", c)), Outcome::Deleted);
+    assert!(s.registry.is_empty());
+    assert_eq!(s.objects["k1"].live_refs, 0);
+    assert!(s.destroyed.contains("k1"));
+}
+
+#[test]
+fn stream_seq_is_committed_with_data() {
+    let (mut s, a) = setup();
+    let mut r = range(a, 0, 0, 2);
+    r.stream_seq = Some("009".into());
+    commit(&mut s, (1, 1), "k1", vec![r]);
+    commit(&mut s, (1, 1), "k2", vec![range(a, 0, 2, 3)]);
+    assert_eq!(s.streams[&a].stream_seq.as_deref(), Some("009"));
 }

@@ -42,6 +42,44 @@ pub const ALL_PICO_HEADERS: &[&str] = &[
     PICO_RECEIVED_SEQ,
 ];
 
+// Durable Streams headers (lowercase).
+pub const DS_STREAM_TTL: &str = "stream-ttl";
+pub const DS_STREAM_EXPIRES_AT: &str = "stream-expires-at";
+pub const DS_STREAM_CLOSED: &str = "stream-closed";
+pub const DS_STREAM_SEQ: &str = "stream-seq";
+pub const DS_STREAM_CURSOR: &str = "stream-cursor";
+pub const DS_STREAM_NEXT_OFFSET: &str = "stream-next-offset";
+pub const DS_STREAM_UP_TO_DATE: &str = "stream-up-to-date";
+pub const DS_STREAM_FORKED_FROM: &str = "stream-forked-from";
+pub const DS_STREAM_FORK_OFFSET: &str = "stream-fork-offset";
+pub const DS_STREAM_FORK_SUB_OFFSET: &str = "stream-fork-sub-offset";
+pub const DS_SSE_DATA_ENCODING: &str = "stream-sse-data-encoding";
+pub const DS_PRODUCER_ID: &str = "producer-id";
+pub const DS_PRODUCER_EPOCH: &str = "producer-epoch";
+pub const DS_PRODUCER_SEQ: &str = "producer-seq";
+pub const DS_PRODUCER_EXPECTED_SEQ: &str = "producer-expected-seq";
+pub const DS_PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
+
+/// Every Durable Streams header, for CORS `Access-Control-Expose-Headers` / `-Allow-Headers`.
+pub const ALL_DS_HEADERS: &[&str] = &[
+    DS_STREAM_TTL,
+    DS_STREAM_EXPIRES_AT,
+    DS_STREAM_CLOSED,
+    DS_STREAM_SEQ,
+    DS_STREAM_CURSOR,
+    DS_STREAM_NEXT_OFFSET,
+    DS_STREAM_UP_TO_DATE,
+    DS_STREAM_FORKED_FROM,
+    DS_STREAM_FORK_OFFSET,
+    DS_STREAM_FORK_SUB_OFFSET,
+    DS_SSE_DATA_ENCODING,
+    DS_PRODUCER_ID,
+    DS_PRODUCER_EPOCH,
+    DS_PRODUCER_SEQ,
+    DS_PRODUCER_EXPECTED_SEQ,
+    DS_PRODUCER_RECEIVED_SEQ,
+];
+
 /// A POST body holding a JSON batch (see [`crate::json_batch`]).
 pub const CONTENT_TYPE_JSON_BATCH: &str = "application/vnd.picomq.batch+json";
 /// A POST body or read response in the binary batch framing (see [`crate::binary`]).
@@ -65,7 +103,7 @@ mod tests {
 
     #[test]
     fn names_are_lowercase_and_media_type_normalizes() {
-        for h in ALL_PICO_HEADERS {
+        for h in ALL_PICO_HEADERS.iter().chain(ALL_DS_HEADERS) {
             assert_eq!(*h, h.to_ascii_lowercase());
         }
         assert_eq!(

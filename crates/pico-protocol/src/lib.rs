@@ -2,7 +2,8 @@
 //!
 //! - [`record`]: [`Record`], the record every protocol translates to and from.
 //! - [`batch`]: the stored record format (Kafka RecordBatch v2, CRC-32C).
-//! - [`headers`]: Pico header names and batch content types.
+//! - [`headers`]: Pico and Durable Streams header names, batch content types.
+//! - [`ds_json`]: Durable Streams JSON mode (flatten one level, render arrays).
 //! - [`json_batch`]: the `application/vnd.picomq.batch+json` body and the `json` read format.
 //! - [`binary`]: the `application/vnd.picomq.batch` framing.
 //! - [`cursor`]: live-read cursors that keep CDN cache keys moving.
@@ -12,6 +13,7 @@
 pub mod batch;
 pub mod binary;
 pub mod cursor;
+pub mod ds_json;
 pub mod headers;
 pub mod json_batch;
 pub mod number;

@@ -1,5 +1,9 @@
 //! Text forms of record offsets (Durable Streams `Stream-Next-Offset`, `offset=`).
 //! Offsets are zero-padded to 20 digits so lexicographic order equals numeric order.
+//!
+//! For interoperability, the reference server's `RRRRRRRRRRRRRRRR_BBBBBBBBBBBBBBBB` form is also
+//! accepted on input (clients and the conformance suite hard-code its zero offset): it names
+//! record offset `B`. We never mint it.
 
 use thiserror::Error;
 
@@ -25,16 +29,28 @@ pub fn format_offset(offset: u64) -> String {
     format!("{offset:020}")
 }
 
-/// Parses `-1`, `now`, or up to 20 ASCII digits (leading zeros allowed).
+/// Parses `-1`, `now`, up to 20 ASCII digits (leading zeros allowed), or the interop form
+/// `digits_digits` (see the module doc).
 pub fn parse_offset(s: &str) -> Result<OffsetSpec, OffsetError> {
+    let digits = |d: &str| -> Option<u64> {
+        if !d.is_empty() && d.len() <= 20 && d.bytes().all(|b| b.is_ascii_digit()) {
+            d.parse::<u64>().ok()
+        } else {
+            None
+        }
+    };
     match s {
         "-1" => Ok(OffsetSpec::Beginning),
         "now" => Ok(OffsetSpec::Now),
-        _ if !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()) => s
-            .parse::<u64>()
-            .map(OffsetSpec::At)
-            .map_err(|_| OffsetError::Bad(s.to_string())),
-        _ => Err(OffsetError::Bad(s.to_string())),
+        _ => {
+            let value = match s.split_once('_') {
+                Some((read_seq, position)) => digits(read_seq).and(digits(position)),
+                None => digits(s),
+            };
+            value
+                .map(OffsetSpec::At)
+                .ok_or_else(|| OffsetError::Bad(s.to_string()))
+        }
     }
 }
 
@@ -55,6 +71,14 @@ mod tests {
         assert_eq!(parse_offset("now"), Ok(OffsetSpec::Now));
         assert_eq!(parse_offset("42"), Ok(OffsetSpec::At(42)));
         assert_eq!(parse_offset(&format_offset(42)), Ok(OffsetSpec::At(42)));
+        assert_eq!(
+            parse_offset("0000000000000000_0000000000000000"),
+            Ok(OffsetSpec::At(0))
+        );
+        assert_eq!(
+            parse_offset("0000000000000001_0000000000000007"),
+            Ok(OffsetSpec::At(7))
+        );
         for bad in [
             "",
             "-2",
@@ -63,6 +87,12 @@ mod tests {
             "NOW",
             "99999999999999999999",
             "000000000000000000001",
+            "0,1",
+            "0 1",
+            "_1",
+            "1_",
+            "1_2_3",
+            "a_1",
         ] {
             assert!(parse_offset(bad).is_err(), "{bad}");
         }

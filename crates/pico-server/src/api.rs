@@ -71,6 +71,30 @@ pub struct AppendOutcome {
     pub timestamp_ms: i64,
 }
 
+/// Per-append options beyond [`AppendRequest`] (kept apart so existing callers need no change).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppendOptions {
+    /// Durable Streams `Stream-Seq`: must be byte-wise greater than the stream's last one.
+    /// Scoped per stream; persisted with the data; forks start without one.
+    pub stream_seq: Option<String>,
+}
+
+/// Create `name` as a fork of `source` (Durable Streams `Stream-Forked-From`).
+#[derive(Debug, Clone)]
+pub struct ForkRequest {
+    pub name: StreamName,
+    pub source: StreamName,
+    /// The fork point (record offset); `None` = the source's tail.
+    pub offset: Option<u64>,
+    /// Inside the record at `offset`: bytes for byte streams, messages (records) for JSON.
+    pub sub_offset: u64,
+    /// Content type (must match the source's when given), TTL/expiry (inherited from the source
+    /// when neither is given) and create-closed.
+    pub config: CreateConfig,
+    /// Records appended after the inherited data (DS PUT body).
+    pub initial: Vec<Record>,
+}
+
 /// Where a read starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadFrom {

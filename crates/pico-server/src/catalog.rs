@@ -1,6 +1,7 @@
 //! The engine's [`Catalog`]: the committed object index read from the metadata view, and object
-//! commits proposed through the metadata log. Producer claims carried as WAL `aux` bytes become
-//! the commit's producer marks, so producer state is committed atomically with its data.
+//! commits proposed through the metadata log. Producer claims and `Stream-Seq` values carried as
+//! WAL `aux` bytes become the commit's producer marks and stream seq, so that state is committed
+//! atomically with its data.
 
 use crate::producers::decode_aux;
 use pico_metadata::{ApplyError, Command, CommitRange, Outcome, ProducerMark};
@@ -53,6 +54,7 @@ impl Catalog for MetaCatalog {
                 position: r.position,
                 len: r.len,
                 producers: producer_marks(&r.aux),
+                stream_seq: last_stream_seq(&r.aux),
             })
             .collect();
         let cmd = Command::CommitObject {
@@ -83,10 +85,15 @@ impl Catalog for MetaCatalog {
 /// The last claim per producer id among a range's aux blobs.
 fn producer_marks(aux: &[bytes::Bytes]) -> Vec<ProducerMark> {
     let mut last: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for claim in aux.iter().filter_map(|a| decode_aux(a)) {
+    for claim in aux.iter().filter_map(|a| decode_aux(a).producer) {
         last.insert(claim.id, (claim.epoch, claim.seq));
     }
     last.into_iter()
         .map(|(id, (epoch, seq))| ProducerMark { id, epoch, seq })
         .collect()
+}
+
+/// The last `Stream-Seq` among a range's aux blobs.
+fn last_stream_seq(aux: &[bytes::Bytes]) -> Option<String> {
+    aux.iter().rev().find_map(|a| decode_aux(a).stream_seq)
 }

@@ -40,9 +40,29 @@ pub enum CreateError {
 }
 
 #[derive(Debug, Error)]
+pub enum ForkError {
+    #[error("fork source not found: name=`{0}`")]
+    SourceNotFound(String),
+    #[error("stream exists with a different configuration: name=`{name}` {reason}")]
+    Conflict { name: String, reason: String },
+    #[error("bad fork request: {0}")]
+    BadRequest(String),
+    #[error("metadata log unavailable: {0}")]
+    Unavailable(String),
+    #[error("initial append failed: {0}")]
+    Append(#[from] AppendError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+#[derive(Debug, Error)]
 pub enum AppendError {
     #[error("stream not found: name=`{0}`")]
     NotFound(String),
+    #[error("stream is deleted but still referenced by forks: name=`{0}`")]
+    Gone(String),
+    #[error("stream-seq must increase: last=`{last}` given=`{given}`")]
+    SeqRegression { last: String, given: String },
     #[error("stream is closed: name=`{name}` next_seq={next_seq}")]
     Closed { name: String, next_seq: u64 },
     #[error("content type mismatch: stream=`{stream}` request=`{request}`")]
@@ -85,6 +105,8 @@ pub enum AppendError {
 pub enum ReadError {
     #[error("stream not found: name=`{0}`")]
     NotFound(String),
+    #[error("stream is deleted but still referenced by forks: name=`{0}`")]
+    Gone(String),
     #[error("offset below the stream start: offset={offset} start_seq={start_seq}")]
     Trimmed { offset: u64, start_seq: u64 },
     #[error("offset beyond the tail: offset={offset} next_seq={next_seq}")]
@@ -99,6 +121,8 @@ pub enum ReadError {
 pub enum DeleteError {
     #[error("stream not found: name=`{0}`")]
     NotFound(String),
+    #[error("stream is deleted but still referenced by forks: name=`{0}`")]
+    Gone(String),
     #[error("unavailable: {0}")]
     Unavailable(String),
     #[error("internal error: {0}")]
@@ -135,10 +159,31 @@ impl ServiceError for CreateError {
     }
 }
 
+impl ServiceError for ForkError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ForkError::SourceNotFound(_) => ErrorKind::NotFound,
+            ForkError::Conflict { .. } => ErrorKind::Conflict,
+            ForkError::BadRequest(_) => ErrorKind::BadRequest,
+            ForkError::Unavailable(_) => ErrorKind::Unavailable(None),
+            ForkError::Append(e) => e.kind(),
+            ForkError::Internal(_) => ErrorKind::Internal,
+        }
+    }
+    fn details(&self) -> ErrorDetails {
+        match self {
+            ForkError::Append(e) => e.details(),
+            _ => ErrorDetails::default(),
+        }
+    }
+}
+
 impl ServiceError for AppendError {
     fn kind(&self) -> ErrorKind {
         match self {
-            AppendError::NotFound(_) => ErrorKind::NotFound,
+            // A soft-deleted stream is not found for protocols without a "gone" status.
+            AppendError::NotFound(_) | AppendError::Gone(_) => ErrorKind::NotFound,
+            AppendError::SeqRegression { .. } => ErrorKind::Conflict,
             AppendError::Closed { .. } => ErrorKind::Closed,
             AppendError::ContentType { .. } => ErrorKind::Conflict,
             AppendError::Fenced { .. } => ErrorKind::Fenced,
@@ -181,7 +226,7 @@ impl ServiceError for AppendError {
 impl ServiceError for ReadError {
     fn kind(&self) -> ErrorKind {
         match self {
-            ReadError::NotFound(_) => ErrorKind::NotFound,
+            ReadError::NotFound(_) | ReadError::Gone(_) => ErrorKind::NotFound,
             ReadError::Trimmed { .. } | ReadError::BeyondTail { .. } => ErrorKind::BadRequest,
             ReadError::Unavailable(_) => ErrorKind::Unavailable(None),
             ReadError::Internal(_) => ErrorKind::Internal,
@@ -205,7 +250,7 @@ impl ServiceError for ReadError {
 impl ServiceError for DeleteError {
     fn kind(&self) -> ErrorKind {
         match self {
-            DeleteError::NotFound(_) => ErrorKind::NotFound,
+            DeleteError::NotFound(_) | DeleteError::Gone(_) => ErrorKind::NotFound,
             DeleteError::Unavailable(_) => ErrorKind::Unavailable(None),
             DeleteError::Internal(_) => ErrorKind::Internal,
         }

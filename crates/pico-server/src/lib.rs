@@ -3,7 +3,8 @@
 //! - [`api`]: request/response types of the stream service.
 //! - [`error`]: one error enum per operation, each mapped to an `ErrorKind`.
 //! - [`config`]: node settings.
-//! - [`node`]: [`Node`], the stream service (create, append, read, wait, head, delete, trim, list).
+//! - [`node`]: [`Node`], the stream service (create, fork, append, read, wait, head, delete with
+//!   soft delete of forked streams, trim, list).
 //! - [`open`]: streams open on this node and their writer state (lazy open, epochs).
 //! - [`producers`]: idempotent producer rules and the aux codec that stores claims with the data.
 //! - [`waiters`]: long-poll/SSE wake-ups, one channel per awaited stream.
@@ -27,4 +28,6 @@ pub mod waiters;
 pub use api::*;
 pub use config::NodeConfig;
 pub use error::*;
-pub use node::{Node, StartError, StreamEvent, content_type_matches};
+pub use node::{
+    Node, StartError, StreamEvent, content_type_matches, is_json, normalize_content_type,
+};

@@ -6,13 +6,13 @@ use crate::catalog::MetaCatalog;
 use crate::config::NodeConfig;
 use crate::error::*;
 use crate::open::{OpenStream, OpenTable, Writer};
-use crate::producers::{self, Decision, ProducerState};
+use crate::producers::{self, Aux, Decision, ProducerState};
 use crate::ttl::Touches;
 use crate::waiters::{Signal, Waiters};
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_metadata::{
-    ApplyError, Command, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta,
+    ApplyError, Command, ForkOrigin, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta,
 };
 use pico_protocol::{Record, decode_batch, encode_batch};
 use pico_sql::MetaLog;
@@ -48,7 +48,12 @@ pub(crate) struct Inner {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamEvent {
     /// Records were appended (and/or the stream closed); `next_seq` is the new tail.
-    Appended { name: StreamName, stream_id: u64, next_seq: u64, closed: bool },
+    Appended {
+        name: StreamName,
+        stream_id: u64,
+        next_seq: u64,
+        closed: bool,
+    },
 }
 
 /// Capacity of the event broadcast; a listener that falls further behind gets `Lagged` and must
@@ -162,21 +167,14 @@ impl Node {
         if let Some(r) = self.resolve_raw(&req.name)
             && self.expired(&r.entry, r.meta.id, now)
         {
-            self.remove_stream(&r.name, r.meta.id)
-                .await
-                .map_err(|e| match e {
-                    DeleteError::Unavailable(m) => CreateError::Unavailable(m),
-                    other => CreateError::Internal(other.to_string()),
-                })?;
+            match self.remove_stream(&r.name, r.meta.id).await {
+                // Removed meanwhile by the background expiry: the name is free either way.
+                Ok(()) | Err(DeleteError::NotFound(_) | DeleteError::Gone(_)) => {}
+                Err(DeleteError::Unavailable(m)) => return Err(CreateError::Unavailable(m)),
+                Err(other) => return Err(CreateError::Internal(other.to_string())),
+            }
         }
-        let content_type = req
-            .config
-            .content_type
-            .as_deref()
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-            .unwrap_or("application/octet-stream")
-            .to_string();
+        let content_type = normalize_content_type(req.config.content_type.as_deref());
         let has_initial = !req.initial.is_empty();
         let cmd = Command::CreateStream {
             name: req.name.as_str().to_string(),
@@ -221,10 +219,23 @@ impl Node {
 
     /// Append records (and/or close); returns once durable.
     pub async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, AppendError> {
+        self.append_with(req, AppendOptions::default()).await
+    }
+
+    /// [`Node::append`] with options (Durable Streams `Stream-Seq`).
+    pub async fn append_with(
+        &self,
+        req: AppendRequest,
+        opts: AppendOptions,
+    ) -> Result<AppendOutcome, AppendError> {
         let now = now_ms();
-        let r = self
-            .resolve(&req.name, now)
-            .ok_or_else(|| AppendError::NotFound(req.name.to_string()))?;
+        let r = self.resolve(&req.name, now).ok_or_else(|| {
+            if self.is_gone(&req.name) {
+                AppendError::Gone(req.name.to_string())
+            } else {
+                AppendError::NotFound(req.name.to_string())
+            }
+        })?;
         if let Some(p) = &req.producer
             && (p.id.is_empty() || p.id.len() > producers::MAX_PRODUCER_ID_LEN)
         {
@@ -255,16 +266,22 @@ impl Node {
             .next_offset(stream_id)
             .ok_or_else(|| AppendError::Unavailable("stream not open on the engine".into()))?;
         if w.closed {
-            if let (Some(p), Some(cb)) = (&req.producer, &w.closed_by)
-                && (p.id.as_str(), p.epoch, p.seq) == (cb.0.as_str(), cb.1, cb.2)
-            {
+            let same_closer = match (&req.producer, &w.closed_by) {
+                (Some(p), Some(cb)) => {
+                    (p.id.as_str(), p.epoch, p.seq) == (cb.0.as_str(), cb.1, cb.2)
+                }
+                _ => false,
+            };
+            // The retry of the producer append that closed the stream is a duplicate.
+            if same_closer {
+                let producer = req.producer.as_ref().map(|p| (p.epoch, p.seq));
                 drop(w);
                 return Ok(AppendOutcome {
                     start_seq: next,
                     next_seq: next,
                     duplicate: true,
                     closed: true,
-                    producer: Some((p.epoch, p.seq)),
+                    producer,
                     timestamp_ms: now,
                 });
             }
@@ -322,6 +339,17 @@ impl Node {
                 }
             }
         }
+        // Stream-Seq after producer dedup: a retried duplicate carries the same seq.
+        if let Some(seq) = &opts.stream_seq
+            && !req.records.is_empty()
+            && let Some(last) = &w.stream_seq
+            && seq.as_bytes() <= last.as_bytes()
+        {
+            return Err(AppendError::SeqRegression {
+                last: last.clone(),
+                given: seq.clone(),
+            });
+        }
         if let Some(expected) = req.match_seq
             && expected != next
         {
@@ -342,11 +370,10 @@ impl Node {
                 })
                 .collect();
             let batch = encode_batch(next, &records);
-            let aux = req
-                .producer
-                .as_ref()
-                .map(producers::encode_aux)
-                .unwrap_or_default();
+            let aux = producers::encode_aux(&Aux {
+                producer: req.producer.clone(),
+                stream_seq: opts.stream_seq.clone(),
+            });
             let submitted = engine
                 .append(s3stream::AppendRequest {
                     stream: stream_id,
@@ -365,6 +392,11 @@ impl Node {
                     return Err(engine_append_error(e));
                 }
             }
+        }
+        if pending.is_some()
+            && let Some(seq) = &opts.stream_seq
+        {
+            w.stream_seq = Some(seq.clone());
         }
         if let Some(p) = &req.producer {
             w.producers.insert(
@@ -438,7 +470,7 @@ impl Node {
         let now = now_ms();
         let r = self
             .resolve(&req.name, now)
-            .ok_or_else(|| ReadError::NotFound(req.name.to_string()))?;
+            .ok_or_else(|| self.read_missing(&req.name))?;
         if req.touch {
             self.touch(&r, now);
         }
@@ -467,6 +499,7 @@ impl Node {
         let mut next = from;
         let mut bytes = 0usize;
         'outer: while next < tail && records.len() < max_records && bytes < max_bytes {
+            let limit = self.read_limit(&r, next, tail);
             let batches = self
                 .inner
                 .engine
@@ -477,7 +510,7 @@ impl Node {
                 break;
             }
             let mut progressed = false;
-            for b in batches {
+            'batches: for b in batches {
                 let decoded = decode_batch(&b.data).map_err(|e| {
                     ReadError::Internal(format!(
                         "corrupt stored batch: stream={stream_id} offset={} {e}",
@@ -489,8 +522,8 @@ impl Node {
                     if offset < next {
                         continue;
                     }
-                    if offset >= tail {
-                        break 'outer;
+                    if offset >= limit {
+                        break 'batches;
                     }
                     // Always return at least one record, however large, so readers progress.
                     if !records.is_empty()
@@ -529,7 +562,7 @@ impl Node {
     ) -> Result<WaitOutcome, ReadError> {
         let r = self
             .resolve(name, now_ms())
-            .ok_or_else(|| ReadError::NotFound(name.to_string()))?;
+            .ok_or_else(|| self.read_missing(name))?;
         let stream_id = r.meta.id;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut rx = self.inner.waiters.subscribe(
@@ -571,14 +604,207 @@ impl Node {
     pub async fn head(&self, name: &StreamName) -> Result<StreamInfo, ReadError> {
         self.resolve(name, now_ms())
             .map(|r| self.info(&r))
-            .ok_or_else(|| ReadError::NotFound(name.to_string()))
+            .ok_or_else(|| self.read_missing(name))
     }
 
+    /// Deletes the stream; one that forks still reference is soft-deleted (its name stays
+    /// reserved, answering "gone", until the last fork is deleted).
     pub async fn delete(&self, name: &StreamName) -> Result<(), DeleteError> {
-        let r = self
-            .resolve(name, now_ms())
-            .ok_or_else(|| DeleteError::NotFound(name.to_string()))?;
+        let r = self.resolve(name, now_ms()).ok_or_else(|| {
+            if self.is_gone(name) {
+                DeleteError::Gone(name.to_string())
+            } else {
+                DeleteError::NotFound(name.to_string())
+            }
+        })?;
         self.remove_stream(&r.name, r.meta.id).await
+    }
+
+    /// Creates `req.name` as a fork of `req.source` without copying data: the fork's committed
+    /// slices below the fork point are the source's (uncommitted source data is flushed first).
+    /// A sub-offset inside a byte record stores the record's prefix as the fork's own record.
+    pub async fn fork(&self, req: ForkRequest) -> Result<CreateOutcome, ForkError> {
+        if req.config.ttl_secs.is_some() && req.config.expires_at_ms.is_some() {
+            return Err(ForkError::BadRequest(
+                "ttl and expires-at are mutually exclusive".into(),
+            ));
+        }
+        if req.sub_offset > 0 && req.offset.is_none() {
+            return Err(ForkError::BadRequest(
+                "a fork sub-offset needs an explicit fork offset".into(),
+            ));
+        }
+        let now = now_ms();
+        let src = self.resolve(&req.source, now).ok_or_else(|| {
+            if self.is_gone(&req.source) {
+                ForkError::Conflict {
+                    name: req.name.to_string(),
+                    reason: format!("fork source is deleted: source=`{}`", req.source),
+                }
+            } else {
+                ForkError::SourceNotFound(req.source.to_string())
+            }
+        })?;
+        let source_ct = src.entry.config.content_type.clone();
+        if let Some(ct) = &req.config.content_type
+            && !content_type_matches(ct, &source_ct)
+        {
+            return Err(ForkError::Conflict {
+                name: req.name.to_string(),
+                reason: format!("content type differs from the source: source=`{source_ct}`"),
+            });
+        }
+        // An explicit TTL or expiry wins; otherwise the fork inherits the source's.
+        let (ttl_secs, expires_at_ms) =
+            if req.config.ttl_secs.is_some() || req.config.expires_at_ms.is_some() {
+                (req.config.ttl_secs, req.config.expires_at_ms)
+            } else {
+                (src.entry.config.ttl_secs, src.entry.config.expires_at_ms)
+            };
+        let tail = self.tail(&src.meta);
+        let offset = req.offset.unwrap_or(tail);
+        if offset > tail || offset < src.meta.start_offset {
+            return Err(ForkError::BadRequest(format!(
+                "fork offset outside the source: offset={offset} start={} tail={tail}",
+                src.meta.start_offset
+            )));
+        }
+        // Where inherited data ends, and the prefix record a byte sub-offset leaves.
+        let mut inherit_end = offset;
+        let mut prefix = None;
+        if req.sub_offset > 0 {
+            if is_json(&source_ct) {
+                inherit_end = offset.saturating_add(req.sub_offset);
+                if inherit_end > tail {
+                    return Err(ForkError::BadRequest(format!(
+                        "fork sub-offset beyond the source's messages: sub_offset={} available={}",
+                        req.sub_offset,
+                        tail - offset
+                    )));
+                }
+            } else {
+                let rec = self
+                    .read(ReadRequest {
+                        name: src.name.clone(),
+                        from: ReadFrom::Offset(offset),
+                        max_records: Some(1),
+                        max_bytes: None,
+                        touch: false,
+                    })
+                    .await
+                    .map_err(|e| ForkError::Internal(format!("reading the fork point: {e}")))?
+                    .records
+                    .into_iter()
+                    .next()
+                    .filter(|r| r.offset == offset)
+                    .ok_or_else(|| {
+                        ForkError::BadRequest(format!(
+                            "fork sub-offset past the source's data: offset={offset}"
+                        ))
+                    })?;
+                let len = rec.record.value.len() as u64;
+                if req.sub_offset > len {
+                    return Err(ForkError::BadRequest(format!(
+                        "fork sub-offset beyond the message: sub_offset={} len={len}",
+                        req.sub_offset
+                    )));
+                }
+                if req.sub_offset == len {
+                    inherit_end = offset + 1;
+                } else {
+                    let mut r = rec.record;
+                    r.value = r.value.slice(..req.sub_offset as usize);
+                    prefix = Some(r);
+                }
+            }
+        }
+        let cmd = |inherit_end| Command::ForkStream {
+            name: req.name.as_str().to_string(),
+            origin: ForkOrigin {
+                source: src.name.as_str().to_string(),
+                source_stream_id: src.meta.id,
+                offset,
+                sub_offset: req.sub_offset,
+            },
+            inherit_end,
+            offset_given: req.offset.is_some(),
+            config: StreamConfig {
+                content_type: source_ct.clone(),
+                ttl_secs,
+                expires_at_ms,
+            },
+            now_ms: now,
+        };
+        let exists = self
+            .inner
+            .meta
+            .view()
+            .registry
+            .contains_key(req.name.as_str());
+        let mut attempts = 0;
+        let created = loop {
+            attempts += 1;
+            // The fork shares committed objects only: commit the source up to the fork point.
+            let committed = self
+                .inner
+                .meta
+                .view()
+                .streams
+                .get(&src.meta.id)
+                .map_or(0, |m| m.end_offset);
+            if !exists && committed < inherit_end {
+                self.inner
+                    .engine
+                    .flush()
+                    .await
+                    .map_err(|e| ForkError::Unavailable(format!("flushing the source: {e}")))?;
+            }
+            match self
+                .propose(cmd(inherit_end))
+                .await
+                .map_err(ForkError::Unavailable)?
+            {
+                Ok(Outcome::Created { created, .. }) => break created,
+                Ok(other) => {
+                    return Err(ForkError::Internal(format!("unexpected outcome {other:?}")));
+                }
+                Err(ApplyError::Conflict { name, reason }) => {
+                    return Err(ForkError::Conflict { name, reason });
+                }
+                Err(ApplyError::NameNotFound { .. } | ApplyError::StreamNotFound { .. }) => {
+                    return Err(ForkError::SourceNotFound(req.source.to_string()));
+                }
+                Err(ApplyError::StreamDeleted { .. }) => {
+                    return Err(ForkError::Conflict {
+                        name: req.name.to_string(),
+                        reason: "fork source is deleted".into(),
+                    });
+                }
+                // The source's data was not committed yet (a racing flush): flush and retry.
+                Err(ApplyError::Invalid(m)) if attempts < 3 => {
+                    tracing::debug!(reason = %m, "fork retried after flush");
+                }
+                Err(e) => return Err(ForkError::Internal(e.to_string())),
+            }
+        };
+        let mut records: Vec<Record> = prefix.into_iter().collect();
+        records.extend(req.initial);
+        if created && (!records.is_empty() || req.config.closed) {
+            self.append(AppendRequest {
+                name: req.name.clone(),
+                records,
+                producer: None,
+                match_seq: None,
+                close: req.config.closed,
+                content_type: None,
+            })
+            .await?;
+        }
+        let info = self
+            .resolve(&req.name, now_ms())
+            .map(|r| self.info(&r))
+            .ok_or_else(|| ForkError::Internal("stream vanished after fork".into()))?;
+        Ok(CreateOutcome { created, info })
     }
 
     /// Trims records below `seq`; returns the new start offset.
@@ -733,6 +959,40 @@ impl Node {
         })
     }
 
+    /// Whether `name` is soft-deleted (kept only because forks reference it).
+    pub fn is_gone(&self, name: &StreamName) -> bool {
+        self.inner
+            .meta
+            .view()
+            .registry
+            .get(name.as_str())
+            .is_some_and(|e| e.soft_deleted)
+    }
+
+    fn read_missing(&self, name: &StreamName) -> ReadError {
+        if self.is_gone(name) {
+            ReadError::Gone(name.to_string())
+        } else {
+            ReadError::NotFound(name.to_string())
+        }
+    }
+
+    /// Where a read from `next` must stop within one engine read. A fork's inherited slices may
+    /// be cut inside a batch (the object holds more of the source's data): never read past the
+    /// end of the slice holding `next`.
+    fn read_limit(&self, r: &Resolved, next: u64, tail: u64) -> u64 {
+        if r.entry.fork.is_none() {
+            return tail;
+        }
+        self.inner
+            .meta
+            .view()
+            .slices_from(r.meta.id, next, 1)
+            .first()
+            .filter(|s| s.start_offset <= next && next < s.end_offset)
+            .map_or(tail, |s| s.end_offset.min(tail))
+    }
+
     /// The live stream by name: expired streams are absent (and get removed in the background).
     fn resolve(&self, name: &StreamName, now: i64) -> Option<Resolved> {
         let r = self.resolve_raw(name)?;
@@ -750,6 +1010,10 @@ impl Node {
     }
 
     pub(crate) fn expired(&self, entry: &RegistryEntry, stream_id: u64, now: i64) -> bool {
+        // A soft-deleted entry only waits for its forks; the cascade removes it.
+        if entry.soft_deleted {
+            return false;
+        }
         if entry.config.expires_at_ms.is_some_and(|at| now >= at) {
             return true;
         }
@@ -800,6 +1064,9 @@ impl Node {
             Ok(_) => {}
             Err(ApplyError::NameNotFound { .. } | ApplyError::StreamNotFound { .. }) => {
                 return Err(DeleteError::NotFound(name.to_string()));
+            }
+            Err(ApplyError::StreamDeleted { .. }) => {
+                return Err(DeleteError::Gone(name.to_string()));
             }
             Err(e) => return Err(DeleteError::Internal(e.to_string())),
         }
@@ -903,6 +1170,10 @@ impl Node {
                             .collect()
                     })
                     .unwrap_or_default();
+                let stream_seq = view
+                    .streams
+                    .get(&stream_id)
+                    .and_then(|m| m.stream_seq.clone());
                 let entry = view.registry.get(r.name.as_str());
                 let closed = entry.is_some_and(|e| e.closed);
                 let closed_by = entry
@@ -915,6 +1186,7 @@ impl Node {
                         producers,
                         closed,
                         closed_by,
+                        stream_seq,
                         broken: false,
                     }),
                     last_used_ms: AtomicI64::new(now_ms()),
@@ -957,6 +1229,28 @@ fn engine_append_error(e: EngineError) -> AppendError {
         EngineError::ShuttingDown => AppendError::Unavailable("node is shutting down".into()),
         other => AppendError::Unavailable(format!("stream must be reopened: {other}")),
     }
+}
+
+/// The stored form of a content type: the media type lowercased (parameters kept as given),
+/// `application/octet-stream` when absent, so creates compare case-insensitively.
+pub fn normalize_content_type(ct: Option<&str>) -> String {
+    let ct = ct.map(str::trim).filter(|c| !c.is_empty());
+    let Some(ct) = ct else {
+        return "application/octet-stream".to_string();
+    };
+    match ct.split_once(';') {
+        Some((media, params)) => {
+            format!("{}; {}", media.trim().to_ascii_lowercase(), params.trim())
+        }
+        None => ct.to_ascii_lowercase(),
+    }
+}
+
+/// Whether a content type selects Durable Streams JSON mode (one record per message).
+pub fn is_json(ct: &str) -> bool {
+    ct.split(';')
+        .next()
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// Content types match on their essence (type/subtype), case-insensitively, ignoring parameters.

@@ -24,6 +24,8 @@ pub struct Writer {
     /// Closed by a client (appends rejected); `closed_by` is the producer claim that closed it.
     pub closed: bool,
     pub closed_by: Option<(String, u64, u64)>,
+    /// Last accepted Durable Streams `Stream-Seq` (per stream, byte-wise lexicographic).
+    pub stream_seq: Option<String>,
     /// An append failed to become durable: the stream must be reopened before more appends.
     pub broken: bool,
 }

@@ -1,6 +1,7 @@
 //! Idempotent producer rules (PICO-SURFACE.md), as a pure decision, plus the small `aux` codec
-//! that stores a producer's claim next to its data in the WAL and object commits — so producer
-//! state moves with the data and needs no metadata write per append.
+//! that stores a producer's claim (and the Durable Streams `Stream-Seq`) next to its data in the
+//! WAL and object commits — so that state moves with the data and needs no metadata write per
+//! append.
 
 use crate::api::ProducerClaim;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -59,35 +60,102 @@ pub fn decide(stored: Option<ProducerState>, claim: &ProducerClaim) -> Decision 
     }
 }
 
-const AUX_VERSION: u8 = 1;
+const AUX_V1: u8 = 1;
+const AUX_V2: u8 = 2;
 
-/// Encodes a producer claim as WAL `aux` bytes.
-pub fn encode_aux(claim: &ProducerClaim) -> Bytes {
-    let id = claim.id.as_bytes();
-    let mut b = BytesMut::with_capacity(1 + 2 + id.len() + 16);
-    b.put_u8(AUX_VERSION);
-    b.put_u16(id.len() as u16);
-    b.put_slice(id);
-    b.put_u64(claim.epoch);
-    b.put_u64(claim.seq);
+/// What an append carries next to its data in the WAL `aux` bytes: the producer claim and the
+/// Durable Streams `Stream-Seq`, both committed atomically with the records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Aux {
+    pub producer: Option<ProducerClaim>,
+    pub stream_seq: Option<String>,
+}
+
+fn put_str(b: &mut BytesMut, s: &str) {
+    b.put_u16(s.len() as u16);
+    b.put_slice(s.as_bytes());
+}
+
+/// Encodes the aux bytes (empty when there is nothing to carry). Version 2 layout:
+/// `2, flags(1=producer, 2=seq), [u16 id len, id, u64 epoch, u64 seq], [u16 len, stream seq]`.
+pub fn encode_aux(aux: &Aux) -> Bytes {
+    if aux.producer.is_none() && aux.stream_seq.is_none() {
+        return Bytes::new();
+    }
+    let mut b = BytesMut::with_capacity(64);
+    b.put_u8(AUX_V2);
+    let flags = u8::from(aux.producer.is_some()) | (u8::from(aux.stream_seq.is_some()) << 1);
+    b.put_u8(flags);
+    if let Some(p) = &aux.producer {
+        put_str(&mut b, &p.id);
+        b.put_u64(p.epoch);
+        b.put_u64(p.seq);
+    }
+    if let Some(s) = &aux.stream_seq {
+        put_str(&mut b, s);
+    }
     b.freeze()
 }
 
-/// Decodes `aux` bytes; None for empty or unknown content (never panics).
-pub fn decode_aux(aux: &[u8]) -> Option<ProducerClaim> {
-    let (&version, rest) = aux.split_first()?;
-    if version != AUX_VERSION || rest.len() < 2 {
-        return None;
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
     }
-    let id_len = u16::from_be_bytes([rest[0], rest[1]]) as usize;
-    let rest = &rest[2..];
-    if rest.len() != id_len + 16 {
-        return None;
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
     }
-    let id = std::str::from_utf8(&rest[..id_len]).ok()?.to_string();
-    let epoch = u64::from_be_bytes(rest[id_len..id_len + 8].try_into().ok()?);
-    let seq = u64::from_be_bytes(rest[id_len + 8..].try_into().ok()?);
-    Some(ProducerClaim { id, epoch, seq })
+    fn str(&mut self) -> Option<String> {
+        let len = u16::from_be_bytes(self.take(2)?.try_into().ok()?) as usize;
+        Some(std::str::from_utf8(self.take(len)?).ok()?.to_string())
+    }
+    fn producer(&mut self) -> Option<ProducerClaim> {
+        let id = self.str()?;
+        Some(ProducerClaim {
+            id,
+            epoch: self.u64()?,
+            seq: self.u64()?,
+        })
+    }
+}
+
+/// Decodes aux bytes (version 1: a producer claim only; version 2: see [`encode_aux`]).
+/// Empty or unknown content decodes to nothing (never panics).
+pub fn decode_aux(aux: &[u8]) -> Aux {
+    let Some((&version, rest)) = aux.split_first() else {
+        return Aux::default();
+    };
+    let mut c = Cursor(rest);
+    let decoded = match version {
+        AUX_V1 => c.producer().map(|p| Aux {
+            producer: Some(p),
+            stream_seq: None,
+        }),
+        AUX_V2 => (|| {
+            let flags = c.take(1)?[0];
+            let producer = if flags & 1 != 0 {
+                Some(c.producer()?)
+            } else {
+                None
+            };
+            let stream_seq = if flags & 2 != 0 { Some(c.str()?) } else { None };
+            Some(Aux {
+                producer,
+                stream_seq,
+            })
+        })(),
+        _ => None,
+    };
+    match decoded {
+        Some(a) if c.0.is_empty() => a,
+        _ => Aux::default(),
+    }
 }
 
 /// Longest producer id accepted (it must fit the aux codec).
@@ -126,9 +194,37 @@ mod tests {
             epoch: 7,
             seq: u64::MAX,
         };
-        assert_eq!(decode_aux(&encode_aux(&c)), Some(c));
-        assert_eq!(decode_aux(&[]), None);
-        assert_eq!(decode_aux(&[1, 0, 9, 1]), None);
-        assert_eq!(decode_aux(&[2, 0, 0]), None);
+        for aux in [
+            Aux {
+                producer: Some(c.clone()),
+                stream_seq: None,
+            },
+            Aux {
+                producer: Some(c.clone()),
+                stream_seq: Some("seq-009".into()),
+            },
+            Aux {
+                producer: None,
+                stream_seq: Some(String::new()),
+            },
+        ] {
+            assert_eq!(decode_aux(&encode_aux(&aux)), aux);
+        }
+        assert!(encode_aux(&Aux::default()).is_empty());
+        // Version 1 (a bare producer claim) still decodes.
+        let mut v1 = vec![1u8, 0, 1, b'p'];
+        v1.extend_from_slice(&3u64.to_be_bytes());
+        v1.extend_from_slice(&4u64.to_be_bytes());
+        assert_eq!(
+            decode_aux(&v1).producer,
+            Some(ProducerClaim {
+                id: "p".into(),
+                epoch: 3,
+                seq: 4
+            })
+        );
+        for garbage in [&[][..], &[1, 0, 9, 1], &[2, 0, 0], &[2, 3, 0], &[9, 9]] {
+            assert_eq!(decode_aux(garbage), Aux::default(), "{garbage:?}");
+        }
     }
 }

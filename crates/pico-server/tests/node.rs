@@ -365,3 +365,81 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
         assert_eq!(all[50], (50, "r50".to_string()));
     });
 }
+
+#[test]
+fn stream_seq_survives_a_crash_with_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt1 = tokio::runtime::Runtime::new().unwrap();
+    let node = file_node(&rt1, dir.path(), 1);
+    let seq = |s: &str| AppendOptions {
+        stream_seq: Some(s.to_string()),
+    };
+    rt1.block_on(async {
+        node.create(create_req("q")).await.unwrap();
+        node.append_with(append_req("q", &["a"]), seq("b"))
+            .await
+            .unwrap();
+        let regress = node.append_with(append_req("q", &["x"]), seq("a")).await;
+        assert!(matches!(regress, Err(AppendError::SeqRegression { .. })));
+    });
+    drop(node);
+    rt1.shutdown_background();
+
+    let rt2 = tokio::runtime::Runtime::new().unwrap();
+    let node = file_node(&rt2, dir.path(), 2);
+    rt2.block_on(async {
+        // Recovered from the WAL aux bytes with the data: "b" is still the last seq.
+        let again = node.append_with(append_req("q", &["x"]), seq("b")).await;
+        assert!(matches!(again, Err(AppendError::SeqRegression { .. })));
+        node.append_with(append_req("q", &["c"]), seq("c"))
+            .await
+            .unwrap();
+        let all = read_all(&node, "q", 0).await;
+        assert_eq!(all, vec![(0, "a".to_string()), (1, "c".to_string())]);
+    });
+}
+
+#[tokio::test]
+async fn fork_reads_stop_at_the_fork_point_inside_a_batch() {
+    let node = start_test_node().await;
+    node.create(create_req("src")).await.unwrap();
+    node.append(append_req("src", &["0", "1", "2", "3"]))
+        .await
+        .unwrap();
+    let fork = |n: &str, source: &str, offset| ForkRequest {
+        name: name(n),
+        source: name(source),
+        offset: Some(offset),
+        sub_offset: 0,
+        config: CreateConfig::default(),
+        initial: vec![],
+    };
+    let out = node.fork(fork("f", "src", 2)).await.unwrap();
+    assert!(out.created);
+    assert_eq!(out.info.next_seq, 2);
+    node.append(append_req("f", &["f2"])).await.unwrap();
+    node.append(append_req("src", &["4"])).await.unwrap();
+    assert_eq!(
+        read_all(&node, "f", 0).await,
+        vec![
+            (0, "0".to_string()),
+            (1, "1".to_string()),
+            (2, "f2".to_string())
+        ]
+    );
+    assert_eq!(read_all(&node, "src", 0).await.len(), 5);
+    // Producer state is not inherited; the source's deletion is soft while the fork lives.
+    node.delete(&name("src")).await.unwrap();
+    assert!(node.is_gone(&name("src")));
+    assert!(matches!(
+        node.head(&name("src")).await,
+        Err(ReadError::Gone(_))
+    ));
+    assert_eq!(read_all(&node, "f", 1).await.len(), 2);
+    node.delete(&name("f")).await.unwrap();
+    assert!(!node.is_gone(&name("src")));
+    assert!(matches!(
+        node.head(&name("src")).await,
+        Err(ReadError::NotFound(_))
+    ));
+}

@@ -1,23 +1,194 @@
-//! The Durable Streams mount, `/v1/stream/{name}` on the protocol listener: reserved here and
-//! answered with 501 until the DS facade lands (same namespace as the Pico paths).
+//! The Durable Streams protocol on the protocol listener: `/v1/stream/{name}` (and `/{name}`
+//! with `--protocol ds`), over the same streams as the Pico paths. Offsets are the 20-digit text
+//! form of record offsets, so both protocols address the same positions.
+//!
+//! - [`write`]: `PUT` (create, create-closed, fork), `POST` (append, close), `DELETE`.
+//! - [`read`]: `GET` catch-up and long-poll, `HEAD`.
+//! - [`sse`]: `GET ?live=sse`.
+//! - [`headers`]: strict header and query parsing.
+//! - [`error`]: DS status codes and error headers.
+//! - `subscriptions`: the reserved `__ds` namespace (routed before stream paths).
 
+pub mod error;
+pub mod headers;
+pub mod read;
+pub mod sse;
 pub mod subscriptions;
+pub mod write;
 
 use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use pico_common::StreamName;
+use pico_protocol::format_offset;
+use pico_protocol::headers as h;
+use pico_server::Node;
 
-use crate::error::HttpError;
+use error::DsError;
 
-pub fn router() -> Router {
+/// The conventional DS mount.
+pub const DS_ROOT: &str = "/v1/stream";
+/// The reserved control namespace under a DS root.
+pub const RESERVED_SEGMENT: &str = "__ds";
+
+/// Handler state: the node and the root the stream paths hang off (`""` = the server root).
+#[derive(Clone)]
+pub struct Ds {
+    pub node: Node,
+    pub root: &'static str,
+}
+
+/// DS under `/v1/stream`, plus at `/` when `at_root`. The `__ds` namespace of each root goes to
+/// the subscriptions router first.
+pub fn router(node: Node, at_root: bool) -> Router {
+    let mut r = mount(node.clone(), DS_ROOT);
+    if at_root {
+        r = r.merge(mount(node, ""));
+    }
+    r
+}
+
+fn mount(node: Node, root: &'static str) -> Router {
+    let state = Ds {
+        node: node.clone(),
+        root,
+    };
+    let streams = Router::new()
+        .route(&format!("{root}/{{*path}}"), any(dispatch))
+        .with_state(state);
     Router::new()
-        .route("/v1/stream", any(not_implemented))
-        .route("/v1/stream/{*rest}", any(not_implemented))
+        .nest(
+            &format!("{root}/{RESERVED_SEGMENT}"),
+            subscriptions::router(node),
+        )
+        .merge(streams)
 }
 
-pub fn not_implemented_error() -> HttpError {
-    HttpError::not_implemented("the Durable Streams protocol is not implemented yet")
+async fn dispatch(
+    State(ds): State<Ds>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match stream_name(ds.root, &uri) {
+        Err(e) => Err(e),
+        Ok(name) => match method {
+            Method::GET => read::get(&ds, name, &uri, &headers).await,
+            Method::HEAD => read::head(&ds, name).await,
+            Method::PUT => write::put(&ds, name, &uri, &headers, body).await,
+            Method::POST => write::post(&ds, name, &headers, body).await,
+            Method::DELETE => write::delete(&ds, name).await,
+            _ => Err(DsError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed: use GET, HEAD, PUT, POST, DELETE or OPTIONS",
+            )),
+        },
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn not_implemented() -> HttpError {
-    not_implemented_error()
+/// The stream a DS path names: the raw (still percent-encoded) path below `root`, so a DS path
+/// and the Pico path `/{name}` name the same stream.
+pub fn stream_name(root: &str, uri: &Uri) -> Result<StreamName, DsError> {
+    let rest = uri
+        .path()
+        .strip_prefix(root)
+        .filter(|r| r.starts_with('/'))
+        .ok_or_else(|| DsError::new(StatusCode::NOT_FOUND, "not a stream path"))?;
+    stream_name_from(rest)
+}
+
+fn stream_name_from(path: &str) -> Result<StreamName, DsError> {
+    let name = StreamName::parse(path)
+        .map_err(|e| DsError::bad_request(format!("bad stream name: {e}")))?;
+    if name.as_str().split('/').next() == Some(RESERVED_SEGMENT) {
+        return Err(DsError::bad_request(format!(
+            "`{RESERVED_SEGMENT}` is reserved: name=`{name}`"
+        )));
+    }
+    Ok(name)
+}
+
+/// The stream a `Stream-Forked-From` value names: a path under this root (or under `/v1/stream`),
+/// or a full URL on this server.
+pub fn source_name(root: &str, value: &str) -> Result<StreamName, DsError> {
+    let path = match value.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("", |i| &rest[i..]),
+        None => value,
+    };
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let rest = [root, DS_ROOT]
+        .iter()
+        .filter(|r| !r.is_empty())
+        .find_map(|r| path.strip_prefix(r).filter(|p| p.starts_with('/')))
+        .unwrap_or(path);
+    stream_name_from(rest)
+}
+
+pub(crate) fn set(headers: &mut HeaderMap, name: &'static str, value: HeaderValue) {
+    headers.insert(HeaderName::from_static(name), value);
+}
+
+pub(crate) fn set_offset(headers: &mut HeaderMap, offset: u64) {
+    if let Ok(v) = HeaderValue::from_str(&format_offset(offset)) {
+        set(headers, h::DS_STREAM_NEXT_OFFSET, v);
+    }
+}
+
+pub(crate) fn set_true(headers: &mut HeaderMap, name: &'static str) {
+    set(headers, name, HeaderValue::from_static("true"));
+}
+
+/// Content type header value from a stored (validated) content type.
+pub(crate) fn content_type_value(ct: &str) -> HeaderValue {
+    HeaderValue::from_str(ct).unwrap_or(HeaderValue::from_static(h::CONTENT_TYPE_OCTET_STREAM))
+}
+
+/// Whether SSE carries this content type as UTF-8 text (else base64).
+pub fn sse_is_text(ct: &str) -> bool {
+    let media = h::media_type(ct);
+    media.starts_with("text/") || media == "application/json"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(root: &str, path: &str) -> Result<String, StatusCode> {
+        stream_name(root, &path.parse::<Uri>().unwrap())
+            .map(|n| n.into_string())
+            .map_err(|e| e.status)
+    }
+
+    #[test]
+    fn names_from_paths() {
+        assert_eq!(name(DS_ROOT, "/v1/stream/orders/42").unwrap(), "orders/42");
+        assert_eq!(name(DS_ROOT, "/v1/stream/a%20b?offset=1").unwrap(), "a%20b");
+        assert_eq!(name(DS_ROOT, "/v1/streamx").unwrap_err(), 404);
+        assert_eq!(name(DS_ROOT, "/v1/stream/__ds").unwrap_err(), 400);
+        assert_eq!(name("", "/orders").unwrap(), "orders");
+        assert_eq!(name(DS_ROOT, "/v1/stream/a/../b").unwrap_err(), 400);
+    }
+
+    #[test]
+    fn fork_sources() {
+        let s = |v: &str| source_name(DS_ROOT, v).unwrap().into_string();
+        assert_eq!(s("/v1/stream/src"), "src");
+        assert_eq!(s("http://127.0.0.1:4437/v1/stream/a/b"), "a/b");
+        assert_eq!(s("plain"), "plain");
+        assert_eq!(source_name("", "/v1/stream/x").unwrap().as_str(), "x");
+        assert_eq!(source_name("", "/x").unwrap().as_str(), "x");
+    }
+
+    #[test]
+    fn sse_text_types() {
+        assert!(sse_is_text("text/plain; charset=utf-8"));
+        assert!(sse_is_text("Application/JSON"));
+        assert!(!sse_is_text("application/octet-stream"));
+        assert!(!sse_is_text("image/png"));
+    }
 }

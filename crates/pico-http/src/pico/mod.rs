@@ -58,7 +58,10 @@ pub fn stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
         )));
     }
     if name.as_str() == DS_PREFIX || name.as_str().starts_with("v1/stream/") {
-        return Err(crate::ds::not_implemented_error());
+        // Served by the Durable Streams router; only the bare mount point lands here.
+        return Err(HttpError::not_found(
+            "the Durable Streams mount is not a stream: use /v1/stream/{name}",
+        ));
     }
     Ok(name)
 }
@@ -186,7 +189,7 @@ mod tests {
         assert_eq!(name("/a%20b").unwrap().as_str(), "a%20b");
         assert_eq!(name("/_sys/x").unwrap_err().status, 400);
         assert_eq!(name("/_groups").unwrap_err().status, 400);
-        assert_eq!(name("/v1/stream/x").unwrap_err().status, 501);
+        assert_eq!(name("/v1/stream/x").unwrap_err().status, 404);
         assert_eq!(name("/v1/streams").unwrap().as_str(), "v1/streams");
         assert_eq!(name("/a/../b").unwrap_err().status, 400);
         assert_eq!(name("/a/./b").unwrap_err().status, 400);

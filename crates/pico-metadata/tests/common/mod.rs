@@ -2,7 +2,7 @@
 //! sequences collide (same names, streams, keys) and exercise real transitions.
 #![allow(dead_code)]
 
-use pico_metadata::{Command, CommitRange, ProducerMark, State, StreamConfig};
+use pico_metadata::{Command, CommitRange, ForkOrigin, ProducerMark, State, StreamConfig};
 use proptest::prelude::*;
 
 pub fn name() -> impl Strategy<Value = String> {
@@ -53,6 +53,7 @@ pub fn range() -> impl Strategy<Value = CommitRange> {
                 position,
                 len,
                 producers,
+                stream_seq: None,
             },
         )
 }
@@ -134,6 +135,42 @@ pub fn command() -> impl Strategy<Value = Command> {
         ("[a-z]{0,4}", proptest::collection::vec(any::<u8>(), 0..16))
             .prop_map(|(key, value)| Command::KvPut { key, value }),
         "[a-z]{0,4}".prop_map(|key| Command::KvDelete { key }),
+        (
+            name(),
+            name(),
+            0u64..5,
+            0u64..60,
+            0u64..3,
+            any::<bool>(),
+            config(),
+            any::<i64>()
+        )
+            .prop_map(
+                |(
+                    name,
+                    source,
+                    source_stream_id,
+                    offset,
+                    sub_offset,
+                    offset_given,
+                    config,
+                    now_ms,
+                )| {
+                    Command::ForkStream {
+                        name,
+                        origin: ForkOrigin {
+                            source,
+                            source_stream_id,
+                            offset,
+                            sub_offset,
+                        },
+                        inherit_end: offset + sub_offset,
+                        offset_given,
+                        config,
+                        now_ms,
+                    }
+                }
+            ),
     ]
 }
 
@@ -158,6 +195,8 @@ pub enum Step {
     Delete(usize),
     /// Forget destroyed object #i.
     Forget(usize),
+    /// Fork live stream #i into `name`, `back` records below its committed end.
+    Fork(usize, String, u64),
 }
 
 pub fn step() -> impl Strategy<Value = Step> {
@@ -171,6 +210,7 @@ pub fn step() -> impl Strategy<Value = Step> {
         1 => (any::<usize>(), 0u64..20).prop_map(|(i, a)| Step::Seal(i, a)),
         1 => any::<usize>().prop_map(Step::Delete),
         1 => any::<usize>().prop_map(Step::Forget),
+        2 => (any::<usize>(), name(), 0u64..4).prop_map(|(i, n, b)| Step::Fork(i, n, b)),
     ]
 }
 
@@ -227,6 +267,7 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                             epoch: 0,
                             seq: start + n,
                         }],
+                        stream_seq: Some(format!("{:08}", start + n)),
                     });
                 }
                 node.map(|o| Command::CommitObject {
@@ -257,6 +298,27 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                 },
                 closed: *closed,
                 now_ms: i as i64,
+            }),
+            Step::Fork(idx, name, back) => pick(*idx).map(|id| {
+                let m = &s.streams[&id];
+                let at = m.end_offset.saturating_sub(*back);
+                Command::ForkStream {
+                    name: name.clone(),
+                    origin: ForkOrigin {
+                        source: m.name.clone(),
+                        source_stream_id: id,
+                        offset: at,
+                        sub_offset: 0,
+                    },
+                    inherit_end: at,
+                    offset_given: true,
+                    config: StreamConfig {
+                        content_type: "text/plain".into(),
+                        ttl_secs: None,
+                        expires_at_ms: None,
+                    },
+                    now_ms: i as i64,
+                }
             }),
             Step::Delete(idx) => pick(*idx).map(|id| Command::DeleteStream {
                 name: s.streams[&id].name.clone(),

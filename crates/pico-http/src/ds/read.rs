@@ -1,0 +1,230 @@
+//! `GET` catch-up (ETag/304, chunk cap, `offset=now`), `GET ?live=long-poll` (204 with a cursor
+//! on timeout, immediate on closed streams) and `HEAD` (metadata, does not slide the TTL).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use pico_common::StreamName;
+use pico_common::clock::now_ms;
+use pico_protocol::OffsetSpec;
+use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
+use pico_protocol::ds_json::render_array;
+use pico_protocol::headers as h;
+use pico_server::{ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome, is_json};
+
+use super::error::DsError;
+use super::headers::{Live, ReadQuery};
+use super::{Ds, content_type_value, set, set_offset, set_true};
+use crate::headers::{format_rfc3339_ms, header_str};
+use crate::pico::no_store;
+use crate::pico::read::if_none_match;
+
+/// Catch-up and long-poll data responses may be cached by CDNs (offsets are immutable).
+pub const CACHE_READ: &str = "public, max-age=60, stale-while-revalidate=300";
+
+/// One read from `from`; `Beginning` starts at the first readable record. Offsets past the tail
+/// were never minted by this server: 400.
+pub async fn read_from(
+    ds: &Ds,
+    name: &StreamName,
+    from: OffsetSpec,
+    touch: bool,
+) -> Result<ReadOutcome, DsError> {
+    let req = |from| ReadRequest {
+        name: name.clone(),
+        from,
+        max_records: None,
+        max_bytes: None,
+        touch,
+    };
+    let out = match from {
+        OffsetSpec::Now => ds.node.read(req(ReadFrom::Now)).await?,
+        OffsetSpec::At(n) => ds.node.read(req(ReadFrom::Offset(n))).await?,
+        OffsetSpec::Beginning => match ds.node.read(req(ReadFrom::Offset(0))).await {
+            Err(ReadError::Trimmed { start_seq, .. }) => {
+                ds.node.read(req(ReadFrom::Offset(start_seq))).await?
+            }
+            other => other?,
+        },
+    };
+    if out.next_seq > out.tail {
+        return Err(DsError::bad_request(format!(
+            "offset beyond the stream's tail: offset={} tail={}",
+            out.next_seq, out.tail
+        )));
+    }
+    Ok(out)
+}
+
+/// The body of a read: concatenated record values, or a JSON array for JSON streams.
+pub fn body_of(out: &ReadOutcome, json: bool) -> Bytes {
+    if json {
+        return Bytes::from(render_array(
+            out.records.iter().map(|r| &r.record.value[..]),
+        ));
+    }
+    let mut buf = BytesMut::new();
+    for r in &out.records {
+        buf.extend_from_slice(&r.record.value);
+    }
+    buf.freeze()
+}
+
+fn read_headers(hm: &mut HeaderMap, out: &ReadOutcome) {
+    hm.insert(
+        header::CONTENT_TYPE,
+        content_type_value(&out.info.content_type),
+    );
+    set_offset(hm, out.next_seq);
+    if out.up_to_date {
+        set_true(hm, h::DS_STREAM_UP_TO_DATE);
+    }
+    if out.closed {
+        set_true(hm, h::DS_STREAM_CLOSED);
+    }
+}
+
+/// Same incarnation, same range, same closure → same bytes. Changes when the stream closes.
+fn etag(out: &ReadOutcome, from: u64) -> String {
+    let c = if out.closed { ":c" } else { "" };
+    format!("\"ds:{}:{from}:{}{c}\"", out.info.stream_id, out.next_seq)
+}
+
+/// Randomness for cursor jitter without a RNG dependency: sub-second clock noise.
+fn jitter() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    u64::from(nanos) % MAX_JITTER_INTERVALS + 1
+}
+
+/// The cursor for a live response, given the client's echo.
+pub fn cursor(client: Option<u64>) -> u64 {
+    next_cursor(now_ms(), client, jitter())
+}
+
+pub async fn get(
+    ds: &Ds,
+    name: StreamName,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Response, DsError> {
+    let q = ReadQuery::parse(uri)?;
+    match q.live {
+        Live::CatchUp => catch_up(ds, &name, &q, headers).await,
+        Live::LongPoll => long_poll(ds, &name, &q).await,
+        Live::Sse => super::sse::sse(ds, name, &q).await,
+    }
+}
+
+async fn catch_up(
+    ds: &Ds,
+    name: &StreamName,
+    q: &ReadQuery,
+    headers: &HeaderMap,
+) -> Result<Response, DsError> {
+    let out = read_from(ds, name, q.offset, true).await?;
+    let json = is_json(&out.info.content_type);
+    if q.offset == OffsetSpec::Now {
+        // "Where is the tail now": never cached, no validator.
+        let body = if json {
+            Bytes::from_static(b"[]")
+        } else {
+            Bytes::new()
+        };
+        let mut resp = Response::new(Body::from(body));
+        let hm = resp.headers_mut();
+        read_headers(hm, &out);
+        set_true(hm, h::DS_STREAM_UP_TO_DATE);
+        no_store(hm);
+        return Ok(resp);
+    }
+    let from = out.records.first().map_or(out.next_seq, |r| r.offset);
+    let tag = etag(&out, from);
+    let tag_value = HeaderValue::from_str(&tag).ok();
+    if let Some(inm) = header_str(headers, "if-none-match")?
+        && if_none_match(inm, &tag)
+    {
+        let mut resp = StatusCode::NOT_MODIFIED.into_response();
+        let hm = resp.headers_mut();
+        read_headers(hm, &out);
+        hm.remove(header::CONTENT_TYPE);
+        if let Some(v) = tag_value {
+            hm.insert(header::ETAG, v);
+        }
+        hm.insert(header::CACHE_CONTROL, HeaderValue::from_static(CACHE_READ));
+        return Ok(resp);
+    }
+    let mut resp = Response::new(Body::from(body_of(&out, json)));
+    let hm = resp.headers_mut();
+    read_headers(hm, &out);
+    if let Some(v) = tag_value {
+        hm.insert(header::ETAG, v);
+    }
+    hm.insert(header::CACHE_CONTROL, HeaderValue::from_static(CACHE_READ));
+    Ok(resp)
+}
+
+async fn long_poll(ds: &Ds, name: &StreamName, q: &ReadQuery) -> Result<Response, DsError> {
+    let cursor = cursor(q.cursor);
+    let mut out = read_from(ds, name, q.offset, true).await?;
+    if out.records.is_empty() && !out.closed {
+        let waited = ds
+            .node
+            .wait(name, out.next_seq, ds.node.config().long_poll_timeout)
+            .await?;
+        if waited != WaitOutcome::Timeout {
+            out = read_from(ds, name, OffsetSpec::At(out.next_seq), false).await?;
+        }
+    }
+    let json = is_json(&out.info.content_type);
+    let mut resp = if out.records.is_empty() {
+        // Nothing new: the reader is at the tail (204 on timeout and on a closed stream).
+        out.up_to_date = true;
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        let hm = resp.headers_mut();
+        read_headers(hm, &out);
+        hm.remove(header::CONTENT_TYPE);
+        no_store(hm);
+        resp
+    } else {
+        let mut resp = Response::new(Body::from(body_of(&out, json)));
+        let hm = resp.headers_mut();
+        read_headers(hm, &out);
+        hm.insert(header::CACHE_CONTROL, HeaderValue::from_static(CACHE_READ));
+        resp
+    };
+    if !out.closed {
+        set(
+            resp.headers_mut(),
+            h::DS_STREAM_CURSOR,
+            HeaderValue::from(cursor),
+        );
+    }
+    Ok(resp)
+}
+
+pub async fn head(ds: &Ds, name: StreamName) -> Result<Response, DsError> {
+    let info = ds.node.head(&name).await?;
+    let mut resp = StatusCode::OK.into_response();
+    let hm = resp.headers_mut();
+    hm.insert(header::CONTENT_TYPE, content_type_value(&info.content_type));
+    set_offset(hm, info.next_seq);
+    if let Some(ttl) = info.ttl_secs {
+        set(hm, h::DS_STREAM_TTL, HeaderValue::from(ttl));
+    }
+    if let Some(at) = info.expires_at_ms
+        && let Ok(v) = HeaderValue::from_str(&format_rfc3339_ms(at))
+    {
+        set(hm, h::DS_STREAM_EXPIRES_AT, v);
+    }
+    if info.closed {
+        set_true(hm, h::DS_STREAM_CLOSED);
+    }
+    no_store(hm);
+    Ok(resp)
+}

@@ -1,0 +1,1206 @@
+//! The subscription state machine: links and cursors, wake generations, webhook delivery with
+//! retries, pull-wake claims, leases, and fencing. All subscriptions live in memory behind one
+//! async mutex (a control plane: operations are rare next to appends) and every change is written
+//! through to the metadata log's KV before the request that caused it is answered.
+//!
+//! KV layout: `ds/sub/{id}` = [`Record`] JSON, `ds/sublink/{id}/{path}` = [`Link`] JSON,
+//! [`SEED_KEY`] = the 32-byte signing seed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use pico_common::StreamName;
+use pico_common::clock::now_ms;
+use pico_metadata::Command;
+use pico_protocol::{OffsetSpec, Record as DataRecord, parse_offset};
+use pico_server::{AppendRequest, ListRequest, Node, ReadError, StreamEvent};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, OnceCell, Semaphore, broadcast};
+
+use super::error::SubError;
+use super::model::{Config, Link, Record, Status, StreamView, Sub, SubType, Wake, check_id};
+use super::signing::{Keys, TokenClaims};
+use super::{glob, webhook_url};
+
+pub const SEED_KEY: &str = "ds/webhook-signing-seed";
+const SUB_PREFIX: &str = "ds/sub/";
+const LINK_PREFIX: &str = "ds/sublink/";
+/// Concurrent webhook requests across all subscriptions.
+const MAX_CONCURRENT_DELIVERIES: usize = 32;
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+const RETRY_BASE_MS: u64 = 1_000;
+const RETRY_MAX_MS: u64 = 60_000;
+/// How often leases and retry schedules are checked.
+pub const TICK: Duration = Duration::from_millis(100);
+const LIST_PAGE: usize = 1_000;
+
+/// Ack/callback/release request body (`acks[].stream`, `acks[].path` accepted alike).
+#[derive(Debug, Default, Deserialize)]
+pub struct WakeRequest {
+    pub wake_id: Option<String>,
+    pub generation: Option<u64>,
+    #[serde(default)]
+    pub acks: Vec<AckItem>,
+    #[serde(default)]
+    pub done: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AckItem {
+    pub stream: Option<String>,
+    pub path: Option<String>,
+    pub offset: String,
+}
+
+/// Outcome of a create-or-confirm.
+pub struct Upserted {
+    pub created: bool,
+    pub body: Value,
+}
+
+/// What a finished webhook request told us.
+enum Delivered {
+    Accepted { done: bool },
+    Failed(String),
+}
+
+pub struct Manager {
+    node: Node,
+    keys: OnceCell<Arc<Keys>>,
+    subs: Mutex<HashMap<String, Sub>>,
+    http: reqwest::Client,
+    delivery_slots: Arc<Semaphore>,
+    background: AtomicBool,
+}
+
+impl Manager {
+    pub fn new(node: Node) -> Manager {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(DELIVERY_TIMEOUT)
+            .dns_resolver(Arc::new(webhook_url::PublicResolver))
+            .user_agent("picomq-ds-subscriptions")
+            .build()
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "webhook client setup failed; using defaults");
+                reqwest::Client::new()
+            });
+        Manager {
+            node,
+            keys: OnceCell::new(),
+            subs: Mutex::new(HashMap::new()),
+            http,
+            delivery_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_DELIVERIES)),
+            background: AtomicBool::new(false),
+        }
+    }
+
+    /// Loads (or creates) the signing key and every stored subscription, once.
+    pub async fn ready(&self) -> Result<&Arc<Keys>, SubError> {
+        self.keys
+            .get_or_try_init(|| async {
+                let keys = Arc::new(self.load_keys().await?);
+                self.load_subs().await;
+                Ok(keys)
+            })
+            .await
+    }
+
+    async fn load_keys(&self) -> Result<Keys, SubError> {
+        if let Some(seed) = self.stored_seed() {
+            return Ok(Keys::from_seed(seed));
+        }
+        let (_, seed) = Keys::generate();
+        self.node
+            .meta()
+            .propose(Command::KvPut {
+                key: SEED_KEY.to_string(),
+                value: seed.to_vec(),
+            })
+            .await
+            .map_err(|e| SubError::Unavailable(e.to_string()))?
+            .map_err(|e| SubError::Unavailable(e.to_string()))?;
+        // Re-read: whatever the log holds is the key every node signs with.
+        let seed = self.stored_seed().unwrap_or(seed);
+        Ok(Keys::from_seed(seed))
+    }
+
+    fn stored_seed(&self) -> Option<[u8; 32]> {
+        let view = self.node.meta().view();
+        view.kv
+            .get(SEED_KEY)
+            .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+    }
+
+    async fn load_subs(&self) {
+        let view = self.node.meta().view();
+        let mut subs = self.subs.lock().await;
+        for (key, value) in view.kv.range(SUB_PREFIX.to_string()..) {
+            if !key.starts_with(SUB_PREFIX) {
+                break;
+            }
+            match serde_json::from_slice::<Record>(value) {
+                Ok(rec) => {
+                    subs.insert(
+                        rec.id.clone(),
+                        Sub {
+                            rec,
+                            links: BTreeMap::new(),
+                            delivering: None,
+                        },
+                    );
+                }
+                Err(e) => tracing::warn!(key, error = %e, "unreadable subscription record"),
+            }
+        }
+        for (key, value) in view.kv.range(LINK_PREFIX.to_string()..) {
+            let Some(rest) = key.strip_prefix(LINK_PREFIX) else {
+                break;
+            };
+            let Some((id, path)) = rest.split_once('/') else {
+                continue;
+            };
+            match (subs.get_mut(id), serde_json::from_slice::<Link>(value)) {
+                (Some(sub), Ok(link)) => {
+                    sub.links.insert(path.to_string(), link);
+                }
+                (_, Err(e)) => tracing::warn!(key, error = %e, "unreadable subscription link"),
+                (None, Ok(_)) => {}
+            }
+        }
+        tracing::info!(
+            subscriptions = subs.len(),
+            "durable streams subscriptions loaded"
+        );
+    }
+
+    /// Base for callback URLs when a request carries no Host.
+    pub fn advertised_url(&self) -> String {
+        self.node.config().advertised_url.clone()
+    }
+
+    /// The signing keys, for JWKS and signatures.
+    pub async fn keys(&self) -> Result<Arc<Keys>, SubError> {
+        self.ready().await.cloned()
+    }
+
+    // ---- background ----
+
+    /// Starts the event follower and the lease/retry timer once, if a runtime is available
+    /// (otherwise the next request retries). Both hold only a weak reference: they end once every
+    /// router holding this manager is gone.
+    pub fn ensure_background(self: &Arc<Self>) {
+        if self.background.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.background.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rx = self.node.subscribe_events();
+        rt.spawn(run_events(Arc::downgrade(self), rx));
+        rt.spawn(run_timers(Arc::downgrade(self)));
+    }
+
+    async fn on_append(self: &Arc<Self>, path: &str, next_seq: u64) {
+        if self.ready().await.is_err() {
+            return;
+        }
+        let mut subs = self.subs.lock().await;
+        for sub in subs.values_mut() {
+            let mut new_link = false;
+            if !sub.links.contains_key(path) && sub.rec.config.pattern_matches(path) {
+                // Discovered by an append: linked before it, so the append is pending.
+                sub.links.insert(
+                    path.to_string(),
+                    Link {
+                        explicit: false,
+                        glob: true,
+                        acked: None,
+                    },
+                );
+                new_link = true;
+            }
+            let Some(link) = sub.links.get(path) else {
+                continue;
+            };
+            let pending = link.pending(next_seq);
+            if new_link && let Err(e) = self.persist_links(sub, &[path]).await {
+                tracing::warn!(sub = %sub.rec.id, error = %e, "subscription link not persisted");
+            }
+            if sub.rec.wake.is_none()
+                && pending
+                && let Err(e) = self.wake(sub).await
+            {
+                tracing::warn!(sub = %sub.rec.id, error = %e, "wake not issued");
+            }
+        }
+    }
+
+    /// Re-links pattern matches and wakes idle subscriptions with pending work (after a lag or
+    /// at start-up).
+    async fn rescan(self: &Arc<Self>) {
+        if self.ready().await.is_err() {
+            return;
+        }
+        let mut subs = self.subs.lock().await;
+        for sub in subs.values_mut() {
+            self.link_new_matches(sub).await;
+            if sub.rec.wake.is_none()
+                && let Err(e) = self.wake(sub).await
+            {
+                tracing::warn!(sub = %sub.rec.id, error = %e, "wake not issued");
+            }
+        }
+    }
+
+    /// Links matching streams not linked yet, as discovered by an append (acked `-1`): they
+    /// appeared after the subscription was created (existing ones were linked at creation).
+    async fn link_new_matches(&self, sub: &mut Sub) {
+        let Some(pattern) = sub.rec.config.pattern.clone() else {
+            return;
+        };
+        let mut added = Vec::new();
+        for name in self.list_matching(&pattern) {
+            if sub.links.contains_key(&name) || !sub.rec.config.pattern_matches(&name) {
+                continue;
+            }
+            sub.links.insert(
+                name.clone(),
+                Link {
+                    explicit: false,
+                    glob: true,
+                    acked: None,
+                },
+            );
+            added.push(name);
+        }
+        let refs: Vec<&str> = added.iter().map(String::as_str).collect();
+        if let Err(e) = self.persist_links(sub, &refs).await {
+            tracing::warn!(sub = %sub.rec.id, error = %e, "subscription links not persisted");
+        }
+    }
+
+    async fn on_tick(self: &Arc<Self>) {
+        if self.keys.get().is_none() {
+            // Not loaded yet (metadata log unavailable at start): keep trying.
+            if self.ready().await.is_err() {
+                return;
+            }
+        }
+        let now = now_ms();
+        let mut subs = self.subs.lock().await;
+        for sub in subs.values_mut() {
+            let Some(wake) = &sub.rec.wake else {
+                continue;
+            };
+            if sub.delivering.as_ref() == Some(&wake.wake_id) {
+                continue;
+            }
+            if let Some(at) = sub.rec.next_attempt_at_ms {
+                // A webhook delivery is due (first attempt after a restart, or a retry).
+                if at <= now && sub.rec.config.kind == SubType::Webhook {
+                    self.spawn_delivery(sub);
+                }
+                continue;
+            }
+            if wake.lease_expires_ms.is_some_and(|t| t <= now) {
+                tracing::info!(sub = %sub.rec.id, generation = sub.rec.generation, "lease expired");
+                sub.rec.wake = None;
+                let result = match self.wake(sub).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => self.persist(sub, &[]).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = result {
+                    tracing::warn!(sub = %sub.rec.id, error = %e, "lease expiry not persisted");
+                }
+            }
+        }
+    }
+
+    // ---- API ----
+
+    pub async fn upsert(
+        &self,
+        id: &str,
+        config: Config,
+        ds_root: &str,
+    ) -> Result<Upserted, SubError> {
+        check_id(id)?;
+        let keys = self.keys().await?;
+        let hash = config.hash();
+        let mut subs = self.subs.lock().await;
+        if let Some(existing) = subs.get(id) {
+            if existing.rec.config_hash != hash {
+                return Err(SubError::AlreadyExists);
+            }
+            return Ok(Upserted {
+                created: false,
+                body: existing.to_json(ds_root, keys.kid()),
+            });
+        }
+        let mut sub = Sub {
+            rec: Record {
+                id: id.to_string(),
+                config_hash: hash,
+                created_at_ms: now_ms(),
+                base_url: ds_root.to_string(),
+                generation: 0,
+                wake: None,
+                status: Status::Active,
+                retry_count: 0,
+                next_attempt_at_ms: None,
+                config,
+            },
+            links: BTreeMap::new(),
+            delivering: None,
+        };
+        // Existing streams are linked at their tail: creation does not replay history.
+        for path in sub.rec.config.streams.clone() {
+            let tail = self.tail(&path).await;
+            sub.links.insert(
+                path.clone(),
+                Link {
+                    explicit: true,
+                    // A glob link exists only for a stream that exists.
+                    glob: tail.is_ok() && sub.rec.config.pattern_matches(&path),
+                    acked: Some(tail.unwrap_or(0)),
+                },
+            );
+        }
+        if let Some(pattern) = sub.rec.config.pattern.clone() {
+            for path in self.list_matching(&pattern) {
+                if sub.links.contains_key(&path) || !sub.rec.config.pattern_matches(&path) {
+                    continue;
+                }
+                let tail = self.tail(&path).await.unwrap_or(0);
+                sub.links.insert(
+                    path,
+                    Link {
+                        explicit: false,
+                        glob: true,
+                        acked: Some(tail),
+                    },
+                );
+            }
+        }
+        let paths: Vec<String> = sub.links.keys().cloned().collect();
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        self.persist(&sub, &refs).await?;
+        let body = sub.to_json(ds_root, keys.kid());
+        subs.insert(id.to_string(), sub);
+        Ok(Upserted {
+            created: true,
+            body,
+        })
+    }
+
+    pub async fn get(&self, id: &str, ds_root: &str) -> Result<Value, SubError> {
+        let keys = self.keys().await?;
+        let subs = self.subs.lock().await;
+        let sub = subs.get(id).ok_or(SubError::NotFound)?;
+        Ok(sub.to_json(ds_root, keys.kid()))
+    }
+
+    /// Tombstones the subscription: its wake, tokens and cursors are gone (idempotent).
+    pub async fn delete(&self, id: &str) -> Result<(), SubError> {
+        self.ready().await?;
+        let mut subs = self.subs.lock().await;
+        let Some(sub) = subs.get(id) else {
+            return Ok(());
+        };
+        let mut cmds = vec![Command::KvDelete { key: sub_key(id) }];
+        cmds.extend(sub.links.keys().map(|p| Command::KvDelete {
+            key: link_key(id, p),
+        }));
+        self.propose(cmds).await?;
+        subs.remove(id);
+        Ok(())
+    }
+
+    pub async fn add_streams(&self, id: &str, streams: Vec<String>) -> Result<(), SubError> {
+        self.ready().await?;
+        let mut subs = self.subs.lock().await;
+        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+        let mut changed = Vec::new();
+        for path in streams {
+            match sub.links.get_mut(&path) {
+                Some(link) if link.explicit => {}
+                Some(link) => {
+                    link.explicit = true;
+                    changed.push(path);
+                }
+                None => {
+                    let tail = self.tail(&path).await;
+                    let glob = tail.is_ok() && sub.rec.config.pattern_matches(&path);
+                    sub.links.insert(
+                        path.clone(),
+                        Link {
+                            explicit: true,
+                            glob,
+                            acked: Some(tail.unwrap_or(0)),
+                        },
+                    );
+                    changed.push(path);
+                }
+            }
+        }
+        let refs: Vec<&str> = changed.iter().map(String::as_str).collect();
+        self.persist_links(sub, &refs).await
+    }
+
+    /// Drops the explicit link; a glob link to the same stream stays (idempotent).
+    pub async fn remove_stream(&self, id: &str, path: &str) -> Result<(), SubError> {
+        self.ready().await?;
+        let mut subs = self.subs.lock().await;
+        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+        let Some(link) = sub.links.get_mut(path) else {
+            return Ok(());
+        };
+        link.explicit = false;
+        if !link.glob {
+            sub.links.remove(path);
+        }
+        self.persist_links(sub, &[path]).await
+    }
+
+    /// Webhook callback: acks, lease extension, `done`.
+    pub async fn callback(
+        self: &Arc<Self>,
+        id: &str,
+        token: Option<&str>,
+        req: WakeRequest,
+    ) -> Result<Value, SubError> {
+        self.finish_or_extend(id, token, req, SubType::Webhook)
+            .await
+    }
+
+    /// Pull-wake ack (a heartbeat without `done`).
+    pub async fn ack(
+        self: &Arc<Self>,
+        id: &str,
+        token: Option<&str>,
+        req: WakeRequest,
+    ) -> Result<Value, SubError> {
+        self.finish_or_extend(id, token, req, SubType::PullWake)
+            .await
+    }
+
+    async fn finish_or_extend(
+        self: &Arc<Self>,
+        id: &str,
+        token: Option<&str>,
+        req: WakeRequest,
+        kind: SubType,
+    ) -> Result<Value, SubError> {
+        let keys = self.keys().await?;
+        let mut subs = self.subs.lock().await;
+        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+        check_kind(sub, kind)?;
+        check_fence(&keys, sub, token, &req)?;
+        let acked = self.apply_acks(sub, &req.acks).await?;
+        let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
+        let lease = now_ms() + sub.rec.config.lease_ttl_ms as i64;
+        let mut next_wake = false;
+        if req.done {
+            sub.rec.wake = None;
+            sub.rec.next_attempt_at_ms = None;
+            next_wake = self.wake(sub).await?;
+        } else if let Some(w) = sub.rec.wake.as_mut() {
+            w.lease_expires_ms = Some(lease);
+        }
+        if !next_wake {
+            self.persist(sub, &refs).await?;
+        } else {
+            self.persist_links(sub, &refs).await?;
+        }
+        Ok(json!({ "ok": true, "next_wake": next_wake }))
+    }
+
+    pub async fn claim(self: &Arc<Self>, id: &str, worker: &str) -> Result<Value, SubError> {
+        let keys = self.keys().await?;
+        let mut subs = self.subs.lock().await;
+        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+        check_kind(sub, SubType::PullWake)?;
+        let now = now_ms();
+        if let Some(w) = &sub.rec.wake
+            && let Some(holder) = &w.holder
+        {
+            if w.lease_expires_ms.is_none_or(|t| t > now) {
+                return Err(SubError::AlreadyClaimed {
+                    holder: holder.clone(),
+                    generation: sub.rec.generation,
+                });
+            }
+            // Expired but not yet swept: the claim takes over with a new generation.
+            sub.rec.wake = None;
+        }
+        // Streams created since the last event we processed are pending too.
+        self.link_new_matches(sub).await;
+        let views = self.views(sub).await;
+        if !views.iter().any(StreamView::pending) {
+            return Err(SubError::NoPendingWork);
+        }
+        if sub.rec.wake.is_none() {
+            self.wake(sub).await?;
+        }
+        let generation = sub.rec.generation;
+        let lease_ttl_ms = sub.rec.config.lease_ttl_ms;
+        let Some(w) = sub.rec.wake.as_mut() else {
+            return Err(SubError::NoPendingWork);
+        };
+        w.holder = Some(worker.to_string());
+        w.lease_expires_ms = Some(now + lease_ttl_ms as i64);
+        let token = keys.token(&TokenClaims {
+            sub: id.to_string(),
+            generation,
+            wake_id: w.wake_id.clone(),
+        });
+        let wake_id = w.wake_id.clone();
+        self.persist(sub, &[]).await?;
+        Ok(json!({
+            "wake_id": wake_id,
+            "generation": generation,
+            "token": token,
+            "streams": views.iter().map(StreamView::to_json).collect::<Vec<_>>(),
+            "lease_ttl_ms": lease_ttl_ms,
+        }))
+    }
+
+    /// Gives the wake back without acking; pending work gets a new wake.
+    pub async fn release(
+        self: &Arc<Self>,
+        id: &str,
+        token: Option<&str>,
+        req: WakeRequest,
+    ) -> Result<(), SubError> {
+        let keys = self.keys().await?;
+        let mut subs = self.subs.lock().await;
+        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+        check_kind(sub, SubType::PullWake)?;
+        check_fence(&keys, sub, token, &req)?;
+        sub.rec.wake = None;
+        if !self.wake(sub).await? {
+            self.persist(sub, &[]).await?;
+        }
+        Ok(())
+    }
+
+    // ---- wakes ----
+
+    /// Issues a new wake generation if any linked stream has pending work. Persists the record
+    /// (and links dropped because their stream is gone). Returns whether a wake was issued.
+    async fn wake(self: &Arc<Self>, sub: &mut Sub) -> Result<bool, SubError> {
+        let views = self.views(sub).await;
+        let Some(first) = views.iter().find(|v| v.pending()) else {
+            return Ok(false);
+        };
+        let trigger = first.path.clone();
+        let now = now_ms();
+        sub.rec.generation += 1;
+        let wake_id = format!("w_{}", hex(&rand::random::<[u8; 12]>()));
+        let kind = sub.rec.config.kind;
+        sub.rec.wake = Some(Wake {
+            wake_id,
+            snapshot: views.iter().map(|v| (v.path.clone(), v.tail)).collect(),
+            holder: None,
+            // Webhook: the lease runs from issue (it starts counting once delivered, see
+            // `finish_delivery`); pull-wake: from the claim.
+            lease_expires_ms: match kind {
+                SubType::Webhook => Some(now + sub.rec.config.lease_ttl_ms as i64),
+                SubType::PullWake => None,
+            },
+        });
+        match kind {
+            SubType::Webhook => {
+                sub.rec.next_attempt_at_ms = Some(now);
+                sub.rec.retry_count = 0;
+                self.persist(sub, &[]).await?;
+                self.spawn_delivery(sub);
+            }
+            SubType::PullWake => {
+                self.persist(sub, &[]).await?;
+                self.append_wake_event(sub, &trigger).await;
+            }
+        }
+        tracing::debug!(sub = %sub.rec.id, generation = sub.rec.generation, "wake issued");
+        Ok(true)
+    }
+
+    async fn append_wake_event(&self, sub: &Sub, trigger: &str) {
+        let Some(ws) = &sub.rec.config.wake_stream else {
+            return;
+        };
+        let event = json!({
+            "type": "wake",
+            "subscription_id": sub.rec.id,
+            "stream": trigger,
+            "generation": sub.rec.generation,
+            "ts": now_ms(),
+        });
+        let Ok(name) = StreamName::parse(ws) else {
+            return;
+        };
+        let req = AppendRequest {
+            name,
+            records: vec![DataRecord::from_value(event.to_string().into_bytes())],
+            producer: None,
+            match_seq: None,
+            close: false,
+            content_type: None,
+        };
+        if let Err(e) = self.node.append(req).await {
+            // The application owns the wake stream; a claim still works without the event.
+            tracing::warn!(sub = %sub.rec.id, wake_stream = %ws, error = %e, "wake event not written");
+        }
+    }
+
+    fn spawn_delivery(self: &Arc<Self>, sub: &mut Sub) {
+        let Some(wake) = &sub.rec.wake else {
+            return;
+        };
+        if sub.delivering.as_ref() == Some(&wake.wake_id) {
+            return;
+        }
+        sub.delivering = Some(wake.wake_id.clone());
+        let this = self.clone();
+        let id = sub.rec.id.clone();
+        let wake_id = wake.wake_id.clone();
+        tokio::spawn(async move { this.deliver(id, wake_id).await });
+    }
+
+    async fn deliver(self: Arc<Self>, id: String, wake_id: String) {
+        let Ok(_permit) = self.delivery_slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Ok(keys) = self.keys().await else {
+            return;
+        };
+        let prepared = {
+            let subs = self.subs.lock().await;
+            subs.get(&id).and_then(|sub| {
+                let wake = sub.rec.wake.as_ref().filter(|w| w.wake_id == wake_id)?;
+                let url = sub.rec.config.webhook_url.clone()?;
+                Some((url, webhook_body(sub, wake, &keys)))
+            })
+        };
+        let Some((url, body)) = prepared else {
+            self.clear_delivering(&id, &wake_id).await;
+            return;
+        };
+        let outcome = self.post(&keys, &url, body).await;
+        self.finish_delivery(&id, &wake_id, outcome).await;
+    }
+
+    async fn post(&self, keys: &Keys, url: &str, body: Vec<u8>) -> Delivered {
+        let signature = keys.signature_header(now_ms() / 1000, &body);
+        let sent = self
+            .http
+            .post(url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("webhook-signature", signature)
+            .body(body)
+            .send()
+            .await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => return Delivered::Failed(e.to_string()),
+        };
+        let status = resp.status();
+        if !status.is_success() {
+            return Delivered::Failed(format!("webhook answered {status}"));
+        }
+        // A 2xx with an unreadable body is accepted; only `{"done": true}` finishes the wake.
+        let done = match resp.bytes().await {
+            Ok(b) => serde_json::from_slice::<Value>(&b)
+                .ok()
+                .and_then(|v| v.get("done").and_then(Value::as_bool))
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        Delivered::Accepted { done }
+    }
+
+    async fn clear_delivering(&self, id: &str, wake_id: &str) {
+        if let Some(sub) = self.subs.lock().await.get_mut(id)
+            && sub.delivering.as_deref() == Some(wake_id)
+        {
+            sub.delivering = None;
+        }
+    }
+
+    async fn finish_delivery(self: &Arc<Self>, id: &str, wake_id: &str, outcome: Delivered) {
+        let mut subs = self.subs.lock().await;
+        let Some(sub) = subs.get_mut(id) else {
+            return;
+        };
+        if sub.delivering.as_deref() == Some(wake_id) {
+            sub.delivering = None;
+        }
+        // The wake finished (callback) or was replaced meanwhile: this answer is stale.
+        if sub.rec.wake.as_ref().is_none_or(|w| w.wake_id != wake_id) {
+            return;
+        }
+        let now = now_ms();
+        let mut acked = Vec::new();
+        let result = match outcome {
+            Delivered::Accepted { done } => {
+                sub.rec.status = Status::Active;
+                sub.rec.retry_count = 0;
+                sub.rec.next_attempt_at_ms = None;
+                if done {
+                    // `{"done": true}`: ack the snapshot this wake carried.
+                    if let Some(w) = sub.rec.wake.take() {
+                        for (path, tail) in w.snapshot {
+                            if let Some(link) = sub.links.get_mut(&path)
+                                && link.acked.is_none_or(|a| a < tail)
+                            {
+                                link.acked = Some(tail);
+                                acked.push(path);
+                            }
+                        }
+                    }
+                    let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
+                    match self.persist_links(sub, &refs).await {
+                        Ok(()) => match self.wake(sub).await {
+                            Ok(true) => Ok(()),
+                            Ok(false) => self.persist(sub, &[]).await,
+                            Err(e) => Err(e),
+                        },
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    if let Some(w) = sub.rec.wake.as_mut() {
+                        w.lease_expires_ms = Some(now + sub.rec.config.lease_ttl_ms as i64);
+                    }
+                    self.persist(sub, &[]).await
+                }
+            }
+            Delivered::Failed(reason) => {
+                sub.rec.retry_count = sub.rec.retry_count.saturating_add(1);
+                let delay = retry_delay_ms(sub.rec.retry_count, rand::random::<f64>());
+                sub.rec.status = Status::Failed;
+                sub.rec.next_attempt_at_ms = Some(now + delay as i64);
+                tracing::warn!(
+                    sub = %sub.rec.id, attempt = sub.rec.retry_count, retry_in_ms = delay,
+                    %reason, "webhook delivery failed"
+                );
+                self.persist(sub, &[]).await
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(sub = %id, error = %e, "delivery outcome not persisted");
+        }
+    }
+
+    // ---- helpers ----
+
+    /// Every link with its current tail. Glob-only links whose stream is gone are dropped.
+    async fn views(&self, sub: &mut Sub) -> Vec<StreamView> {
+        let mut out = Vec::with_capacity(sub.links.len());
+        let mut gone = Vec::new();
+        for (path, link) in &sub.links {
+            let tail = match self.tail(path).await {
+                Ok(t) => t,
+                Err(TailError::Missing) => {
+                    if !link.explicit {
+                        gone.push(path.clone());
+                        continue;
+                    }
+                    0
+                }
+                Err(TailError::Unavailable) => link.acked.unwrap_or(0),
+            };
+            out.push(StreamView {
+                path: path.clone(),
+                link_type: link.link_type(),
+                acked: link.acked,
+                tail,
+            });
+        }
+        if !gone.is_empty() {
+            for p in &gone {
+                sub.links.remove(p);
+            }
+            let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
+            if let Err(e) = self.persist_links(sub, &refs).await {
+                tracing::warn!(sub = %sub.rec.id, error = %e, "dropped links not persisted");
+            }
+        }
+        out
+    }
+
+    /// Validates every ack, then applies them all. Returns the paths whose cursor moved.
+    async fn apply_acks(&self, sub: &mut Sub, acks: &[AckItem]) -> Result<Vec<String>, SubError> {
+        let mut updates = Vec::with_capacity(acks.len());
+        for ack in acks {
+            let path = ack
+                .stream
+                .as_deref()
+                .or(ack.path.as_deref())
+                .map(|p| p.trim_matches('/'))
+                .unwrap_or("");
+            let link = sub.links.get(path).ok_or_else(|| {
+                SubError::InvalidOffset(format!("ack references an unlinked stream: {path:?}"))
+            })?;
+            let offset = match parse_offset(&ack.offset) {
+                Ok(OffsetSpec::At(o)) => o,
+                _ => {
+                    return Err(SubError::InvalidOffset(format!(
+                        "ack offset must be a stream offset: {:?}",
+                        ack.offset
+                    )));
+                }
+            };
+            if link.acked.is_some_and(|a| offset < a) {
+                return Err(SubError::InvalidOffset(
+                    "ack offset regresses the committed cursor".into(),
+                ));
+            }
+            let tail = self.tail(path).await.unwrap_or(0);
+            if offset > tail {
+                return Err(SubError::InvalidOffset(
+                    "ack offset is beyond the stream tail".into(),
+                ));
+            }
+            updates.push((path.to_string(), offset));
+        }
+        let mut moved = Vec::new();
+        for (path, offset) in updates {
+            if let Some(link) = sub.links.get_mut(&path)
+                && link.acked != Some(offset)
+            {
+                link.acked = Some(offset);
+                moved.push(path);
+            }
+        }
+        Ok(moved)
+    }
+
+    async fn tail(&self, path: &str) -> Result<u64, TailError> {
+        let name = StreamName::parse(path).map_err(|_| TailError::Missing)?;
+        match self.node.head(&name).await {
+            Ok(info) => Ok(info.next_seq),
+            Err(ReadError::NotFound(_)) => Err(TailError::Missing),
+            Err(_) => Err(TailError::Unavailable),
+        }
+    }
+
+    /// Stream names matching `pattern` (listing narrowed by its literal prefix).
+    fn list_matching(&self, pattern: &str) -> Vec<String> {
+        let prefix = glob::literal_prefix(pattern);
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.node.list(ListRequest {
+                prefix: Some(prefix.clone()),
+                start_after: after.clone(),
+                limit: LIST_PAGE,
+            });
+            for info in &page.streams {
+                let name = info.name.as_str();
+                if glob::matches(pattern, name) {
+                    out.push(name.to_string());
+                }
+            }
+            match (page.has_more, page.streams.last()) {
+                (true, Some(last)) => after = Some(last.name.as_str().to_string()),
+                _ => return out,
+            }
+        }
+    }
+
+    /// Writes the record and the given links (deleted from the KV when no longer linked).
+    async fn persist(&self, sub: &Sub, links: &[&str]) -> Result<(), SubError> {
+        let rec = serde_json::to_vec(&sub.rec).map_err(|e| SubError::Unavailable(e.to_string()))?;
+        let mut cmds = vec![Command::KvPut {
+            key: sub_key(&sub.rec.id),
+            value: rec,
+        }];
+        cmds.extend(link_cmds(sub, links));
+        self.propose(cmds).await
+    }
+
+    async fn persist_links(&self, sub: &Sub, links: &[&str]) -> Result<(), SubError> {
+        if links.is_empty() {
+            return Ok(());
+        }
+        self.propose(link_cmds(sub, links).collect()).await
+    }
+
+    async fn propose(&self, cmds: Vec<Command>) -> Result<(), SubError> {
+        let outcomes = self
+            .node
+            .meta()
+            .propose_many(cmds)
+            .await
+            .map_err(|e| SubError::Unavailable(e.to_string()))?;
+        for o in outcomes {
+            o.map_err(|e| SubError::Unavailable(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Follows stream appends until the node's event channel closes or the manager is dropped.
+async fn run_events(mgr: Weak<Manager>, mut rx: broadcast::Receiver<StreamEvent>) {
+    match mgr.upgrade() {
+        // Appends that happened while the node was down (or before we subscribed).
+        Some(m) => m.rescan().await,
+        None => return,
+    }
+    loop {
+        let event = rx.recv().await;
+        let Some(m) = mgr.upgrade() else {
+            return;
+        };
+        match event {
+            Ok(StreamEvent::Appended { name, next_seq, .. }) => {
+                m.on_append(name.as_str(), next_seq).await;
+            }
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(missed = n, "subscription event listener lagged; rescanning");
+                m.rescan().await;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Checks leases and retry schedules every [`TICK`].
+async fn run_timers(mgr: Weak<Manager>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(m) = mgr.upgrade() else {
+            return;
+        };
+        m.on_tick().await;
+    }
+}
+
+enum TailError {
+    Missing,
+    Unavailable,
+}
+
+fn link_cmds<'a>(sub: &'a Sub, links: &'a [&'a str]) -> impl Iterator<Item = Command> + 'a {
+    links.iter().map(move |path| match sub.links.get(*path) {
+        Some(link) => Command::KvPut {
+            key: link_key(&sub.rec.id, path),
+            value: serde_json::to_vec(link).unwrap_or_default(),
+        },
+        None => Command::KvDelete {
+            key: link_key(&sub.rec.id, path),
+        },
+    })
+}
+
+fn sub_key(id: &str) -> String {
+    format!("{SUB_PREFIX}{id}")
+}
+
+fn link_key(id: &str, path: &str) -> String {
+    format!("{LINK_PREFIX}{id}/{path}")
+}
+
+fn check_kind(sub: &Sub, kind: SubType) -> Result<(), SubError> {
+    if sub.rec.config.kind != kind {
+        return Err(SubError::invalid(format!(
+            "subscription is not {}",
+            kind.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// The bearer token, the request's generation and wake id must all name the current wake.
+fn check_fence(
+    keys: &Keys,
+    sub: &Sub,
+    token: Option<&str>,
+    req: &WakeRequest,
+) -> Result<(), SubError> {
+    let claims = token
+        .and_then(|t| keys.verify_token(t))
+        .filter(|c| c.sub == sub.rec.id)
+        .ok_or(SubError::TokenInvalid)?;
+    let wake = sub.rec.wake.as_ref().ok_or(SubError::Fenced)?;
+    let generation = sub.rec.generation;
+    if claims.generation != generation
+        || claims.wake_id != wake.wake_id
+        || req.generation != Some(generation)
+        || req.wake_id.as_deref() != Some(wake.wake_id.as_str())
+    {
+        return Err(SubError::Fenced);
+    }
+    Ok(())
+}
+
+/// The webhook request body for the wake in flight.
+fn webhook_body(sub: &Sub, wake: &Wake, keys: &Keys) -> Vec<u8> {
+    let streams: Vec<Value> = sub
+        .links
+        .iter()
+        .map(|(path, link)| {
+            let tail = wake
+                .snapshot
+                .get(path)
+                .copied()
+                .unwrap_or(link.acked.unwrap_or(0));
+            StreamView {
+                path: path.clone(),
+                link_type: link.link_type(),
+                acked: link.acked,
+                tail,
+            }
+            .to_json()
+        })
+        .collect();
+    let token = keys.token(&TokenClaims {
+        sub: sub.rec.id.clone(),
+        generation: sub.rec.generation,
+        wake_id: wake.wake_id.clone(),
+    });
+    let body = json!({
+        "subscription_id": sub.rec.id,
+        "wake_id": wake.wake_id,
+        "generation": sub.rec.generation,
+        "streams": streams,
+        "callback_url": format!("{}/subscriptions/{}/callback", sub.rec.base_url, sub.rec.id),
+        "callback_token": token,
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// Exponential backoff 1 s → 60 s with ±20 % jitter; `unit` is uniform in [0, 1).
+pub fn retry_delay_ms(attempt: u32, unit: f64) -> u64 {
+    let exp = attempt.saturating_sub(1).min(16);
+    let base = (RETRY_BASE_MS << exp).min(RETRY_MAX_MS) as f64;
+    let jitter = base * 0.2 * (unit * 2.0 - 1.0);
+    (base + jitter).round().max(0.0) as u64
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ds::subscriptions::model::Config;
+
+    fn sub_with_wake(generation: u64, wake_id: &str) -> Sub {
+        let config = Config::parse(&json!({
+            "type": "pull-wake", "pattern": "a/*", "wake_stream": "w"
+        }))
+        .unwrap();
+        Sub {
+            rec: Record {
+                id: "s".into(),
+                config_hash: config.hash(),
+                config,
+                created_at_ms: 0,
+                base_url: String::new(),
+                generation,
+                wake: Some(Wake {
+                    wake_id: wake_id.into(),
+                    snapshot: BTreeMap::new(),
+                    holder: Some("worker".into()),
+                    lease_expires_ms: None,
+                }),
+                status: Status::Active,
+                retry_count: 0,
+                next_attempt_at_ms: None,
+            },
+            links: BTreeMap::new(),
+            delivering: None,
+        }
+    }
+
+    fn req(generation: u64, wake_id: &str) -> WakeRequest {
+        WakeRequest {
+            wake_id: Some(wake_id.into()),
+            generation: Some(generation),
+            ..WakeRequest::default()
+        }
+    }
+
+    #[test]
+    fn fencing_requires_current_generation_and_wake_in_token_and_body() {
+        let keys = Keys::from_seed([1u8; 32]);
+        let sub = sub_with_wake(5, "w_cur");
+        let token = |sub: &str, generation: u64, wake: &str| {
+            keys.token(&TokenClaims {
+                sub: sub.into(),
+                generation,
+                wake_id: wake.into(),
+            })
+        };
+        let good = token("s", 5, "w_cur");
+        assert_eq!(
+            check_fence(&keys, &sub, Some(&good), &req(5, "w_cur")),
+            Ok(())
+        );
+        // Stale generation in the token or the body, or another wake of the same generation.
+        let old = token("s", 4, "w_cur");
+        assert_eq!(
+            check_fence(&keys, &sub, Some(&old), &req(5, "w_cur")),
+            Err(SubError::Fenced)
+        );
+        assert_eq!(
+            check_fence(&keys, &sub, Some(&good), &req(4, "w_cur")),
+            Err(SubError::Fenced)
+        );
+        let other_wake = token("s", 5, "w_old");
+        assert_eq!(
+            check_fence(&keys, &sub, Some(&other_wake), &req(5, "w_cur")),
+            Err(SubError::Fenced)
+        );
+        assert_eq!(
+            check_fence(&keys, &sub, Some(&good), &req(5, "w_old")),
+            Err(SubError::Fenced)
+        );
+        // Another subscription's token, a forged one, none at all.
+        let foreign = token("t", 5, "w_cur");
+        assert_eq!(
+            check_fence(&keys, &sub, Some(&foreign), &req(5, "w_cur")),
+            Err(SubError::TokenInvalid)
+        );
+        assert_eq!(
+            check_fence(&keys, &sub, Some("x.y"), &req(5, "w_cur")),
+            Err(SubError::TokenInvalid)
+        );
+        assert_eq!(
+            check_fence(&keys, &sub, None, &req(5, "w_cur")),
+            Err(SubError::TokenInvalid)
+        );
+        // No wake in flight: everything is stale.
+        let mut idle = sub.clone();
+        idle.rec.wake = None;
+        assert_eq!(
+            check_fence(&keys, &idle, Some(&good), &req(5, "w_cur")),
+            Err(SubError::Fenced)
+        );
+    }
+
+    #[test]
+    fn retry_delay_grows_to_a_minute_with_bounded_jitter() {
+        assert_eq!(retry_delay_ms(1, 0.5), 1_000);
+        assert_eq!(retry_delay_ms(2, 0.5), 2_000);
+        assert_eq!(retry_delay_ms(3, 0.5), 4_000);
+        assert_eq!(retry_delay_ms(7, 0.5), 60_000);
+        assert_eq!(retry_delay_ms(100, 0.5), 60_000);
+        assert_eq!(retry_delay_ms(1, 0.0), 800);
+        assert!(retry_delay_ms(1, 0.999_999) <= 1_200);
+        assert_eq!(retry_delay_ms(50, 0.0), 48_000);
+    }
+}

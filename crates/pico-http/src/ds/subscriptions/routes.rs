@@ -1,0 +1,230 @@
+//! HTTP handlers for the `__ds` control namespace. They parse and answer; the state machine is
+//! [`Manager`].
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::error::SubError;
+use super::manager::{Manager, WakeRequest};
+use super::model::{Config, check_id, normalize_path, parse_stream_list};
+
+pub type Shared = Arc<Manager>;
+
+/// The URL of the `__ds` root this request came through (`http://host/v1/stream/__ds`): the
+/// original path minus the part this nested router saw. Honors `X-Forwarded-Proto`/`-Host` from
+/// a fronting proxy; falls back to the node's advertised URL without a Host.
+pub fn ds_root(mgr: &Manager, headers: &HeaderMap, original: &Uri, nested: &Uri) -> String {
+    let orig = original.path();
+    let prefix = orig
+        .strip_suffix(nested.path())
+        .unwrap_or(orig)
+        .trim_end_matches('/');
+    let header_str = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(',').next())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let host = header_str("x-forwarded-host")
+        .or_else(|| header_str(header::HOST.as_str()))
+        .map(str::to_string)
+        .or_else(|| original.authority().map(|a| a.to_string()));
+    match host {
+        Some(host) => {
+            let scheme = header_str("x-forwarded-proto")
+                .filter(|p| *p == "https" || *p == "http")
+                .or(original.scheme_str())
+                .unwrap_or("http");
+            format!("{scheme}://{host}{prefix}")
+        }
+        None => format!("{}{prefix}", mgr.advertised_url().trim_end_matches('/')),
+    }
+}
+
+fn json_body(body: &Bytes) -> Result<Value, SubError> {
+    if body.is_empty() {
+        return Ok(Value::Object(Default::default()));
+    }
+    serde_json::from_slice(body).map_err(|e| SubError::invalid(format!("invalid JSON body: {e}")))
+}
+
+fn wake_request(body: &Bytes) -> Result<WakeRequest, SubError> {
+    if body.is_empty() {
+        return Ok(WakeRequest::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| SubError::invalid(format!("invalid request body: {e}")))
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+fn found(id: &str) -> Result<(), SubError> {
+    // A malformed id can name no subscription.
+    check_id(id).map_err(|_| SubError::NotFound)
+}
+
+pub async fn jwks(State(mgr): State<Shared>) -> Result<Response, SubError> {
+    mgr.ensure_background();
+    let keys = mgr.keys().await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/jwk-set+json"),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        keys.jwks().to_string(),
+    )
+        .into_response())
+}
+
+pub async fn put_sub(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+    OriginalUri(original): OriginalUri,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, SubError> {
+    mgr.ensure_background();
+    check_id(&id)?;
+    let config = Config::parse(&json_body(&body)?)?;
+    let root = ds_root(&mgr, &headers, &original, &uri);
+    let out = mgr.upsert(&id, config, &root).await?;
+    let status = if out.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(out.body)).into_response())
+}
+
+pub async fn get_sub(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+    OriginalUri(original): OriginalUri,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, SubError> {
+    mgr.ensure_background();
+    found(&id)?;
+    let root = ds_root(&mgr, &headers, &original, &uri);
+    Ok(Json(mgr.get(&id, &root).await?).into_response())
+}
+
+pub async fn delete_sub(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, SubError> {
+    mgr.ensure_background();
+    if check_id(&id).is_ok() {
+        mgr.delete(&id).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn add_streams(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, SubError> {
+    mgr.ensure_background();
+    found(&id)?;
+    let v = json_body(&body)?;
+    let streams = v
+        .get("streams")
+        .ok_or_else(|| SubError::invalid("streams must be a non-empty array"))
+        .and_then(parse_stream_list)?;
+    if streams.is_empty() {
+        return Err(SubError::invalid("streams must be a non-empty array"));
+    }
+    mgr.add_streams(&id, streams).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn remove_stream(
+    State(mgr): State<Shared>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<StatusCode, SubError> {
+    mgr.ensure_background();
+    found(&id)?;
+    mgr.remove_stream(&id, &normalize_path(&path)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn callback(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, SubError> {
+    mgr.ensure_background();
+    found(&id)?;
+    let token = bearer(&headers).ok_or(SubError::TokenInvalid)?;
+    let req = wake_request(&body)?;
+    Ok(Json(mgr.callback(&id, Some(token), req).await?).into_response())
+}
+
+pub async fn claim(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, SubError> {
+    mgr.ensure_background();
+    found(&id)?;
+    let v = json_body(&body)?;
+    let worker = v
+        .get("worker")
+        .and_then(Value::as_str)
+        .filter(|w| !w.is_empty() && w.len() <= 256)
+        .ok_or_else(|| SubError::invalid("worker must be a non-empty string"))?;
+    Ok(Json(mgr.claim(&id, worker).await?).into_response())
+}
+
+pub async fn ack(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, SubError> {
+    mgr.ensure_background();
+    found(&id)?;
+    let token = bearer(&headers).ok_or(SubError::TokenInvalid)?;
+    let req = wake_request(&body)?;
+    Ok(Json(mgr.ack(&id, Some(token), req).await?).into_response())
+}
+
+pub async fn release(
+    State(mgr): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<StatusCode, SubError> {
+    mgr.ensure_background();
+    found(&id)?;
+    let token = bearer(&headers).ok_or(SubError::TokenInvalid)?;
+    let req = wake_request(&body)?;
+    mgr.release(&id, Some(token), req).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn route_not_found() -> SubError {
+    SubError::RouteNotFound
+}
+
+pub async fn method_not_allowed() -> SubError {
+    SubError::MethodNotAllowed
+}

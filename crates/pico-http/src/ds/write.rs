@@ -1,0 +1,246 @@
+//! `PUT` (create, create-closed, fork), `POST` (append, append-and-close, close-only) and
+//! `DELETE`. A byte-stream POST body is one record; a JSON POST body is one record per message
+//! (a top-level array flattened one level).
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use pico_common::StreamName;
+use pico_protocol::Record;
+use pico_protocol::ds_json::split_messages;
+use pico_protocol::headers as h;
+use pico_server::{
+    AppendError, AppendOptions, AppendRequest, CreateConfig, CreateRequest, ForkRequest,
+    StreamInfo, is_json,
+};
+
+use super::error::DsError;
+use super::headers as dh;
+use super::{Ds, content_type_value, set, set_offset, set_true, source_name};
+use crate::pico::{no_store, read_body};
+
+/// The records a body holds in a stream of content type `stream_ct`. `[]` yields none.
+fn records(stream_ct: &str, body: Bytes) -> Result<Vec<Record>, DsError> {
+    if body.is_empty() {
+        return Ok(Vec::new());
+    }
+    if is_json(stream_ct) {
+        let msgs = split_messages(&body).map_err(|e| DsError::bad_request(e.to_string()))?;
+        return Ok(msgs.into_iter().map(Record::from_value).collect());
+    }
+    Ok(vec![Record::from_value(body)])
+}
+
+/// Headers shared by create responses.
+fn info_headers(hm: &mut HeaderMap, info: &StreamInfo) {
+    hm.insert(header::CONTENT_TYPE, content_type_value(&info.content_type));
+    set_offset(hm, info.next_seq);
+    if info.closed {
+        set_true(hm, h::DS_STREAM_CLOSED);
+    }
+    no_store(hm);
+}
+
+/// An absolute URL for `Location`, from the request's Host.
+fn location(headers: &HeaderMap, uri: &Uri) -> Option<HeaderValue> {
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    HeaderValue::from_str(&format!("http://{host}{}", uri.path())).ok()
+}
+
+pub async fn put(
+    ds: &Ds,
+    name: StreamName,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, DsError> {
+    let content_type = dh::content_type(headers)?;
+    let (ttl_secs, expires_at_ms) = dh::ttl_and_expiry(headers)?;
+    let closed = dh::closed(headers)?;
+    let fork = dh::fork(headers)?;
+    let body = read_body(headers, body, ds.node.config().max_request_size).await?;
+    let config = CreateConfig {
+        content_type,
+        ttl_secs,
+        expires_at_ms,
+        closed,
+    };
+    let out = match fork {
+        None => {
+            let ct = pico_server::normalize_content_type(config.content_type.as_deref());
+            let initial = records(&ct, body)?;
+            ds.node
+                .create(CreateRequest {
+                    name: name.clone(),
+                    config,
+                    initial,
+                })
+                .await?
+        }
+        Some(f) => {
+            let source = source_name(ds.root, &f.source)?;
+            // The body is framed by the fork's content type: the given one, else the source's.
+            let ct = match &config.content_type {
+                Some(ct) => ct.clone(),
+                None if body.is_empty() => String::new(),
+                None => ds.node.head(&source).await?.content_type,
+            };
+            let initial = records(&ct, body)?;
+            ds.node
+                .fork(ForkRequest {
+                    name: name.clone(),
+                    source,
+                    offset: f.offset,
+                    sub_offset: f.sub_offset,
+                    config,
+                    initial,
+                })
+                .await?
+        }
+    };
+    let mut resp = if out.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
+    .into_response();
+    let hm = resp.headers_mut();
+    info_headers(hm, &out.info);
+    if out.created
+        && let Some(loc) = location(headers, uri)
+    {
+        hm.insert(header::LOCATION, loc);
+    }
+    Ok(resp)
+}
+
+pub async fn post(
+    ds: &Ds,
+    name: StreamName,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, DsError> {
+    let close = dh::closed(headers)?;
+    let producer = dh::producer(headers)?;
+    let stream_seq = dh::stream_seq(headers)?;
+    let request_ct = dh::content_type(headers)?;
+    let body = read_body(headers, body, ds.node.config().max_request_size).await?;
+    if body.is_empty() && !close {
+        return Err(DsError::bad_request(
+            "empty append: send a body, or Stream-Closed: true to close",
+        ));
+    }
+    let records = if body.is_empty() {
+        Vec::new()
+    } else {
+        let Some(ct) = &request_ct else {
+            return Err(DsError::bad_request(
+                "an append with a body needs a Content-Type",
+            ));
+        };
+        // Frame by the stream's type; a mismatching request type is left to the service (409).
+        let info = ds.node.head(&name).await?;
+        let frame_ct = if pico_server::content_type_matches(ct, &info.content_type) {
+            info.content_type.as_str()
+        } else {
+            h::CONTENT_TYPE_OCTET_STREAM
+        };
+        let recs = records(frame_ct, body)?;
+        if recs.is_empty() {
+            return Err(DsError::bad_request("empty JSON arrays are not allowed"));
+        }
+        recs
+    };
+    let wrote = !records.is_empty();
+    let has_producer = producer.is_some();
+    let reclose = !wrote && close && producer.is_none();
+    let result = ds
+        .node
+        .append_with(
+            AppendRequest {
+                name,
+                records,
+                producer,
+                match_seq: None,
+                close,
+                content_type: if wrote { request_ct } else { None },
+            },
+            AppendOptions { stream_seq },
+        )
+        .await;
+    let out = match result {
+        // Closing a closed stream is idempotent on the DS wire (the Pico protocol answers 409).
+        Err(AppendError::Closed { next_seq, .. }) if reclose => {
+            let mut resp = StatusCode::NO_CONTENT.into_response();
+            let hm = resp.headers_mut();
+            set_offset(hm, next_seq);
+            set_true(hm, h::DS_STREAM_CLOSED);
+            no_store(hm);
+            return Ok(resp);
+        }
+        other => other?,
+    };
+    // 200 only for new data from an idempotent producer; duplicates and plain appends are 204.
+    let status = if has_producer && wrote && !out.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::NO_CONTENT
+    };
+    let mut resp = status.into_response();
+    let hm = resp.headers_mut();
+    set_offset(hm, out.next_seq);
+    if out.closed {
+        set_true(hm, h::DS_STREAM_CLOSED);
+    }
+    if let Some((epoch, seq)) = out.producer {
+        set(hm, h::DS_PRODUCER_EPOCH, HeaderValue::from(epoch));
+        set(hm, h::DS_PRODUCER_SEQ, HeaderValue::from(seq));
+    }
+    no_store(hm);
+    Ok(resp)
+}
+
+pub async fn delete(ds: &Ds, name: StreamName) -> Result<Response, DsError> {
+    ds.node.delete(&name).await?;
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    no_store(resp.headers_mut());
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_framing() {
+        let r = records("text/plain", Bytes::from_static(b"a\nb")).unwrap();
+        assert_eq!(r.len(), 1);
+        let r = records(
+            "application/json",
+            Bytes::from_static(b"[1,[2,3],{\"a\":4}]"),
+        )
+        .unwrap();
+        let vals: Vec<&[u8]> = r.iter().map(|r| &r.value[..]).collect();
+        assert_eq!(vals, vec![&b"1"[..], b"[2,3]", b"{\"a\":4}"]);
+        assert!(
+            records("application/json", Bytes::from_static(b"[]"))
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            records(
+                "application/json; charset=utf-8",
+                Bytes::from_static(b"{ bad")
+            )
+            .unwrap_err()
+            .status,
+            400
+        );
+        assert!(
+            records("application/json", Bytes::new())
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

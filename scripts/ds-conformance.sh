@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Durable Streams conformance: installs @durable-streams/server-conformance-tests (pinned in
+# scripts/ds/package.json) into target/ds-conf, starts the real `pico` binary on file storage in a
+# temp dir with a 1 s long-poll timeout on free loopback ports, runs the whole suite, prints its
+# summary, stops the server and fails unless every test passed.
+#
+#   PICO_BIN        binary to test (default: target/debug/pico, built if missing)
+#   SUBSCRIPTIONS=1 include the 6 subscription tests (then 338/338 must pass; else 332 + 6 skipped)
+#   DS_CONF_DIR     where npm installs the suite (default: target/ds-conf)
+#   VITEST_ARGS     extra vitest arguments, e.g. `-t "SSE Mode"` (the count check is then skipped)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+WORK=${DS_CONF_DIR:-$ROOT/target/ds-conf}
+PICO_BIN=${PICO_BIN:-$ROOT/target/debug/pico}
+SUBSCRIPTIONS=${SUBSCRIPTIONS:-0}
+LONG_POLL_SEC=1
+
+if [[ ! -x $PICO_BIN ]]; then
+  echo "ds-conformance: building pico ($PICO_BIN not found)" >&2
+  cargo build -p pico-cli
+fi
+
+mkdir -p "$WORK"
+cp scripts/ds/package.json scripts/ds/conformance.test.mjs scripts/ds/vitest.config.mjs "$WORK/"
+(cd "$WORK" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+
+free_port() {
+  node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
+}
+PORT=$(free_port)
+ADMIN_PORT=$(free_port)
+DATA=$(mktemp -d "${TMPDIR:-/tmp}/pico-ds-conf.XXXXXX")
+LOG=$DATA/pico.log
+SERVER_PID=
+
+cleanup() {
+  if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$DATA"
+}
+trap cleanup EXIT
+
+"$PICO_BIN" serve \
+  --meta-url "sqlite:$DATA/meta.db" \
+  --storage="-2@file://$DATA/objects" \
+  --listen "127.0.0.1:$PORT" \
+  --admin-listen "127.0.0.1:$ADMIN_PORT" \
+  --no-kafka \
+  --long-poll-timeout-sec "$LONG_POLL_SEC" \
+  >"$LOG" 2>&1 &
+SERVER_PID=$!
+
+for _ in $(seq 1 100); do
+  if curl -fsS "http://127.0.0.1:$ADMIN_PORT/ready" >/dev/null 2>&1; then break; fi
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "ds-conformance: pico exited during startup:" >&2
+    cat "$LOG" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+
+RESULTS=$WORK/results.json
+rm -f "$RESULTS"
+set +e
+(cd "$WORK" && CONFORMANCE_TEST_URL="http://127.0.0.1:$PORT" SUBSCRIPTIONS="$SUBSCRIPTIONS" \
+  LONG_POLL_MS=$((LONG_POLL_SEC * 1000)) \
+  npx vitest run --reporter=default --reporter=json --outputFile.json="$RESULTS" ${VITEST_ARGS:-})
+VITEST_RC=$?
+set -e
+
+if [[ ! -f $RESULTS ]]; then
+  echo "ds-conformance: no results (vitest exit $VITEST_RC); server log:" >&2
+  tail -n 50 "$LOG" >&2
+  exit 1
+fi
+read -r PASSED FAILED SKIPPED TOTAL < <(node -e '
+  const r = require(process.argv[1]);
+  console.log(r.numPassedTests, r.numFailedTests, r.numPendingTests + r.numTodoTests, r.numTotalTests);
+' "$RESULTS")
+echo "ds-conformance: ${PASSED} passed, ${FAILED} failed, ${SKIPPED} skipped of ${TOTAL} (subscriptions=${SUBSCRIPTIONS})"
+
+if [[ -n ${VITEST_ARGS:-} ]]; then
+  exit "$VITEST_RC"
+fi
+if [[ $SUBSCRIPTIONS == 1 ]]; then
+  WANT_PASSED=338 WANT_SKIPPED=0
+else
+  WANT_PASSED=332 WANT_SKIPPED=6
+fi
+if [[ $VITEST_RC -ne 0 || $FAILED -ne 0 || $PASSED -ne $WANT_PASSED || $SKIPPED -ne $WANT_SKIPPED ]]; then
+  echo "ds-conformance: FAILED (want ${WANT_PASSED} passed, ${WANT_SKIPPED} skipped)" >&2
+  exit 1
+fi
+echo "ds-conformance: OK"
