@@ -8,6 +8,7 @@
 //! - [`headers`]: strict request-header parsing (TTL, Expires-At, producer triple, integers).
 //! - [`error`]: the one mapping of service errors to status, JSON body and headers.
 //! - [`cors`]: CORS preflight and the headers every response carries.
+//! - [`routing`]: 307 to the owning node for streams open elsewhere.
 //! - [`admin`]: probe handlers.
 
 pub mod admin;
@@ -16,9 +17,10 @@ pub mod ds;
 pub mod error;
 pub mod headers;
 pub mod pico;
+pub mod routing;
 
 use axum::Router;
-use axum::middleware::from_fn;
+use axum::middleware::{from_fn, from_fn_with_state};
 use pico_server::Node;
 
 pub use error::HttpError;
@@ -35,14 +37,19 @@ pub struct HttpOptions {
 
 /// The protocol listener's router.
 pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
-    // `routing_local` has no effect yet: redirects need an ownership query on `Node`.
     let HttpOptions {
-        routing_local: _,
+        routing_local,
         ds_at_root,
     } = opts;
     let mut r = ds::router(node.clone(), ds_at_root);
     if !ds_at_root {
-        r = r.merge(pico::router(node));
+        r = r.merge(pico::router(node.clone()));
+    }
+    if !routing_local {
+        r = r.layer(from_fn_with_state(
+            (node, ds_at_root),
+            routing::redirect_to_owner,
+        ));
     }
     r.layer(from_fn(cors::cors))
 }

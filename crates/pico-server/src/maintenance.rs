@@ -11,7 +11,14 @@ use std::time::Duration;
 pub(crate) fn spawn_all(node: &Node) {
     let mut tasks = node.inner.tasks.lock().unwrap_or_else(|p| p.into_inner());
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), gc_pass));
-    tasks.push(spawn_loop(node.clone(), Duration::from_secs(1), ttl_pass));
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(1), touch_pass));
+    // Expiry is checked on every access; the sweep only reclaims streams nobody touches, so it
+    // can afford to run rarely (it scans the registry).
+    tasks.push(spawn_loop(
+        node.clone(),
+        Duration::from_secs(10),
+        expiry_pass,
+    ));
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), idle_pass));
 }
 
@@ -51,8 +58,8 @@ pub(crate) async fn gc_pass(node: Node) {
     }
 }
 
-/// Persists pending TTL touches and removes streams whose TTL or expiry passed.
-pub(crate) async fn ttl_pass(node: Node) {
+/// Persists pending TTL touches.
+pub(crate) async fn touch_pass(node: Node) {
     let pending = node.inner.touches.pending();
     if !pending.is_empty() {
         let view = node.inner.meta.view();
@@ -85,6 +92,10 @@ pub(crate) async fn ttl_pass(node: Node) {
             }
         }
     }
+}
+
+/// Removes streams whose TTL or expiry passed.
+pub(crate) async fn expiry_pass(node: Node) {
     let now = now_ms();
     let view = node.inner.meta.view();
     let expired: Vec<(String, u64)> = view

@@ -1,0 +1,74 @@
+//! Ownership routing: a request for a stream open on another node is answered with a 307 to the
+//! owner's advertised URL (same path and query) so the client re-sends it there. Creates (PUT),
+//! the listing (`/`), preflights and the `__ds` control namespace are served wherever they land;
+//! `--routing local` turns redirects off. A stale view costs a hop, never a split stream: the
+//! owner is fenced by epochs, not by this check.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use pico_common::StreamName;
+use pico_server::Node;
+
+/// The stream a request path names, if any (Pico path, or DS under `/v1/stream/`).
+fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
+    let rest = match path.strip_prefix("/v1/stream/") {
+        Some(rest) => rest,
+        None if path == "/" || path == "/v1/stream" => return None,
+        None => path,
+    };
+    if rest.starts_with("__ds") || (ds_at_root && path.starts_with("/__ds")) {
+        return None;
+    }
+    StreamName::parse(rest).ok()
+}
+
+pub async fn redirect_to_owner(
+    State((node, ds_at_root)): State<(Node, bool)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if req.method() == Method::PUT || req.method() == Method::OPTIONS {
+        return next.run(req).await;
+    }
+    let Some(name) = stream_of(req.uri().path(), ds_at_root) else {
+        return next.run(req).await;
+    };
+    let Some(owner) = node.owner_url(&name) else {
+        return next.run(req).await;
+    };
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let location = format!("{}{}", owner.trim_end_matches('/'), path_and_query);
+    match HeaderValue::from_str(&location) {
+        Ok(loc) => (
+            StatusCode::TEMPORARY_REDIRECT,
+            [
+                (header::LOCATION, loc),
+                (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            ],
+        )
+            .into_response(),
+        // An owner address that is not a valid header: serve locally rather than fail.
+        Err(_) => next.run(req).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_paths() {
+        assert_eq!(stream_of("/a/b", false).unwrap().as_str(), "a/b");
+        assert_eq!(stream_of("/v1/stream/a/b", false).unwrap().as_str(), "a/b");
+        assert!(stream_of("/", false).is_none());
+        assert!(stream_of("/v1/stream", false).is_none());
+        assert!(stream_of("/v1/stream/__ds/jwks.json", false).is_none());
+        assert!(stream_of("/__ds/jwks.json", true).is_none());
+    }
+}
