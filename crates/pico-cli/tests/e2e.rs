@@ -1463,3 +1463,32 @@ fn client_commands_report_one_line_errors() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not yet supported"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// 5. HTTP/2 without TLS (h2c, prior knowledge) on the same listener
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn server_speaks_h2c_and_http1_on_one_port() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &[]);
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = format!("{}/h2c/s", server.endpoint());
+    let put = h2.put(&url).send().await.unwrap();
+    assert_eq!(put.version(), reqwest::Version::HTTP_2);
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let post = h2.post(&url).body("over h2").send().await.unwrap();
+    assert_eq!(post.status(), StatusCode::OK);
+    assert_eq!(post.headers()["pico-next-seq"], "1");
+    let h1 = reqwest::Client::builder().http1_only().build().unwrap();
+    let read = h1
+        .get(format!("{url}?seq=0&format=raw"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.version(), reqwest::Version::HTTP_11);
+    assert_eq!(read.text().await.unwrap(), "over h2");
+}
