@@ -2,7 +2,7 @@
 //! release, waiter cleanup. Single node: this node runs them all (the cluster issue moves GC and
 //! TTL sweeps behind a SQL lease).
 
-use crate::node::Node;
+use crate::node::{MAX_TTL_SECS, Node};
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_metadata::Command;
@@ -71,7 +71,10 @@ pub(crate) async fn touch_pass(node: Node) {
                     .get(id)
                     .and_then(|m| view.registry.get(&m.name))
                     .and_then(|e| e.config.ttl_secs.map(|ttl| (e.last_touch_ms, ttl)))
-                    .is_some_and(|(last, ttl)| at - last >= (ttl as i64 * 1000 / 4).max(1))
+                    .is_some_and(|(last, ttl)| {
+                        at.saturating_sub(last)
+                            >= ((ttl.min(MAX_TTL_SECS) as i64) * 1000 / 4).max(1)
+                    })
             })
             .collect();
         if !due.is_empty() {
@@ -118,29 +121,52 @@ pub(crate) async fn expiry_pass(node: Node) {
 
 /// Releases streams idle for `idle_release`: flushes them into committed objects and drops their
 /// engine state, so memory follows the active set, not the number of streams ever written.
+/// One flush and one metadata row serve every stream released in a pass.
 pub(crate) async fn idle_pass(node: Node) {
     node.inner.waiters.sweep();
     let cutoff = now_ms() - node.inner.config.idle_release.as_millis() as i64;
-    for open in node.inner.open.idle(cutoff) {
-        {
-            let mut w = open.writer.lock().await;
-            w.broken = true;
-        }
-        node.inner.open.remove(open.stream_id, Some(open.epoch));
-        if let Err(e) = node.inner.engine.close(open.stream_id).await {
-            tracing::warn!(error = %e, stream = open.stream_id, "idle release: flush failed");
+    let mut released = Vec::new();
+    for open in node.inner.open.idle(cutoff).into_iter().take(IDLE_BATCH) {
+        // A writer busy right now is not idle: skip it rather than wait.
+        let Ok(mut w) = open.writer.try_lock() else {
+            continue;
+        };
+        w.broken = true;
+        drop(w);
+        node.inner.open.remove_open(&open);
+        released.push(open);
+    }
+    if released.is_empty() {
+        return;
+    }
+    if let Err(e) = node.inner.engine.flush().await {
+        // The data stays in the WAL and the cache; the next open flushes before re-opening.
+        tracing::warn!(error = %e, streams = released.len(), "idle release: flush failed");
+        return;
+    }
+    let cfg = &node.inner.config;
+    let mut cmds = Vec::with_capacity(released.len());
+    for open in &released {
+        // Re-opened meanwhile by a new request: that incarnation is not ours to close.
+        if node.inner.engine.is_open(open.stream_id) != Some(open.epoch) {
             continue;
         }
-        let cfg = &node.inner.config;
-        let _ = node
-            .inner
-            .meta
-            .propose(Command::ReleaseStream {
-                stream_id: open.stream_id,
-                epoch: open.epoch,
-                node_id: cfg.node_id,
-                node_epoch: cfg.node_epoch,
-            })
-            .await;
+        if let Err(e) = node.inner.engine.close(open.stream_id).await {
+            tracing::warn!(error = %e, stream = open.stream_id, "idle release: close failed");
+            continue;
+        }
+        cmds.push(Command::ReleaseStream {
+            stream_id: open.stream_id,
+            epoch: open.epoch,
+            node_id: cfg.node_id,
+            node_epoch: cfg.node_epoch,
+        });
+    }
+    // Rejections (a newer open of the stream already happened) are expected and harmless.
+    if let Err(e) = node.inner.meta.propose_many(cmds).await {
+        tracing::warn!(error = %e, "idle release: releasing ownership failed");
     }
 }
+
+/// Streams released per idle pass (bounds one pass's work and its metadata row).
+const IDLE_BATCH: usize = 4096;

@@ -162,6 +162,11 @@ impl Node {
                 "ttl and expires-at are mutually exclusive".into(),
             ));
         }
+        if req.config.ttl_secs.is_some_and(|t| t > MAX_TTL_SECS) {
+            return Err(CreateError::BadRequest(format!(
+                "ttl too large: max={MAX_TTL_SECS} seconds"
+            )));
+        }
         let now = now_ms();
         // An expired stream behaves as absent: remove it so the name is free again.
         if let Some(r) = self.resolve_raw(&req.name)
@@ -174,15 +179,29 @@ impl Node {
                 Err(other) => return Err(CreateError::Internal(other.to_string())),
             }
         }
-        let content_type = normalize_content_type(req.config.content_type.as_deref());
+        let config = StreamConfig {
+            content_type: normalize_content_type(req.config.content_type.as_deref()),
+            ttl_secs: req.config.ttl_secs,
+            expires_at_ms: req.config.expires_at_ms,
+        };
         let has_initial = !req.initial.is_empty();
+        // A retry of a completed create-with-body-and-close: the stored entry is closed while
+        // the command below asks for an open stream (it closes after the body), so answer here.
+        if has_initial
+            && req.config.closed
+            && let Some(r) = self.resolve_raw(&req.name)
+            && r.entry.closed
+            && r.entry.fork.is_none()
+            && r.entry.config == config
+        {
+            return Ok(CreateOutcome {
+                created: false,
+                info: self.info(&r),
+            });
+        }
         let cmd = Command::CreateStream {
             name: req.name.as_str().to_string(),
-            config: StreamConfig {
-                content_type,
-                ttl_secs: req.config.ttl_secs,
-                expires_at_ms: req.config.expires_at_ms,
-            },
+            config,
             // With initial records, close after appending them.
             closed: req.config.closed && !has_initial,
             now_ms: now,
@@ -199,19 +218,56 @@ impl Node {
             }
             Err(e) => return Err(CreateError::Internal(e.to_string())),
         };
-        if created && has_initial {
-            self.append(AppendRequest {
-                name: req.name.clone(),
-                records: req.initial,
-                producer: None,
-                match_seq: None,
-                close: req.config.closed,
-                content_type: None,
-            })
-            .await?;
+        // The body is appended under a reserved producer claim, so a retry after a failure
+        // between create and append (the stream is still empty) appends it exactly once.
+        let retry_of_unfinished = !created
+            && has_initial
+            && self.resolve_raw(&req.name).is_some_and(|r| {
+                self.tail(&r.meta) == 0 || r.meta.producers.contains_key(INITIAL_PRODUCER)
+            });
+        if created || retry_of_unfinished {
+            if has_initial {
+                let first = self
+                    .append(AppendRequest {
+                        name: req.name.clone(),
+                        records: req.initial,
+                        producer: Some(ProducerClaim {
+                            id: INITIAL_PRODUCER.to_string(),
+                            epoch: 0,
+                            seq: 0,
+                        }),
+                        match_seq: None,
+                        close: req.config.closed,
+                        content_type: None,
+                    })
+                    .await;
+                match first {
+                    Ok(_) => {}
+                    Err(AppendError::Closed { .. }) if !created => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // A duplicate answer does not close: finish a create-closed retry explicitly.
+            if !created && req.config.closed {
+                let close = self
+                    .append(AppendRequest {
+                        name: req.name.clone(),
+                        records: Vec::new(),
+                        producer: None,
+                        match_seq: None,
+                        close: true,
+                        content_type: None,
+                    })
+                    .await;
+                match close {
+                    Ok(_) | Err(AppendError::Closed { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
+        // Not `resolve`: a stream created already expired exists until the sweep removes it.
         let info = self
-            .resolve(&req.name, now_ms())
+            .resolve_raw(&req.name)
             .map(|r| self.info(&r))
             .ok_or_else(|| CreateError::Internal("stream vanished after create".into()))?;
         Ok(CreateOutcome { created, info })
@@ -244,6 +300,16 @@ impl Node {
                 producers::MAX_PRODUCER_ID_LEN
             )));
         }
+        if opts
+            .stream_seq
+            .as_ref()
+            .is_some_and(|q| q.len() > producers::MAX_STREAM_SEQ_LEN)
+        {
+            return Err(AppendError::BadRequest(format!(
+                "stream-seq longer than {} bytes",
+                producers::MAX_STREAM_SEQ_LEN
+            )));
+        }
         if req.records.is_empty() && !req.close {
             return Err(AppendError::BadRequest("empty append".into()));
         }
@@ -256,7 +322,7 @@ impl Node {
         let mut w = open.writer.lock().await;
         if w.broken {
             drop(w);
-            self.inner.open.remove(stream_id, Some(open.epoch));
+            self.inner.open.remove_open(&open);
             return Err(AppendError::Unavailable(format!(
                 "stream is being reopened, retry: name=`{}`",
                 r.name
@@ -276,6 +342,10 @@ impl Node {
             if same_closer {
                 let producer = req.producer.as_ref().map(|p| (p.epoch, p.seq));
                 drop(w);
+                // Acknowledge only what is true: the original's data is durable and the close
+                // is committed (it may still be in flight, or have failed).
+                self.wait_durable(&open, next).await?;
+                self.wait_sealed(&open, &r.name).await?;
                 return Ok(AppendOutcome {
                     start_seq: next,
                     next_seq: next,
@@ -305,8 +375,9 @@ impl Node {
                 Decision::Duplicate { last_seq } => {
                     let closed = w.closed;
                     drop(w);
-                    // The original may still be in flight: acknowledge only once it is durable.
-                    self.wait_durable(stream_id, next).await?;
+                    // The original may still be in flight: acknowledge only once it is durable
+                    // in this same incarnation of the stream.
+                    self.wait_durable(&open, next).await?;
                     return Ok(AppendOutcome {
                         start_seq: next,
                         next_seq: next,
@@ -374,22 +445,27 @@ impl Node {
                 producer: req.producer.clone(),
                 stream_seq: opts.stream_seq.clone(),
             });
-            let submitted = engine
-                .append(s3stream::AppendRequest {
-                    stream: stream_id,
-                    epoch: open.epoch,
-                    record_count: records.len() as u32,
-                    batch,
-                    aux,
-                })
-                .await;
-            match submitted {
-                Ok(p) => pending = Some(p),
-                Err(e) => {
+            let submit = engine.append(s3stream::AppendRequest {
+                stream: stream_id,
+                epoch: open.epoch,
+                record_count: records.len() as u32,
+                batch,
+                aux,
+            });
+            // Queue space frees as the WAL and uploads make progress; when storage is down it
+            // never does, so answer 503 rather than hang (offsets are assigned only on success).
+            match tokio::time::timeout(SUBMIT_TIMEOUT, submit).await {
+                Ok(Ok(p)) => pending = Some(p),
+                Ok(Err(e)) => {
                     w.broken = true;
                     drop(w);
-                    self.inner.open.remove(stream_id, Some(open.epoch));
+                    self.inner.open.remove_open(&open);
                     return Err(engine_append_error(e));
+                }
+                Err(_) => {
+                    return Err(AppendError::Unavailable(
+                        "storage is not keeping up: append queue full, retry later".into(),
+                    ));
                 }
             }
         }
@@ -417,37 +493,23 @@ impl Node {
         let new_next = pending.as_ref().map(|p| p.next_offset).unwrap_or(next);
         drop(w);
 
-        match pending {
-            Some(p) => {
-                if let Err(e) = p.durable().await {
-                    open.writer.lock().await.broken = true;
-                    self.inner.open.remove(stream_id, Some(open.epoch));
-                    return Err(AppendError::Durability(e.to_string()));
-                }
-            }
-            // Close-only: everything appended before must be durable first.
-            None => self.wait_durable(stream_id, next).await?,
-        }
-        if req.close {
-            let mark = req.producer.as_ref().map(|p| ProducerMark {
+        // Durability wait and seal run in their own task: a client that disconnects must not
+        // leave a close decided in memory but never committed.
+        let close = req.close.then(|| {
+            req.producer.as_ref().map(|p| ProducerMark {
                 id: p.id.clone(),
                 epoch: p.epoch,
                 seq: p.seq,
-            });
-            let sealed = self
-                .propose(Command::SealStream {
-                    stream_id,
-                    closed_at: new_next,
-                    producer: mark,
-                    now_ms: now,
-                })
+            })
+        });
+        let node = self.clone();
+        let finishing = open.clone();
+        tokio::spawn(async move {
+            node.finish_append(finishing, pending, next, new_next, close, now)
                 .await
-                .map_err(AppendError::Unavailable)?;
-            if let Err(e) = sealed {
-                return Err(AppendError::Internal(format!("close rejected: {e}")));
-            }
-            self.inner.waiters.notify_closed(stream_id);
-        }
+        })
+        .await
+        .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))??;
         // Nobody listening is fine: the channel is a bounded, lossy broadcast.
         let _ = self.inner.events.send(StreamEvent::Appended {
             name: r.name.clone(),
@@ -485,6 +547,14 @@ impl Node {
             return Err(ReadError::Trimmed {
                 offset: from,
                 start_seq: start,
+            });
+        }
+        // Offsets past the tail were never handed out: answering an empty, cacheable 200 would
+        // let a reader skip the records written there later.
+        if from > tail {
+            return Err(ReadError::BeyondTail {
+                offset: from,
+                next_seq: tail,
             });
         }
         let max_records = req
@@ -899,16 +969,16 @@ impl Node {
     /// Stops serving, flushes every open stream into committed objects, stops background tasks.
     pub async fn shutdown(&self) {
         self.inner.serving.store(false, Ordering::Relaxed);
-        for open in self.inner.open.all() {
-            open.writer.lock().await.broken = true;
-        }
-        if let Err(e) = self.inner.engine.shutdown().await {
-            tracing::error!(error = %e, "engine shutdown did not flush everything (the WAL keeps it)");
-        }
+        // Maintenance first, so no idle release races the final flush. Writers are not locked:
+        // an append stuck waiting for queue space would hold up shutdown, and the engine rejects
+        // new appends once it is shutting down.
         let tasks =
             std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for t in tasks {
             t.abort();
+        }
+        if let Err(e) = self.inner.engine.shutdown().await {
+            tracing::error!(error = %e, "engine shutdown did not flush everything (the WAL keeps it)");
         }
         self.inner.meta.close().await;
     }
@@ -1073,7 +1143,7 @@ impl Node {
         if let Some(open) = self.inner.open.get(stream_id) {
             open.writer.lock().await.broken = true;
         }
-        self.inner.open.remove(stream_id, None);
+        self.inner.open.remove_any(stream_id);
         self.inner.engine.forget(stream_id);
         self.inner.touches.remove(stream_id);
         self.inner.waiters.notify_gone(stream_id);
@@ -1152,6 +1222,11 @@ impl Node {
                 self.inner.engine.open(stream_id, epoch, end);
                 // Producer and closure state as committed; the writer keeps it current from here.
                 let view = self.inner.meta.view();
+                // Deleted while we were opening: drop the engine state we just created.
+                if view.streams.get(&stream_id).is_none() {
+                    self.inner.engine.forget(stream_id);
+                    return Err(AppendError::NotFound(r.name.to_string()));
+                }
                 let producers: HashMap<String, ProducerState> = view
                     .streams
                     .get(&stream_id)
@@ -1194,35 +1269,138 @@ impl Node {
             })
             .await
             .cloned();
-        if result.is_err() && !slot.initialized() {
-            self.inner.open.remove(stream_id, None);
+        // A stream that is gone leaves no empty slot behind; other failures keep the slot so
+        // that callers queued on it retry the open on the same cell (never two opens at once).
+        if matches!(result, Err(AppendError::NotFound(_))) {
+            self.inner.open.remove_cell(stream_id, &slot);
         }
         result
     }
 
-    /// Waits until everything submitted below `target` is durable.
-    async fn wait_durable(&self, stream_id: u64, target: u64) -> Result<(), AppendError> {
-        let engine = &self.inner.engine;
-        if engine.durable_end(stream_id).is_none_or(|d| d >= target) {
-            return Ok(());
-        }
-        let mut rx = self.inner.waiters.subscribe(stream_id, Signal::default());
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if engine.durable_end(stream_id).is_none_or(|d| d >= target) {
-                return Ok(());
+    /// Second half of an append: waits for durability (or, close-only, for everything before
+    /// it), then commits the close. Any failure breaks the open stream so the next request
+    /// reloads the committed state instead of trusting what this writer decided in memory.
+    async fn finish_append(
+        &self,
+        open: Arc<OpenStream>,
+        pending: Option<s3stream::PendingAppend>,
+        next: u64,
+        new_next: u64,
+        close: Option<Option<ProducerMark>>,
+        now: i64,
+    ) -> Result<(), AppendError> {
+        match pending {
+            Some(p) => {
+                if let Err(e) = p.durable().await {
+                    self.break_open(&open).await;
+                    return Err(AppendError::Durability(e.to_string()));
+                }
             }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                _ => {
-                    return Err(AppendError::Durability(
-                        "earlier appends did not become durable in time".into(),
-                    ));
+            None => self.wait_durable(&open, next).await?,
+        }
+        if let Some(mark) = close {
+            let sealed = self
+                .propose(Command::SealStream {
+                    stream_id: open.stream_id,
+                    closed_at: new_next,
+                    producer: mark,
+                    now_ms: now,
+                })
+                .await;
+            match sealed {
+                Ok(Ok(_)) => self.inner.waiters.notify_closed(open.stream_id),
+                Ok(Err(e)) => {
+                    self.break_open(&open).await;
+                    return Err(AppendError::Internal(format!("close rejected: {e}")));
+                }
+                Err(e) => {
+                    self.break_open(&open).await;
+                    return Err(AppendError::Unavailable(e));
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Marks an open stream unusable and drops it from the table (if it is still there).
+    async fn break_open(&self, open: &Arc<OpenStream>) {
+        open.writer.lock().await.broken = true;
+        self.inner.open.remove_open(open);
+    }
+
+    /// Waits until everything submitted below `target` is durable in this incarnation of the
+    /// stream. A re-open or a failed write in between means it may never be: answer 503 so the
+    /// client retries against the committed state.
+    async fn wait_durable(&self, open: &Arc<OpenStream>, target: u64) -> Result<(), AppendError> {
+        let engine = &self.inner.engine;
+        let stream_id = open.stream_id;
+        let mut rx = self.inner.waiters.subscribe(stream_id, Signal::default());
+        let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
+        loop {
+            if engine.is_open(stream_id) != Some(open.epoch)
+                || open.writer.try_lock().is_ok_and(|w| w.broken)
+            {
+                return Err(AppendError::Unavailable(
+                    "stream was reopened before earlier appends were confirmed: retry".into(),
+                ));
+            }
+            if engine.durable_end(stream_id).is_some_and(|d| d >= target) {
+                return Ok(());
+            }
+            // A failed write sets `broken` without moving the tail: poll as well as listen.
+            let tick = tokio::time::sleep(Duration::from_millis(20));
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tick => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(AppendError::Durability(
+                    "earlier appends did not become durable in time".into(),
+                ));
+            }
+        }
+    }
+
+    /// Waits until the stream's close is committed (a retry of the closing request).
+    async fn wait_sealed(
+        &self,
+        open: &Arc<OpenStream>,
+        name: &StreamName,
+    ) -> Result<(), AppendError> {
+        let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
+        loop {
+            let sealed = self
+                .inner
+                .meta
+                .view()
+                .registry
+                .get(name.as_str())
+                .is_some_and(|e| e.stream_id == open.stream_id && e.closed_at.is_some());
+            if sealed {
+                return Ok(());
+            }
+            if open.writer.try_lock().is_ok_and(|w| w.broken)
+                || tokio::time::Instant::now() >= deadline
+            {
+                return Err(AppendError::Unavailable(
+                    "the close of this stream was not committed: retry".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
+
+/// Producer id of a create's initial records. NUL cannot occur in an HTTP header value, so no
+/// client can claim it.
+const INITIAL_PRODUCER: &str = "\u{0}initial";
+/// Largest accepted TTL (ten years): keeps every deadline computation far from overflow.
+pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// Longest an append waits for engine queue space before answering 503.
+const SUBMIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a duplicate or close waits for earlier appends to become durable.
+const DURABLE_WAIT: Duration = Duration::from_secs(60);
 
 fn engine_append_error(e: EngineError) -> AppendError {
     match e {

@@ -53,16 +53,38 @@ impl OpenTable {
         slots.get(&stream_id).and_then(|c| c.get().cloned())
     }
 
-    /// Removes the stream if it is still the given incarnation.
-    pub fn remove(&self, stream_id: u64, epoch: Option<i64>) {
+    /// Removes the slot if it still holds exactly this open stream. Identity, not epoch: a slot
+    /// whose open is still in progress belongs to someone else and must survive, or two opens
+    /// of one stream could run at once.
+    pub fn remove_open(&self, open: &Arc<OpenStream>) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let matches = match (slots.get(&stream_id).and_then(|c| c.get()), epoch) {
-            (Some(open), Some(e)) => open.epoch == e,
-            _ => true,
-        };
-        if matches {
+        if slots
+            .get(&open.stream_id)
+            .and_then(|c| c.get())
+            .is_some_and(|o| Arc::ptr_eq(o, open))
+        {
+            slots.remove(&open.stream_id);
+        }
+    }
+
+    /// Removes the slot if it is still this (uninitialised) cell: an open that failed because
+    /// the stream is gone must not leave an empty slot behind.
+    pub fn remove_cell(&self, stream_id: u64, cell: &Arc<OnceCell<Arc<OpenStream>>>) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if slots
+            .get(&stream_id)
+            .is_some_and(|c| Arc::ptr_eq(c, cell) && !c.initialized())
+        {
             slots.remove(&stream_id);
         }
+    }
+
+    /// Drops the slot whatever it holds (the stream was deleted; a late open re-checks).
+    pub fn remove_any(&self, stream_id: u64) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&stream_id);
     }
 
     /// Open streams not used since `before_ms`.

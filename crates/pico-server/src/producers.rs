@@ -71,6 +71,8 @@ pub struct Aux {
     pub stream_seq: Option<String>,
 }
 
+/// Callers bound both strings to 1 KiB (`MAX_PRODUCER_ID_LEN`, `MAX_STREAM_SEQ_LEN`), so the
+/// u16 length never truncates.
 fn put_str(b: &mut BytesMut, s: &str) {
     b.put_u16(s.len() as u16);
     b.put_slice(s.as_bytes());
@@ -160,6 +162,9 @@ pub fn decode_aux(aux: &[u8]) -> Aux {
 
 /// Longest producer id accepted (it must fit the aux codec).
 pub const MAX_PRODUCER_ID_LEN: usize = 1024;
+
+/// Longest `Stream-Seq` accepted (it must fit the aux codec's u16 length, with room to spare).
+pub const MAX_STREAM_SEQ_LEN: usize = 1024;
 
 #[cfg(test)]
 mod tests {

@@ -443,3 +443,72 @@ async fn fork_reads_stop_at_the_fork_point_inside_a_batch() {
         Err(ReadError::NotFound(_))
     ));
 }
+
+#[tokio::test]
+async fn reads_past_the_tail_are_refused() {
+    let node = start_test_node().await;
+    node.create(create_req("tail")).await.unwrap();
+    node.append(append_req("tail", &["a"])).await.unwrap();
+    let req = |from| ReadRequest {
+        name: name("tail"),
+        from: ReadFrom::Offset(from),
+        max_records: None,
+        max_bytes: None,
+        touch: false,
+    };
+    let at_tail = node.read(req(1)).await.unwrap();
+    assert!(at_tail.records.is_empty() && at_tail.up_to_date);
+    assert!(matches!(
+        node.read(req(5)).await,
+        Err(ReadError::BeyondTail {
+            offset: 5,
+            next_seq: 1
+        })
+    ));
+}
+
+#[tokio::test]
+async fn create_with_body_and_close_is_idempotent() {
+    let node = start_test_node().await;
+    let req = || CreateRequest {
+        name: name("once"),
+        config: CreateConfig {
+            closed: true,
+            ..CreateConfig::default()
+        },
+        initial: vec![rec("first")],
+    };
+    assert!(node.create(req()).await.unwrap().created);
+    let again = node.create(req()).await.unwrap();
+    assert!(
+        !again.created,
+        "a retry of the same create is not a conflict"
+    );
+    assert!(again.info.closed);
+    assert_eq!(
+        read_all(&node, "once", 0).await,
+        vec![(0, "first".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn oversized_inputs_are_bad_requests() {
+    let node = start_test_node().await;
+    let mut c = create_req("big");
+    c.config.ttl_secs = Some(u64::MAX);
+    assert!(matches!(
+        node.create(c).await,
+        Err(CreateError::BadRequest(_))
+    ));
+    node.create(create_req("big")).await.unwrap();
+    let seq = "s".repeat(producers::MAX_STREAM_SEQ_LEN + 1);
+    let r = node
+        .append_with(
+            append_req("big", &["x"]),
+            AppendOptions {
+                stream_seq: Some(seq),
+            },
+        )
+        .await;
+    assert!(matches!(r, Err(AppendError::BadRequest(_))));
+}

@@ -484,7 +484,20 @@ async fn run_committer(
             }
         };
         applier.own = Some((row_id, cmds, None));
-        let tail = applier.catch_up().await;
+        // The row is written: a failed read-back must not be reported as "nothing written", so
+        // retry a few times before answering OutcomeUnknown.
+        let mut tail = applier.catch_up().await;
+        for attempt in 1..=CATCH_UP_RETRIES {
+            match &tail {
+                Err(e)
+                    if !is_corruption(e) && applier.own.as_ref().is_some_and(|o| o.2.is_none()) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20 * attempt as u64)).await;
+                    tail = applier.catch_up().await;
+                }
+                _ => break,
+            }
+        }
         let outcomes = applier.own.take().and_then(|(_, _, o)| o);
         if let Err(e) = &tail {
             tracing::warn!(error = %e, row_id, "metadata tail after commit failed");
@@ -502,8 +515,8 @@ async fn run_committer(
             }
             None => {
                 let e = match tail {
-                    Err(e) => e,
-                    Ok(()) => MetaError::OutcomeUnknown { row_id },
+                    Err(e) if is_corruption(&e) => e,
+                    _ => MetaError::OutcomeUnknown { row_id },
                 };
                 for r in batch {
                     let _ = r.reply.send(Err(e.clone()));
@@ -513,6 +526,9 @@ async fn run_committer(
     }
     tracing::debug!("metadata committer stopped");
 }
+
+/// Read-back attempts after a committed row before answering OutcomeUnknown.
+const CATCH_UP_RETRIES: u32 = 3;
 
 fn is_corruption(e: &MetaError) -> bool {
     matches!(
