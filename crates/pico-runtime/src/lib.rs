@@ -95,6 +95,7 @@ pub async fn run(
         sse_max_duration: config.sse_max_duration,
         max_chunk_size: config.max_chunk_size,
         max_request_size: config.max_request_size,
+        slots: config.slots,
         ..NodeConfig::default()
     };
     let node = Node::start(node_config, meta, data, wal, engine)

@@ -21,6 +21,9 @@ pub struct NodeConfig {
     pub default_read_records: usize,
     /// Streams not touched for this long are released by their owner (engine state dropped).
     pub idle_release: Duration,
+    /// Most streams this node keeps open at once (`--slots`); None = unlimited. A request that
+    /// would open one more gets 503 until idle streams are released.
+    pub slots: Option<u32>,
 }
 
 impl Default for NodeConfig {
@@ -35,6 +38,7 @@ impl Default for NodeConfig {
             max_request_size: 32 * 1024 * 1024,
             default_read_records: 1000,
             idle_release: Duration::from_secs(60),
+            slots: None,
         }
     }
 }

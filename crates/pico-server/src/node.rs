@@ -1181,12 +1181,22 @@ impl Node {
     /// Opens the stream on this node (lazily, once: concurrent callers share the open).
     async fn open_stream(&self, r: &Resolved) -> Result<Arc<OpenStream>, AppendError> {
         let stream_id = r.meta.id;
+        // Checked before taking a slot, so refused requests leave nothing in the table.
+        if let Some(max) = self.inner.config.slots
+            && self.inner.open.get(stream_id).is_none()
+            && self.inner.open.len() >= max as usize
+        {
+            return Err(AppendError::Unavailable(format!(
+                "node is at its open-stream limit, retry later: slots={max}"
+            )));
+        }
         let slot = self.inner.open.slot(stream_id);
         let result = slot
             .get_or_try_init(|| async {
                 if !self.inner.serving.load(Ordering::Relaxed) {
                     return Err(AppendError::Unavailable("node is shutting down".into()));
                 }
+
                 // A previous incarnation of this stream still has engine state: flush it into
                 // committed objects first, or the epoch bump below would fence acknowledged data.
                 if self.inner.engine.is_open(stream_id).is_some() {

@@ -512,3 +512,25 @@ async fn oversized_inputs_are_bad_requests() {
         .await;
     assert!(matches!(r, Err(AppendError::BadRequest(_))));
 }
+
+#[tokio::test]
+async fn slots_bound_the_open_streams() {
+    let node = pico_server::testing::start_test_node_with(NodeConfig {
+        slots: Some(1),
+        ..NodeConfig::default()
+    })
+    .await;
+    node.create(create_req("one")).await.unwrap();
+    node.create(create_req("two")).await.unwrap();
+    node.append(append_req("one", &["a"])).await.unwrap();
+    assert!(matches!(
+        node.append(append_req("two", &["b"])).await,
+        Err(AppendError::Unavailable(_))
+    ));
+    assert_eq!(
+        node.open_streams(),
+        1,
+        "a refused open leaves no slot behind"
+    );
+    node.append(append_req("one", &["c"])).await.unwrap();
+}
