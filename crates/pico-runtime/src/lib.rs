@@ -59,6 +59,7 @@ pub async fn run(
     let meta = MetaLog::open(&config.meta_url, MetaLogOptions::default())
         .await
         .map_err(|e| RuntimeError::Startup(format!("metadata log `{}`: {e}", config.meta_url)))?;
+    check_cluster_id(&meta, &config.cluster_id).await?;
     let data = stores::object_storage(&config.storage)?;
     let wal_uri = config
         .wal
@@ -139,6 +140,30 @@ pub async fn run(
     }
     node.shutdown().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// The first node to start records the cluster id in the metadata log; every later start must
+/// name the same one, so a node pointed at another cluster's database refuses to join it.
+async fn check_cluster_id(meta: &MetaLog, cluster_id: &str) -> Result<(), RuntimeError> {
+    const KEY: &str = "cluster/id";
+    if let Some(stored) = meta.view().kv.get(KEY) {
+        return if stored.as_slice() == cluster_id.as_bytes() {
+            Ok(())
+        } else {
+            Err(RuntimeError::Config(format!(
+                "this metadata log belongs to another cluster: stored=`{}` given=`{cluster_id}`",
+                String::from_utf8_lossy(stored)
+            )))
+        };
+    }
+    meta.propose(pico_metadata::Command::KvPut {
+        key: KEY.to_string(),
+        value: cluster_id.as_bytes().to_vec(),
+    })
+    .await
+    .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?
+    .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?;
     Ok(())
 }
 
