@@ -65,5 +65,11 @@ pub async fn cors(req: Request, next: Next) -> Response {
     }
     let mut resp = next.run(req).await;
     add_common(resp.headers_mut());
+    // A 413 is answered before the body is read: close the connection, or a client that reuses
+    // it races the server's close and sees a transport error on its next request.
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     resp
 }
