@@ -133,6 +133,8 @@ pub enum Command {
     Close { name: String },
     /// Delete a stream; the name is reusable at once.
     Delete { name: String },
+    /// Load generator: throughput and latency of appends (and tailers) against a server.
+    Bench(Box<crate::bench::BenchArgs>),
     /// Drop records below an offset.
     Trim {
         name: String,

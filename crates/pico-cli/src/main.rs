@@ -1,10 +1,12 @@
-//! `pico`: the PicoMQ server, client CLI (and, in later issues, admin tool and benchmark).
+//! `pico`: the PicoMQ server, client CLI and benchmark (the admin tool comes later).
 //!
 //! - [`cli`]: clap definitions; every flag has a `PICO_` environment variable.
 //! - [`serve`]: `pico serve` → `pico_runtime::run`, with the loopback/auth exposure check.
 //! - [`commands`]: create, head, append, read, tail, ls, close, delete, trim.
+//! - [`bench`]: `pico bench`, the load generator (Pico and Durable Streams protocols).
 //! - [`size`]: `64KiB`-style size parsing.
 
+mod bench;
 mod cli;
 mod commands;
 mod serve;
@@ -39,7 +41,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let result = runtime.block_on(dispatch(cli));
+    if !serving {
+        // Client commands may leave requests behind (a bench's tailers stop mid long-poll):
+        // do not wait for them to run out before exiting.
+        runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
@@ -52,6 +60,18 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     if let Command::Serve(args) = &cli.command {
         return serve::serve(args, cli.protocol).await;
+    }
+    if let Command::Bench(args) = cli.command {
+        return bench::run(
+            *args,
+            bench::Global {
+                endpoint: cli.endpoint,
+                protocol: cli.protocol,
+                http2: cli.http2,
+                token: cli.token,
+            },
+        )
+        .await;
     }
     if cli.protocol == Protocol::Ds {
         anyhow::bail!(
@@ -69,7 +89,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         },
     )?;
     match cli.command {
-        Command::Serve(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Bench(_) => unreachable!("handled above"),
         Command::Create {
             name,
             content_type,

@@ -1492,3 +1492,69 @@ async fn server_speaks_h2c_and_http1_on_one_port() {
     assert_eq!(read.version(), reqwest::Version::HTTP_11);
     assert_eq!(read.text().await.unwrap(), "over h2");
 }
+
+/// `pico bench` against the real server: pipelined producers and plain appends with tailers.
+/// Asserts the report counts acknowledged records, readers saw them with a latency, and that
+/// the data is really in the streams.
+#[test]
+fn server_bench_producer_and_readers_report_real_counts() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &[]);
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut all = vec!["bench", "--output", "json", "-d", "1s", "--warmup", "200ms"];
+        all.extend_from_slice(args);
+        let (out, _) = pico_ok(&server, &all, b"");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"))
+    };
+
+    let r = json(&[
+        "--producer",
+        "-w",
+        "4",
+        "--connections",
+        "2",
+        "-n",
+        "5",
+        "-b",
+        "32",
+        "--prefix",
+        "bp",
+    ]);
+    let records = r["write"]["records"].as_u64().unwrap();
+    assert!(records >= 10, "producer wrote too little: {r}");
+    assert_eq!(r["write"]["errors"], 0, "{r}");
+    assert!(
+        records.is_multiple_of(5),
+        "records are counted per acked batch: {r}"
+    );
+    assert!(r["write_latency"]["p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+    // Every acked batch is in the streams exactly once (warmup batches too, so at least).
+    let (out, _) = pico_ok(&server, &["head", "bp/s0"], b"");
+    let next: u64 = out
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("next="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no next= in {out}"));
+    assert!(
+        next > 0 && next.is_multiple_of(5),
+        "whole batches only: {out}"
+    );
+
+    let r = json(&[
+        "--connections",
+        "2",
+        "--readers",
+        "3",
+        "--streams",
+        "2",
+        "-b",
+        "40",
+        "--prefix",
+        "br",
+    ]);
+    assert!(r["write"]["records"].as_u64().unwrap() > 0, "{r}");
+    let read = r["read"]["records"].as_u64().unwrap();
+    assert!(read > 0, "readers saw nothing: {r}");
+    assert_eq!(r["e2e_latency"]["count"].as_u64().unwrap(), read, "{r}");
+    assert_eq!(r["read"]["errors"], 0, "{r}");
+}

@@ -134,6 +134,23 @@ impl Client {
         }
     }
 
+    /// Sends one request to `path` (following redirects) and returns status, headers and body,
+    /// whatever the status. For callers that interpret error statuses themselves.
+    pub(crate) async fn raw_request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: HeaderMap,
+        body: Option<Bytes>,
+    ) -> Result<(u16, HeaderMap, Bytes), ClientError> {
+        let url = self.url(path, &[])?;
+        let resp = self.send(method, url, headers, body).await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await?;
+        Ok((status, headers, body))
+    }
+
     /// Idempotent create (`PUT`): `created` is false when the same stream already existed.
     pub async fn create(
         &self,

@@ -34,7 +34,7 @@ impl ClientError {
     }
 
     /// Builds the error for a non-success response from its status and body.
-    pub(crate) fn from_response(status: u16, body: &[u8]) -> ClientError {
+    pub fn from_response(status: u16, body: &[u8]) -> ClientError {
         #[derive(serde::Deserialize)]
         struct Wire {
             error: Option<String>,

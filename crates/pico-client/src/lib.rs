@@ -2,16 +2,23 @@
 //!
 //! - [`client`]: [`Client`], one method per protocol request; follows 307 redirects to owners.
 //! - [`types`]: what the methods take and return ([`ReadChunk`], [`AppendAck`], …).
+//! - [`producer`]: [`IdempotentProducer`], pipelined: several batches in flight, acked in order;
+//!   [`SeqWindow`]/[`drive`] are its protocol-free sequencing core.
 //! - [`wire`]: sans-IO codecs: header names, JSON batch encoding, JSON read decoding.
 //! - [`error`]: [`ClientError`], carrying the server's JSON error when there is one.
 
 pub mod client;
 pub mod error;
+pub mod producer;
 pub mod types;
 pub mod wire;
 
 pub use client::{Client, ClientOptions};
 pub use error::ClientError;
+pub use producer::{
+    Attempt, IdempotentProducer, InFlight, ProducerAck, ProducerConfig, RetryPolicy, SeqWindow,
+    drive,
+};
 pub use types::{
     AppendAck, AppendOptions, BatchRecord, Created, ListPage, Producer, ReadChunk, ReadRecord,
     StreamMeta,

@@ -825,3 +825,45 @@ async fn seeded_crash_workload_keeps_every_acked_append_once() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_steady_trickle_uploads_once_per_interval_not_back_to_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn ObjectStorage> = Arc::new(FileStorage::open(dir.path()).unwrap());
+    let env = Env::on(storage, Arc::new(MemCatalog::new()));
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_interval: Duration::from_millis(100),
+            ..cfg()
+        })
+        .await;
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for stream in 1..=4u64 {
+        engine.open(stream, 1, 0);
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0;
+            while started.elapsed() < Duration::from_millis(500) {
+                append_n(&engine, stream, 1, 1).await;
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut appends = 0;
+    for t in tasks {
+        appends += t.await.unwrap();
+    }
+    // About five intervals passed. Cycles run back to back whenever appends arrived during
+    // the previous one would make a commit every few appends instead.
+    let commits = env.catalog.commits().len();
+    assert!(
+        appends >= 10,
+        "the trickle was too slow to test: appends={appends}"
+    );
+    assert!(
+        commits <= 8,
+        "uploads should follow the interval: commits={commits} appends={appends}"
+    );
+}

@@ -46,7 +46,8 @@ const APPEND_OVERHEAD_BYTES: usize = 64;
 pub struct EngineConfig {
     pub node_id: u32,
     pub node_epoch: u64,
-    /// Group-commit window; 0 = flush as soon as the writer is free.
+    /// Extra wait for more appends before a WAL write; 0 (default) = write as soon as the
+    /// writer is free, batching whatever queued meanwhile.
     pub batch_interval: Duration,
     /// One WAL write at most this big (a single larger append is written alone).
     pub max_bytes_in_batch: usize,
@@ -69,7 +70,11 @@ impl Default for EngineConfig {
         EngineConfig {
             node_id: 0,
             node_epoch: 0,
-            batch_interval: Duration::from_millis(1),
+            // Natural group commit: the writer takes whatever queued while the previous WAL
+            // write was in flight. A fixed window only adds latency when the writer is idle
+            // (1 ms measured as +2.2 ms p50 for a lone client, and -20% throughput under load,
+            // because tokio's timer rounds the window up to the next millisecond tick).
+            batch_interval: Duration::ZERO,
             max_bytes_in_batch: 4 << 20,
             max_unflushed_bytes: 256 << 20,
             upload_interval: Duration::from_secs(1),

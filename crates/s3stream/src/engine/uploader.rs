@@ -247,7 +247,8 @@ pub(super) async fn run(shared: Arc<Shared>) {
     }
 }
 
-/// Runs (or resumes) one cycle. Returns whether more durable data is waiting.
+/// Runs (or resumes) one cycle. Returns whether a backlog of at least
+/// `upload_threshold_bytes` is still waiting (then the next cycle starts at once).
 async fn run_cycle(shared: &Shared, cycle: &mut Option<Cycle>) -> Result<bool, EngineError> {
     if cycle.is_none() {
         let max_bytes = shared.cfg.upload_threshold_bytes.saturating_mul(2).max(1);
@@ -315,7 +316,13 @@ async fn run_cycle(shared: &Shared, cycle: &mut Option<Cycle>) -> Result<bool, E
             }
         }
         st.unuploaded_bytes -= bytes;
-        (cost, !st.queue.is_empty())
+        // Run another cycle at once only for a backlog worth an upload of its own; a small
+        // remainder waits for the interval (or a kick), so a steady trickle of appends makes
+        // one object and one catalog commit per interval, not one per cycle back to back.
+        (
+            cost,
+            !st.queue.is_empty() && st.unuploaded_bytes >= shared.cfg.upload_threshold_bytes,
+        )
     };
     shared.release_space(freed_cost);
     shared

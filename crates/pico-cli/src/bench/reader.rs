@@ -1,0 +1,239 @@
+//! Tailers: follow one stream from its tail and measure append→delivery latency from the send
+//! time stamped into every record body.
+//!
+//! Pico: long-poll with `format=binary`, or SSE (JSON arrays). Durable Streams: SSE or
+//! long-poll over `text/plain`, whose bytes are the records concatenated.
+
+use super::payload::{self, Splitter, now_us};
+use super::sse;
+use super::stats::{self, histogram};
+use super::target::chain;
+use super::{Ctx, ReadMode};
+use crate::cli::Protocol;
+use base64::Engine;
+use hdrhistogram::Histogram;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+const ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+struct Tail {
+    ctx: Arc<Ctx>,
+    hist: Histogram<u64>,
+    /// Where to resume: None = the tail at connect time.
+    pos: Option<String>,
+    split: Splitter,
+    connected: bool,
+}
+
+impl Tail {
+    fn deliver(&mut self, body: &[u8]) {
+        let t = now_us();
+        if !self.ctx.in_window(t) {
+            return;
+        }
+        if let Some(stamp) = payload::stamp_of(body) {
+            stats::record(&mut self.hist, t.saturating_sub(stamp));
+        }
+        self.ctx.counters.add_read(1, body.len() as u64);
+    }
+
+    fn feed_ds(&mut self, bytes: &[u8]) {
+        let size = self.ctx.record_size;
+        let mut split = std::mem::take(&mut self.split);
+        split.feed(bytes, size, |r| self.deliver(r));
+        self.split = split;
+    }
+
+    fn mark_connected(&mut self) {
+        if !self.connected {
+            self.connected = true;
+            self.ctx.readers_connected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+pub async fn run(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize, mode: ReadMode) {
+    let stream = ctx.streams[idx % ctx.streams.len()].clone();
+    let url = ctx.target.url(&stream);
+    let mut tail = Tail {
+        ctx: ctx.clone(),
+        hist: histogram(),
+        pos: None,
+        split: Splitter::default(),
+        connected: false,
+    };
+    let mut stop = ctx.stop.clone();
+    while !ctx.stopped() {
+        let round = async {
+            match (ctx.target.protocol, mode) {
+                (Protocol::Pico, ReadMode::LongPoll) => {
+                    pico_long_poll(&http, &url, &mut tail).await
+                }
+                (Protocol::Pico, ReadMode::Sse) => pico_sse(&http, &url, &mut tail).await,
+                (Protocol::Ds, ReadMode::LongPoll) => ds_long_poll(&http, &url, &mut tail).await,
+                (Protocol::Ds, ReadMode::Sse) => ds_sse(&http, &url, &mut tail).await,
+            }
+        };
+        let res = tokio::select! {
+            r = round => r,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        if let Err(e) = res {
+            ctx.counters.error(false, || format!("reader {idx}: {e}"));
+            tokio::time::sleep(ERROR_PAUSE).await;
+        }
+    }
+    ctx.lat.merge(false, &tail.hist);
+}
+
+fn header<'a>(resp: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    resp.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn get(http: &reqwest::Client, url: &str) -> Result<reqwest::Response, String> {
+    let resp = http.get(url).send().await.map_err(|e| chain(&e))?;
+    let status = resp.status();
+    if status.is_success() {
+        Ok(resp)
+    } else {
+        let body = resp.text().await.unwrap_or_default();
+        Err(format!("read: http {status}: {}", body.trim()))
+    }
+}
+
+/// One long-poll round: `GET ?seq=&format=binary&live=long-poll`.
+async fn pico_long_poll(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
+    let Some(seq) = t.pos.clone() else {
+        // Learn the tail with a catch-up read first: a long-poll on an idle stream answers
+        // nothing (not even headers) until data or its timeout, so it cannot tell us that
+        // the reader is in place.
+        let resp = get(http, &format!("{url}?seq=now&format=binary")).await?;
+        t.pos = Some(
+            header(&resp, "pico-next-seq")
+                .ok_or("catch-up answer without Pico-Next-Seq")?
+                .to_string(),
+        );
+        t.mark_connected();
+        return Ok(());
+    };
+    let resp = get(
+        http,
+        &format!("{url}?seq={seq}&format=binary&live=long-poll"),
+    )
+    .await?;
+    let next = header(&resp, "pico-next-seq").map(str::to_string);
+    if resp.status().as_u16() == 200 {
+        let body = resp.bytes().await.map_err(|e| chain(&e))?;
+        let recs = pico_protocol::decode_binary(&body).map_err(|e| e.to_string())?;
+        for (_, r) in &recs {
+            t.deliver(&r.value);
+        }
+    }
+    match next {
+        Some(n) => t.pos = Some(n),
+        None => return Err("long-poll answer without Pico-Next-Seq".into()),
+    }
+    Ok(())
+}
+
+/// One SSE connection: `GET ?seq=&live=sse`; data events are JSON arrays of records.
+async fn pico_sse(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
+    let seq = t.pos.clone().unwrap_or_else(|| "now".into());
+    let mut resp = get(http, &format!("{url}?seq={seq}&live=sse")).await?;
+    t.mark_connected();
+    let mut parser = sse::Parser::default();
+    let mut events = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
+        parser.feed(&chunk, |e| events.push(e));
+        for ev in events.drain(..) {
+            match ev.event.as_str() {
+                "data" => {
+                    let recs: Vec<serde_json::Value> =
+                        serde_json::from_str(&ev.data).map_err(|e| format!("sse data: {e}"))?;
+                    for r in &recs {
+                        if let Some(body) = r.get("body").and_then(|b| b.as_str()) {
+                            t.deliver(body.as_bytes());
+                        }
+                    }
+                    if let Some(id) = ev.id {
+                        t.pos = Some(id);
+                    }
+                }
+                "control" => {
+                    let v: serde_json::Value =
+                        serde_json::from_str(&ev.data).map_err(|e| format!("sse control: {e}"))?;
+                    if let Some(n) = v.get("next_seq").and_then(|n| n.as_u64()) {
+                        t.pos = Some(n.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(()) // the server ended the response (max duration): reconnect from `pos`
+}
+
+/// One long-poll round: `GET /v1/stream/x?offset=&live=long-poll`.
+async fn ds_long_poll(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
+    let Some(offset) = t.pos.clone() else {
+        // As for Pico: a catch-up read at `now` returns at once with the tail offset.
+        let resp = get(http, &format!("{url}?offset=now")).await?;
+        t.pos = Some(
+            header(&resp, "stream-next-offset")
+                .ok_or("catch-up answer without Stream-Next-Offset")?
+                .to_string(),
+        );
+        t.mark_connected();
+        return Ok(());
+    };
+    let resp = get(http, &format!("{url}?offset={offset}&live=long-poll")).await?;
+    let next = header(&resp, "stream-next-offset").map(str::to_string);
+    if resp.status().as_u16() == 200 {
+        let body = resp.bytes().await.map_err(|e| chain(&e))?;
+        t.feed_ds(&body);
+    }
+    match next {
+        Some(n) => t.pos = Some(n),
+        None => return Err("long-poll answer without Stream-Next-Offset".into()),
+    }
+    Ok(())
+}
+
+/// One SSE connection: `GET /v1/stream/x?offset=&live=sse`.
+async fn ds_sse(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
+    let offset = t.pos.clone().unwrap_or_else(|| "now".into());
+    let mut resp = get(http, &format!("{url}?offset={offset}&live=sse")).await?;
+    t.mark_connected();
+    let b64 = header(&resp, "stream-sse-data-encoding").is_some_and(|v| v == "base64");
+    let mut parser = sse::Parser::default();
+    let mut events = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
+        parser.feed(&chunk, |e| events.push(e));
+        for ev in events.drain(..) {
+            match ev.event.as_str() {
+                "data" if b64 => {
+                    let clean: String = ev.data.split(['\r', '\n']).collect();
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(clean)
+                        .map_err(|e| format!("sse base64: {e}"))?;
+                    t.feed_ds(&bytes);
+                }
+                "data" => t.feed_ds(ev.data.as_bytes()),
+                "control" => {
+                    let v: serde_json::Value =
+                        serde_json::from_str(&ev.data).map_err(|e| format!("sse control: {e}"))?;
+                    if let Some(n) = v.get("streamNextOffset").and_then(|n| n.as_str()) {
+                        t.pos = Some(n.to_string());
+                    }
+                    if v.get("streamClosed").and_then(|c| c.as_bool()) == Some(true) {
+                        return Err("stream closed".into());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,293 @@
+//! Counters, HDR histograms and the final report (text or JSON).
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Highest latency the histograms hold: 5 minutes in microseconds.
+const MAX_US: u64 = 300_000_000;
+
+pub fn histogram() -> Histogram<u64> {
+    // Constant bounds that hdrhistogram accepts (low ≥ 1, high ≥ 2·low, 3 significant digits).
+    #[allow(clippy::expect_used)]
+    Histogram::new_with_bounds(1, MAX_US, 3).expect("constant histogram bounds are valid")
+}
+
+pub fn record(h: &mut Histogram<u64>, us: u64) {
+    h.saturating_record(us.clamp(1, MAX_US));
+}
+
+/// Totals updated by every writer and reader (counted on ack / on delivery).
+#[derive(Default)]
+pub struct Counters {
+    pub write_records: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub write_requests: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub read_records: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub read_errors: AtomicU64,
+    first_error: OnceLock<String>,
+}
+
+impl Counters {
+    pub fn add_write(&self, records: u64, bytes: u64) {
+        self.write_records.fetch_add(records, Ordering::Relaxed);
+        self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.write_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn add_read(&self, records: u64, bytes: u64) {
+        self.read_records.fetch_add(records, Ordering::Relaxed);
+        self.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts an error; the first one is kept for the report and printed once.
+    pub fn error(&self, write: bool, msg: impl FnOnce() -> String) {
+        let c = if write {
+            &self.write_errors
+        } else {
+            &self.read_errors
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        if self.first_error.get().is_none() {
+            let m = msg();
+            if self.first_error.set(m.clone()).is_ok() {
+                eprintln!("\nbench: first error: {m}");
+            }
+        }
+    }
+
+    pub fn first_error(&self) -> Option<String> {
+        self.first_error.get().cloned()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            write_records: l(&self.write_records),
+            write_bytes: l(&self.write_bytes),
+            write_requests: l(&self.write_requests),
+            write_errors: l(&self.write_errors),
+            read_records: l(&self.read_records),
+            read_bytes: l(&self.read_bytes),
+            read_errors: l(&self.read_errors),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Snapshot {
+    pub write_records: u64,
+    pub write_bytes: u64,
+    pub write_requests: u64,
+    pub write_errors: u64,
+    pub read_records: u64,
+    pub read_bytes: u64,
+    pub read_errors: u64,
+}
+
+impl Snapshot {
+    pub fn minus(&self, o: &Snapshot) -> Snapshot {
+        Snapshot {
+            write_records: self.write_records - o.write_records,
+            write_bytes: self.write_bytes - o.write_bytes,
+            write_requests: self.write_requests - o.write_requests,
+            write_errors: self.write_errors - o.write_errors,
+            read_records: self.read_records - o.read_records,
+            read_bytes: self.read_bytes - o.read_bytes,
+            read_errors: self.read_errors - o.read_errors,
+        }
+    }
+}
+
+/// Histograms merged from the tasks when they finish.
+pub struct Latencies {
+    pub ack: Mutex<Histogram<u64>>,
+    pub e2e: Mutex<Histogram<u64>>,
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Latencies {
+            ack: Mutex::new(histogram()),
+            e2e: Mutex::new(histogram()),
+        }
+    }
+}
+
+impl Latencies {
+    pub fn merge(&self, ack: bool, h: &Histogram<u64>) {
+        let target = if ack { &self.ack } else { &self.e2e };
+        let mut t = target.lock().unwrap_or_else(|p| p.into_inner());
+        // Same bounds everywhere, so adding cannot fail; a failure would only lose samples.
+        let _ = t.add(h);
+    }
+}
+
+/// Latency percentiles in milliseconds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Percentiles {
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    pub fn of(h: &Histogram<u64>) -> Option<Percentiles> {
+        if h.is_empty() {
+            return None;
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        Some(Percentiles {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p90_ms: ms(h.value_at_quantile(0.90)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            p999_ms: ms(h.value_at_quantile(0.999)),
+            max_ms: ms(h.max()),
+        })
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3} ms  (n={})",
+            self.p50_ms, self.p90_ms, self.p99_ms, self.p999_ms, self.max_ms, self.count
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    pub mib_per_sec: f64,
+    pub records_per_sec: f64,
+    pub requests_per_sec: f64,
+    pub records: u64,
+    pub bytes: u64,
+    pub errors: u64,
+}
+
+impl Throughput {
+    pub fn write(s: &Snapshot, secs: f64) -> Throughput {
+        Throughput {
+            mib_per_sec: s.write_bytes as f64 / MIB / secs,
+            records_per_sec: s.write_records as f64 / secs,
+            requests_per_sec: s.write_requests as f64 / secs,
+            records: s.write_records,
+            bytes: s.write_bytes,
+            errors: s.write_errors,
+        }
+    }
+
+    pub fn read(s: &Snapshot, secs: f64) -> Throughput {
+        Throughput {
+            mib_per_sec: s.read_bytes as f64 / MIB / secs,
+            records_per_sec: s.read_records as f64 / secs,
+            requests_per_sec: 0.0,
+            records: s.read_records,
+            bytes: s.read_bytes,
+            errors: s.read_errors,
+        }
+    }
+}
+
+pub const MIB: f64 = 1024.0 * 1024.0;
+
+/// Everything `--output json` prints; the text form shows the same fields.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub protocol: &'static str,
+    pub http: &'static str,
+    pub endpoint: String,
+    pub streams: usize,
+    pub connections: usize,
+    pub in_flight: usize,
+    pub batch: usize,
+    pub record_size: usize,
+    pub producer: bool,
+    pub readers: usize,
+    pub read_mode: &'static str,
+    pub target_mibps: Option<f64>,
+    pub warmup_secs: f64,
+    pub duration_secs: f64,
+    pub setup_secs: f64,
+    pub write: Throughput,
+    pub write_latency: Option<Percentiles>,
+    pub read: Option<Throughput>,
+    pub e2e_latency: Option<Percentiles>,
+    pub first_error: Option<String>,
+}
+
+impl Report {
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let mode = if self.producer {
+            "idempotent producer"
+        } else {
+            "plain appends"
+        };
+        s.push_str(&format!(
+            "pico bench: protocol {} over {}, {}\n  {} stream(s), {} connection(s) × {} in flight, batch {} × {} B, {}, {:.1}s measured after {:.1}s warmup (setup {:.1}s)\n",
+            self.protocol,
+            self.http,
+            self.endpoint,
+            self.streams,
+            self.connections,
+            self.in_flight,
+            self.batch,
+            self.record_size,
+            mode,
+            self.duration_secs,
+            self.warmup_secs,
+            self.setup_secs,
+        ));
+        if let Some(t) = self.target_mibps {
+            s.push_str(&format!("  target rate {t} MiB/s\n"));
+        }
+        let w = &self.write;
+        s.push_str(&format!(
+            "write: {:.2} MiB/s  {:.0} records/s  {:.0} requests/s  ({} records, {} errors)\n",
+            w.mib_per_sec, w.records_per_sec, w.requests_per_sec, w.records, w.errors
+        ));
+        if let Some(p) = &self.write_latency {
+            s.push_str(&format!("  ack latency  {}\n", p.line()));
+        }
+        if let Some(r) = &self.read {
+            s.push_str(&format!(
+                "read ({} reader(s), {}): {:.2} MiB/s  {:.0} records/s  ({} records, {} errors)\n",
+                self.readers, self.read_mode, r.mib_per_sec, r.records_per_sec, r.records, r.errors
+            ));
+            match &self.e2e_latency {
+                Some(p) => s.push_str(&format!("  end-to-end   {}\n", p.line())),
+                None => s.push_str("  end-to-end   no records delivered\n"),
+            }
+        }
+        if let Some(e) = &self.first_error {
+            s.push_str(&format!("first error: {e}\n"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_come_from_the_histogram() {
+        let mut h = histogram();
+        for us in 1..=1000 {
+            record(&mut h, us * 10);
+        }
+        let p = Percentiles::of(&h).unwrap();
+        assert_eq!(p.count, 1000);
+        assert!((p.p50_ms - 5.0).abs() < 0.01, "{p:?}");
+        assert!((p.p99_ms - 9.9).abs() < 0.02, "{p:?}");
+        assert!((p.max_ms - 10.0).abs() < 0.01, "{p:?}");
+        assert_eq!(Percentiles::of(&histogram()), None);
+    }
+}

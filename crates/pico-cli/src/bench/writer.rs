@@ -1,0 +1,228 @@
+//! Writers: plain append loops (one request at a time each) and pipelined idempotent producers.
+
+use super::payload::{self, now_us};
+use super::stats::{self, histogram};
+use super::target::chain;
+use super::{Ctx, Pacer};
+use crate::cli::Protocol;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use pico_client::{BatchRecord, IdempotentProducer, ProducerConfig, RetryPolicy, SeqWindow, drive};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Pause after a failed request, so a dead server does not turn into a busy loop.
+const ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+impl Pacer {
+    /// Waits for the slot of the next `bytes`; returns the intended send time, from which
+    /// latency is measured (so a server that falls behind is not hidden by the pacing).
+    pub async fn wait(&self, bytes: u64) -> u64 {
+        let before = self
+            .reserved
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        let at = self.start_us.load(std::sync::atomic::Ordering::Relaxed)
+            + (before as f64 / self.bytes_per_us) as u64;
+        let now = now_us();
+        if at > now {
+            tokio::time::sleep(Duration::from_micros(at - now)).await;
+        }
+        at
+    }
+}
+
+async fn send_time(ctx: &Ctx) -> u64 {
+    match &ctx.pacer {
+        Some(p) => p.wait((ctx.batch * ctx.record_size) as u64).await,
+        None => now_us(),
+    }
+}
+
+/// One request at a time; request `i` of loop `k` goes to stream `(k + i·loops) mod streams`.
+pub async fn plain_loop(ctx: Arc<Ctx>, http: reqwest::Client, k: usize, loops: usize) {
+    let mut h = histogram();
+    let n = ctx.streams.len();
+    let mut i = 0usize;
+    let mut stop = ctx.stop.clone();
+    loop {
+        if ctx.stopped() {
+            break;
+        }
+        let stream = &ctx.streams[(k + i * loops) % n];
+        i += 1;
+        let t0 = send_time(&ctx).await;
+        let (body, ct) = ctx.target.body(ctx.batch, ctx.record_size, t0);
+        let res = tokio::select! {
+            r = ctx.target.append(&http, stream, body, ct) => r,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let t1 = now_us();
+        match res {
+            Ok(()) => {
+                if ctx.in_window(t1) {
+                    stats::record(&mut h, t1.saturating_sub(t0));
+                    ctx.counters
+                        .add_write(ctx.batch as u64, (ctx.batch * ctx.record_size) as u64);
+                }
+            }
+            Err(e) => {
+                ctx.counters.error(true, || e);
+                tokio::time::sleep(ERROR_PAUSE).await;
+            }
+        }
+    }
+    ctx.lat.merge(true, &h);
+}
+
+/// A Pico idempotent producer ([`IdempotentProducer`]) with `in_flight` batches in flight.
+pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx: usize) {
+    let stream = ctx.streams[idx % ctx.streams.len()].clone();
+    let hist = Arc::new(Mutex::new(histogram()));
+    let mut epoch = 0u64;
+    let make = |epoch: u64| {
+        let mut cfg = ProducerConfig::new(format!("{}-p{idx}", ctx.run_id), epoch, ctx.in_flight);
+        cfg.retry = RetryPolicy::default();
+        IdempotentProducer::new(client.clone(), &stream, cfg)
+    };
+    let mut producer = make(epoch);
+    let mut stop = ctx.stop.clone();
+    while !ctx.stopped() {
+        let t0 = send_time(&ctx).await;
+        let records: Vec<BatchRecord> = (0..ctx.batch)
+            .map(|_| BatchRecord::new(payload::record(ctx.record_size, t0)))
+            .collect();
+        let sent = tokio::select! {
+            s = producer.send(records) => s,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        match sent {
+            Ok(in_flight) => {
+                let ctx = ctx.clone();
+                let hist = hist.clone();
+                tokio::spawn(async move {
+                    let res = in_flight.ack().await;
+                    let t1 = now_us();
+                    match res {
+                        Ok(_) if ctx.in_window(t1) => {
+                            let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
+                            stats::record(&mut h, t1.saturating_sub(t0));
+                            ctx.counters
+                                .add_write(ctx.batch as u64, (ctx.batch * ctx.record_size) as u64);
+                        }
+                        Ok(_) => {}
+                        Err(e) => ctx.counters.error(true, || format!("producer: {e}")),
+                    }
+                });
+            }
+            Err(e) => {
+                // The producer is poisoned by a failed batch: continue as a new incarnation.
+                ctx.counters.error(true, || format!("producer: {e}"));
+                tokio::time::sleep(ERROR_PAUSE).await;
+                epoch += 1;
+                producer = make(epoch);
+            }
+        }
+    }
+    let h = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    ctx.lat.merge(true, &h);
+}
+
+/// A Durable Streams idempotent producer: same pipelining core as the Pico one
+/// ([`SeqWindow`] + [`drive`]), DS headers and status codes.
+pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) {
+    let stream = ctx.streams[idx % ctx.streams.len()].clone();
+    let url = ctx.target.url(&stream);
+    let hist = Arc::new(Mutex::new(histogram()));
+    let permits = Arc::new(Semaphore::new(ctx.in_flight.max(1)));
+    let [h_id, h_epoch, h_seq, _] = ctx.target.producer_headers();
+    let id = format!("{}-p{idx}", ctx.run_id);
+    let mut epoch = 0u64;
+    let mut window = SeqWindow::new(0);
+    let mut seq = 0u64;
+    let mut stop = ctx.stop.clone();
+    while !ctx.stopped() {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        if window.failed().is_some() {
+            // Start over as a new incarnation: a higher epoch restarts at seq 0.
+            tokio::time::sleep(ERROR_PAUSE).await;
+            epoch += 1;
+            window = SeqWindow::new(0);
+            seq = 0;
+        }
+        let t0 = send_time(&ctx).await;
+        let (body, ct) = ctx.target.body(ctx.batch, ctx.record_size, t0);
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+        if let Ok(v) = HeaderValue::from_str(&id) {
+            headers.insert(h_id, v);
+        }
+        headers.insert(h_epoch, HeaderValue::from(epoch));
+        headers.insert(h_seq, HeaderValue::from(seq));
+        let this_seq = seq;
+        seq += 1;
+        let (ctx2, http, url, window2, hist) = (
+            ctx.clone(),
+            http.clone(),
+            url.clone(),
+            window.clone(),
+            hist.clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = permit;
+            let res = drive(&window2, this_seq, &RetryPolicy::default(), || {
+                ds_attempt(&ctx2, &http, &url, headers.clone(), body.clone(), this_seq)
+            })
+            .await;
+            let t1 = now_us();
+            match res {
+                Ok(()) if ctx2.in_window(t1) => {
+                    let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
+                    stats::record(&mut h, t1.saturating_sub(t0));
+                    ctx2.counters
+                        .add_write(ctx2.batch as u64, (ctx2.batch * ctx2.record_size) as u64);
+                }
+                Ok(()) => {}
+                Err(e) => ctx2.counters.error(true, || format!("ds producer: {e}")),
+            }
+        });
+    }
+    let h: Histogram<u64> = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    ctx.lat.merge(true, &h);
+}
+
+async fn ds_attempt(
+    ctx: &Ctx,
+    http: &reqwest::Client,
+    url: &str,
+    headers: HeaderMap,
+    body: Bytes,
+    seq: u64,
+) -> pico_client::Attempt<()> {
+    let res = async {
+        let resp = http.post(url).headers(headers).body(body).send().await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await?;
+        Ok((status, headers, body))
+    }
+    .await;
+    ctx.target.classify(seq, res)
+}
+
+/// The Pico client a producer uses (one per connection, so producers get their own sockets).
+pub fn pico_client(ctx: &Ctx) -> anyhow::Result<pico_client::Client> {
+    debug_assert_eq!(ctx.target.protocol, Protocol::Pico);
+    pico_client::Client::new(
+        &ctx.target.base,
+        pico_client::ClientOptions {
+            http2_prior_knowledge: ctx.http2,
+            token: ctx.token.clone(),
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{}", chain(&e)))
+}
