@@ -713,7 +713,7 @@ async fn close_uploads_then_forgets_state_and_forget_drops_without_upload() {
 }
 
 #[tokio::test]
-async fn reopen_at_higher_epoch_completes_old_pending_appends() {
+async fn reopen_at_higher_epoch_never_acks_old_pending_appends() {
     let env = Env::memory();
     let (engine, _) = env
         .start(EngineConfig {
@@ -726,7 +726,11 @@ async fn reopen_at_higher_epoch_completes_old_pending_appends() {
     engine.open(1, 2, 0);
     let new = engine.append(req(1, 2, 1, payload(1, 100))).await.unwrap();
     assert_eq!(new.base_offset, 0);
-    old.durable().await.unwrap();
+    // The old epoch's append will be fenced at commit: acknowledging it would lose acked data.
+    assert!(matches!(
+        old.durable().await,
+        Err(EngineError::Broken { stream: 1 })
+    ));
     new.durable().await.unwrap();
     env.catalog.fence(1, 2);
     engine.flush().await.unwrap();

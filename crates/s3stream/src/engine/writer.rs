@@ -138,6 +138,10 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
         for item in items {
             let rec = item.rec;
             let next = rec.next_offset();
+            let current = st
+                .streams
+                .get(&rec.stream)
+                .is_some_and(|s| s.gen_id == item.gen_id);
             if let Some(s) = st.streams.get_mut(&rec.stream)
                 && s.gen_id == item.gen_id
             {
@@ -155,11 +159,17 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
                 }
             }
             st.unuploaded_bytes += rec.batch.len() + rec.aux.len();
+            // The stream was re-opened or forgotten while this write was in flight: its data can
+            // no longer be committed under this generation's epoch, so it must not be acked.
             acks.push((
                 item.ack,
-                Appended {
-                    base_offset: rec.base_offset,
-                    next_offset: next,
+                if current {
+                    Ok(Appended {
+                        base_offset: rec.base_offset,
+                        next_offset: next,
+                    })
+                } else {
+                    Err(EngineError::Broken { stream: rec.stream })
                 },
             ));
             records.push(QueuedRecord {
@@ -175,8 +185,8 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
     for (stream, end) in hooks {
         (shared.on_durable)(stream, end);
     }
-    for (ack, appended) in acks {
-        let _ = ack.send(Ok(appended));
+    for (ack, result) in acks {
+        let _ = ack.send(result);
     }
     if over_threshold {
         shared.upload_kick.notify_one();
