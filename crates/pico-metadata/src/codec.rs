@@ -604,7 +604,7 @@ impl<'a> Reader<'a> {
                 len: self.u64("slice len")?,
             });
         }
-        let mut producers = im::OrdMap::new();
+        let mut producers = std::collections::BTreeMap::new();
         for _ in 0..self.count("producers", 4 + 16)? {
             let pid = self.str("producer id")?;
             let st = ProducerState {
@@ -627,7 +627,7 @@ impl<'a> Reader<'a> {
             end_offset,
             deleted,
             slices,
-            producers,
+            producers: std::sync::Arc::new(producers),
             stream_seq,
         })
     }

@@ -16,5 +16,5 @@ pub use command::{
     ApplyError, Command, CommitRange, ForkOrigin, Outcome, ProducerMark, StreamConfig,
 };
 pub use state::{
-    NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
+    NodeInfo, ObjectMeta, Owner, ProducerState, Producers, RegistryEntry, Slice, State, StreamMeta,
 };

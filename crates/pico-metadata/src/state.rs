@@ -8,6 +8,8 @@ use crate::command::{
     ApplyError, Command, CommitRange, ForkOrigin, Outcome, ProducerMark, StreamConfig,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A registered node process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +45,9 @@ pub struct ProducerState {
     pub seq: u64,
 }
 
+/// Producer state of one stream (see [`StreamMeta::producers`]).
+pub type Producers = Arc<BTreeMap<String, ProducerState>>;
+
 /// An internal stream (the data side; the name lives in the registry).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamMeta {
@@ -59,7 +64,9 @@ pub struct StreamMeta {
     pub deleted: bool,
     /// Ascending and contiguous; the last one ends at `end_offset`.
     pub slices: im::Vector<Slice>,
-    pub producers: im::OrdMap<String, ProducerState>,
+    /// Last accepted claim per producer. A plain map behind an `Arc` rather than an `im` map:
+    /// an empty `im::OrdMap` allocates a full node (~3 KiB), which every idle stream would pay.
+    pub producers: Producers,
     /// Last Durable Streams `Stream-Seq` committed with the data (forks start without one).
     pub stream_seq: Option<String>,
 }
@@ -448,7 +455,7 @@ impl State {
                 end_offset: 0,
                 deleted: false,
                 slices: im::Vector::new(),
-                producers: im::OrdMap::new(),
+                producers: Producers::default(),
                 stream_seq: None,
             },
         );
@@ -573,7 +580,7 @@ impl State {
                 end_offset: inherit_end,
                 deleted: false,
                 slices,
-                producers: im::OrdMap::new(),
+                producers: Producers::default(),
                 stream_seq: None,
             },
         );
@@ -642,14 +649,18 @@ impl State {
         if let Some(seq) = &r.stream_seq {
             s.stream_seq = Some(seq.clone());
         }
-        for p in &r.producers {
-            s.producers.insert(
-                p.id.clone(),
-                ProducerState {
-                    epoch: p.epoch,
-                    seq: p.seq,
-                },
-            );
+        if !r.producers.is_empty() {
+            // Copy-on-write: other views keep the map they had.
+            let producers = Arc::make_mut(&mut s.producers);
+            for p in &r.producers {
+                producers.insert(
+                    p.id.clone(),
+                    ProducerState {
+                        epoch: p.epoch,
+                        seq: p.seq,
+                    },
+                );
+            }
         }
         if r.end_offset <= s.start_offset {
             // Already trimmed away: accepted (offsets advance) but no slice, no reference.
