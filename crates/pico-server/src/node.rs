@@ -575,7 +575,7 @@ impl Node {
                 .engine
                 .read(stream_id, next, max_bytes - bytes)
                 .await
-                .map_err(|e| ReadError::Internal(e.to_string()))?;
+                .map_err(|e| self.read_failed(&req.name, stream_id, next, e))?;
             if batches.is_empty() {
                 break;
             }
@@ -621,6 +621,30 @@ impl Node {
             closed,
             info,
         })
+    }
+
+    /// A storage read that fails because a trim (or delete) released the object between this
+    /// read's view and its GET is the client's "trimmed", not a server error.
+    fn read_failed(
+        &self,
+        name: &StreamName,
+        stream_id: u64,
+        offset: u64,
+        e: EngineError,
+    ) -> ReadError {
+        if let EngineError::Storage(s3stream::StorageError::NotFound { .. }) = &e {
+            match self.inner.meta.view().streams.get(&stream_id) {
+                Some(m) if m.start_offset > offset => {
+                    return ReadError::Trimmed {
+                        offset,
+                        start_seq: m.start_offset,
+                    };
+                }
+                None => return ReadError::NotFound(name.to_string()),
+                Some(_) => {}
+            }
+        }
+        ReadError::Internal(e.to_string())
     }
 
     /// Waits until the tail passes `offset`, the stream closes, or `timeout` elapses.
