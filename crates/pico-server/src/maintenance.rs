@@ -20,6 +20,12 @@ pub(crate) fn spawn_all(node: &Node) {
         expiry_pass,
     ));
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), idle_pass));
+    // Lists every object this node ever wrote: rare, and once right after start.
+    tasks.push(spawn_loop(
+        node.clone(),
+        Duration::from_secs(600),
+        orphan_pass,
+    ));
 }
 
 fn spawn_loop<F, Fut>(node: Node, every: Duration, pass: F) -> tokio::task::JoinHandle<()>
@@ -55,6 +61,44 @@ pub(crate) async fn gc_pass(node: Node) {
         {
             tracing::warn!(error = %e, key, "gc: forget failed, will retry");
         }
+    }
+}
+
+/// Deletes objects an earlier incarnation of this node uploaded but never committed (it crashed
+/// between upload and commit). Safe because an incarnation's commits need its node epoch to be
+/// current: once this node registered a newer epoch, an uncommitted object of an older epoch can
+/// never become visible. Objects of the current epoch are left alone (an upload may be in flight).
+pub(crate) async fn orphan_pass(node: Node) {
+    let cfg = &node.inner.config;
+    let prefix = format!("data/{}/", cfg.node_id);
+    let keys = match node.inner.data.list(&prefix).await {
+        Ok(keys) => keys,
+        Err(e) => {
+            tracing::warn!(error = %e, "orphan gc: listing failed");
+            return;
+        }
+    };
+    let view = node.inner.meta.view();
+    let mut deleted = 0usize;
+    for key in keys {
+        let epoch = key
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|e| e.parse::<u64>().ok());
+        let Some(epoch) = epoch else { continue };
+        if epoch >= cfg.node_epoch || view.objects.contains_key(&key) {
+            continue;
+        }
+        match node.inner.data.delete(&key).await {
+            Ok(()) => deleted += 1,
+            Err(e) => tracing::warn!(error = %e, key, "orphan gc: delete failed"),
+        }
+    }
+    if deleted > 0 {
+        tracing::info!(
+            deleted,
+            "orphan gc: removed uncommitted objects of earlier incarnations"
+        );
     }
 }
 

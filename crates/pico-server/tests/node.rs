@@ -534,3 +534,42 @@ async fn slots_bound_the_open_streams() {
     );
     node.append(append_req("one", &["c"])).await.unwrap();
 }
+
+#[test]
+fn uncommitted_objects_of_earlier_incarnations_are_collected() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let node = file_node(&rt, dir.path(), 1);
+    let storage = FileStorage::open(dir.path().join("objects")).unwrap();
+    let orphan = "data/1/1/99999999999999999999";
+    rt.block_on(async {
+        node.create(create_req("o")).await.unwrap();
+        node.append(append_req("o", &["kept"])).await.unwrap();
+        node.shutdown().await;
+        // An upload of incarnation 1 that never got committed (crash between PUT and commit).
+        storage
+            .put(orphan, Bytes::from_static(b"junk"))
+            .await
+            .unwrap();
+    });
+    let node = file_node(&rt, dir.path(), 2);
+    rt.block_on(async {
+        let committed: Vec<String> = node.meta().view().objects.keys().cloned().collect();
+        assert!(!committed.is_empty());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while storage
+            .list("data/")
+            .await
+            .unwrap()
+            .contains(&orphan.to_string())
+        {
+            assert!(std::time::Instant::now() < deadline, "orphan not collected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = storage.list("data/").await.unwrap();
+        for key in &committed {
+            assert!(left.contains(key), "committed object deleted: {key}");
+        }
+        assert_eq!(read_all(&node, "o", 0).await, vec![(0, "kept".to_string())]);
+    });
+}
