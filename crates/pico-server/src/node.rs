@@ -595,6 +595,16 @@ impl Node {
                     if offset >= limit {
                         break 'batches;
                     }
+                    // Offsets are consecutive: data starting past `next` means a range was
+                    // fenced away (its stream is being re-opened). Never skip over it.
+                    if offset > next {
+                        if records.is_empty() {
+                            return Err(ReadError::Unavailable(format!(
+                                "stream data is being recovered, retry: offset={next}"
+                            )));
+                        }
+                        break 'outer;
+                    }
                     // Always return at least one record, however large, so readers progress.
                     if !records.is_empty()
                         && (records.len() >= max_records || bytes + record.value.len() > max_bytes)
