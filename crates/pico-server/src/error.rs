@@ -89,8 +89,12 @@ pub enum AppendError {
     },
     #[error("match-seq failed: expected={expected} next_seq={next_seq}")]
     MatchFailed { expected: u64, next_seq: u64 },
-    #[error("append too large: bytes={bytes} max={max}")]
-    TooLarge { bytes: usize, max: usize },
+    #[error("append too large: {what}={size} max={max}")]
+    TooLarge {
+        what: &'static str,
+        size: usize,
+        max: usize,
+    },
     #[error("bad append: {0}")]
     BadRequest(String),
     #[error("append not durable: {0}")]

@@ -313,6 +313,14 @@ impl Node {
         if req.records.is_empty() && !req.close {
             return Err(AppendError::BadRequest("empty append".into()));
         }
+        // One append is one stored batch, decoded whole by every read that touches it: bound it.
+        if req.records.len() > MAX_RECORDS_PER_APPEND {
+            return Err(AppendError::TooLarge {
+                what: "records in one append",
+                size: req.records.len(),
+                max: MAX_RECORDS_PER_APPEND,
+            });
+        }
         let stream_id = r.meta.id;
         self.touch(&r, now);
         let open = self.open_stream(&r).await?;
@@ -738,6 +746,11 @@ impl Node {
                 "a fork sub-offset needs an explicit fork offset".into(),
             ));
         }
+        if req.config.ttl_secs.is_some_and(|t| t > MAX_TTL_SECS) {
+            return Err(ForkError::BadRequest(format!(
+                "ttl too large: max={MAX_TTL_SECS} seconds"
+            )));
+        }
         let now = now_ms();
         let src = self.resolve(&req.source, now).ok_or_else(|| {
             if self.is_gone(&req.source) {
@@ -893,16 +906,52 @@ impl Node {
         };
         let mut records: Vec<Record> = prefix.into_iter().collect();
         records.extend(req.initial);
-        if created && (!records.is_empty() || req.config.closed) {
-            self.append(AppendRequest {
-                name: req.name.clone(),
-                records,
-                producer: None,
-                match_seq: None,
-                close: req.config.closed,
-                content_type: None,
-            })
-            .await?;
+        // As in `create`: the prefix and body go under the reserved producer claim, so a retry
+        // after a failure between the fork and its append writes them exactly once. A fork that
+        // was never opened has no own data yet, so the retry cannot misplace them.
+        let retry_of_unfinished = !created
+            && !records.is_empty()
+            && self.resolve_raw(&req.name).is_some_and(|r| {
+                r.meta.epoch == pico_common::ids::NEVER_OPENED
+                    || r.meta.producers.contains_key(INITIAL_PRODUCER)
+            });
+        if (created || retry_of_unfinished) && !records.is_empty() {
+            let first = self
+                .append(AppendRequest {
+                    name: req.name.clone(),
+                    records,
+                    producer: Some(ProducerClaim {
+                        id: INITIAL_PRODUCER.to_string(),
+                        epoch: 0,
+                        seq: 0,
+                    }),
+                    match_seq: None,
+                    close: req.config.closed,
+                    content_type: None,
+                })
+                .await;
+            match first {
+                Ok(_) => {}
+                Err(AppendError::Closed { .. }) if !created => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Close-only (no body), or a retry whose body was a duplicate (a duplicate does not close).
+        if req.config.closed && (created || retry_of_unfinished) {
+            let close = self
+                .append(AppendRequest {
+                    name: req.name.clone(),
+                    records: Vec::new(),
+                    producer: None,
+                    match_seq: None,
+                    close: true,
+                    content_type: None,
+                })
+                .await;
+            match close {
+                Ok(_) | Err(AppendError::Closed { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         let info = self
             .resolve(&req.name, now_ms())
@@ -1438,6 +1487,8 @@ impl Node {
 /// Producer id of a create's initial records. NUL cannot occur in an HTTP header value, so no
 /// client can claim it.
 const INITIAL_PRODUCER: &str = "\u{0}initial";
+/// Most records one append may carry (a JSON array, a batch, a Kafka batch later).
+pub const MAX_RECORDS_PER_APPEND: usize = 10_000;
 /// Largest accepted TTL (ten years): keeps every deadline computation far from overflow.
 pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 

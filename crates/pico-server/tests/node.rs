@@ -511,6 +511,15 @@ async fn oversized_inputs_are_bad_requests() {
         )
         .await;
     assert!(matches!(r, Err(AppendError::BadRequest(_))));
+    let max = pico_server::node::MAX_RECORDS_PER_APPEND;
+    let many: Vec<String> = (0..=max).map(|i| i.to_string()).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    assert!(matches!(
+        node.append(append_req("big", &refs)).await,
+        Err(AppendError::TooLarge { .. })
+    ));
+    let ok = node.append(append_req("big", &refs[..max])).await.unwrap();
+    assert_eq!(ok.next_seq, max as u64);
 }
 
 #[tokio::test]

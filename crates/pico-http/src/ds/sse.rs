@@ -27,8 +27,11 @@ use super::headers::ReadQuery;
 use super::read::{body_of, cursor, read_from};
 use super::{Ds, set, sse_is_text};
 
-/// Appends one SSE event; every payload line gets its own `data:` line (CR, LF and CRLF all
-/// end a line in SSE, so none can smuggle an event boundary).
+/// Appends one SSE event; every payload line gets its own `data: ` line (CR, LF and CRLF all
+/// end a line in SSE, so none can smuggle an event boundary). Parsers strip one space after the
+/// colon, so a line that itself starts with a space gets `data: ` (its own space survives);
+/// others get `data:` with nothing after, as the reference server writes (and the conformance
+/// suite matches literally).
 pub fn frame(out: &mut Vec<u8>, event: &str, payload: &str) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(event.as_bytes());
@@ -43,7 +46,11 @@ pub fn frame(out: &mut Vec<u8>, event: &str, payload: &str) {
             }
             None => (rest, None),
         };
-        out.extend_from_slice(b"data:");
+        out.extend_from_slice(if line.starts_with(' ') {
+            b"data: "
+        } else {
+            b"data:"
+        });
         out.extend_from_slice(line.as_bytes());
         out.push(b'\n');
         match tail {
@@ -57,6 +64,9 @@ pub fn frame(out: &mut Vec<u8>, event: &str, payload: &str) {
 struct SseState {
     ds: Ds,
     name: StreamName,
+    /// The incarnation being streamed: a stream deleted and re-created under the same name
+    /// is another stream, and this response ends rather than continue into it.
+    stream_id: u64,
     json: bool,
     text: bool,
     cursor: u64,
@@ -146,6 +156,7 @@ impl SseState {
             }
         }
         match read_from(&self.ds, &self.name, OffsetSpec::At(self.next), false).await {
+            Ok(out) if out.info.stream_id != self.stream_id => self.done = true,
             Ok(out) => {
                 let progressed = !out.records.is_empty() || out.closed;
                 self.absorb(&out, false);
@@ -168,6 +179,7 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
     let mut st = SseState {
         ds: ds.clone(),
         name,
+        stream_id: first.info.stream_id,
         json: is_json(&ct),
         text,
         cursor: cursor(q.cursor),
@@ -228,6 +240,7 @@ mod tests {
             "event: data\ndata:a\ndata:b\ndata:c\ndata:d\n\n"
         );
         assert_eq!(f("data", ""), "event: data\ndata:\n\n");
+        assert_eq!(f("data", " lead"), "event: data\ndata:  lead\n\n");
         assert_eq!(
             f("data", "x\n\nevent: control"),
             "event: data\ndata:x\ndata:\ndata:event: control\n\n"

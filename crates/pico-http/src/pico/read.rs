@@ -314,6 +314,7 @@ fn sse(node: Node, name: StreamName, q: ReadQuery, first: ReadOutcome) -> Respon
     let mut st = SseState {
         node,
         name,
+        stream_id: first.info.stream_id,
         count: q.count,
         bytes: q.bytes,
         deadline,
@@ -333,6 +334,8 @@ fn sse(node: Node, name: StreamName, q: ReadQuery, first: ReadOutcome) -> Respon
 struct SseState {
     node: Node,
     name: StreamName,
+    /// The incarnation being streamed (a re-created name is another stream: end instead).
+    stream_id: u64,
     count: Option<usize>,
     bytes: Option<usize>,
     deadline: Instant,
@@ -416,6 +419,13 @@ impl SseState {
         }
         let from = Some(ReadFrom::Offset(self.next));
         match read_once(&self.node, &self.name, from, self.count, self.bytes).await {
+            Ok(out) if out.info.stream_id != self.stream_id => {
+                self.fail(HttpError::not_found(format!(
+                    "stream was deleted and re-created: name=`{}`",
+                    self.name
+                )));
+                true
+            }
             Ok(out) => {
                 let progressed = !out.records.is_empty() || out.closed;
                 let caught_up = self.absorb(out, false);

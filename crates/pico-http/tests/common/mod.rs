@@ -119,7 +119,8 @@ pub fn sse_events(body: &str) -> Vec<(String, String)> {
                 if let Some(e) = line.strip_prefix("event: ") {
                     event = e.to_string();
                 } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push(d);
+                    // As the SSE spec: one leading space after the colon is not part of the value.
+                    data.push(d.strip_prefix(' ').unwrap_or(d));
                 }
             }
             (event, data.join("\n"))
