@@ -25,6 +25,9 @@ use super::model::{Config, Link, Record, Status, StreamView, Sub, SubType, Wake,
 use super::signing::{Keys, TokenClaims};
 use super::{glob, webhook_url};
 
+/// Largest webhook response body read; a larger one counts as not `{"done": true}`.
+const MAX_WEBHOOK_RESPONSE: usize = 64 * 1024;
+
 pub const SEED_KEY: &str = "ds/webhook-signing-seed";
 const SUB_PREFIX: &str = "ds/sub/";
 const LINK_PREFIX: &str = "ds/sublink/";
@@ -718,13 +721,22 @@ impl Manager {
             return Delivered::Failed(format!("webhook answered {status}"));
         }
         // A 2xx with an unreadable body is accepted; only `{"done": true}` finishes the wake.
-        let done = match resp.bytes().await {
-            Ok(b) => serde_json::from_slice::<Value>(&b)
+        // Read at most a small body: a receiver must not make this node buffer unbounded data.
+        let mut resp = resp;
+        let mut body = Vec::new();
+        let mut too_big = false;
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            if body.len() + chunk.len() > MAX_WEBHOOK_RESPONSE {
+                too_big = true;
+                break;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let done = !too_big
+            && serde_json::from_slice::<Value>(&body)
                 .ok()
                 .and_then(|v| v.get("done").and_then(Value::as_bool))
-                .unwrap_or(false),
-            Err(_) => false,
-        };
+                .unwrap_or(false);
         Delivered::Accepted { done }
     }
 
