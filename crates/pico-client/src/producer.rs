@@ -61,6 +61,8 @@ struct WindowState {
 #[derive(Debug, Clone)]
 pub struct SeqWindow {
     state: Arc<watch::Sender<WindowState>>,
+    /// The first seq of this producer epoch.
+    first: u64,
 }
 
 impl SeqWindow {
@@ -72,6 +74,7 @@ impl SeqWindow {
         });
         SeqWindow {
             state: Arc::new(tx),
+            first,
         }
     }
 
@@ -145,6 +148,15 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Attempt<T>>,
 {
+    // The first batch of an epoch goes alone: a server that still holds an older epoch answers
+    // a later seq of the new epoch with "must start at seq 0" (400), which is not a reordering
+    // gap the pipeline could wait out. Pipelining starts once the epoch is established.
+    if seq > window.first
+        && let Err(f) = window.wait_predecessors(window.first + 1).await
+    {
+        window.complete(seq, false);
+        return Err(predecessor_failed(seq, f));
+    }
     let mut transient = 0u32;
     let mut gap_resends = 0u32;
     // A gap seen after all predecessors finished means the server lost or never had them.
@@ -485,18 +497,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn first_batch_of_an_epoch_goes_alone() {
+        let w = SeqWindow::new(0);
+        let first_done = std::sync::atomic::AtomicBool::new(false);
+        let later = async {
+            drive(&w, 1, &RetryPolicy::default(), || async {
+                // A server still on the old epoch refuses a non-zero seq of the new one.
+                if first_done.load(Ordering::SeqCst) {
+                    Attempt::Done(1u64)
+                } else {
+                    Attempt::Fatal(ClientError::Decode("must start at seq 0".into()))
+                }
+            })
+            .await
+        };
+        let first = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let r = drive(&w, 0, &RetryPolicy::default(), || async {
+                Attempt::Done(0u64)
+            })
+            .await;
+            first_done.store(true, Ordering::SeqCst);
+            r
+        };
+        let (a, b) = tokio::join!(later, first);
+        assert_eq!((a.unwrap(), b.unwrap()), (1, 0));
+    }
+
+    #[tokio::test]
     async fn drive_resends_after_a_gap_until_the_predecessor_arrived() {
         let w = SeqWindow::new(0);
+        // The epoch is established (its first batch went alone); pipelining applies from here.
+        w.complete(0, true);
         let zero_arrived = std::sync::atomic::AtomicBool::new(false);
         let calls = AtomicU32::new(0);
         let early = async {
-            drive(&w, 1, &RetryPolicy::default(), || async {
+            drive(&w, 2, &RetryPolicy::default(), || async {
                 calls.fetch_add(1, Ordering::SeqCst);
-                // The server rejects seq 1 until seq 0 has arrived (not necessarily acked).
+                // The server rejects seq 2 until seq 1 has arrived (not necessarily acked).
                 if zero_arrived.load(Ordering::SeqCst) {
-                    Attempt::Done(1u64)
+                    Attempt::Done(2u64)
                 } else {
-                    Attempt::Gap { expected: 0 }
+                    Attempt::Gap { expected: 1 }
                 }
             })
             .await
@@ -504,10 +546,10 @@ mod tests {
         let first = async {
             tokio::time::sleep(Duration::from_millis(10)).await;
             zero_arrived.store(true, Ordering::SeqCst);
-            // Seq 0's ack takes long: seq 1 must not wait for it.
+            // Seq 1's ack takes long: seq 2 must not wait for it.
             tokio::time::sleep(Duration::from_millis(300)).await;
-            drive(&w, 0, &RetryPolicy::default(), || async {
-                Attempt::Done(0u64)
+            drive(&w, 1, &RetryPolicy::default(), || async {
+                Attempt::Done(1u64)
             })
             .await
         };
@@ -517,7 +559,7 @@ mod tests {
             (r, started.elapsed())
         };
         let ((a, a_time), b) = tokio::join!(early_done, first);
-        assert_eq!((a.unwrap(), b.unwrap()), (1, 0));
+        assert_eq!((a.unwrap(), b.unwrap()), (2, 1));
         assert!(calls.load(Ordering::SeqCst) >= 2);
         assert!(
             a_time < Duration::from_millis(200),
