@@ -817,3 +817,47 @@ async fn subscriptions_keys_and_cursors_survive_a_new_manager() {
     assert_eq!(s, StatusCode::CONFLICT);
     assert_eq!(busy["error"]["current_holder"], "w");
 }
+
+#[tokio::test]
+async fn a_recreated_stream_starts_its_cursor_over() {
+    let node = pico_server::testing::start_test_node().await;
+    let app = app(&node);
+    let mut rx = Receiver::start(vec![(200, json!({"done": true}))]).await;
+    let (s, _, _) = call(
+        &app,
+        "PUT",
+        &sub_path("inc"),
+        Some(json!({"type": "webhook", "pattern": "inc/*", "webhook": {"url": rx.url}, "lease_ttl_ms": 1000})),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    create_stream(&node, "inc/a", &[json!(1), json!(2), json!(3)]).await;
+    rx.next().await;
+    let app2 = app.clone();
+    assert!(
+        wait_for(|| {
+            let app = app2.clone();
+            async move {
+                let (_, _, got) = call(&app, "GET", &sub_path("inc"), None, None).await;
+                got["streams"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s["path"] == "inc/a" && s["acked_offset"] == format_offset(3))
+            }
+        })
+        .await,
+        "done must ack the first stream's tail"
+    );
+    // Same name, new stream: its records from offset 0 are new work, not already acked.
+    node.delete(&StreamName::parse("inc/a").unwrap())
+        .await
+        .unwrap();
+    create_stream(&node, "inc/a", &[json!("fresh")]).await;
+    let hook = rx.next().await;
+    let streams = hook.body["streams"].as_array().unwrap();
+    let a = streams.iter().find(|s| s["path"] == "inc/a").unwrap();
+    assert_eq!(a["acked_offset"], "-1");
+    assert_eq!(a["has_pending"], true);
+}

@@ -211,7 +211,7 @@ impl Manager {
         rt.spawn(run_timers(Arc::downgrade(self)));
     }
 
-    async fn on_append(self: &Arc<Self>, path: &str, next_seq: u64) {
+    async fn on_append(self: &Arc<Self>, path: &str, stream_id: u64, next_seq: u64) {
         if self.ready().await.is_err() {
             return;
         }
@@ -226,15 +226,30 @@ impl Manager {
                         explicit: false,
                         glob: true,
                         acked: None,
+                        stream_id: None,
                     },
                 );
                 new_link = true;
             }
-            let Some(link) = sub.links.get(path) else {
+            let Some(link) = sub.links.get_mut(path) else {
                 continue;
             };
+            let mut changed = new_link;
+            match link.stream_id {
+                None => {
+                    link.stream_id = Some(stream_id);
+                    changed = true;
+                }
+                // Deleted and re-created: the old cursor means nothing for the new stream.
+                Some(id) if id != stream_id => {
+                    link.stream_id = Some(stream_id);
+                    link.acked = None;
+                    changed = true;
+                }
+                Some(_) => {}
+            }
             let pending = link.pending(next_seq);
-            if new_link && let Err(e) = self.persist_links(sub, &[path]).await {
+            if changed && let Err(e) = self.persist_links(sub, &[path]).await {
                 tracing::warn!(sub = %sub.rec.id, error = %e, "subscription link not persisted");
             }
             if sub.rec.wake.is_none()
@@ -280,6 +295,7 @@ impl Manager {
                     explicit: false,
                     glob: true,
                     acked: None,
+                    stream_id: None,
                 },
             );
             added.push(name);
@@ -375,6 +391,7 @@ impl Manager {
                     // A glob link exists only for a stream that exists.
                     glob: tail.is_ok() && sub.rec.config.pattern_matches(&path),
                     acked: Some(tail.unwrap_or(0)),
+                    stream_id: None,
                 },
             );
         }
@@ -390,6 +407,7 @@ impl Manager {
                         explicit: false,
                         glob: true,
                         acked: Some(tail),
+                        stream_id: None,
                     },
                 );
             }
@@ -449,6 +467,7 @@ impl Manager {
                             explicit: true,
                             glob,
                             acked: Some(tail.unwrap_or(0)),
+                            stream_id: None,
                         },
                     );
                     changed.push(path);
@@ -974,8 +993,13 @@ async fn run_events(mgr: Weak<Manager>, mut rx: broadcast::Receiver<StreamEvent>
             return;
         };
         match event {
-            Ok(StreamEvent::Appended { name, next_seq, .. }) => {
-                m.on_append(name.as_str(), next_seq).await;
+            Ok(StreamEvent::Appended {
+                name,
+                stream_id,
+                next_seq,
+                ..
+            }) => {
+                m.on_append(name.as_str(), stream_id, next_seq).await;
             }
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 tracing::warn!(missed = n, "subscription event listener lagged; rescanning");

@@ -204,6 +204,10 @@ pub struct Link {
     /// Last acked offset (a stream tail as served in `Stream-Next-Offset`); `None` = `-1`, never
     /// acked (a stream discovered by a matching append).
     pub acked: Option<u64>,
+    /// The stream incarnation (internal id) the cursor belongs to, adopted from the first append
+    /// seen; a stream deleted and re-created under the name starts its cursor over.
+    #[serde(default)]
+    pub stream_id: Option<u64>,
 }
 
 impl Link {
@@ -434,6 +438,7 @@ mod tests {
             explicit: false,
             glob: true,
             acked: None,
+            stream_id: None,
         };
         assert!(!fresh.pending(0));
         assert!(fresh.pending(1));
