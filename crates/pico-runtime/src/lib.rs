@@ -97,6 +97,7 @@ pub async fn run(
         max_chunk_size: config.max_chunk_size,
         max_request_size: config.max_request_size,
         slots: config.slots,
+        allow_local_webhooks: config.listen.ip().is_loopback(),
         ..NodeConfig::default()
     };
     let node = Node::start(node_config, meta, data, wal, engine)

@@ -24,6 +24,10 @@ pub struct NodeConfig {
     /// Most streams this node keeps open at once (`--slots`); None = unlimited. A request that
     /// would open one more gets 503 until idle streams are released.
     pub slots: Option<u32>,
+    /// Plain-http webhook URLs to loopback hosts are accepted (local development). True only
+    /// when the protocol listener itself is bound to loopback, so an exposed node cannot be
+    /// made to call its own local services.
+    pub allow_local_webhooks: bool,
 }
 
 impl Default for NodeConfig {
@@ -39,6 +43,7 @@ impl Default for NodeConfig {
             default_read_records: 1000,
             idle_release: Duration::from_secs(60),
             slots: None,
+            allow_local_webhooks: true,
         }
     }
 }

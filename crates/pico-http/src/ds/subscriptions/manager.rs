@@ -80,6 +80,11 @@ pub struct Manager {
 }
 
 impl Manager {
+    /// Whether loopback webhook URLs are accepted (the node is bound to loopback).
+    pub fn allow_local_webhooks(&self) -> bool {
+        self.node.config().allow_local_webhooks
+    }
+
     pub fn new(node: Node) -> Manager {
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -1135,9 +1140,12 @@ mod tests {
     use crate::ds::subscriptions::model::Config;
 
     fn sub_with_wake(generation: u64, wake_id: &str) -> Sub {
-        let config = Config::parse(&json!({
-            "type": "pull-wake", "pattern": "a/*", "wake_stream": "w"
-        }))
+        let config = Config::parse(
+            &json!({
+                "type": "pull-wake", "pattern": "a/*", "wake_stream": "w"
+            }),
+            true,
+        )
         .unwrap();
         Sub {
             rec: Record {

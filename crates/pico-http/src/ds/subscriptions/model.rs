@@ -51,8 +51,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// Parses and validates a PUT body.
-    pub fn parse(body: &Value) -> Result<Config, SubError> {
+    /// Parses and validates a PUT body (`allow_local`: see [`webhook_url::validate`]).
+    pub fn parse(body: &Value, allow_local: bool) -> Result<Config, SubError> {
         let obj = body
             .as_object()
             .ok_or_else(|| SubError::invalid("request body must be a JSON object"))?;
@@ -106,7 +106,7 @@ impl Config {
                     .ok_or_else(|| {
                         SubError::invalid("webhook subscriptions require webhook.url")
                     })?;
-                webhook_url::validate(url).map_err(SubError::WebhookUrlRejected)?;
+                webhook_url::validate(url, allow_local).map_err(SubError::WebhookUrlRejected)?;
                 webhook_url = Some(url.to_string());
             }
             SubType::PullWake => {
@@ -351,7 +351,7 @@ mod tests {
     use super::*;
 
     fn parse(v: Value) -> Result<Config, SubError> {
-        Config::parse(&v)
+        Config::parse(&v, true)
     }
 
     #[test]

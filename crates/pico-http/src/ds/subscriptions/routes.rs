@@ -101,7 +101,7 @@ pub async fn put_sub(
 ) -> Result<Response, SubError> {
     mgr.ensure_background();
     check_id(&id)?;
-    let config = Config::parse(&json_body(&body)?)?;
+    let config = Config::parse(&json_body(&body)?, mgr.allow_local_webhooks())?;
     let root = ds_root(&mgr, &headers, &original, &uri);
     let out = mgr.upsert(&id, config, &root).await?;
     let status = if out.created {

@@ -9,8 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-/// Checks a webhook URL; the error is a human-readable reason.
-pub fn validate(raw: &str) -> Result<Url, String> {
+/// Checks a webhook URL; the error is a human-readable reason. `allow_local` admits the plain
+/// http loopback exception (only for a node that is itself bound to loopback).
+pub fn validate(raw: &str, allow_local: bool) -> Result<Url, String> {
     let url =
         Url::parse(raw).map_err(|_| "webhook.url must be a valid absolute URL".to_string())?;
     if !url.username().is_empty() || url.password().is_some() {
@@ -28,6 +29,9 @@ pub fn validate(raw: &str) -> Result<Url, String> {
         Some(ip) => ip.is_loopback(),
         None => is_localhost_name(host),
     };
+    if dev_local && !allow_local {
+        return Err("loopback webhook URLs are only allowed on a node bound to loopback".into());
+    }
     match url.scheme() {
         "http" if dev_local => Ok(url),
         "http" => Err("http webhook URLs are only allowed for localhost or 127.0.0.x".into()),
@@ -87,8 +91,11 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || (s0 & 0xffc0) == 0xfe80 // link-local fe80::/10
         || (s0 & 0xffc0) == 0xfec0 // site-local (deprecated)
         || s0 == 0x2001 && ip.segments()[1] == 0x0db8 // documentation
-        || s0 == 0x0064 && ip.segments()[1] == 0xff9b // NAT64 (embeds v4)
-        || s0 == 0x0100 && ip.segments()[1..4] == [0, 0, 0]) // discard-only
+        || s0 == 0x0064 && ip.segments()[1] == 0xff9b // NAT64 64:ff9b::/96 and 64:ff9b:1::/48
+        || s0 == 0x0100 && ip.segments()[1..4] == [0, 0, 0] // discard-only
+        || s0 == 0x2002 // 6to4: embeds an IPv4 address that may be private
+        || s0 == 0x2001 && ip.segments()[1] == 0 // Teredo: embeds an IPv4 address
+        || ip.segments()[..6] == [0, 0, 0, 0, 0, 0]) // IPv4-compatible ::a.b.c.d (deprecated)
 }
 
 /// DNS resolution for webhook delivery: `localhost` names resolve to loopback only, every other
@@ -126,10 +133,14 @@ mod tests {
 
     #[test]
     fn loopback_http_is_the_dev_exception() {
-        assert!(validate("http://127.0.0.1:3000/webhook").is_ok());
-        assert!(validate("http://127.0.0.9/hook").is_ok());
-        assert!(validate("http://localhost:8080/hook").is_ok());
-        assert!(validate("http://[::1]:8080/hook").is_ok());
+        assert!(validate("http://127.0.0.1:3000/webhook", true).is_ok());
+        assert!(validate("http://127.0.0.9/hook", true).is_ok());
+        assert!(validate("http://localhost:8080/hook", true).is_ok());
+        assert!(validate("http://[::1]:8080/hook", true).is_ok());
+        // A node exposed beyond loopback must not call its own local services.
+        assert!(validate("http://127.0.0.1:3000/webhook", false).is_err());
+        assert!(validate("http://localhost:8080/hook", false).is_err());
+        assert!(validate("https://hooks.example.com/x", false).is_ok());
     }
 
     #[test]
@@ -154,14 +165,26 @@ mod tests {
             "not a url",
             "https://user:pw@example.com/hook",
         ] {
-            assert!(validate(bad).is_err(), "{bad} should be rejected");
+            assert!(validate(bad, true).is_err(), "{bad} should be rejected");
         }
     }
 
     #[test]
     fn public_https_is_accepted() {
-        assert!(validate("https://hooks.example.com/x").is_ok());
-        assert!(validate("https://93.184.216.34/x").is_ok());
-        assert!(validate("https://[2606:4700::1111]/x").is_ok());
+        assert!(validate("https://hooks.example.com/x", true).is_ok());
+        assert!(validate("https://93.184.216.34/x", true).is_ok());
+        assert!(validate("https://[2606:4700::1111]/x", true).is_ok());
+    }
+
+    #[test]
+    fn v6_forms_embedding_v4_are_not_public() {
+        for bad in [
+            "https://[2002:c0a8:0101::1]/x",   // 6to4 of 192.168.1.1
+            "https://[2001:0:4136:e378::1]/x", // Teredo
+            "https://[::c0a8:101]/x",          // IPv4-compatible 192.168.1.1
+            "https://[64:ff9b:1::c0a8:101]/x", // local-use NAT64
+        ] {
+            assert!(validate(bad, true).is_err(), "{bad} should be rejected");
+        }
     }
 }
