@@ -225,45 +225,10 @@ impl Node {
             && self.resolve_raw(&req.name).is_some_and(|r| {
                 self.tail(&r.meta) == 0 || r.meta.producers.contains_key(INITIAL_PRODUCER)
             });
-        if created || retry_of_unfinished {
-            if has_initial {
-                let first = self
-                    .append(AppendRequest {
-                        name: req.name.clone(),
-                        records: req.initial,
-                        producer: Some(ProducerClaim {
-                            id: INITIAL_PRODUCER.to_string(),
-                            epoch: 0,
-                            seq: 0,
-                        }),
-                        match_seq: None,
-                        close: req.config.closed,
-                        content_type: None,
-                    })
-                    .await;
-                match first {
-                    Ok(_) => {}
-                    Err(AppendError::Closed { .. }) if !created => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            // A duplicate answer does not close: finish a create-closed retry explicitly.
-            if !created && req.config.closed {
-                let close = self
-                    .append(AppendRequest {
-                        name: req.name.clone(),
-                        records: Vec::new(),
-                        producer: None,
-                        match_seq: None,
-                        close: true,
-                        content_type: None,
-                    })
-                    .await;
-                match close {
-                    Ok(_) | Err(AppendError::Closed { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
+        // Without initial records the create command itself made the stream closed if asked.
+        if has_initial && (created || retry_of_unfinished) {
+            self.write_initial(&req.name, req.initial, req.config.closed, created)
+                .await?;
         }
         // Not `resolve`: a stream created already expired exists until the sweep removes it.
         let info = self
@@ -271,6 +236,59 @@ impl Node {
             .map(|r| self.info(&r))
             .ok_or_else(|| CreateError::Internal("stream vanished after create".into()))?;
         Ok(CreateOutcome { created, info })
+    }
+
+    /// Writes a create's (or fork's) initial records under the reserved producer claim and
+    /// applies its close, so that a retry after a failure in between does both exactly once.
+    /// `created` = this request created the stream (a retry tolerates an already closed one).
+    async fn write_initial(
+        &self,
+        name: &StreamName,
+        records: Vec<Record>,
+        close: bool,
+        created: bool,
+    ) -> Result<(), AppendError> {
+        let has_records = !records.is_empty();
+        if has_records {
+            let first = self
+                .append(AppendRequest {
+                    name: name.clone(),
+                    records,
+                    producer: Some(ProducerClaim {
+                        id: INITIAL_PRODUCER.to_string(),
+                        epoch: 0,
+                        seq: 0,
+                    }),
+                    match_seq: None,
+                    close,
+                    content_type: None,
+                })
+                .await;
+            match first {
+                Ok(_) => {}
+                Err(AppendError::Closed { .. }) if !created => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Close-only (no records), or a retry whose records were a duplicate (a duplicate
+        // answer does not close).
+        if close && (!has_records || !created) {
+            let closing = self
+                .append(AppendRequest {
+                    name: name.clone(),
+                    records: Vec::new(),
+                    producer: None,
+                    match_seq: None,
+                    close: true,
+                    content_type: None,
+                })
+                .await;
+            match closing {
+                Ok(_) | Err(AppendError::Closed { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Append records (and/or close); returns once durable.
@@ -915,43 +933,9 @@ impl Node {
                 r.meta.epoch == pico_common::ids::NEVER_OPENED
                     || r.meta.producers.contains_key(INITIAL_PRODUCER)
             });
-        if (created || retry_of_unfinished) && !records.is_empty() {
-            let first = self
-                .append(AppendRequest {
-                    name: req.name.clone(),
-                    records,
-                    producer: Some(ProducerClaim {
-                        id: INITIAL_PRODUCER.to_string(),
-                        epoch: 0,
-                        seq: 0,
-                    }),
-                    match_seq: None,
-                    close: req.config.closed,
-                    content_type: None,
-                })
-                .await;
-            match first {
-                Ok(_) => {}
-                Err(AppendError::Closed { .. }) if !created => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        // Close-only (no body), or a retry whose body was a duplicate (a duplicate does not close).
-        if req.config.closed && (created || retry_of_unfinished) {
-            let close = self
-                .append(AppendRequest {
-                    name: req.name.clone(),
-                    records: Vec::new(),
-                    producer: None,
-                    match_seq: None,
-                    close: true,
-                    content_type: None,
-                })
-                .await;
-            match close {
-                Ok(_) | Err(AppendError::Closed { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+        if created || retry_of_unfinished {
+            self.write_initial(&req.name, records, req.config.closed, created)
+                .await?;
         }
         let info = self
             .resolve(&req.name, now_ms())
