@@ -239,15 +239,16 @@ async fn long_poll_wakes_on_append_and_times_out() {
 async fn ttl_expires_stream() {
     let node = start_test_node().await;
     let mut c = create_req("t");
-    c.config.ttl_secs = Some(1);
+    c.config.ttl_secs = Some(2);
     node.create(c).await.unwrap();
     node.append(append_req("t", &["x"])).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Wide margins (0.8 s either way): a loaded CI machine only makes sleeps longer.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     // A read slides the TTL.
     read_all(&node, "t", 0).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(node.head(&name("t")).await.is_ok(), "read slid the ttl");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
     assert!(matches!(
         node.head(&name("t")).await,
         Err(ReadError::NotFound(_))
