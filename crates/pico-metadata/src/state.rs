@@ -418,29 +418,7 @@ impl State {
             return Err(ApplyError::Invalid("stream name is empty".to_string()));
         }
         if let Some(existing) = self.registry.get(name) {
-            let reason = if existing.soft_deleted {
-                Some("stream is deleted but still referenced by forks")
-            } else if existing.config.content_type != config.content_type {
-                Some("content type differs")
-            } else if existing.config.ttl_secs != config.ttl_secs
-                || existing.config.expires_at_ms != config.expires_at_ms
-            {
-                Some("ttl or expiry differs")
-            } else if existing.closed != closed {
-                Some("closed status differs")
-            } else {
-                None
-            };
-            return match reason {
-                Some(r) => Err(ApplyError::Conflict {
-                    name: name.to_string(),
-                    reason: r.to_string(),
-                }),
-                None => Ok(Outcome::Created {
-                    stream_id: existing.stream_id,
-                    created: false,
-                }),
-            };
+            return existing_outcome(name, existing, config_conflict(existing, config, closed));
         }
         let id = self.next_stream_id;
         self.next_stream_id += 1;
@@ -498,31 +476,13 @@ impl State {
                     && f.sub_offset == origin.sub_offset
                     && (!offset_given || f.offset == origin.offset)
             });
-            let reason = if existing.soft_deleted {
-                Some("stream is deleted but still referenced by forks")
-            } else if !same_fork {
+            // A fork is created open: an existing closed one is a different configuration.
+            let reason = if !same_fork && !existing.soft_deleted {
                 Some("fork source or offset differs")
-            } else if existing.config.content_type != config.content_type {
-                Some("content type differs")
-            } else if existing.config.ttl_secs != config.ttl_secs
-                || existing.config.expires_at_ms != config.expires_at_ms
-            {
-                Some("ttl or expiry differs")
-            } else if existing.closed {
-                Some("closed status differs")
             } else {
-                None
+                config_conflict(existing, config, false)
             };
-            return match reason {
-                Some(r) => Err(ApplyError::Conflict {
-                    name: name.to_string(),
-                    reason: r.to_string(),
-                }),
-                None => Ok(Outcome::Created {
-                    stream_id: existing.stream_id,
-                    created: false,
-                }),
-            };
+            return existing_outcome(name, existing, reason);
         }
         let source_entry = match self.registry.get(&origin.source) {
             Some(e) if e.stream_id == origin.source_stream_id => e,
@@ -797,4 +757,43 @@ enum RangeResult {
     /// Accepted, but wholly below the trim point: no slice kept.
     Dropped,
     Kept,
+}
+
+/// Why an existing entry does not match a create's configuration (None = the same stream).
+fn config_conflict(
+    existing: &RegistryEntry,
+    config: &StreamConfig,
+    closed: bool,
+) -> Option<&'static str> {
+    if existing.soft_deleted {
+        Some("stream is deleted but still referenced by forks")
+    } else if existing.config.content_type != config.content_type {
+        Some("content type differs")
+    } else if existing.config.ttl_secs != config.ttl_secs
+        || existing.config.expires_at_ms != config.expires_at_ms
+    {
+        Some("ttl or expiry differs")
+    } else if existing.closed != closed {
+        Some("closed status differs")
+    } else {
+        None
+    }
+}
+
+/// The outcome of creating a name that exists: idempotent success or a conflict.
+fn existing_outcome(
+    name: &str,
+    existing: &RegistryEntry,
+    conflict: Option<&'static str>,
+) -> Result<Outcome, ApplyError> {
+    match conflict {
+        Some(r) => Err(ApplyError::Conflict {
+            name: name.to_string(),
+            reason: r.to_string(),
+        }),
+        None => Ok(Outcome::Created {
+            stream_id: existing.stream_id,
+            created: false,
+        }),
+    }
 }
