@@ -11,6 +11,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
+use crate::reader::ByteReader;
 use crate::record::Record;
 
 /// Bytes before the first record.
@@ -169,10 +170,7 @@ pub fn decode_batch(data: &[u8]) -> Result<DecodedBatch, BatchError> {
     let base_offset = i64::from_be_bytes(be8(data, 0)) as u64;
     let base_ts = i64::from_be_bytes(be8(data, 27));
     let count = i32::from_be_bytes(be4(data, RECORDS_COUNT_OFFSET));
-    let mut cur = Cursor {
-        data: &data[HEADER_LEN..total],
-        pos: 0,
-    };
+    let mut cur = ByteReader::new(&data[HEADER_LEN..total]);
     if count < 0 || (count as usize).saturating_mul(MIN_RECORD_LEN + 1) > cur.remaining() {
         return Err(BatchError::BadLength {
             declared: count as i64,
@@ -187,10 +185,7 @@ pub fn decode_batch(data: &[u8]) -> Result<DecodedBatch, BatchError> {
         if len < 0 || len as usize > cur.remaining() {
             return Err(bad("length exceeds batch"));
         }
-        let mut rec = Cursor {
-            data: cur.take(len as usize).ok_or(bad("length"))?,
-            pos: 0,
-        };
+        let mut rec = ByteReader::new(cur.take(len as usize).ok_or(bad("length"))?);
         rec.take(1).ok_or(bad("attributes"))?;
         let ts_delta = rec.varlong().ok_or(bad("timestamp delta"))?;
         let _offset_delta = rec.varlong().ok_or(bad("offset delta"))?;
@@ -227,7 +222,7 @@ pub fn decode_batch(data: &[u8]) -> Result<DecodedBatch, BatchError> {
     if cur.remaining() != 0 {
         return Err(BatchError::BadLength {
             declared: total as i64,
-            available: cur.pos,
+            available: cur.position(),
         });
     }
     Ok(DecodedBatch {
@@ -307,29 +302,13 @@ fn put_varlong(out: &mut Vec<u8>, v: i64) {
     out.push(z as u8);
 }
 
-struct Cursor<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn remaining(&self) -> usize {
-        self.data.len() - self.pos
-    }
-
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let s = self.data.get(self.pos..end)?;
-        self.pos = end;
-        Some(s)
-    }
-
+/// Kafka's varint fields, on top of the shared byte reader.
+impl ByteReader<'_> {
     /// Zigzag varint, at most 10 bytes.
     fn varlong(&mut self) -> Option<i64> {
         let mut z: u64 = 0;
         for i in 0..10 {
-            let b = *self.data.get(self.pos)?;
-            self.pos += 1;
+            let b = self.u8()?;
             z |= ((b & 0x7f) as u64) << (7 * i);
             if b & 0x80 == 0 {
                 return Some(((z >> 1) as i64) ^ -((z & 1) as i64));

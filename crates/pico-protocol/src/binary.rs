@@ -6,6 +6,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
+use crate::reader::ByteReader;
 use crate::record::Record;
 
 pub const VERSION: u8 = 1;
@@ -73,7 +74,7 @@ fn put_u32_len(buf: &mut BytesMut, field: &'static str, len: usize) -> Result<()
 
 /// Decodes a binary batch into `(seq, record)` pairs.
 pub fn decode_binary(data: &[u8]) -> Result<Vec<(u64, Record)>, BinaryError> {
-    let mut c = Reader { data, pos: 0 };
+    let mut c = ByteReader::new(data);
     let version = c.u8().ok_or(BinaryError::Truncated {
         field: "version",
         index: 0,
@@ -137,40 +138,6 @@ pub fn decode_binary_records(data: &[u8]) -> Result<Vec<Record>, BinaryError> {
             r
         })
         .collect())
-}
-
-struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn remaining(&self) -> usize {
-        self.data.len() - self.pos
-    }
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let s = self.data.get(self.pos..end)?;
-        self.pos = end;
-        Some(s)
-    }
-    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N)?);
-        Some(out)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_be_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_be_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_be_bytes(self.array()?))
-    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! - [`cursor`]: live-read cursors that keep CDN cache keys moving.
 //! - [`offset`]: text forms of record offsets (Durable Streams).
 //! - [`number`]: strict decimal parsing for TTLs and other integer headers.
+//! - `reader`: the bounds-checked byte reader both binary codecs decode with.
 
 pub mod batch;
 pub mod binary;
@@ -18,6 +19,7 @@ pub mod headers;
 pub mod json_batch;
 pub mod number;
 pub mod offset;
+mod reader;
 pub mod record;
 
 pub use batch::{
