@@ -71,6 +71,31 @@ pub struct StreamMeta {
     pub stream_seq: Option<String>,
 }
 
+impl StreamMeta {
+    /// A stream just allocated (by a create, or a fork inheriting `slices` up to `end_offset`):
+    /// never opened, no owner, no producers.
+    fn never_opened(
+        id: u64,
+        name: &str,
+        start_offset: u64,
+        end_offset: u64,
+        slices: im::Vector<Slice>,
+    ) -> StreamMeta {
+        StreamMeta {
+            id,
+            name: name.to_string(),
+            epoch: pico_common::ids::NEVER_OPENED,
+            owner: None,
+            start_offset,
+            end_offset,
+            deleted: false,
+            slices,
+            producers: Producers::default(),
+            stream_seq: None,
+        }
+    }
+}
+
 /// A name → stream entry with the client-visible config.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegistryEntry {
@@ -424,18 +449,7 @@ impl State {
         self.next_stream_id += 1;
         self.streams.insert(
             id,
-            StreamMeta {
-                id,
-                name: name.to_string(),
-                epoch: pico_common::ids::NEVER_OPENED,
-                owner: None,
-                start_offset: 0,
-                end_offset: 0,
-                deleted: false,
-                slices: im::Vector::new(),
-                producers: Producers::default(),
-                stream_seq: None,
-            },
+            StreamMeta::never_opened(id, name, 0, 0, im::Vector::new()),
         );
         self.registry.insert(
             name.to_string(),
@@ -531,18 +545,7 @@ impl State {
         self.next_stream_id += 1;
         self.streams.insert(
             id,
-            StreamMeta {
-                id,
-                name: name.to_string(),
-                epoch: pico_common::ids::NEVER_OPENED,
-                owner: None,
-                start_offset,
-                end_offset: inherit_end,
-                deleted: false,
-                slices,
-                producers: Producers::default(),
-                stream_seq: None,
-            },
+            StreamMeta::never_opened(id, name, start_offset, inherit_end, slices),
         );
         self.registry.insert(
             name.to_string(),
