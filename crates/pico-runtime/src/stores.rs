@@ -2,7 +2,9 @@
 
 use crate::RuntimeError;
 use pico_common::{BucketUri, Scheme};
-use s3stream::{EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, Wal};
+use s3stream::{
+    EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, SegmentWal, Wal,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,12 +24,21 @@ pub fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, Runtime
     }
 }
 
-/// The node's WAL. On object storage it lives under `wal/{node_id}/`.
+/// The node's WAL, under `wal/{node_id}/`: segment files on a local disk (one write and one
+/// fdatasync per group commit), one object per group commit on object storage.
 pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> {
     match uri.scheme {
         Scheme::Postgres => Err(RuntimeError::Config(
             "the Postgres WAL is not supported by this build yet".into(),
         )),
+        Scheme::File => {
+            // Opening the storage creates the root and clears temp files of a crashed put.
+            object_storage(uri)?;
+            let dir = std::path::Path::new(&uri.location)
+                .join("wal")
+                .join(node_id.to_string());
+            Ok(Arc::new(SegmentWal::new(dir)))
+        }
         _ => {
             let storage = object_storage(uri)?;
             Ok(Arc::new(ObjectWal::new(storage, format!("wal/{node_id}"))))

@@ -21,10 +21,16 @@ impl Env {
     }
 
     fn on(storage: Arc<dyn ObjectStorage>, catalog: Arc<MemCatalog>) -> Env {
-        let wal = Arc::new(FaultWal::new(Arc::new(ObjectWal::new(
-            storage.clone(),
-            "wal/0".into(),
-        ))));
+        let wal = Arc::new(ObjectWal::new(storage.clone(), "wal/0".into()));
+        Env::with_wal(storage, catalog, wal)
+    }
+
+    fn with_wal(
+        storage: Arc<dyn ObjectStorage>,
+        catalog: Arc<MemCatalog>,
+        wal: Arc<dyn Wal>,
+    ) -> Env {
+        let wal = Arc::new(FaultWal::new(wal));
         Env {
             storage,
             catalog,
@@ -528,6 +534,59 @@ async fn crash_recovery_on_file_storage() {
     dedup.dedup();
     assert_eq!(keys, dedup);
     assert_eq!(read_all(&engine, 9, 0).await.len(), 6);
+}
+
+/// The local-disk WAL under the engine: crash without upload, crash between commit and trim,
+/// restart after restart, and segments rolling under a small segment size.
+#[tokio::test]
+async fn crash_recovery_on_segment_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Arc::new(MemCatalog::new());
+    let env = |seg: u64| {
+        Env::with_wal(
+            Arc::new(FileStorage::open(dir.path().join("objects")).unwrap()),
+            catalog.clone(),
+            Arc::new(SegmentWal::with_segment_bytes(dir.path().join("wal"), seg)),
+        )
+    };
+    let mut want;
+    {
+        let env = env(256);
+        let (engine, _) = env.start(cfg()).await;
+        engine.open(9, 1, 0);
+        want = append_n(&engine, 9, 1, 20).await;
+        drop(engine); // a crash: nothing uploaded
+    }
+    {
+        let env = env(256);
+        let (engine, report) = env.start(cfg()).await;
+        assert_eq!(report.records_replayed, 20);
+        assert_batches(&read_all(&engine, 9, 0).await, &want);
+        // Appends after recovery, committed but the WAL is not trimmed before the next crash.
+        engine.open(9, 2, 40);
+        want.extend(append_n(&engine, 9, 2, 3).await);
+        env.wal.skip_trims(true);
+        engine.flush().await.unwrap();
+        drop(engine);
+    }
+    {
+        let env = env(1 << 20);
+        let (engine, report) = env.start(cfg()).await;
+        assert_eq!(
+            report.records_replayed, 0,
+            "committed entries are not replayed"
+        );
+        assert_eq!(report.skipped, 3);
+        assert!(env.wal.recover().await.unwrap().is_empty());
+        assert_batches(&read_all(&engine, 9, 0).await, &want);
+        engine.open(9, 3, 46);
+        want.extend(append_n(&engine, 9, 3, 2).await);
+        drop(engine);
+    }
+    let env = env(1 << 20);
+    let (engine, report) = env.start(cfg()).await;
+    assert_eq!(report.records_replayed, 2);
+    assert_batches(&read_all(&engine, 9, 0).await, &want);
 }
 
 #[tokio::test]
