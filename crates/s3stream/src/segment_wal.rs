@@ -3,7 +3,7 @@
 //! `ObjectWal` on files costs a create, a write, two fsyncs, a rename and a directory fsync per
 //! group commit; here a group commit is one vectored write and one `fdatasync` on an open file.
 //!
-//! Layout: `{dir}/{first_position:020}.wal`, each a sequence of frames `u32 len` + one WAL entry
+//! Layout: `{dir}/{first_position:020}.wal`, each a sequence of frames `u32 len` `u32 crc32c(len)` + one WAL entry
 //! as `format::encode_wal_entry` writes it (magic, position, CRC32C). Files named by a bare
 //! 20-digit position are single entries of the object layout and are read as well.
 //!
@@ -33,6 +33,8 @@ use crate::wal::{Wal, WalError, WalRecord};
 /// Default size after which the next append starts a new segment.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 32 << 20;
 const SUFFIX: &str = ".wal";
+/// `u32 len` + `u32 crc32c(len)`: a damaged length is detected rather than read as a torn tail.
+const FRAME_HEADER: usize = 8;
 
 struct Segment {
     first: u64,
@@ -111,23 +113,29 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
                 "ignoring the torn tail of a wal segment (a crash mid-append)"
             );
         };
-        if rest.len() < 4 {
+        if rest.len() < FRAME_HEADER {
             torn("partial frame header");
             break;
         }
-        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let end = 4 + len;
-        if len == 0 || end > rest.len() {
-            if rest.iter().all(|&b| b == 0) || end > rest.len() {
-                torn("frame runs past the end of the file");
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        let stored = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        if crc32c::crc32c(&rest[..4]) != stored {
+            // Unwritten space reads as zeros; anything else is a damaged header.
+            if rest.iter().all(|&b| b == 0) {
+                torn("unwritten space");
                 break;
             }
             return Err(corrupt(
                 path,
-                format::FormatError::Invalid("empty wal frame"),
+                format::FormatError::Invalid("wal frame header checksum mismatch"),
             ));
         }
-        match format::decode_wal_entry(&data.slice(at + 4..at + end)) {
+        let end = FRAME_HEADER + len as usize;
+        if end > rest.len() {
+            torn("frame runs past the end of the file");
+            break;
+        }
+        match format::decode_wal_entry(&data.slice(at + FRAME_HEADER..at + end)) {
             Ok((pos, records)) => {
                 let expected = out.last().map_or(first, |(p, _)| p + 1);
                 if pos != expected {
@@ -317,7 +325,10 @@ fn append_blocking(
     let Some(active) = st.active.as_mut() else {
         return Err(WalError::Other("no active wal segment".into()));
     };
-    let header = len.to_le_bytes();
+    let mut header = [0u8; FRAME_HEADER];
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    let len_crc = crc32c::crc32c(&header[..4]);
+    header[4..].copy_from_slice(&len_crc.to_le_bytes());
     let result = write_all_vectored(
         &mut active.file,
         &mut [IoSlice::new(&header), IoSlice::new(&entry)],
@@ -325,7 +336,7 @@ fn append_blocking(
     .and_then(|()| active.file.sync_data());
     match result {
         Ok(()) => {
-            active.len += 4 + u64::from(len);
+            active.len += (FRAME_HEADER as u64) + u64::from(len);
             st.next = position + 1;
             Ok(position)
         }
@@ -509,6 +520,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_damaged_frame_length_is_corruption_not_a_torn_tail() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = SegmentWal::new(&dir);
+        for i in 0..3 {
+            wal.append(vec![rec(1, i, 1)]).await.unwrap();
+        }
+        let seg = dir.join(&files(&dir)[0]);
+        let mut f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+        // The first frame's length now points past the end of the file.
+        f.write_all(&[0xff, 0xff, 0xff, 0x7f]).unwrap();
+        drop(f);
+        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+    }
+
+    #[tokio::test]
     async fn a_later_segment_supersedes_an_abandoned_attempt() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("wal");
@@ -518,7 +546,9 @@ mod tests {
         // segment 2.
         let frame = |pos: u64, recs: &[WalRecord]| {
             let e = format::encode_wal_entry(pos, recs).unwrap();
-            let mut v = (e.len() as u32).to_le_bytes().to_vec();
+            let len = (e.len() as u32).to_le_bytes();
+            let mut v = len.to_vec();
+            v.extend_from_slice(&crc32c::crc32c(&len).to_le_bytes());
             v.extend_from_slice(&e);
             v
         };
