@@ -5,16 +5,20 @@
 //! - [`write`]: `PUT` (create, create-closed, fork), `POST` (append, close), `DELETE`.
 //! - [`read`]: `GET` catch-up and long-poll, `HEAD`.
 //! - [`sse`]: `GET ?live=sse`.
+//! - [`hub`]: the shared per-stream fan-out behind caught-up SSE subscribers.
 //! - [`headers`]: strict header and query parsing.
 //! - [`error`]: DS status codes and error headers.
 //! - `subscriptions`: the reserved `__ds` namespace (routed before stream paths).
 
 pub mod error;
 pub mod headers;
+pub mod hub;
 pub mod read;
 pub mod sse;
 pub mod subscriptions;
 pub mod write;
+
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -39,22 +43,26 @@ pub const RESERVED_SEGMENT: &str = "__ds";
 pub struct Ds {
     pub node: Node,
     pub root: &'static str,
+    /// SSE fan-out hubs; one registry for all roots, as both name the same streams.
+    pub hubs: Arc<hub::Hubs>,
 }
 
 /// DS under `/v1/stream`, plus at `/` when `at_root`. The `__ds` namespace of each root goes to
 /// the subscriptions router first.
 pub fn router(node: Node, at_root: bool) -> Router {
-    let mut r = mount(node.clone(), DS_ROOT);
+    let hubs = Arc::new(hub::Hubs::default());
+    let mut r = mount(node.clone(), DS_ROOT, hubs.clone());
     if at_root {
-        r = r.merge(mount(node, ""));
+        r = r.merge(mount(node, "", hubs));
     }
     r
 }
 
-fn mount(node: Node, root: &'static str) -> Router {
+fn mount(node: Node, root: &'static str, hubs: Arc<hub::Hubs>) -> Router {
     let state = Ds {
         node: node.clone(),
         root,
+        hubs,
     };
     let streams = Router::new()
         .route(&format!("{root}/{{*path}}"), any(dispatch))

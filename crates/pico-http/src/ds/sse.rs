@@ -3,9 +3,17 @@
 //! `streamCursor` while open, `upToDate`, `streamClosed`). A closed stream ends the response after
 //! its final control; otherwise it ends after `sse_max_duration` (clients resume from the last
 //! `streamNextOffset`). Each wait that times out sends a keep-alive control.
+//!
+//! A subscriber reads for itself until it is at the tail; from then on it follows the stream's
+//! shared [`hub`](super::hub), which reads and renders each append once for all subscribers, and
+//! only adds its own control event. Whenever the hub's frames do not line up with its offset it
+//! reads for itself again.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::io::Write as _;
+use std::pin::Pin;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -16,14 +24,14 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_protocol::OffsetSpec;
-use pico_protocol::format_offset;
 use pico_protocol::headers as h;
-use pico_server::{ReadOutcome, WaitOutcome, is_json};
-use serde_json::json;
-use tokio::time::Instant;
+use pico_server::{ReadOutcome, is_json};
+use tokio::sync::broadcast;
+use tokio::time::{Instant, Sleep};
 
 use super::error::DsError;
 use super::headers::ReadQuery;
+use super::hub::{Follow, Frame, Render, Subscription};
 use super::read::{body_of, cursor, read_from};
 use super::{Ds, set, sse_is_text};
 
@@ -61,37 +69,74 @@ pub fn frame(out: &mut Vec<u8>, event: &str, payload: &str) {
     out.push(b'\n');
 }
 
+/// The `event: data` frame of a read's records: text, a JSON array for JSON streams, or base64
+/// for non-text types. Shared by per-subscriber reads and the hub (which renders it once).
+pub fn data_frame(buf: &mut Vec<u8>, out: &ReadOutcome, render: Render) {
+    let body = body_of(out, render.json);
+    let payload = if render.text {
+        String::from_utf8_lossy(&body)
+    } else {
+        Cow::Owned(STANDARD.encode(&body))
+    };
+    buf.reserve(payload.len() + 160);
+    frame(buf, "data", &payload);
+}
+
+/// Appends the control event, rendered by hand: one per subscriber per append, so no JSON value
+/// tree and no intermediate strings. The bytes are exactly what `frame` makes of the
+/// `serde_json` object (keys sorted: `streamClosed`, `streamCursor`, `streamNextOffset`,
+/// `upToDate`; the JSON has no line breaks and starts with `{`, hence a single `data:` line;
+/// the test pins both).
+fn control_frame(out: &mut Vec<u8>, cursor: u64, next: u64, up_to_date: bool, closed: bool) {
+    out.extend_from_slice(b"event: control\ndata:{");
+    if closed {
+        out.extend_from_slice(b"\"streamClosed\":true,");
+    } else {
+        // Writing into a Vec cannot fail.
+        let _ = write!(out, "\"streamCursor\":\"{cursor}\",");
+    }
+    let _ = write!(out, "\"streamNextOffset\":\"{next:020}\"");
+    if up_to_date {
+        out.extend_from_slice(b",\"upToDate\":true");
+    }
+    out.extend_from_slice(b"}\n\n");
+}
+
+/// Shared data frames up to this size are copied into the subscriber's control chunk (one
+/// socket write per event pair); larger ones go out as their own chunk, so 1000 subscribers do
+/// not each copy a 64 KiB frame.
+const INLINE_DATA: usize = 4 * 1024;
+
+/// Room for one control event (its longest form is about 110 bytes).
+const CONTROL_LEN: usize = 128;
+
 struct SseState {
     ds: Ds,
     name: StreamName,
     /// The incarnation being streamed: a stream deleted and re-created under the same name
     /// is another stream, and this response ends rather than continue into it.
     stream_id: u64,
-    json: bool,
-    text: bool,
+    render: Render,
     cursor: u64,
     next: u64,
+    /// At the tail as of the last read or frame: follow the hub instead of reading.
     caught_up: bool,
     done: bool,
     deadline: Instant,
     poll: Duration,
+    /// The stream's hub, joined on first catching up and kept while it lives, so frames
+    /// published while this subscriber writes or reads are not lost (they wait in the channel).
+    hub: Option<Subscription>,
+    /// Keep-alive timer for `follow`, armed no later than its next wanted wake-up.
+    keepalive: Pin<Box<Sleep>>,
     /// Frames ready to send; at most two per step, so bounded.
     pending: VecDeque<Bytes>,
 }
 
 impl SseState {
     fn control(&self, next: u64, up_to_date: bool, closed: bool) -> Bytes {
-        let mut v = json!({ "streamNextOffset": format_offset(next) });
-        if closed {
-            v["streamClosed"] = json!(true);
-        } else {
-            v["streamCursor"] = json!(self.cursor.to_string());
-        }
-        if up_to_date {
-            v["upToDate"] = json!(true);
-        }
-        let mut out = Vec::new();
-        frame(&mut out, "control", &v.to_string());
+        let mut out = Vec::with_capacity(CONTROL_LEN);
+        control_frame(&mut out, self.cursor, next, up_to_date, closed);
         Bytes::from(out)
     }
 
@@ -102,18 +147,11 @@ impl SseState {
         // subscriber per batch instead of two (it matters with thousands of subscribers).
         let mut buf = Vec::new();
         if has_data {
-            let body = body_of(out, self.json);
-            let payload = if self.text {
-                String::from_utf8_lossy(&body).into_owned()
-            } else {
-                STANDARD.encode(&body)
-            };
-            buf.reserve(payload.len() + 160);
-            frame(&mut buf, "data", &payload);
+            data_frame(&mut buf, out, self.render);
         }
         if has_data || first || out.closed {
-            let c = self.control(out.next_seq, out.up_to_date || out.closed, out.closed);
-            buf.extend_from_slice(&c);
+            let up_to_date = out.up_to_date || out.closed;
+            control_frame(&mut buf, self.cursor, out.next_seq, up_to_date, out.closed);
         }
         if !buf.is_empty() {
             self.pending.push_back(Bytes::from(buf));
@@ -125,34 +163,97 @@ impl SseState {
         }
     }
 
+    /// Queues a hub frame that starts at this subscriber's offset.
+    fn take(&mut self, f: &Frame) {
+        if f.data.len() <= INLINE_DATA {
+            let mut buf = Vec::with_capacity(f.data.len() + CONTROL_LEN);
+            buf.extend_from_slice(&f.data);
+            control_frame(&mut buf, self.cursor, f.next, f.up_to_date, f.closed);
+            self.pending.push_back(Bytes::from(buf));
+        } else {
+            self.pending.push_back(f.data.clone());
+            let c = self.control(f.next, f.up_to_date, f.closed);
+            self.pending.push_back(c);
+        }
+        self.next = f.next;
+        if f.closed {
+            self.done = true;
+        }
+    }
+
+    /// Waits for the hub's next frame at this subscriber's offset. Returns with a frame or a
+    /// keep-alive queued, `done` set, or `caught_up` cleared when this subscriber must read for
+    /// itself (it lagged, the frame starts elsewhere, or the hub ended).
+    async fn follow(&mut self) {
+        let now = Instant::now();
+        let wake = now + self.deadline.saturating_duration_since(now).min(self.poll);
+        let sub = match &mut self.hub {
+            Some(sub) => sub,
+            None => self.hub.insert(self.ds.hubs.subscribe(Follow {
+                node: self.ds.node.clone(),
+                name: self.name.clone(),
+                stream_id: self.stream_id,
+                from: self.next,
+                render: self.render,
+                poll: self.poll,
+            })),
+        };
+        let got = loop {
+            tokio::select! {
+                biased;
+                r = sub.rx.recv() => match r {
+                    Ok(f) if f.next <= self.next && f.from != self.next && !f.closed => {
+                        // Published before this subscriber's own read got past it.
+                        continue;
+                    }
+                    r => break Some(r),
+                },
+                () = &mut self.keepalive => {
+                    // The timer stays armed across waits and is only moved when it fires
+                    // early: re-arming it per event would cost a timer-wheel insert and
+                    // removal per subscriber per append. `wake` never moves backwards, so
+                    // firing late cannot happen.
+                    if Instant::now() < wake {
+                        self.keepalive.as_mut().reset(wake);
+                        continue;
+                    }
+                    break None;
+                }
+            }
+        };
+        match got {
+            None => {
+                if Instant::now() < self.deadline {
+                    let c = self.control(self.next, true, false);
+                    self.pending.push_back(c);
+                } else {
+                    self.done = true;
+                }
+            }
+            Some(Ok(f)) if f.from == self.next => self.take(&f),
+            Some(Ok(_)) => self.caught_up = false,
+            Some(Err(broadcast::error::RecvError::Lagged(n))) => {
+                tracing::debug!(stream = %self.name, skipped = n, "sse subscriber lagged its hub");
+                self.caught_up = false;
+            }
+            Some(Err(broadcast::error::RecvError::Closed)) => {
+                // The hub ended (closed, deleted, read error): the read path decides what
+                // that means for this subscriber; a later catch-up joins a fresh hub.
+                self.hub = None;
+                self.caught_up = false;
+            }
+        }
+    }
+
     async fn step(&mut self) {
         if Instant::now() >= self.deadline {
             self.done = true;
             return;
         }
         if self.caught_up {
-            let left = self.deadline.saturating_duration_since(Instant::now());
-            match self
-                .ds
-                .node
-                .wait(&self.name, self.next, left.min(self.poll))
-                .await
-            {
-                Ok(WaitOutcome::Timeout) => {
-                    if Instant::now() < self.deadline {
-                        let c = self.control(self.next, true, false);
-                        self.pending.push_back(c);
-                    } else {
-                        self.done = true;
-                    }
-                    return;
-                }
-                Ok(WaitOutcome::Data | WaitOutcome::Closed) => {}
-                Err(_) => {
-                    // Deleted or expired while streaming: end the response.
-                    self.done = true;
-                    return;
-                }
+            self.follow().await;
+            if self.caught_up || self.done {
+                return;
             }
         }
         match read_from(&self.ds, &self.name, OffsetSpec::At(self.next), false).await {
@@ -176,18 +277,24 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
     let ct = first.info.content_type.clone();
     let text = sse_is_text(&ct);
     let cfg = ds.node.config();
+    let deadline = Instant::now() + cfg.sse_max_duration;
+    let first_wake = (Instant::now() + cfg.long_poll_timeout).min(deadline);
     let mut st = SseState {
         ds: ds.clone(),
         name,
         stream_id: first.info.stream_id,
-        json: is_json(&ct),
-        text,
+        render: Render {
+            json: is_json(&ct),
+            text,
+        },
         cursor: cursor(q.cursor),
         next: first.next_seq,
         caught_up: false,
         done: false,
-        deadline: Instant::now() + cfg.sse_max_duration,
+        deadline,
         poll: cfg.long_poll_timeout,
+        hub: None,
+        keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
         pending: VecDeque::new(),
     };
     st.absorb(&first, true);
@@ -222,11 +329,39 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pico_protocol::format_offset;
 
     fn f(event: &str, payload: &str) -> String {
         let mut out = Vec::new();
         frame(&mut out, event, payload);
         String::from_utf8(out).unwrap()
+    }
+
+    /// The hand-rendered control event is byte for byte what `frame` makes of the
+    /// `serde_json` object.
+    #[test]
+    fn control_frame_matches_serde() {
+        for (cursor, next) in [(0, 0), (1_700_000_123, 42), (u64::MAX, u64::MAX)] {
+            for up_to_date in [false, true] {
+                for closed in [false, true] {
+                    let mut v = serde_json::json!({ "streamNextOffset": format_offset(next) });
+                    if closed {
+                        v["streamClosed"] = serde_json::json!(true);
+                    } else {
+                        v["streamCursor"] = serde_json::json!(cursor.to_string());
+                    }
+                    if up_to_date {
+                        v["upToDate"] = serde_json::json!(true);
+                    }
+                    let mut got = Vec::new();
+                    control_frame(&mut got, cursor, next, up_to_date, closed);
+                    assert_eq!(
+                        String::from_utf8(got).unwrap(),
+                        f("control", &v.to_string())
+                    );
+                }
+            }
+        }
     }
 
     #[test]

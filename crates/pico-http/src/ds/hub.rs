@@ -1,0 +1,503 @@
+//! Shared fan-out for caught-up SSE subscribers.
+//!
+//! Without it every subscriber of a stream, on every append, waits, reads, decodes and renders
+//! the same records: 1000 subscribers cost 1000 reads per append. A [`Hub`] does that once per
+//! stream: one task waits for the tail to move, reads the new records, renders the `event: data`
+//! frame once and publishes it as an `Arc` through a bounded broadcast channel. Each subscriber
+//! at the frame's start offset writes the shared bytes plus its own control event.
+//!
+//! The hub is only an accelerator: a subscriber that sees a frame it cannot use (it lagged, the
+//! frame starts elsewhere, the hub ended) falls back to its own reads and rejoins once caught
+//! up, so every irregular case (delete, re-create, read errors) is decided by the ordinary read
+//! path. Hubs exist only while somebody subscribes: the registry holds weak references, and the
+//! last subscriber's drop stops the task and removes the entry, so idle streams cost nothing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use pico_common::StreamName;
+use pico_server::{Node, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+
+use super::sse::data_frame;
+
+/// Frames a hub buffers for slow subscribers. A subscriber further behind gets `Lagged` and
+/// catches up with its own reads; this bounds a hub's memory to this many rendered chunks.
+const CAPACITY: usize = 64;
+
+/// Pause after a wake-up that found nothing to read (the view lags the durable tail): retry
+/// shortly instead of spinning.
+const EMPTY_WAKE_PAUSE: Duration = Duration::from_millis(20);
+
+/// One read's worth of events, shared by every subscriber at `from`.
+#[derive(Debug)]
+pub struct Frame {
+    /// Where the records start: only a subscriber whose next offset is this can use the frame.
+    pub from: u64,
+    pub next: u64,
+    /// The rendered `event: data` frame; empty when the read had no records (a bare close).
+    pub data: Bytes,
+    pub up_to_date: bool,
+    pub closed: bool,
+}
+
+/// How a stream's records become the `data:` payload (fixed by its content type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Render {
+    pub json: bool,
+    pub text: bool,
+}
+
+/// The registry of live hubs, keyed by stream id (an incarnation, not a name).
+#[derive(Default)]
+pub struct Hubs {
+    map: Mutex<HashMap<u64, Entry>>,
+    /// Tells hubs of one stream apart, so a dying hub never removes its successor's entry.
+    generation: AtomicU64,
+}
+
+struct Entry {
+    generation: u64,
+    hub: Weak<Hub>,
+}
+
+/// A subscriber's share of a hub: keep `hub` alive as long as `rx` is used.
+pub struct Subscription {
+    pub hub: Arc<Hub>,
+    pub rx: broadcast::Receiver<Arc<Frame>>,
+}
+
+pub struct Hub {
+    hubs: Arc<Hubs>,
+    stream_id: u64,
+    generation: u64,
+    /// Weak, so the channel closes (subscribers see `Closed`) as soon as the task ends.
+    tx: broadcast::WeakSender<Arc<Frame>>,
+    task: AbortHandle,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.task.abort();
+        let mut map = self.hubs.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&self.stream_id)
+            .is_some_and(|e| e.generation == self.generation)
+        {
+            map.remove(&self.stream_id);
+        }
+        tracing::debug!(stream_id = self.stream_id, "sse hub stopped");
+    }
+}
+
+/// What a hub task needs to follow one stream.
+pub struct Follow {
+    pub node: Node,
+    pub name: StreamName,
+    pub stream_id: u64,
+    /// The offset the first subscriber has reached; the hub publishes from here on.
+    pub from: u64,
+    pub render: Render,
+    /// How long one wait lasts before the hub re-checks that the stream still exists.
+    pub poll: Duration,
+}
+
+impl Hubs {
+    /// Joins the stream's hub, starting one if there is none (or only one whose task ended).
+    /// Frames published before this call are not seen; the caller reconciles by offset.
+    pub fn subscribe(self: &Arc<Self>, f: Follow) -> Subscription {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        // A hub whose task ended is replaced. It must be dropped only after the lock is
+        // released: if it was the last reference, its drop takes this same lock.
+        let ended = match map.get(&f.stream_id).and_then(|e| e.hub.upgrade()) {
+            Some(hub) => match hub.tx.upgrade() {
+                Some(tx) => {
+                    let rx = tx.subscribe();
+                    return Subscription { hub, rx };
+                }
+                None => Some(hub),
+            },
+            None => None,
+        };
+        let (tx, rx) = broadcast::channel(CAPACITY);
+        let weak = tx.downgrade();
+        let stream_id = f.stream_id;
+        let task = tokio::spawn(run(f, tx)).abort_handle();
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        let hub = Arc::new(Hub {
+            hubs: self.clone(),
+            stream_id,
+            generation,
+            tx: weak,
+            task,
+        });
+        map.insert(
+            stream_id,
+            Entry {
+                generation,
+                hub: Arc::downgrade(&hub),
+            },
+        );
+        drop(map);
+        drop(ended);
+        tracing::debug!(stream_id, "sse hub started");
+        Subscription { hub, rx }
+    }
+
+    /// Live hubs (for tests and diagnostics).
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The hub task: wait for the tail, read once, render once, publish. Returning drops the only
+/// sender, which subscribers see as `Closed` (after the frames already sent) and answer by
+/// reading for themselves.
+async fn run(f: Follow, tx: broadcast::Sender<Arc<Frame>>) {
+    let mut last = f.from;
+    loop {
+        match f.node.wait(&f.name, last, f.poll).await {
+            Ok(WaitOutcome::Data | WaitOutcome::Closed) => {}
+            Ok(WaitOutcome::Timeout) => {
+                // A wait follows the name, so after a delete and re-create it would wait on
+                // the new incarnation forever: check that ours is still the one named.
+                match f.node.head(&f.name).await {
+                    Ok(info) if info.stream_id == f.stream_id => continue,
+                    _ => return,
+                }
+            }
+            Err(_) => return,
+        }
+        // Publish everything available, one chunk-sized read at a time.
+        loop {
+            let req = ReadRequest {
+                name: f.name.clone(),
+                from: ReadFrom::Offset(last),
+                max_records: None,
+                max_bytes: None,
+                touch: false,
+            };
+            let out = match f.node.read(req).await {
+                Ok(out) if out.info.stream_id == f.stream_id => out,
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!(stream = %f.name, error = %e, "sse hub read failed");
+                    return;
+                }
+            };
+            if out.records.is_empty() && !out.closed {
+                tokio::time::sleep(EMPTY_WAKE_PAUSE).await;
+                break;
+            }
+            let frame = frame_of(last, &out, f.render);
+            last = out.next_seq;
+            let up_to_date = frame.up_to_date;
+            // No receivers is not an error: the last subscriber is just leaving (and its
+            // drop aborts this task).
+            let _ = tx.send(Arc::new(frame));
+            if out.closed {
+                return;
+            }
+            if up_to_date {
+                break;
+            }
+        }
+    }
+}
+
+fn frame_of(from: u64, out: &ReadOutcome, render: Render) -> Frame {
+    let data = if out.records.is_empty() {
+        Bytes::new()
+    } else {
+        let mut buf = Vec::new();
+        data_frame(&mut buf, out, render);
+        Bytes::from(buf)
+    };
+    Frame {
+        from,
+        next: out.next_seq,
+        data,
+        up_to_date: out.up_to_date || out.closed,
+        closed: out.closed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Through the DS router on a real (in-memory) node, with a registry the test can inspect.
+
+    use super::*;
+    use crate::ds::{DS_ROOT, mount};
+    use axum::Router;
+    use axum::body::{Body, BodyDataStream};
+    use axum::http::{Method, Request};
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use futures::StreamExt;
+    use pico_protocol::format_offset;
+    use pico_server::testing::start_test_node;
+    use serde_json::Value;
+    use tower::ServiceExt;
+
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    async fn app() -> (Router, Arc<Hubs>) {
+        let hubs = Arc::new(Hubs::default());
+        (mount(start_test_node().await, DS_ROOT, hubs.clone()), hubs)
+    }
+
+    async fn call(app: &Router, method: Method, uri: &str, ct: &str, body: Body) -> u16 {
+        let mut b = Request::builder().method(method).uri(uri);
+        if !ct.is_empty() {
+            b = b.header("content-type", ct);
+        }
+        let req = b.body(body).unwrap();
+        app.clone().oneshot(req).await.unwrap().status().as_u16()
+    }
+
+    /// One SSE response read event by event.
+    struct Sub {
+        body: BodyDataStream,
+        buf: String,
+    }
+
+    impl Sub {
+        async fn open(app: &Router, uri: &str) -> Sub {
+            let req = Request::get(format!("{uri}?offset=now&live=sse"))
+                .body(Body::empty())
+                .unwrap();
+            let resp = app.clone().oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            Sub {
+                body: resp.into_body().into_data_stream(),
+                buf: String::new(),
+            }
+        }
+
+        /// The next `(event, payload)`; None once the response ended.
+        async fn event(&mut self) -> Option<(String, String)> {
+            loop {
+                if let Some(i) = self.buf.find("\n\n") {
+                    let block: String = self.buf.drain(..i + 2).collect();
+                    let mut event = String::new();
+                    let mut data = Vec::new();
+                    for line in block.lines() {
+                        if let Some(e) = line.strip_prefix("event: ") {
+                            event = e.to_string();
+                        } else if let Some(d) = line.strip_prefix("data:") {
+                            data.push(d.strip_prefix(' ').unwrap_or(d).to_string());
+                        }
+                    }
+                    return Some((event, data.join("\n")));
+                }
+                let chunk = tokio::time::timeout(PATIENCE, self.body.next())
+                    .await
+                    .expect("sse event in time")?;
+                self.buf
+                    .push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            }
+        }
+
+        /// Every event until the response ends.
+        async fn rest(mut self) -> Vec<(String, String)> {
+            let mut all = Vec::new();
+            while let Some(e) = self.event().await {
+                all.push(e);
+            }
+            all
+        }
+    }
+
+    /// Checks one subscriber's events: data always followed by its control, offsets never going
+    /// back, a final closed control at `end`; returns the data payloads.
+    fn payloads(events: &[(String, String)], end: u64) -> Vec<String> {
+        let mut data = Vec::new();
+        let mut last = String::new();
+        let mut after_data = false;
+        for (event, payload) in events {
+            match event.as_str() {
+                "data" => {
+                    assert!(!after_data, "two data events in a row: {events:?}");
+                    data.push(payload.clone());
+                    after_data = true;
+                }
+                "control" => {
+                    let v: Value = serde_json::from_str(payload).unwrap();
+                    let next = v["streamNextOffset"].as_str().unwrap().to_string();
+                    assert!(next >= last, "offset went back: {last} -> {next}");
+                    last = next;
+                    after_data = false;
+                }
+                other => panic!("unexpected event {other}"),
+            }
+        }
+        let (event, payload) = events.last().unwrap();
+        assert_eq!(event, "control");
+        let v: Value = serde_json::from_str(payload).unwrap();
+        assert_eq!(v["streamClosed"], true);
+        assert_eq!(v["upToDate"], true);
+        assert_eq!(v["streamNextOffset"], format_offset(end));
+        data
+    }
+
+    /// Several subscribers of one stream, one of them not read while the appends happen (so it
+    /// lags the hub's bounded channel), all get every record once and in order, in the stream's
+    /// rendering (text, JSON arrays, base64); one hub serves them and goes with the last one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subscribers_share_one_hub_and_see_every_append() {
+        let (app, hubs) = app().await;
+        const N: usize = 150;
+        for ct in ["text/plain", "application/json", "application/octet-stream"] {
+            let u = format!("{DS_ROOT}/fan-{}", ct.replace('/', "-"));
+            assert_eq!(call(&app, Method::PUT, &u, ct, Body::empty()).await, 201);
+            let mut subs = Vec::new();
+            for _ in 0..4 {
+                let mut s = Sub::open(&app, &u).await;
+                let (event, _) = s.event().await.unwrap();
+                assert_eq!(event, "control");
+                subs.push(s);
+            }
+            // The lagging one: let it join the hub, then leave it unread.
+            let mut lagging = subs.pop().unwrap();
+            assert!(
+                tokio::time::timeout(Duration::from_millis(50), lagging.event())
+                    .await
+                    .is_err()
+            );
+            let eager: Vec<_> = subs.into_iter().map(|s| tokio::spawn(s.rest())).collect();
+            let body = |i: usize| match ct {
+                "text/plain" => format!("r{i:03};").into_bytes(),
+                "application/json" => format!("{{\"i\":{i}}}").into_bytes(),
+                _ => vec![i as u8, 0xff, b'\n'],
+            };
+            for i in 0..N {
+                assert_eq!(call(&app, Method::POST, &u, ct, body(i).into()).await, 204);
+            }
+            let req = Request::post(&u)
+                .header("stream-closed", "true")
+                .body(Body::empty())
+                .unwrap();
+            assert_eq!(app.clone().oneshot(req).await.unwrap().status(), 204);
+            let want: Vec<u8> = (0..N).flat_map(body).collect();
+            let mut all = vec![lagging.rest().await];
+            for t in eager {
+                all.push(t.await.unwrap());
+            }
+            for events in all {
+                let data = payloads(&events, N as u64);
+                let got: Vec<u8> = match ct {
+                    "text/plain" => data.concat().into_bytes(),
+                    "application/json" => {
+                        let items: Vec<String> = data
+                            .iter()
+                            .flat_map(|d| serde_json::from_str::<Vec<Value>>(d).unwrap())
+                            .map(|v| v.to_string())
+                            .collect();
+                        items.concat().into_bytes()
+                    }
+                    _ => data
+                        .iter()
+                        .flat_map(|d| STANDARD.decode(d).unwrap())
+                        .collect(),
+                };
+                assert_eq!(got, want, "{ct}");
+            }
+            assert!(hubs.is_empty(), "hub outlived its subscribers");
+        }
+    }
+
+    /// Waiting subscribers end with the final control when the stream closes, and end (without
+    /// one) when it is deleted; neither leaves a hub behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn close_and_delete_end_waiting_subscribers() {
+        let (app, hubs) = app().await;
+        let u = format!("{DS_ROOT}/closing");
+        assert_eq!(
+            call(&app, Method::PUT, &u, "text/plain", "ab".into()).await,
+            201
+        );
+        let mut subs = Vec::new();
+        for _ in 0..3 {
+            let mut s = Sub::open(&app, &u).await;
+            assert_eq!(s.event().await.unwrap().0, "control");
+            subs.push(tokio::spawn(s.rest()));
+        }
+        // Let them join the hub before the close.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(hubs.len(), 1);
+        let req = Request::post(&u)
+            .header("stream-closed", "true")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(app.clone().oneshot(req).await.unwrap().status(), 204);
+        for t in subs {
+            let events = t.await.unwrap();
+            assert_eq!(events.len(), 1, "{events:?}");
+            assert!(payloads(&events, 1).is_empty());
+        }
+        assert!(hubs.is_empty());
+
+        let u = format!("{DS_ROOT}/deleting");
+        assert_eq!(
+            call(&app, Method::PUT, &u, "text/plain", "ab".into()).await,
+            201
+        );
+        let mut subs = Vec::new();
+        for _ in 0..3 {
+            let mut s = Sub::open(&app, &u).await;
+            assert_eq!(s.event().await.unwrap().0, "control");
+            subs.push(tokio::spawn(s.rest()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(hubs.len(), 1);
+        assert_eq!(call(&app, Method::DELETE, &u, "", Body::empty()).await, 204);
+        for t in subs {
+            let events = t.await.unwrap();
+            assert!(events.iter().all(|(e, _)| e == "control"), "{events:?}");
+        }
+        assert!(hubs.is_empty());
+    }
+
+    /// A subscriber following the hub still gets a keep-alive control per long-poll timeout
+    /// (500 ms on the test node) and then the next append.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keep_alive_while_following() {
+        let (app, _) = app().await;
+        let u = format!("{DS_ROOT}/quiet");
+        assert_eq!(
+            call(&app, Method::PUT, &u, "text/plain", "ab".into()).await,
+            201
+        );
+        let mut s = Sub::open(&app, &u).await;
+        assert_eq!(s.event().await.unwrap().0, "control");
+        for _ in 0..2 {
+            let start = std::time::Instant::now();
+            let (event, payload) = s.event().await.unwrap();
+            assert_eq!(event, "control");
+            assert!(start.elapsed() >= Duration::from_millis(300));
+            let v: Value = serde_json::from_str(&payload).unwrap();
+            assert_eq!(v["upToDate"], true);
+            assert_eq!(v["streamNextOffset"], format_offset(1));
+        }
+        assert_eq!(
+            call(&app, Method::POST, &u, "text/plain", "cd".into()).await,
+            204
+        );
+        assert_eq!(
+            s.event().await.unwrap(),
+            ("data".to_string(), "cd".to_string())
+        );
+        let (event, payload) = s.event().await.unwrap();
+        assert_eq!(event, "control");
+        let v: Value = serde_json::from_str(&payload).unwrap();
+        assert_eq!(v["streamNextOffset"], format_offset(2));
+    }
+}
