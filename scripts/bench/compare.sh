@@ -111,7 +111,7 @@ start_pico() { # name [serve args...]
   SRV_DIR=$RUN/$name; mkdir -p "$SRV_DIR"
   local port admin; port=$(free_port); admin=$(free_port)
   "$PICO" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --no-kafka \
-    --meta-url "sqlite:$SRV_DIR/meta.db" --storage="-2@file://$SRV_DIR/objects" "$@" \
+    --meta-url "sqlite:$SRV_DIR/meta.db" --storage="${BENCH_PICO_STORAGE:--2@file://$SRV_DIR/objects}" "$@" \
     >"$SRV_DIR/server.log" 2>&1 &
   SRV_PID=$!; PIDS+=("$SRV_PID")
   SRV_URL=http://127.0.0.1:$port
@@ -222,6 +222,13 @@ section_floors() {
   echo "$o" >"$RUN/fsync.txt"; rm -f "$RUN/fsync.tmp"
   local us; us=$(echo "$o" | awk '/fdatasync/ && /usecs/ {for(i=1;i<=NF;i++) if($i=="usecs/op") print $(i-1); exit}')
   [ -n "$us" ] && add_row "floor: fsync (8 kB fdatasync)" "disk" "pg_test_fsync" "$(python3 -c "print($us/1000)")" "ms/op" lower
+  # Every durable byte is written twice on file:// storage (WAL, then the data object), so half
+  # of this is the ceiling for durable ingest on this disk.
+  log "floors: sequential write bandwidth of this disk (dd 256 MiB, fdatasync at the end)"
+  o=$(dd if=/dev/zero of="$RUN/dd.tmp" bs=1M count=256 conv=fdatasync 2>&1 || true)
+  rm -f "$RUN/dd.tmp"
+  local mbs; mbs=$(echo "$o" | awk '/copied/ {for(i=1;i<=NF;i++) if($i ~ /^[GM]B\/s$/) {v=$(i-1); if($i=="GB/s") v=v*1000; print v/1.048576}}')
+  [ -n "$mbs" ] && add_row "floor: disk sequential write, fdatasync at end" "disk" "dd" "$mbs" "MiB/s" higher "durable file:// ingest writes each byte twice (WAL + object)"
   log "floors: Postgres single-row commit on 127.0.0.1:5432 (pgbench, 1 client)"
   local tbl=compare_commit_$$
   if psql -h 127.0.0.1 -U postgres -d test -qc "create table $tbl (id bigserial primary key, v text)" >/dev/null 2>&1; then
@@ -279,6 +286,14 @@ section_ds() {
     done
     stop_server
   done
+  # The same engine without a disk (memory:// WAL and objects, NOT durable): what the disk costs.
+  BENCH_PICO_STORAGE=-2@memory://bench start_pico ds-picomq-mem
+  curl -s -o /dev/null -X PUT -H 'Content-Type: text/plain' "$SRV_URL/v1/stream/x-mem"
+  f=$(bench "$SRV_URL" ds --connections 64 -n 1 -b 100 --streams 1)
+  add_row "small appends/s (64 conns, 100 B, 1 stream)" "picomq-memory" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "memory://, not durable: the engine without the disk"
+  f=$(bench "$SRV_URL" ds --connections 8 -n 64 -b 1KiB --streams 1)
+  add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "picomq-memory" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "memory://, not durable: the engine without the disk"
+  stop_server
 }
 
 section_nats() {
