@@ -4,7 +4,7 @@
 //! - Group commit: every append waiting in the queue (all streams) goes into one `Wal::append`,
 //!   bounded by `batch_interval` and `max_bytes_in_batch`.
 //! - Acks are sent in queue order, only after the WAL write returned; the log cache, durable
-//!   ends and the upload queue are updated before the acks and the durable hook run.
+//!   ends and the upload queue are updated before the acks and then the durable hook run.
 //! - A failed write (after retries) fails every append in it and every later append of the same
 //!   open generation still queued, and marks those streams broken: nothing is ever acked after a
 //!   hole.
@@ -182,11 +182,14 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
         st.durable_pos = Some(pos);
         over_threshold = st.unuploaded_bytes >= shared.cfg.upload_threshold_bytes;
     }
-    for (stream, end) in hooks {
-        (shared.on_durable)(stream, end);
-    }
+    // Acks first: the durable hook may wake thousands of readers (SSE fan-out), and an ack
+    // queued behind them would wait for the whole fan-out. Readers need no ordering with the
+    // ack: the durable ends they read were updated above.
     for (ack, result) in acks {
         let _ = ack.send(result);
+    }
+    for (stream, end) in hooks {
+        (shared.on_durable)(stream, end);
     }
     if over_threshold {
         shared.upload_kick.notify_one();
