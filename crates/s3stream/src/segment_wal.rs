@@ -503,36 +503,34 @@ mod tests {
         assert_eq!(SegmentWal::new(&dir).recover().await.unwrap().len(), 2);
     }
 
-    #[tokio::test]
-    async fn corruption_before_valid_data_fails_loudly() {
+    /// Writes `entries` entries, overwrites bytes of the first segment at `at`, recovers.
+    async fn recover_damaged(entries: u64, at: u64, bytes: &[u8]) -> Result<usize, WalError> {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("wal");
         let wal = SegmentWal::new(&dir);
-        wal.append(vec![rec(1, 0, 1)]).await.unwrap();
-        wal.append(vec![rec(1, 1, 1)]).await.unwrap();
+        for i in 0..entries {
+            wal.append(vec![rec(1, i, 1)]).await.unwrap();
+        }
         let seg = dir.join(&files(&dir)[0]);
         let mut f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
-        f.seek(std::io::SeekFrom::Start(30)).unwrap();
-        f.write_all(&[0xff]).unwrap();
+        f.seek(std::io::SeekFrom::Start(at)).unwrap();
+        f.write_all(bytes).unwrap();
         drop(f);
-        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        SegmentWal::new(&dir).recover().await.map(|v| v.len())
+    }
+
+    #[tokio::test]
+    async fn corruption_before_valid_data_fails_loudly() {
+        let err = recover_damaged(2, 30, &[0xff]).await.unwrap_err();
         assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
     }
 
     #[tokio::test]
     async fn a_damaged_frame_length_is_corruption_not_a_torn_tail() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("wal");
-        let wal = SegmentWal::new(&dir);
-        for i in 0..3 {
-            wal.append(vec![rec(1, i, 1)]).await.unwrap();
-        }
-        let seg = dir.join(&files(&dir)[0]);
-        let mut f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
         // The first frame's length now points past the end of the file.
-        f.write_all(&[0xff, 0xff, 0xff, 0x7f]).unwrap();
-        drop(f);
-        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        let err = recover_damaged(3, 0, &[0xff, 0xff, 0xff, 0x7f])
+            .await
+            .unwrap_err();
         assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
     }
 

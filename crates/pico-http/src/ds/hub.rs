@@ -414,22 +414,31 @@ mod tests {
         }
     }
 
+    /// Creates the stream at `u` and opens three subscribers that read up to the tail.
+    async fn waiting_subscribers(
+        app: &Router,
+        u: &str,
+    ) -> Vec<tokio::task::JoinHandle<Vec<(String, String)>>> {
+        assert_eq!(
+            call(app, Method::PUT, u, "text/plain", "ab".into()).await,
+            201
+        );
+        let mut subs = Vec::new();
+        for _ in 0..3 {
+            let mut s = Sub::open(app, u).await;
+            assert_eq!(s.event().await.unwrap().0, "control");
+            subs.push(tokio::spawn(s.rest()));
+        }
+        subs
+    }
+
     /// Waiting subscribers end with the final control when the stream closes, and end (without
     /// one) when it is deleted; neither leaves a hub behind.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn close_and_delete_end_waiting_subscribers() {
         let (app, hubs) = app().await;
         let u = format!("{DS_ROOT}/closing");
-        assert_eq!(
-            call(&app, Method::PUT, &u, "text/plain", "ab".into()).await,
-            201
-        );
-        let mut subs = Vec::new();
-        for _ in 0..3 {
-            let mut s = Sub::open(&app, &u).await;
-            assert_eq!(s.event().await.unwrap().0, "control");
-            subs.push(tokio::spawn(s.rest()));
-        }
+        let subs = waiting_subscribers(&app, &u).await;
         // Let them join the hub before the close.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(hubs.len(), 1);
@@ -446,16 +455,7 @@ mod tests {
         assert!(hubs.is_empty());
 
         let u = format!("{DS_ROOT}/deleting");
-        assert_eq!(
-            call(&app, Method::PUT, &u, "text/plain", "ab".into()).await,
-            201
-        );
-        let mut subs = Vec::new();
-        for _ in 0..3 {
-            let mut s = Sub::open(&app, &u).await;
-            assert_eq!(s.event().await.unwrap().0, "control");
-            subs.push(tokio::spawn(s.rest()));
-        }
+        let subs = waiting_subscribers(&app, &u).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(hubs.len(), 1);
         assert_eq!(call(&app, Method::DELETE, &u, "", Body::empty()).await, 204);
