@@ -9,6 +9,28 @@ use pico_server::ProducerClaim;
 
 use crate::error::HttpError;
 
+/// Read mode (`live=`), the same on both protocols.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Live {
+    CatchUp,
+    LongPoll,
+    Sse,
+}
+
+impl Live {
+    /// `live` absent = a catch-up read.
+    pub fn parse(v: Option<&str>) -> Result<Live, HttpError> {
+        match v {
+            None => Ok(Live::CatchUp),
+            Some("long-poll") => Ok(Live::LongPoll),
+            Some("sse") => Ok(Live::Sse),
+            Some(other) => Err(HttpError::bad_request(format!(
+                "bad live mode (want long-poll or sse): live=`{other}`"
+            ))),
+        }
+    }
+}
+
 /// Longest accepted producer id, in bytes.
 pub const MAX_PRODUCER_ID_LEN: usize = 256;
 

@@ -103,20 +103,33 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<reqwest::Response, Str
     }
 }
 
+/// Learns the tail with a catch-up read at `now` (`next_header` names the next position): a
+/// long-poll on an idle stream answers nothing, not even headers, until data or its timeout,
+/// so it cannot tell that the reader is in place.
+async fn learn_tail(
+    http: &reqwest::Client,
+    now_url: &str,
+    next_header: &str,
+    t: &mut Tail,
+) -> Result<(), String> {
+    let resp = get(http, now_url).await?;
+    let next = header(&resp, next_header)
+        .ok_or_else(|| format!("catch-up answer without {next_header}"))?;
+    t.pos = Some(next.to_string());
+    t.mark_connected();
+    Ok(())
+}
+
 /// One long-poll round: `GET ?seq=&format=binary&live=long-poll`.
 async fn pico_long_poll(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
     let Some(seq) = t.pos.clone() else {
-        // Learn the tail with a catch-up read first: a long-poll on an idle stream answers
-        // nothing (not even headers) until data or its timeout, so it cannot tell us that
-        // the reader is in place.
-        let resp = get(http, &format!("{url}?seq=now&format=binary")).await?;
-        t.pos = Some(
-            header(&resp, "pico-next-seq")
-                .ok_or("catch-up answer without Pico-Next-Seq")?
-                .to_string(),
-        );
-        t.mark_connected();
-        return Ok(());
+        return learn_tail(
+            http,
+            &format!("{url}?seq=now&format=binary"),
+            "pico-next-seq",
+            t,
+        )
+        .await;
     };
     let resp = get(
         http,
@@ -178,15 +191,7 @@ async fn pico_sse(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(),
 /// One long-poll round: `GET /v1/stream/x?offset=&live=long-poll`.
 async fn ds_long_poll(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
     let Some(offset) = t.pos.clone() else {
-        // As for Pico: a catch-up read at `now` returns at once with the tail offset.
-        let resp = get(http, &format!("{url}?offset=now")).await?;
-        t.pos = Some(
-            header(&resp, "stream-next-offset")
-                .ok_or("catch-up answer without Stream-Next-Offset")?
-                .to_string(),
-        );
-        t.mark_connected();
-        return Ok(());
+        return learn_tail(http, &format!("{url}?offset=now"), "stream-next-offset", t).await;
     };
     let resp = get(http, &format!("{url}?offset={offset}&live=long-poll")).await?;
     let next = header(&resp, "stream-next-offset").map(str::to_string);

@@ -7,6 +7,7 @@ use pico_protocol::{OffsetSpec, parse_offset, parse_strict_u64};
 use pico_server::ProducerClaim;
 
 use super::error::DsError;
+use crate::headers::Live;
 use crate::headers::{header_str, parse_rfc3339_ms, validate_content_type};
 
 /// Producer epochs and sequences must stay exact in JavaScript.
@@ -121,14 +122,6 @@ pub fn fork(headers: &HeaderMap) -> Result<Option<ForkHeaders>, DsError> {
     }))
 }
 
-/// Read mode (`live=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Live {
-    CatchUp,
-    LongPoll,
-    Sse,
-}
-
 /// A parsed read query: `offset` (absent = `-1`; required for live modes), `live`, `cursor`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadQuery {
@@ -140,16 +133,7 @@ pub struct ReadQuery {
 impl ReadQuery {
     pub fn parse(uri: &Uri) -> Result<ReadQuery, DsError> {
         let p = crate::pico::Params::parse(uri)?;
-        let live = match p.get("live") {
-            None => Live::CatchUp,
-            Some("long-poll") => Live::LongPoll,
-            Some("sse") => Live::Sse,
-            Some(other) => {
-                return Err(DsError::bad_request(format!(
-                    "bad live mode (want long-poll or sse): live=`{other}`"
-                )));
-            }
-        };
+        let live = Live::parse(p.get("live"))?;
         let offset = match p.get("offset") {
             None if live != Live::CatchUp => {
                 return Err(DsError::bad_request("live reads need an offset parameter"));

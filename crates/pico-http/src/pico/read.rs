@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::{Params, no_store, set, set_true, stream_name, text_value};
 use crate::error::HttpError;
-use crate::headers::header_str;
+use crate::headers::{Live, header_str};
 
 const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
 const SPURIOUS_WAKE_BACKOFF: Duration = Duration::from_millis(50);
@@ -44,13 +44,6 @@ impl Format {
             Format::Raw => "r",
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Live {
-    CatchUp,
-    LongPoll,
-    Sse,
 }
 
 /// A parsed read query.
@@ -82,16 +75,7 @@ impl ReadQuery {
                 )));
             }
         };
-        let live = match p.get("live") {
-            None => Live::CatchUp,
-            Some("long-poll") => Live::LongPoll,
-            Some("sse") => Live::Sse,
-            Some(other) => {
-                return Err(HttpError::bad_request(format!(
-                    "bad live mode (want long-poll or sse): live=`{other}`"
-                )));
-            }
-        };
+        let live = Live::parse(p.get("live"))?;
         if live == Live::Sse && format != Format::Json {
             return Err(HttpError::bad_request(
                 "live=sse carries JSON events only: drop format or use format=json",

@@ -165,16 +165,27 @@ pub async fn remove_stream(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The common part of callback, ack and release: a known subscription, the bearer token
+/// and the wake request body.
+fn wake_call<'h>(
+    mgr: &Shared,
+    id: &str,
+    headers: &'h HeaderMap,
+    body: &Bytes,
+) -> Result<(&'h str, WakeRequest), SubError> {
+    mgr.ensure_background();
+    found(id)?;
+    let token = bearer(headers).ok_or(SubError::TokenInvalid)?;
+    Ok((token, wake_request(body)?))
+}
+
 pub async fn callback(
     State(mgr): State<Shared>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, SubError> {
-    mgr.ensure_background();
-    found(&id)?;
-    let token = bearer(&headers).ok_or(SubError::TokenInvalid)?;
-    let req = wake_request(&body)?;
+    let (token, req) = wake_call(&mgr, &id, &headers, &body)?;
     Ok(Json(mgr.callback(&id, Some(token), req).await?).into_response())
 }
 
@@ -200,10 +211,7 @@ pub async fn ack(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, SubError> {
-    mgr.ensure_background();
-    found(&id)?;
-    let token = bearer(&headers).ok_or(SubError::TokenInvalid)?;
-    let req = wake_request(&body)?;
+    let (token, req) = wake_call(&mgr, &id, &headers, &body)?;
     Ok(Json(mgr.ack(&id, Some(token), req).await?).into_response())
 }
 
@@ -213,10 +221,7 @@ pub async fn release(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<StatusCode, SubError> {
-    mgr.ensure_background();
-    found(&id)?;
-    let token = bearer(&headers).ok_or(SubError::TokenInvalid)?;
-    let req = wake_request(&body)?;
+    let (token, req) = wake_call(&mgr, &id, &headers, &body)?;
     mgr.release(&id, Some(token), req).await?;
     Ok(StatusCode::NO_CONTENT)
 }
