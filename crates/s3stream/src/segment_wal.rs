@@ -413,16 +413,7 @@ mod tests {
     use super::*;
     use std::io::Seek;
 
-    fn rec(stream: u64, base: u64, n: u32) -> WalRecord {
-        WalRecord {
-            stream,
-            epoch: 3,
-            base_offset: base,
-            record_count: n,
-            batch: Bytes::from(format!("batch-{stream}-{base}")),
-            aux: Bytes::from_static(b"aux"),
-        }
-    }
+    use crate::wal::tests::rec;
 
     fn files(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir)

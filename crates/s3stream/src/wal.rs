@@ -168,18 +168,19 @@ impl Wal for ObjectWal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::storage::MemoryStorage;
 
-    fn rec(stream: u64, base: u64, n: u32) -> WalRecord {
+    /// A small record for WAL tests (also used by `segment_wal`'s).
+    pub(crate) fn rec(stream: u64, base: u64, n: u32) -> WalRecord {
         WalRecord {
             stream,
             epoch: 3,
             base_offset: base,
             record_count: n,
             batch: Bytes::from(format!("batch-{stream}-{base}")),
-            aux: Bytes::new(),
+            aux: Bytes::from_static(b"aux"),
         }
     }
 
