@@ -207,6 +207,10 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish on shutdown.
     #[arg(long, env = "PICO_SHUTDOWN_DRAIN_SEC", default_value_t = 5)]
     pub shutdown_drain_sec: u64,
+    /// HTTP/2 streams one connection may have open at once (each SSE or long-poll tailer holds
+    /// one).
+    #[arg(long, env = "PICO_HTTP2_MAX_STREAMS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub http2_max_streams: u32,
     /// Memory for recently written records (bytes, or KiB/MiB/GiB).
     #[arg(long, env = "PICO_WAL_CACHE_SIZE", default_value = "128MiB", value_parser = parse_size)]
     pub wal_cache_size: usize,

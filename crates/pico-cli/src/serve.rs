@@ -43,6 +43,7 @@ pub fn to_config(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<Config>
         max_chunk_size: args.max_chunk_size,
         max_request_size: args.max_request_size,
         shutdown_drain: Duration::from_secs(args.shutdown_drain_sec),
+        http2_max_streams: args.http2_max_streams,
         wal_cache_size: args.wal_cache_size,
         block_cache_size: args.block_cache_size,
         auth: match args.auth {
@@ -157,6 +158,7 @@ mod tests {
         assert_eq!(c.max_chunk_size, d.max_chunk_size);
         assert_eq!(c.max_request_size, d.max_request_size);
         assert_eq!(c.shutdown_drain, d.shutdown_drain);
+        assert_eq!(c.http2_max_streams, d.http2_max_streams);
         assert_eq!(c.wal_cache_size, d.wal_cache_size);
         assert_eq!(c.block_cache_size, d.block_cache_size);
         assert_eq!(c.cluster_id, d.cluster_id);

@@ -1493,6 +1493,95 @@ async fn server_speaks_h2c_and_http1_on_one_port() {
     assert_eq!(read.text().await.unwrap(), "over h2");
 }
 
+/// Opens `n` DS SSE tailers of `url` over the one HTTP/2 connection `h2` holds; each must
+/// answer its headers within `wait`.
+async fn h2_tailers(
+    h2: &reqwest::Client,
+    url: &str,
+    n: usize,
+    wait: Duration,
+) -> Result<Vec<reqwest::Response>, String> {
+    let opens = (0..n).map(|_| h2.get(format!("{url}?offset=now&live=sse")).send());
+    let all = tokio::time::timeout(wait, futures::future::join_all(opens))
+        .await
+        .map_err(|_| format!("{n} tailers did not all get their headers within {wait:?}"))?;
+    all.into_iter()
+        .map(|r| {
+            let r = r.map_err(|e| e.to_string())?;
+            assert_eq!(r.version(), reqwest::Version::HTTP_2);
+            assert_eq!(r.status(), StatusCode::OK);
+            Ok(r)
+        })
+        .collect()
+}
+
+/// One HTTP/2 connection holds more tailers than hyper's default stream limit (200), every one
+/// of them gets the next append, and `--http2-max-streams` sets the limit.
+#[tokio::test]
+async fn h2_connection_holds_hundreds_of_sse_tailers() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &[]);
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = server.url("/v1/stream/h2/fanout");
+    let put = h2
+        .put(&url)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let mut tailers = h2_tailers(&h2, &url, 300, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let post = h2
+        .post(&url)
+        .header("content-type", "text/plain")
+        .body("to all 300")
+        .send()
+        .await
+        .unwrap();
+    assert!(post.status().is_success(), "{}", post.status());
+    for resp in &mut tailers {
+        let mut sse = SseReader::default();
+        let ev = loop {
+            let ev = sse.next(resp).await;
+            if ev.event == "data" {
+                break ev;
+            }
+        };
+        assert_eq!(ev.data, "to all 300");
+    }
+    drop(tailers);
+
+    // A lower limit holds: the 21st stream waits for one of the first 20 to end.
+    let dir = tempdir();
+    let limited = Server::start(dir.path(), &["--http2-max-streams", "20"]);
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = limited.url("/v1/stream/h2/limited");
+    let put = h2
+        .put(&url)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let first = h2_tailers(&h2, &url, 20, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let more = h2_tailers(&h2, &url, 1, Duration::from_millis(500)).await;
+    assert!(more.is_err(), "a 21st stream was opened past the limit");
+    drop(first);
+    h2_tailers(&h2, &url, 1, Duration::from_secs(20))
+        .await
+        .unwrap();
+}
+
 /// `pico bench` against the real server: pipelined producers and plain appends with tailers.
 /// Asserts the report counts acknowledged records, readers saw them with a latency, and that
 /// the data is really in the streams.

@@ -54,6 +54,8 @@ pub struct Config {
     pub max_chunk_size: usize,
     pub max_request_size: usize,
     pub shutdown_drain: Duration,
+    /// HTTP/2 streams (e.g. SSE tailers) one connection may have open at once.
+    pub http2_max_streams: u32,
     pub wal_cache_size: usize,
     pub block_cache_size: usize,
     pub auth: AuthMode,
@@ -89,6 +91,7 @@ impl Default for Config {
             max_chunk_size: 64 * 1024,
             max_request_size: 32 * 1024 * 1024,
             shutdown_drain: Duration::from_secs(5),
+            http2_max_streams: 1024,
             wal_cache_size: 128 * 1024 * 1024,
             block_cache_size: 64 * 1024 * 1024,
             auth: AuthMode::Off,

@@ -2,9 +2,11 @@
 //!
 //! - [`config`]: the parsed `pico serve` settings.
 //! - [`stores`]: opens object storage and the WAL from bucket URIs.
+//! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY, HTTP/2 stream limit).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
 
 pub mod config;
+pub mod listener;
 pub mod stores;
 
 pub use config::{AuthMode, Config, RootProtocol, Routing};
@@ -110,16 +112,25 @@ pub async fn run(
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let proto_app = pico_http::protocol_router(node.clone(), opts);
+    let listen = listener::ListenOptions {
+        http2_max_streams: config.http2_max_streams,
+    };
     let mut servers = Vec::new();
-    servers.push(tokio::spawn(serve(protocol, proto_app, stop_rx.clone())));
+    servers.push(tokio::spawn(listener::serve(
+        protocol,
+        proto_app,
+        listen,
+        stop_rx.clone(),
+    )));
     tracing::info!(addr = %local, "protocol listener ready");
     if let Some(admin) = admin {
         let addr = admin
             .local_addr()
             .map_err(|e| RuntimeError::Listen(e.to_string()))?;
-        servers.push(tokio::spawn(serve(
+        servers.push(tokio::spawn(listener::serve(
             admin,
             pico_http::admin_router(node.clone()),
+            listen,
             stop_rx,
         )));
         tracing::info!(addr = %addr, "admin listener ready");
@@ -166,19 +177,4 @@ async fn check_cluster_id(meta: &MetaLog, cluster_id: &str) -> Result<(), Runtim
     .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?
     .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?;
     Ok(())
-}
-
-async fn serve(
-    listener: TcpListener,
-    app: axum::Router,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "listener failed");
-    }
 }

@@ -1,0 +1,69 @@
+//! The accept loop: HTTP/1.1 and HTTP/2 (prior knowledge) on one port.
+//!
+//! Our own loop rather than `axum::serve` for two settings it does not expose:
+//! - `TCP_NODELAY` on every accepted socket: SSE and long-poll answers are small writes that
+//!   must leave at once, not wait for the previous segment's ACK (Nagle);
+//! - HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`: hyper's default (200) caps how many tailers
+//!   one multiplexed connection can hold.
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Listener settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenOptions {
+    /// HTTP/2 streams one connection may have open at once.
+    pub http2_max_streams: u32,
+}
+
+/// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// Serves `app` until `stop` turns true, then waits for open connections to finish their
+/// in-flight requests (the caller bounds that wait with its drain timeout).
+pub async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    opts: ListenOptions,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .max_concurrent_streams(opts.http2_max_streams);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+        let svc = TowerToHyperService::new(app.clone());
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
