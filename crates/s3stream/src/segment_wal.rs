@@ -273,8 +273,8 @@ impl SegmentWal {
         &self.dir
     }
 
-    /// Runs `f` on the state on a blocking thread; the lock is held throughout, so appends,
-    /// trims and recovery never interleave.
+    /// Runs `f` on the state outside the async scheduler (in place, or on a blocking thread);
+    /// the lock is held throughout, so appends, trims and recovery never interleave.
     async fn with_state<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Path, u64, &mut State) -> Result<T, WalError> + Send + 'static,
@@ -282,6 +282,13 @@ impl SegmentWal {
         let mut guard = self.state.clone().lock_owned().await;
         let dir = self.dir.clone();
         let segment_bytes = self.segment_bytes;
+        if tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread
+        {
+            // Run here and let another thread take over this worker's queue: a lone append
+            // then wakes no extra thread before its write and none after its sync.
+            return tokio::task::block_in_place(|| f(&dir, segment_bytes, &mut guard));
+        }
         tokio::task::spawn_blocking(move || f(&dir, segment_bytes, &mut guard))
             .await
             .map_err(|e| WalError::Other(format!("wal task failed: {e}")))?
