@@ -77,10 +77,11 @@ if [ -n "${PICO_BIN:-}" ]; then
   PICO=$PICO_BIN
 else
   log "building the release binary (cargo build --release -p pico-cli)"
-  (cd "$ROOT" && cargo build --release -p pico-cli --example hello_hyper --bin pico) >&2
+  (cd "$ROOT" && cargo build --release -p pico-cli --example hello_hyper --example sse_floor --bin pico) >&2
   PICO=$ROOT/target/release/pico
 fi
 HELLO=$(dirname "$PICO")/examples/hello_hyper
+SSE_FLOOR=$(dirname "$PICO")/examples/sse_floor
 [ -x "$PICO" ] || { echo "no pico binary at $PICO" >&2; exit 1; }
 
 ensure_ds_ref() {
@@ -255,6 +256,26 @@ section_floors() {
     add_row "floor: trivial hyper handler, POST 100 B, 64 conns" "hyper" "pico bench" "$(j .write.requests_per_sec "$f")" "req/s" higher "load-generator ceiling on this machine"
     stop_pid "$hp"
   fi
+  if [ -x "$SSE_FLOOR" ]; then
+    # A server that only forwards each POST to every open SSE response (nothing stored): what
+    # fanning one append out to 1000 sockets costs this machine, load generator included.
+    log "floors: SSE fan-out of a server that stores nothing"
+    local port fp f http
+    for http in 1 2; do
+      port=$(free_port)
+      "$SSE_FLOOR" "127.0.0.1:$port" >"$RUN/sse-floor.log" 2>&1 &
+      fp=$!; PIDS+=("$fp")
+      wait_port "$port" 10
+      if [ $http = 1 ]; then
+        f=$(bench "http://127.0.0.1:$port" ds --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/1.1" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; examples/sse_floor.rs, one socket per subscriber"
+      else
+        f=$(bench "http://127.0.0.1:$port" ds --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/2" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; 2 connections × 500 streams"
+      fi
+      stop_pid "$fp"
+    done
+  fi
 }
 
 section_ds() {
@@ -284,6 +305,12 @@ section_ds() {
       f=$(bench "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps $mibps --streams 1)
       add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n ))"
     done
+    # Over HTTP/2 the subscribers share two connections (the reference server speaks HTTP/1.1
+    # only, so PicoMQ alone has this row).
+    if [ "$sys" = picomq ]; then
+      f=$(bench "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
+      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 ))"
+    fi
     stop_server
   done
   # The same engine without a disk (memory:// WAL and objects, NOT durable): what the disk costs.

@@ -74,7 +74,8 @@ pub struct BenchArgs {
     /// Unmeasured time before the measurement.
     #[arg(long, env = "PICO_BENCH_WARMUP", default_value = "2s", value_parser = parse_duration)]
     pub warmup: Duration,
-    /// Cap the write rate (MiB/s); latency is then measured from each request's scheduled time.
+    /// Cap the write rate (MiB/s); a writer behind schedule measures latency from the scheduled
+    /// send time, so a server that falls behind is not hidden.
     #[arg(long, env = "PICO_BENCH_TARGET_MIBPS")]
     pub target_mibps: Option<f64>,
     /// Idempotent producers (one per connection, pipelined: --in-flight batches each).
@@ -83,6 +84,10 @@ pub struct BenchArgs {
     /// Tailers following the streams (reader i follows stream i mod --streams).
     #[arg(long, env = "PICO_BENCH_READERS", default_value_t = 0)]
     pub readers: u32,
+    /// HTTP clients the readers share [default: --connections]. Over HTTP/1.1 every reader holds
+    /// its own socket anyway; over HTTP/2 each client is one connection multiplexing its readers.
+    #[arg(long, env = "PICO_BENCH_READER_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub reader_connections: Option<u32>,
     /// How readers follow [default: long-poll for pico, sse for ds].
     #[arg(long, env = "PICO_BENCH_READ_MODE", value_enum)]
     pub read_mode: Option<ReadMode>,
@@ -271,7 +276,8 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     let mut reader_tasks = Vec::new();
     if readers > 0 {
         // Readers get their own clients: over HTTP/1.1 each holds a connection anyway.
-        let reader_clients: Vec<reqwest::Client> = (0..connections.min(readers))
+        let n = args.reader_connections.map_or(connections, |n| n as usize);
+        let reader_clients: Vec<reqwest::Client> = (0..n.min(readers))
             .map(|_| http_client(global.http2, global.token.as_deref()))
             .collect::<anyhow::Result<_>>()?;
         for i in 0..readers {

@@ -17,8 +17,12 @@ use tokio::sync::Semaphore;
 const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 impl Pacer {
-    /// Waits for the slot of the next `bytes`; returns the intended send time, from which
-    /// latency is measured (so a server that falls behind is not hidden by the pacing).
+    /// Waits for the slot of the next `bytes`; returns the time latency is measured from.
+    ///
+    /// A writer that is behind its schedule (the server is slow) measures from the intended
+    /// send time, so a server that falls behind is not hidden by the pacing. A writer that is
+    /// early sleeps, and measures from when it woke: tokio's timer fires up to a millisecond or
+    /// two after the deadline, and that lateness is the client's, not the server's.
     pub async fn wait(&self, bytes: u64) -> u64 {
         let before = self
             .reserved
@@ -28,6 +32,7 @@ impl Pacer {
         let now = now_us();
         if at > now {
             tokio::time::sleep(Duration::from_micros(at - now)).await;
+            return now_us();
         }
         at
     }
