@@ -181,7 +181,14 @@ bench() {
 }
 j() { jq -r "$1 // empty" "$2"; }
 # wrk_post url body_bytes connections → "req/s p50_ms p99_ms non2xx"
+ensure_wrk() {
+  command -v wrk >/dev/null && return 0
+  log "installing wrk (apt-get)"
+  { apt-get install -y wrk || { apt-get update && apt-get install -y wrk; }; } >/dev/null 2>&1 ||
+    log "wrk could not be installed: its rows show n/a"
+}
 wrk_post() {
+  ensure_wrk
   local lua=$RUN/post-$3.lua
   cat >"$lua" <<EOF
 wrk.method = "POST"
@@ -202,8 +209,11 @@ rps = re.search(r"Requests/sec:\s+([\d.]+)", o)
 p50 = re.search(r"\n\s+50%\s+(\S+)", o)
 p99 = re.search(r"\n\s+99%\s+(\S+)", o)
 bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", o)
-print(rps.group(1) if rps else 0, ms(p50.group(1)) if p50 else 0, ms(p99.group(1)) if p99 else 0,
-      bad.group(1) if bad else 0)
+if not rps:  # wrk missing or failed: say so in the table rather than print a zero
+    print("n/a n/a n/a n/a")
+else:
+    print(rps.group(1), ms(p50.group(1)) if p50 else 0, ms(p99.group(1)) if p99 else 0,
+          bad.group(1) if bad else 0)
 EOF
 }
 ds_supported() { # url → 0 if the server speaks Durable Streams under /v1/stream

@@ -5,8 +5,11 @@
 //!   must leave at once, not wait for the previous segment's ACK (Nagle);
 //! - HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`: hyper's default (200) caps how many tailers
 //!   one multiplexed connection can hold.
+//!
+//! It also gives HTTP/1.1 a timer, so a client that opens a connection and never finishes its
+//! request headers is dropped after [`HEADER_READ_TIMEOUT`] instead of holding a socket.
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -21,6 +24,9 @@ pub struct ListenOptions {
     pub http2_max_streams: u32,
 }
 
+/// Longest wait for a request's headers on an HTTP/1.1 connection.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
@@ -33,6 +39,10 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     builder
         .http2()
         .max_concurrent_streams(opts.http2_max_streams);
