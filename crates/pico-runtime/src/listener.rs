@@ -27,6 +27,11 @@ pub struct ListenOptions {
 /// Longest wait for a request's headers on an HTTP/1.1 connection.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Bytes one HTTP/2 stream may have queued for a client that does not read (hyper's default
+/// is ~400 KiB). One read chunk (64 KiB by default) fits; with 1024 streams a connection holds
+/// at most 64 MiB for slow readers instead of 400 MiB.
+const H2_SEND_BUF: usize = 64 * 1024;
+
 /// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
@@ -45,7 +50,8 @@ pub async fn serve(
         .header_read_timeout(HEADER_READ_TIMEOUT);
     builder
         .http2()
-        .max_concurrent_streams(opts.http2_max_streams);
+        .max_concurrent_streams(opts.http2_max_streams)
+        .max_send_buf_size(H2_SEND_BUF);
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
