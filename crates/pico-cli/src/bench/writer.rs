@@ -231,3 +231,42 @@ pub fn pico_client(ctx: &Ctx) -> anyhow::Result<pico_client::Client> {
     )
     .map_err(|e| anyhow::anyhow!("{}", chain(&e)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn pacer(start_us: u64, bytes_per_us: f64) -> Pacer {
+        Pacer {
+            start_us: AtomicU64::new(start_us),
+            bytes_per_us,
+            reserved: AtomicU64::new(0),
+        }
+    }
+
+    /// A writer behind its schedule measures from the slot's time (a slow server is not
+    /// hidden); an early one sleeps and measures from when it woke, never before its slot.
+    #[tokio::test]
+    async fn pacer_measures_from_the_slot_when_late_and_from_the_wake_up_when_early() {
+        // Started 100 ms ago at 1 byte/µs: the first slot (0 bytes reserved before it) was
+        // 100 ms ago, the second (50 ms of bytes later) 50 ms ago: both late.
+        let start = now_us();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let p = pacer(start, 1.0);
+        assert_eq!(p.wait(50_000).await, start);
+        assert_eq!(p.wait(50_000).await, start + 50_000);
+        // A fresh pacer's first slot is now; the next one 20 ms later, so that writer sleeps
+        // and gets the clock read after its wake-up: later than the slot (a sleep never ends
+        // early, and tokio rounds it up to its next millisecond tick), not the slot itself.
+        let s0 = now_us();
+        let p = pacer(s0, 1.0);
+        assert_eq!(p.wait(20_000).await, s0);
+        let t = p.wait(1).await;
+        assert!(
+            t > s0 + 20_000,
+            "measured from the slot, not the wake-up: {t}"
+        );
+        assert!(t <= now_us());
+    }
+}
