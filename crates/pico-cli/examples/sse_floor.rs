@@ -12,6 +12,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::HeaderValue;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -81,7 +82,10 @@ fn reply(status: StatusCode, next: u64, body: Out) -> Response<Out> {
     let mut r = Response::new(body);
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert("stream-next-offset", format!("{next:020}").parse().unwrap());
+    // Digits only, so always a valid header value.
+    if let Ok(v) = HeaderValue::from_str(&format!("{next:020}")) {
+        h.insert("stream-next-offset", v);
+    }
     r
 }
 
@@ -119,8 +123,10 @@ async fn handle(st: Arc<State>, req: Request<Incoming>) -> Result<Response<Out>,
             ));
             let s = futures::stream::once(async move { first }).chain(events);
             let mut r = reply(StatusCode::OK, next, Out::Events(s.boxed()));
-            r.headers_mut()
-                .insert("content-type", "text/event-stream".parse().unwrap());
+            r.headers_mut().insert(
+                "content-type",
+                HeaderValue::from_static("text/event-stream"),
+            );
             r
         }
         _ => reply(StatusCode::OK, next, Out::Empty),
