@@ -10,6 +10,10 @@ use pico_protocol::headers::{ALL_DS_HEADERS, ALL_PICO_HEADERS};
 const ALLOW_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS";
 const PREFLIGHT_MAX_AGE_SECS: &str = "86400";
 
+/// Built once: every response carries it, and building it costs several allocations and a
+/// validation pass over ~600 bytes. Cloning a `HeaderValue` only bumps a reference count.
+static EXPOSE_HEADERS: std::sync::LazyLock<HeaderValue> = std::sync::LazyLock::new(expose_headers);
+
 fn expose_headers() -> HeaderValue {
     let mut list: Vec<&str> = ALL_PICO_HEADERS.to_vec();
     list.extend(ALL_DS_HEADERS);
@@ -29,7 +33,10 @@ fn add_common(headers: &mut HeaderMap) {
         header::ACCESS_CONTROL_ALLOW_ORIGIN,
         HeaderValue::from_static("*"),
     );
-    headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose_headers());
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        EXPOSE_HEADERS.clone(),
+    );
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
