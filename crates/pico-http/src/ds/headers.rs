@@ -7,8 +7,7 @@ use pico_protocol::{OffsetSpec, parse_offset, parse_strict_u64};
 use pico_server::ProducerClaim;
 
 use super::error::DsError;
-use crate::headers::Live;
-use crate::headers::{header_str, parse_rfc3339_ms, validate_content_type};
+use crate::headers::{Live, header_str, parse_rfc3339_ms, validate_content_type};
 
 /// Producer epochs and sequences must stay exact in JavaScript.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;

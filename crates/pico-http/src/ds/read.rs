@@ -18,8 +18,7 @@ use pico_server::{ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome, is
 use super::error::DsError;
 use super::headers::ReadQuery;
 use super::{Ds, content_type_value, set, set_offset, set_true};
-use crate::headers::Live;
-use crate::headers::{format_rfc3339_ms, header_str};
+use crate::headers::{Live, format_rfc3339_ms, header_str};
 use crate::pico::no_store;
 use crate::pico::read::if_none_match;
 
