@@ -2,9 +2,11 @@
 //!
 //! - [`config`]: the parsed `pico serve` settings.
 //! - [`stores`]: opens object storage and the WAL from bucket URIs.
+//! - [`coalesce`]: HTTP/2 write coalescing (one write per fan-out round, not per stream).
 //! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY, HTTP/2 stream limit).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
 
+pub mod coalesce;
 pub mod config;
 pub mod listener;
 pub mod stores;

@@ -6,9 +6,13 @@
 //! - HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`: hyper's default (200) caps how many tailers
 //!   one multiplexed connection can hold.
 //!
+//! HTTP/2 connections gather their writes ([`Coalesce`]) so that one append's frames for many
+//! subscribers leave in one write.
+//!
 //! It also gives HTTP/1.1 a timer, so a client that opens a connection and never finishes its
 //! request headers is dropped after [`HEADER_READ_TIMEOUT`] instead of holding a socket.
 
+use crate::coalesce::Coalesce;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -71,7 +75,7 @@ pub async fn serve(
         }
         let svc = TowerToHyperService::new(app.clone());
         let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+            .serve_connection_with_upgrades(TokioIo::new(Coalesce::new(tcp)), svc)
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
