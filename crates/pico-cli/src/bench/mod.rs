@@ -347,6 +347,10 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
 
     progress(&ctx, start, warmup_us, duration_us).await;
     let _ = stop_tx.send(true);
+    // Tailers wait on reads that may never end; they record as they go, so stop them outright.
+    for t in &reader_tasks {
+        t.abort();
+    }
     let grace = tokio::time::sleep(Duration::from_secs(5));
     tokio::pin!(grace);
     for t in writer_tasks.into_iter().chain(reader_tasks) {
@@ -382,7 +386,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         write: Throughput::write(&measured, secs),
         write_latency: Percentiles::of(&ctx.lat.ack.lock().unwrap_or_else(|p| p.into_inner())),
         read: (readers > 0).then(|| Throughput::read(&measured, secs)),
-        e2e_latency: Percentiles::of(&ctx.lat.e2e.lock().unwrap_or_else(|p| p.into_inner())),
+        e2e_latency: Percentiles::of(&ctx.lat.e2e()),
         first_error: ctx.counters.first_error(),
     };
     match args.output {

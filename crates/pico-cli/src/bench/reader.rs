@@ -6,12 +6,12 @@
 
 use super::payload::{self, Splitter, now_us};
 use super::sse;
-use super::stats::{self, histogram};
 use super::target::chain;
 use super::{Ctx, ReadMode};
 use crate::cli::Protocol;
 use base64::Engine;
-use hdrhistogram::Histogram;
+use serde::Deserialize;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -20,7 +20,8 @@ const ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 struct Tail {
     ctx: Arc<Ctx>,
-    hist: Histogram<u64>,
+    /// This reader's index (picks its latency shard).
+    idx: usize,
     /// Where to resume: None = the tail at connect time.
     pos: Option<String>,
     split: Splitter,
@@ -34,7 +35,7 @@ impl Tail {
             return;
         }
         if let Some(stamp) = payload::stamp_of(body) {
-            stats::record(&mut self.hist, t.saturating_sub(stamp));
+            self.ctx.lat.record_e2e(self.idx, t.saturating_sub(stamp));
         }
         self.ctx.counters.add_read(1, body.len() as u64);
     }
@@ -44,6 +45,17 @@ impl Tail {
         let mut split = std::mem::take(&mut self.split);
         split.feed(bytes, size, |r| self.deliver(r));
         self.split = split;
+    }
+
+    /// Sets the resume position, reusing the string.
+    fn set_pos(&mut self, p: &str) {
+        match &mut self.pos {
+            Some(s) => {
+                s.clear();
+                s.push_str(p);
+            }
+            None => self.pos = Some(p.to_string()),
+        }
     }
 
     fn mark_connected(&mut self) {
@@ -59,33 +71,48 @@ pub async fn run(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize, mode: ReadMod
     let url = ctx.target.url(&stream);
     let mut tail = Tail {
         ctx: ctx.clone(),
-        hist: histogram(),
+        idx,
         pos: None,
         split: Splitter::default(),
         connected: false,
     };
-    let mut stop = ctx.stop.clone();
+    // No stop signal is polled here (that would cost a poll per delivery): the bench aborts
+    // the tailers when it stops, and every sample is already in the shared histogram.
     while !ctx.stopped() {
-        let round = async {
-            match (ctx.target.protocol, mode) {
-                (Protocol::Pico, ReadMode::LongPoll) => {
-                    pico_long_poll(&http, &url, &mut tail).await
-                }
-                (Protocol::Pico, ReadMode::Sse) => pico_sse(&http, &url, &mut tail).await,
-                (Protocol::Ds, ReadMode::LongPoll) => ds_long_poll(&http, &url, &mut tail).await,
-                (Protocol::Ds, ReadMode::Sse) => ds_sse(&http, &url, &mut tail).await,
-            }
-        };
-        let res = tokio::select! {
-            r = round => r,
-            _ = stop.wait_for(|s| *s) => break,
+        let res = match (ctx.target.protocol, mode) {
+            (Protocol::Pico, ReadMode::LongPoll) => pico_long_poll(&http, &url, &mut tail).await,
+            (Protocol::Pico, ReadMode::Sse) => pico_sse(&http, &url, &mut tail).await,
+            (Protocol::Ds, ReadMode::LongPoll) => ds_long_poll(&http, &url, &mut tail).await,
+            (Protocol::Ds, ReadMode::Sse) => ds_sse(&http, &url, &mut tail).await,
         };
         if let Err(e) = res {
             ctx.counters.error(false, || format!("reader {idx}: {e}"));
             tokio::time::sleep(ERROR_PAUSE).await;
         }
     }
-    ctx.lat.merge(false, &tail.hist);
+}
+
+/// A record of a Pico SSE `data` event (only the body matters here).
+#[derive(Deserialize)]
+struct PicoRecord<'a> {
+    #[serde(borrow, default)]
+    body: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct PicoControl {
+    #[serde(default)]
+    next_seq: Option<u64>,
+}
+
+/// The fields of a Durable Streams `control` event the tailer follows; typed, so parsing one
+/// per subscriber per append builds no JSON tree.
+#[derive(Deserialize)]
+struct DsControl<'a> {
+    #[serde(rename = "streamNextOffset", borrow, default)]
+    next: Option<Cow<'a, str>>,
+    #[serde(rename = "streamClosed", default)]
+    closed: bool,
 }
 
 fn header<'a>(resp: &'a reqwest::Response, name: &str) -> Option<&'a str> {
@@ -157,33 +184,32 @@ async fn pico_sse(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(),
     let mut resp = get(http, &format!("{url}?seq={seq}&live=sse")).await?;
     t.mark_connected();
     let mut parser = sse::Parser::default();
-    let mut events = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
-        parser.feed(&chunk, |e| events.push(e));
-        for ev in events.drain(..) {
-            match ev.event.as_str() {
-                "data" => {
-                    let recs: Vec<serde_json::Value> =
-                        serde_json::from_str(&ev.data).map_err(|e| format!("sse data: {e}"))?;
+        parser.feed(&chunk, |ev| {
+            match ev.event {
+                b"data" => {
+                    let recs: Vec<PicoRecord<'_>> =
+                        serde_json::from_slice(ev.data).map_err(|e| format!("sse data: {e}"))?;
                     for r in &recs {
-                        if let Some(body) = r.get("body").and_then(|b| b.as_str()) {
+                        if let Some(body) = &r.body {
                             t.deliver(body.as_bytes());
                         }
                     }
                     if let Some(id) = ev.id {
-                        t.pos = Some(id);
+                        t.set_pos(&String::from_utf8_lossy(id));
                     }
                 }
-                "control" => {
-                    let v: serde_json::Value =
-                        serde_json::from_str(&ev.data).map_err(|e| format!("sse control: {e}"))?;
-                    if let Some(n) = v.get("next_seq").and_then(|n| n.as_u64()) {
-                        t.pos = Some(n.to_string());
+                b"control" => {
+                    let c: PicoControl =
+                        serde_json::from_slice(ev.data).map_err(|e| format!("sse control: {e}"))?;
+                    if let Some(n) = c.next_seq {
+                        t.set_pos(&n.to_string());
                     }
                 }
                 _ => {}
             }
-        }
+            Ok::<(), String>(())
+        })?;
     }
     Ok(()) // the server ended the response (max duration): reconnect from `pos`
 }
@@ -213,32 +239,36 @@ async fn ds_sse(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), S
     t.mark_connected();
     let b64 = header(&resp, "stream-sse-data-encoding").is_some_and(|v| v == "base64");
     let mut parser = sse::Parser::default();
-    let mut events = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
-        parser.feed(&chunk, |e| events.push(e));
-        for ev in events.drain(..) {
-            match ev.event.as_str() {
-                "data" if b64 => {
-                    let clean: String = ev.data.split(['\r', '\n']).collect();
+        parser.feed(&chunk, |ev| {
+            match ev.event {
+                b"data" if b64 => {
+                    let clean: Vec<u8> = ev
+                        .data
+                        .iter()
+                        .copied()
+                        .filter(|b| *b != b'\r' && *b != b'\n')
+                        .collect();
                     let bytes = base64::engine::general_purpose::STANDARD
                         .decode(clean)
                         .map_err(|e| format!("sse base64: {e}"))?;
                     t.feed_ds(&bytes);
                 }
-                "data" => t.feed_ds(ev.data.as_bytes()),
-                "control" => {
-                    let v: serde_json::Value =
-                        serde_json::from_str(&ev.data).map_err(|e| format!("sse control: {e}"))?;
-                    if let Some(n) = v.get("streamNextOffset").and_then(|n| n.as_str()) {
-                        t.pos = Some(n.to_string());
+                b"data" => t.feed_ds(ev.data),
+                b"control" => {
+                    let c: DsControl<'_> =
+                        serde_json::from_slice(ev.data).map_err(|e| format!("sse control: {e}"))?;
+                    if let Some(n) = c.next {
+                        t.set_pos(&n);
                     }
-                    if v.get("streamClosed").and_then(|c| c.as_bool()) == Some(true) {
-                        return Err("stream closed".into());
+                    if c.closed {
+                        return Err("stream closed".to_string());
                     }
                 }
                 _ => {}
             }
-        }
+            Ok(())
+        })?;
     }
     Ok(())
 }

@@ -102,27 +102,49 @@ impl Snapshot {
     }
 }
 
-/// Histograms merged from the tasks when they finish.
+/// Shards of the append→delivery histogram. Tailers record into a shared shard per delivery
+/// rather than each keeping its own: a histogram of this range is ~150 KiB, and a thousand of
+/// them turn every sample into a cache miss.
+const E2E_SHARDS: usize = 16;
+
+/// Write-ack histograms merged from the writers when they finish; delivery latencies recorded
+/// as they happen.
 pub struct Latencies {
     pub ack: Mutex<Histogram<u64>>,
-    pub e2e: Mutex<Histogram<u64>>,
+    e2e: Vec<Mutex<Histogram<u64>>>,
 }
 
 impl Default for Latencies {
     fn default() -> Self {
         Latencies {
             ack: Mutex::new(histogram()),
-            e2e: Mutex::new(histogram()),
+            e2e: (0..E2E_SHARDS).map(|_| Mutex::new(histogram())).collect(),
         }
     }
 }
 
 impl Latencies {
-    pub fn merge(&self, ack: bool, h: &Histogram<u64>) {
-        let target = if ack { &self.ack } else { &self.e2e };
-        let mut t = target.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn merge_ack(&self, h: &Histogram<u64>) {
+        let mut t = self.ack.lock().unwrap_or_else(|p| p.into_inner());
         // Same bounds everywhere, so adding cannot fail; a failure would only lose samples.
         let _ = t.add(h);
+    }
+
+    /// Records one delivery latency; `who` picks the shard (any number, e.g. the reader index).
+    pub fn record_e2e(&self, who: usize, us: u64) {
+        let mut h = self.e2e[who % E2E_SHARDS]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        record(&mut h, us);
+    }
+
+    /// All delivery latencies so far.
+    pub fn e2e(&self) -> Histogram<u64> {
+        let mut all = histogram();
+        for shard in &self.e2e {
+            let _ = all.add(&*shard.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+        all
     }
 }
 

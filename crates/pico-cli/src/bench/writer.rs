@@ -78,7 +78,7 @@ pub async fn plain_loop(ctx: Arc<Ctx>, http: reqwest::Client, k: usize, loops: u
             }
         }
     }
-    ctx.lat.merge(true, &h);
+    ctx.lat.merge_ack(&h);
 }
 
 /// A Pico idempotent producer ([`IdempotentProducer`]) with `in_flight` batches in flight.
@@ -131,7 +131,7 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
         }
     }
     let h = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    ctx.lat.merge(true, &h);
+    ctx.lat.merge_ack(&h);
 }
 
 /// A Durable Streams idempotent producer: same pipelining core as the Pico one
@@ -197,7 +197,7 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
         });
     }
     let h: Histogram<u64> = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    ctx.lat.merge(true, &h);
+    ctx.lat.merge_ack(&h);
 }
 
 async fn ds_attempt(
