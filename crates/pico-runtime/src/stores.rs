@@ -37,7 +37,7 @@ pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> 
             let dir = std::path::Path::new(&uri.location)
                 .join("wal")
                 .join(node_id.to_string());
-            Ok(Arc::new(SegmentWal::new(dir)))
+            Ok(Arc::new(SegmentWal::new(dir).with_preallocation(true)))
         }
         _ => {
             let storage = object_storage(uri)?;

