@@ -75,32 +75,40 @@ pub fn encode_batch(base_offset: u64, records: &[Record]) -> Bytes {
     buf.put_i16(-1); // producerEpoch
     buf.put_i32(-1); // baseSequence
     buf.put_i32(records.len() as i32);
-    let mut body = Vec::new();
+    // Each record goes straight into `buf`: its length prefix is computed first, so a large
+    // value (one 64 KiB Durable Streams message) is copied once, not grown into a scratch Vec.
     for (i, r) in records.iter().enumerate() {
-        body.clear();
-        body.push(0u8); // record attributes
-        put_varlong(&mut body, r.timestamp_ms.wrapping_sub(base_ts));
-        put_varlong(&mut body, i as i64);
-        match &r.key {
-            Some(k) => {
-                put_varlong(&mut body, k.len() as i64);
-                body.extend_from_slice(k);
-            }
-            None => put_varlong(&mut body, -1),
-        }
-        put_varlong(&mut body, r.value.len() as i64);
-        body.extend_from_slice(&r.value);
-        put_varlong(&mut body, r.headers.len() as i64);
+        let ts_delta = r.timestamp_ms.wrapping_sub(base_ts);
+        let key_len = r.key.as_ref().map_or(-1, |k| k.len() as i64);
+        let mut body_len = 1
+            + varlong_len(ts_delta)
+            + varlong_len(i as i64)
+            + varlong_len(key_len)
+            + r.key.as_ref().map_or(0, |k| k.len())
+            + varlong_len(r.value.len() as i64)
+            + r.value.len()
+            + varlong_len(r.headers.len() as i64);
         for (k, v) in &r.headers {
-            put_varlong(&mut body, k.len() as i64);
-            body.extend_from_slice(k.as_bytes());
-            put_varlong(&mut body, v.len() as i64);
-            body.extend_from_slice(v);
+            body_len +=
+                varlong_len(k.len() as i64) + k.len() + varlong_len(v.len() as i64) + v.len();
         }
-        let mut len_prefix = Vec::with_capacity(5);
-        put_varlong(&mut len_prefix, body.len() as i64);
-        buf.put_slice(&len_prefix);
-        buf.put_slice(&body);
+        put_varlong(&mut buf, body_len as i64);
+        buf.put_u8(0); // record attributes
+        put_varlong(&mut buf, ts_delta);
+        put_varlong(&mut buf, i as i64);
+        put_varlong(&mut buf, key_len);
+        if let Some(k) = &r.key {
+            buf.put_slice(k);
+        }
+        put_varlong(&mut buf, r.value.len() as i64);
+        buf.put_slice(&r.value);
+        put_varlong(&mut buf, r.headers.len() as i64);
+        for (k, v) in &r.headers {
+            put_varlong(&mut buf, k.len() as i64);
+            buf.put_slice(k.as_bytes());
+            put_varlong(&mut buf, v.len() as i64);
+            buf.put_slice(v);
+        }
     }
     let batch_len = (buf.len() - LOG_OVERHEAD) as i32;
     buf[LENGTH_OFFSET..LENGTH_OFFSET + 4].copy_from_slice(&batch_len.to_be_bytes());
@@ -293,13 +301,19 @@ pub fn batch_len(data: &[u8]) -> Result<usize, BatchError> {
     Ok(declared as usize + LOG_OVERHEAD)
 }
 
-fn put_varlong(out: &mut Vec<u8>, v: i64) {
+fn put_varlong(out: &mut impl BufMut, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     while z >= 0x80 {
-        out.push((z as u8 & 0x7f) | 0x80);
+        out.put_u8((z as u8 & 0x7f) | 0x80);
         z >>= 7;
     }
-    out.push(z as u8);
+    out.put_u8(z as u8);
+}
+
+/// Bytes `put_varlong` writes for `v`.
+fn varlong_len(v: i64) -> usize {
+    let z = ((v << 1) ^ (v >> 63)) as u64;
+    (64 - z.leading_zeros() as usize).max(1).div_ceil(7)
 }
 
 /// Kafka's varint fields, on top of the shared byte reader.
@@ -383,6 +397,32 @@ mod tests {
         set_base_offset(&mut b, 1234);
         let d = decode_batch(&b).unwrap();
         assert_eq!(d.base_offset, 1234);
+    }
+
+    #[test]
+    fn varlong_len_is_what_put_varlong_writes() {
+        let mut values = vec![0i64, 1, -1, 63, -64, 64, -65, i64::MAX, i64::MIN];
+        for shift in 0..63 {
+            values.extend([1i64 << shift, (1i64 << shift) - 1, -(1i64 << shift)]);
+        }
+        for v in values {
+            let mut out = Vec::new();
+            put_varlong(&mut out, v);
+            assert_eq!(varlong_len(v), out.len(), "v={v}");
+        }
+    }
+
+    #[test]
+    fn large_values_keys_and_headers_round_trip() {
+        let big = "x".repeat(70_000);
+        let hv = "h".repeat(200);
+        let recs = vec![
+            rec(1, Some("k"), &big, &[("a", &hv)]),
+            rec(2, None, "", &[]),
+            rec(3, Some(&big[..300]), "v", &[("b", ""), ("c", "d")]),
+        ];
+        let b = encode_batch(7, &recs);
+        assert_eq!(decode_batch(&b).unwrap().records, recs);
     }
 
     #[test]

@@ -83,7 +83,15 @@ pub(super) fn plan_objects(
 
     let mut objects = Vec::with_capacity(groups.len());
     for streams in groups {
-        let mut buf = BytesMut::new();
+        // Sized up front: an object is megabytes, and growing it by doubling copies it again
+        // and faults in fresh pages at every step.
+        let size = DATA_HEADER_LEN
+            + streams
+                .iter()
+                .flat_map(|s| &per_stream[s])
+                .map(|(_, r)| format::FRAME_HEADER_LEN + r.batch.len())
+                .sum::<usize>();
+        let mut buf = BytesMut::with_capacity(size);
         format::put_data_header(&mut buf);
         let mut ranges: Vec<PlannedRange> = Vec::new();
         for s in streams {
