@@ -499,5 +499,13 @@ mod tests {
         assert_eq!(event, "control");
         let v: Value = serde_json::from_str(&payload).unwrap();
         assert_eq!(v["streamNextOffset"], format_offset(2));
+        // The timer is not re-polled after a wake-up by data; it must still fire on its own.
+        let start = std::time::Instant::now();
+        let (event, payload) = s.event().await.unwrap();
+        assert_eq!(event, "control");
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        let v: Value = serde_json::from_str(&payload).unwrap();
+        assert_eq!(v["upToDate"], true);
+        assert_eq!(v["streamNextOffset"], format_offset(2));
     }
 }

@@ -12,8 +12,8 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::io::Write as _;
 use std::pin::Pin;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -92,14 +92,34 @@ fn control_frame(out: &mut Vec<u8>, cursor: u64, next: u64, up_to_date: bool, cl
     if closed {
         out.extend_from_slice(b"\"streamClosed\":true,");
     } else {
-        // Writing into a Vec cannot fail.
-        let _ = write!(out, "\"streamCursor\":\"{cursor}\",");
+        out.extend_from_slice(b"\"streamCursor\":\"");
+        push_decimal(out, cursor, 0);
+        out.extend_from_slice(b"\",");
     }
-    let _ = write!(out, "\"streamNextOffset\":\"{next:020}\"");
+    out.extend_from_slice(b"\"streamNextOffset\":\"");
+    push_decimal(out, next, 20);
+    out.push(b'"');
     if up_to_date {
         out.extend_from_slice(b",\"upToDate\":true");
     }
     out.extend_from_slice(b"}\n\n");
+}
+
+/// Appends `v` in decimal, zero-padded to `width` digits (at most 20, all a u64 needs);
+/// `format!` machinery per subscriber per append showed up in profiles.
+fn push_decimal(out: &mut Vec<u8>, mut v: u64, width: usize) {
+    let mut digits = [b'0'; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let start = i.min(digits.len().saturating_sub(width));
+    out.extend_from_slice(&digits[start..]);
 }
 
 /// Shared data frames up to this size are copied into the subscriber's control chunk (one
@@ -129,6 +149,9 @@ struct SseState {
     hub: Option<Subscription>,
     /// Keep-alive timer for `follow`, armed no later than its next wanted wake-up.
     keepalive: Pin<Box<Sleep>>,
+    /// The waker `keepalive` last registered: while it is still ours and the timer has not
+    /// fired, polling it again is skipped (one timer poll per subscriber per append saved).
+    keepalive_waker: Option<Waker>,
     /// Frames ready to send; at most two per step, so bounded.
     pending: VecDeque<Bytes>,
 }
@@ -208,13 +231,14 @@ impl SseState {
                     }
                     r => break Some(r),
                 },
-                () = &mut self.keepalive => {
+                () = poll_keepalive(&mut self.keepalive, &mut self.keepalive_waker) => {
                     // The timer stays armed across waits and is only moved when it fires
                     // early: re-arming it per event would cost a timer-wheel insert and
                     // removal per subscriber per append. `wake` never moves backwards, so
                     // firing late cannot happen.
                     if Instant::now() < wake {
                         self.keepalive.as_mut().reset(wake);
+                        self.keepalive_waker = None;
                         continue;
                     }
                     break None;
@@ -271,6 +295,22 @@ impl SseState {
     }
 }
 
+/// Waits for the keep-alive timer, polling it only when it fired or the task's waker changed
+/// (a registered timer wakes the task itself).
+fn poll_keepalive<'a>(
+    timer: &'a mut Pin<Box<Sleep>>,
+    registered: &'a mut Option<Waker>,
+) -> impl Future<Output = ()> + 'a {
+    std::future::poll_fn(move |cx| {
+        if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && !timer.is_elapsed() {
+            return Poll::Pending;
+        }
+        let r = timer.as_mut().poll(cx);
+        *registered = r.is_pending().then(|| cx.waker().clone());
+        r
+    })
+}
+
 pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, DsError> {
     // A missing stream or a bad offset is a plain error response, not an event.
     let first = read_from(ds, &name, q.offset, true).await?;
@@ -295,6 +335,7 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
         poll: cfg.long_poll_timeout,
         hub: None,
         keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
+        keepalive_waker: None,
         pending: VecDeque::new(),
     };
     st.absorb(&first, true);
