@@ -155,7 +155,9 @@ async fn main() -> std::io::Result<()> {
         let builder = builder.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| handle(st.clone(), req));
-            let _ = builder.serve_connection(TokioIo::new(Coalesce::new(sock)), svc).await;
+            let _ = builder
+                .serve_connection(TokioIo::new(Coalesce::new(sock)), svc)
+                .await;
         });
     }
 }
