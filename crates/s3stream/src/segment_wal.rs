@@ -21,11 +21,12 @@
 //!   stays, and recovery replays its committed entries, which the engine skips).
 //!
 //! Preallocation (on in production, [`SegmentWal::with_preallocation`]): an `fdatasync` after an
-//! append that grew the file must also commit the new size and blocks through the filesystem's
-//! journal; after an overwrite of blocks already on disk it flushes only the data. Measured on
-//! this project's machine (ext4): 64 KiB write + `fdatasync` 360 µs appending, 190 µs
-//! overwriting. So a background thread keeps one spare file of `segment_bytes` zeros, synced,
-//! and a new segment is that file renamed into place. Zeros after the last frame are the normal
+//! append that grew the file must also persist the new size and block map (a journal commit on
+//! journaled ext4 or xfs, an inode write without a journal); after an overwrite of blocks
+//! already on disk it flushes only the data. Measured on this project's machine (ext4 without a
+//! journal): 64 KiB write + `fdatasync` 240–360 µs appending, 165–190 µs overwriting. So a
+//! background thread keeps one spare file of `segment_bytes` zeros, synced, and a new segment
+//! is that file renamed into place. Zeros after the last frame are the normal
 //! end of a preallocated segment, the same rule that already read a grown-but-unwritten tail as
 //! torn. Without a ready spare a segment is created empty, as before.
 
@@ -278,7 +279,7 @@ fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
         f.write_all(&zeros[..n])?;
         left -= n as u64;
     }
-    // Blocks allocated and the size committed now, so appends into them need no journal commit.
+    // Blocks allocated and the size persisted now, so an append into them syncs data only.
     f.sync_all()?;
     std::fs::rename(&tmp, dir.join(SPARE))
 }
