@@ -50,6 +50,8 @@ pub struct Coalesce<T> {
     sent: usize,
     /// The current flush has already yielded once.
     yielded: bool,
+    /// Bytes read so far that match the HTTP/2 preface (while the mode is unknown).
+    sniffed: usize,
 }
 
 impl<T> Coalesce<T> {
@@ -60,6 +62,7 @@ impl<T> Coalesce<T> {
             buf: Vec::new(),
             sent: 0,
             yielded: false,
+            sniffed: 0,
         }
     }
 
@@ -106,14 +109,18 @@ impl<T: AsyncRead + Unpin> AsyncRead for Coalesce<T> {
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         if this.mode == Mode::Unknown {
+            // Decide once the preface's length has been seen (or a byte differs): a lone "P"
+            // may start `POST` as well as the preface.
             let got = &buf.filled()[before..];
-            if !got.is_empty() {
-                let n = got.len().min(H2_PREFACE.len());
-                this.mode = if got[..n] == H2_PREFACE[..n] {
-                    Mode::Coalesce
-                } else {
-                    Mode::Passthrough
-                };
+            let seen = this.sniffed;
+            let take = got.len().min(H2_PREFACE.len() - seen);
+            if got[..take] != H2_PREFACE[seen..seen + take] {
+                this.mode = Mode::Passthrough;
+            } else {
+                this.sniffed += take;
+                if this.sniffed == H2_PREFACE.len() {
+                    this.mode = Mode::Coalesce;
+                }
             }
         }
         Poll::Ready(Ok(()))
@@ -195,7 +202,12 @@ mod tests {
     async fn http1_passes_writes_straight_through() {
         let (a, mut b) = duplex(1 << 20);
         let mut c = Coalesce::new(a);
-        b.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        // A `POST` that arrives a byte at a time shares its first byte with the preface.
+        b.write_all(b"P").await.unwrap();
+        let mut got = [0u8; 1];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(c.mode, Mode::Unknown);
+        b.write_all(b"OST / HTTP/1.1\r\n\r\n").await.unwrap();
         let mut got = [0u8; 18];
         c.read_exact(&mut got).await.unwrap();
         assert_eq!(c.mode, Mode::Passthrough);
@@ -210,9 +222,13 @@ mod tests {
     async fn http2_holds_writes_until_a_flush_and_delivers_them_in_order() {
         let (a, mut b) = duplex(1 << 20);
         let mut c = Coalesce::new(a);
-        // A preface split across reads is still recognised from its first bytes.
+        // A preface split across reads is recognised once all of it arrived.
         b.write_all(b"PRI * HT").await.unwrap();
         let mut got = [0u8; 8];
+        c.read_exact(&mut got).await.unwrap();
+        assert_eq!(c.mode, Mode::Unknown);
+        b.write_all(b"TP/2.0").await.unwrap();
+        let mut got = [0u8; 6];
         c.read_exact(&mut got).await.unwrap();
         assert_eq!(c.mode, Mode::Coalesce);
         for i in 0..100u8 {

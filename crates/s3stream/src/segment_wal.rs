@@ -13,9 +13,13 @@
 //! - A write or sync error abandons the segment: the next append starts a new segment at the
 //!   same position. A later segment starting at `q` therefore supersedes every entry `>= q` of
 //!   earlier segments (the abandoned attempt), and recovery applies exactly that rule.
-//! - A torn last frame (cut short, or failing its checksum with nothing but zeros after it) is
-//!   what a crash mid-append leaves and is ignored with a warning; a bad frame followed by data is
-//!   corruption and fails recovery loudly.
+//! - A torn last frame (cut short, or failing its checksum with nothing but zeros after it, or
+//!   with a damaged header and no valid frame anywhere after it: only part of its first page
+//!   landed) is what a crash mid-append leaves and is ignored with a warning; a bad frame
+//!   followed by a valid one is corruption and fails recovery loudly.
+//! - A segment start that fails after the spare was renamed into place leaves no active
+//!   segment, so the retry starts the segment at that position itself (an entry written into
+//!   the previous segment would be superseded by the new file's name).
 //! - Trim deletes whole segments whose entries are all `<= upto`; the active segment is closed
 //!   first when it is entirely trimmed, unless it is preallocated and has room left (then it
 //!   stays, and recovery replays its committed entries, which the engine skips).
@@ -142,9 +146,17 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
         let stored = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         if crc32c::crc32c(&rest[..4]) != stored {
             // Unwritten space reads as zeros: the preallocated rest of a segment (the normal
-            // end), or a tail that grew but never landed. Anything else is a damaged header.
+            // end), or a tail that grew but never landed.
             if rest.iter().all(|&b| b == 0) {
                 tracing::debug!(segment = %path.display(), offset = at, "end of wal segment data");
+                break;
+            }
+            // A header torn by a crash (its page only partly landed, zeros after it in a
+            // preallocated segment) is the last frame: nothing valid follows. Damage in the
+            // middle of the log has valid frames after it, and that fails loudly.
+            let expected = out.last().map_or(first, |(p, _)| p + 1);
+            if !valid_frame_after(&data, at, expected) {
+                torn("damaged frame header with no valid frame after it");
                 break;
             }
             return Err(corrupt(
@@ -177,6 +189,29 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
         at += end;
     }
     Ok(out)
+}
+
+/// Whether a whole, valid frame holding a position >= `expected` starts anywhere after `at`
+/// (only asked after a damaged header, so the byte-by-byte search is off the normal path).
+fn valid_frame_after(data: &Bytes, at: usize, expected: u64) -> bool {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let mut k = at + 1;
+    while k + FRAME_HEADER <= end {
+        let h = &data[k..k + FRAME_HEADER];
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let stored = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        if len > 0
+            && k + FRAME_HEADER + len <= data.len()
+            && crc32c::crc32c(&h[..4]) == stored
+            && let Ok((pos, _)) =
+                format::decode_wal_entry(&data.slice(k + FRAME_HEADER..k + FRAME_HEADER + len))
+            && pos >= expected
+        {
+            return true;
+        }
+        k += 1;
+    }
+    false
 }
 
 fn scan_dir(dir: &Path) -> Result<Vec<Scanned>, WalError> {
@@ -334,11 +369,20 @@ impl SegmentWal {
         let spawned = std::thread::Builder::new()
             .name("wal-spare".into())
             .spawn(move || {
-                if let Err(e) = prepare_spare(&dir, bytes) {
-                    // Only costs speed: the next segment is created empty instead.
-                    tracing::warn!(dir = %dir.display(), error = %e, "could not preallocate a wal segment");
+                loop {
+                    if let Err(e) = prepare_spare(&dir, bytes) {
+                        // Only costs speed: the next segment is created empty instead.
+                        tracing::warn!(dir = %dir.display(), error = %e, "could not preallocate a wal segment");
+                        preparing.store(false, Ordering::Release);
+                        return;
+                    }
+                    preparing.store(false, Ordering::Release);
+                    // A segment that took the spare while this thread still held the flag found
+                    // nobody to ask for the next one: prepare it here.
+                    if dir.join(SPARE).exists() || preparing.swap(true, Ordering::AcqRel) {
+                        return;
+                    }
                 }
-                preparing.store(false, Ordering::Release);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "could not start the wal preallocation thread");
@@ -402,13 +446,23 @@ fn append_blocking(
         let path = dir.join(format!("{position:020}{SUFFIX}"));
         // A ready spare (synced zeros) becomes the segment; otherwise start an empty file.
         let spare = preallocate && std::fs::rename(dir.join(SPARE), &path).is_ok();
-        let file = std::fs::OpenOptions::new()
+        let opened = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
             .truncate(!spare)
             .open(&path)
-            .map_err(|e| io(&path, e))?;
-        fsync_dir(dir)?;
+            .map_err(|e| io(&path, e))
+            .and_then(|file| fsync_dir(dir).map(|()| file));
+        let file = match opened {
+            Ok(file) => file,
+            Err(e) => {
+                // `{position}.wal` may exist now (the spare was renamed), and a later segment
+                // starting at `position` supersedes every entry >= position of earlier ones: the
+                // retry must start that segment itself, never write `position` into the old one.
+                st.active = None;
+                return Err(e);
+            }
+        };
         st.segments.retain(|s| s.first != position);
         st.segments.push(Segment {
             first: position,
@@ -819,6 +873,58 @@ mod tests {
                 if keep == len {
                     prop_assert_eq!(got.len(), written.len());
                 }
+            }
+
+            /// A preallocated segment torn anywhere: the bytes from the cut on read as zeros
+            /// (what did not land), and the file keeps its length. Recovery returns exactly the
+            /// whole frames before the cut, never an error.
+            #[test]
+            fn any_cut_into_preallocated_zeros_recovers_the_complete_prefix(
+                n in 1u64..6,
+                cut in 0.0f64..1.0,
+            ) {
+                let (_tmp, seg, written) = segment(n);
+                let mut data = std::fs::read(&seg).unwrap();
+                let len = data.len();
+                let keep = (len as f64 * cut) as usize;
+                data[keep..].fill(0);
+                data.resize(len + 4096, 0);
+                std::fs::write(&seg, &data).unwrap();
+                let got = scan_segment(&seg, 1).unwrap();
+                prop_assert!(got.len() <= written.len());
+                prop_assert_eq!(&got[..], &written[..got.len()]);
+            }
+
+            /// Only the pages of the last frame that landed survive (power loss): any subset of
+            /// its 8-byte-aligned pieces. Never an error, never a partial entry.
+            #[test]
+            fn last_frame_landing_in_pieces_is_a_torn_tail(
+                n in 1u64..6,
+                keep_mask in any::<u64>(),
+            ) {
+                let (_tmp, seg, written) = segment(n);
+                let data = std::fs::read(&seg).unwrap();
+                // Where the last frame starts: walk the frame lengths.
+                let mut start = 0;
+                loop {
+                    let len = u32::from_le_bytes(data[start..start + 4].try_into().unwrap()) as usize;
+                    if start + FRAME_HEADER + len >= data.len() {
+                        break;
+                    }
+                    start += FRAME_HEADER + len;
+                }
+                let mut torn = data[..start].to_vec();
+                torn.resize(data.len() + 4096, 0);
+                for (j, chunk) in data[start..].chunks(8).enumerate() {
+                    if keep_mask >> (j % 64) & 1 == 1 {
+                        let at = start + j * 8;
+                        torn[at..at + chunk.len()].copy_from_slice(chunk);
+                    }
+                }
+                std::fs::write(&seg, &torn).unwrap();
+                let got = scan_segment(&seg, 1).unwrap();
+                prop_assert!(got.len() + 1 >= written.len());
+                prop_assert_eq!(&got[..], &written[..got.len()]);
             }
 
             /// Any flipped byte is either reported or costs only the damaged last frame; what
