@@ -27,6 +27,6 @@ pub use batch::{
 };
 pub use binary::{BinaryError, decode_binary, decode_binary_records, encode_binary};
 pub use json_batch::{JsonBatchError, parse_json_batch, record_to_json, render_json};
-pub use number::{NumberError, parse_strict_u64};
-pub use offset::{OffsetError, OffsetSpec, format_offset, parse_offset};
+pub use number::{NumberError, parse_strict_u64, push_decimal};
+pub use offset::{OffsetError, OffsetSpec, format_offset, parse_offset, push_offset};
 pub use record::Record;

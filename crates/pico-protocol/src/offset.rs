@@ -26,7 +26,15 @@ pub enum OffsetError {
 
 /// The 20-digit, zero-padded form of `offset`.
 pub fn format_offset(offset: u64) -> String {
-    format!("{offset:020}")
+    let mut out = Vec::with_capacity(20);
+    push_offset(&mut out, offset);
+    // Only ASCII digits were written.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends the 20-digit form of `offset` (as [`format_offset`], without allocating).
+pub fn push_offset(out: &mut Vec<u8>, offset: u64) {
+    crate::number::push_decimal(out, offset, 20);
 }
 
 /// Parses `-1`, `now`, up to 20 ASCII digits (leading zeros allowed), or the interop form

@@ -133,16 +133,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesce<T> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.mode != Mode::Coalesce {
-            return Pin::new(&mut this.inner).poll_write(cx, data);
+        if self.mode != Mode::Coalesce {
+            return Pin::new(&mut self.get_mut().inner).poll_write(cx, data);
         }
-        if ready!(this.poll_room(cx, data.len()))? {
-            this.buf.extend_from_slice(data);
-            Poll::Ready(Ok(data.len()))
-        } else {
-            Pin::new(&mut this.inner).poll_write(cx, data)
-        }
+        self.poll_write_vectored(cx, &[io::IoSlice::new(data)])
     }
 
     fn poll_write_vectored(

@@ -30,9 +30,9 @@
 //! already on disk it flushes only the data. Measured on this project's machine (ext4 without a
 //! journal): 64 KiB write + `fdatasync` 240–360 µs appending, 165–190 µs overwriting. So a
 //! background thread keeps one spare file of `segment_bytes` zeros, synced, and a new segment
-//! is that file renamed into place. Zeros after the last frame are the normal
-//! end of a preallocated segment, the same rule that already read a grown-but-unwritten tail as
-//! torn. Without a ready spare a segment is created empty, as before.
+//! is that file renamed into place. Zeros after the last frame are the normal end of a
+//! preallocated segment, the same rule that already read a grown-but-unwritten tail as torn.
+//! Without a ready spare a segment is created empty, as before.
 
 use std::fs::File;
 use std::io::{IoSlice, Read, Write};

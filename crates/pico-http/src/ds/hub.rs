@@ -479,13 +479,7 @@ mod tests {
         let mut s = Sub::open(&app, &u).await;
         assert_eq!(s.event().await.unwrap().0, "control");
         for _ in 0..2 {
-            let start = std::time::Instant::now();
-            let (event, payload) = s.event().await.unwrap();
-            assert_eq!(event, "control");
-            assert!(start.elapsed() >= Duration::from_millis(300));
-            let v: Value = serde_json::from_str(&payload).unwrap();
-            assert_eq!(v["upToDate"], true);
-            assert_eq!(v["streamNextOffset"], format_offset(1));
+            expect_keep_alive(&mut s, Duration::from_millis(300), 1).await;
         }
         assert_eq!(
             call(&app, Method::POST, &u, "text/plain", "cd".into()).await,
@@ -500,12 +494,21 @@ mod tests {
         let v: Value = serde_json::from_str(&payload).unwrap();
         assert_eq!(v["streamNextOffset"], format_offset(2));
         // The timer is not re-polled after a wake-up by data; it must still fire on its own.
+        expect_keep_alive(&mut s, Duration::from_millis(100), 2).await;
+    }
+
+    /// The next event is a keep-alive control (up to date at `next`) that took at least `after`.
+    async fn expect_keep_alive(s: &mut Sub, after: Duration, next: u64) {
         let start = std::time::Instant::now();
         let (event, payload) = s.event().await.unwrap();
         assert_eq!(event, "control");
-        assert!(start.elapsed() >= Duration::from_millis(100));
+        assert!(
+            start.elapsed() >= after,
+            "keep-alive after {:?}",
+            start.elapsed()
+        );
         let v: Value = serde_json::from_str(&payload).unwrap();
         assert_eq!(v["upToDate"], true);
-        assert_eq!(v["streamNextOffset"], format_offset(2));
+        assert_eq!(v["streamNextOffset"], format_offset(next));
     }
 }

@@ -23,8 +23,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use pico_common::StreamName;
-use pico_protocol::OffsetSpec;
 use pico_protocol::headers as h;
+use pico_protocol::{OffsetSpec, push_decimal, push_offset};
 use pico_server::{ReadOutcome, is_json};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, Sleep};
@@ -97,29 +97,12 @@ fn control_frame(out: &mut Vec<u8>, cursor: u64, next: u64, up_to_date: bool, cl
         out.extend_from_slice(b"\",");
     }
     out.extend_from_slice(b"\"streamNextOffset\":\"");
-    push_decimal(out, next, 20);
+    push_offset(out, next);
     out.push(b'"');
     if up_to_date {
         out.extend_from_slice(b",\"upToDate\":true");
     }
     out.extend_from_slice(b"}\n\n");
-}
-
-/// Appends `v` in decimal, zero-padded to `width` digits (at most 20, all a u64 needs);
-/// `format!` machinery per subscriber per append showed up in profiles.
-fn push_decimal(out: &mut Vec<u8>, mut v: u64, width: usize) {
-    let mut digits = [b'0'; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    let start = i.min(digits.len().saturating_sub(width));
-    out.extend_from_slice(&digits[start..]);
 }
 
 /// Shared data frames up to this size are copied into the subscriber's control chunk (one
