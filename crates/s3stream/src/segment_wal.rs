@@ -13,10 +13,14 @@
 //! - A write or sync error abandons the segment: the next append starts a new segment at the
 //!   same position. A later segment starting at `q` therefore supersedes every entry `>= q` of
 //!   earlier segments (the abandoned attempt), and recovery applies exactly that rule.
-//! - A torn last frame (cut short, or failing its checksum with nothing but zeros after it, or
-//!   with a damaged header and no valid frame anywhere after it: only part of its first page
-//!   landed) is what a crash mid-append leaves and is ignored with a warning; a bad frame
-//!   followed by a valid one is corruption and fails recovery loudly.
+//! - Every append writes [`END_MARKER`] (8 zero bytes) right after its frame, in the same
+//!   write, and the next append overwrites it. A segment's data ends at the marker, at zeros, at
+//!   the end of the file, or at a valid frame whose position is below the segment's first (left
+//!   by the file's earlier use as another segment, see recycling below).
+//! - A torn last frame (cut short, failing its checksum, or with a damaged header) has no valid
+//!   frame at or after the expected position anywhere after it: it is what a crash mid-append
+//!   leaves and is ignored with a warning. Any end of data followed by such a valid frame is
+//!   damage in the middle of the log and fails recovery loudly.
 //! - A segment start that fails after the spare was renamed into place leaves no active
 //!   segment, so the retry starts the segment at that position itself (an entry written into
 //!   the previous segment would be superseded by the new file's name).
@@ -28,11 +32,18 @@
 //! append that grew the file must also persist the new size and block map (a journal commit on
 //! journaled ext4 or xfs, an inode write without a journal); after an overwrite of blocks
 //! already on disk it flushes only the data. Measured on this project's machine (ext4 without a
-//! journal): 64 KiB write + `fdatasync` 240–360 µs appending, 165–190 µs overwriting. So a
-//! background thread keeps one spare file of `segment_bytes` zeros, synced, and a new segment
-//! is that file renamed into place. Zeros after the last frame are the normal end of a
-//! preallocated segment, the same rule that already read a grown-but-unwritten tail as torn.
-//! Without a ready spare a segment is created empty, as before.
+//! journal): 64 KiB write + `fdatasync` 240–360 µs appending, 165–190 µs overwriting. So a new
+//! segment is a spare file renamed into place, its blocks allocated and synced:
+//! - recycled: a trim that deletes a full segment while no spare exists renames it to the spare
+//!   instead. Its old frames stay until overwritten; their positions are all below any later
+//!   segment's first (positions only grow, and a segment is trimmed only once the WAL is past
+//!   it), which is how recovery tells them apart.
+//! - zeros written by a background thread, only when no closed segment is left to recycle (at
+//!   start-up, or when the WAL holds nothing but its active segment): writing zeros per segment
+//!   doubled the disk bytes of a heavy ingest.
+//!
+//! Without a ready spare a segment is created empty, and leaves for the spare as soon as there
+//! is one.
 
 use std::fs::File;
 use std::io::{IoSlice, Read, Write};
@@ -51,10 +62,18 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 32 << 20;
 const SUFFIX: &str = ".wal";
 /// `u32 len` + `u32 crc32c(len)`: a damaged length is detected rather than read as a torn tail.
 const FRAME_HEADER: usize = 8;
-/// A synced file of zeros, ready to become the next segment (not a segment: no `.wal` suffix).
-const SPARE: &str = "spare.zeros";
-/// The spare while it is being written.
-const SPARE_TMP: &str = "spare.zeros.tmp";
+/// A file ready to become the next segment, its blocks allocated and synced: zeros written in
+/// the background, or a trimmed segment recycled (not a segment: no `.wal` suffix).
+const SPARE: &str = "spare.segment";
+/// The spare while zeros are being written into it.
+const SPARE_TMP: &str = "spare.segment.tmp";
+/// Names earlier versions gave the spare (always zeros) and its temporary file.
+const LEGACY_SPARE: &str = "spare.zeros";
+const LEGACY_SPARE_TMP: &str = "spare.zeros.tmp";
+/// Written after every frame, and overwritten by the next one: the end of a segment's data is
+/// found without relying on what follows (zeros, or a recycled file's stale frames). Never a
+/// valid frame header, whose second word is the CRC32C of the first (`crc32c([0; 4]) != 0`).
+const END_MARKER: [u8; FRAME_HEADER] = [0; FRAME_HEADER];
 
 struct Segment {
     first: u64,
@@ -132,61 +151,81 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
     let mut at = 0usize;
     while at < data.len() {
         let rest = &data[at..];
+        let expected = out.last().map_or(first, |(p, _)| p + 1);
         let torn = |why: &str| {
             tracing::warn!(
                 segment = %path.display(), offset = at, why,
                 "ignoring the torn tail of a wal segment (a crash mid-append)"
             );
         };
+        // What ends the data without a crash: the end marker every append writes after its
+        // frame, the zeros of a preallocated segment, or a frame left by a recycled segment's
+        // earlier use. Damage in the middle of the log looks the same at this point but has
+        // valid frames after it, and that fails loudly.
+        let end = |why: &str| -> Result<(), WalError> {
+            if valid_frame_after(&data, at, expected) {
+                return Err(corrupt(
+                    path,
+                    format::FormatError::Invalid("wal data after the end of a segment's frames"),
+                ));
+            }
+            tracing::debug!(segment = %path.display(), offset = at, why, "end of wal segment data");
+            Ok(())
+        };
         if rest.len() < FRAME_HEADER {
-            torn("partial frame header");
+            if rest.iter().all(|&b| b == 0) {
+                end("zeros")?;
+            } else {
+                torn("partial frame header");
+            }
+            break;
+        }
+        if rest[..FRAME_HEADER] == END_MARKER {
+            end("end marker")?;
             break;
         }
         let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
         let stored = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         if crc32c::crc32c(&rest[..4]) != stored {
-            // Unwritten space reads as zeros: the preallocated rest of a segment (the normal
-            // end), or a tail that grew but never landed.
-            if rest.iter().all(|&b| b == 0) {
-                tracing::debug!(segment = %path.display(), offset = at, "end of wal segment data");
-                break;
+            // A header torn by a crash (its page only partly landed) is the last frame:
+            // nothing valid follows it.
+            if valid_frame_after(&data, at, expected) {
+                return Err(corrupt(
+                    path,
+                    format::FormatError::Invalid("wal frame header checksum mismatch"),
+                ));
             }
-            // A header torn by a crash (its page only partly landed, zeros after it in a
-            // preallocated segment) is the last frame: nothing valid follows. Damage in the
-            // middle of the log has valid frames after it, and that fails loudly.
-            let expected = out.last().map_or(first, |(p, _)| p + 1);
-            if !valid_frame_after(&data, at, expected) {
-                torn("damaged frame header with no valid frame after it");
-                break;
-            }
-            return Err(corrupt(
-                path,
-                format::FormatError::Invalid("wal frame header checksum mismatch"),
-            ));
+            torn("damaged frame header with no valid frame after it");
+            break;
         }
-        let end = FRAME_HEADER + len as usize;
-        if end > rest.len() {
+        let frame_end = FRAME_HEADER + len as usize;
+        if frame_end > rest.len() {
             torn("frame runs past the end of the file");
             break;
         }
-        match format::decode_wal_entry(&data.slice(at + FRAME_HEADER..at + end)) {
-            Ok((pos, records)) => {
-                let expected = out.last().map_or(first, |(p, _)| p + 1);
-                if pos != expected {
-                    return Err(WalError::PositionMismatch {
-                        key: format!("{}@{at}", path.display()),
-                        stored: pos,
-                    });
-                }
-                out.push((pos, records));
+        match format::decode_wal_entry(&data.slice(at + FRAME_HEADER..at + frame_end)) {
+            Ok((pos, records)) if pos == expected => out.push((pos, records)),
+            // Written before this file was recycled into this segment: every earlier use held
+            // positions below this segment's first.
+            Ok((pos, _)) if pos < first => {
+                end("stale frame of a recycled segment")?;
+                break;
             }
-            Err(e) if rest[end..].iter().all(|&b| b == 0) => {
+            Ok((pos, _)) => {
+                return Err(WalError::PositionMismatch {
+                    key: format!("{}@{at}", path.display()),
+                    stored: pos,
+                });
+            }
+            Err(e) => {
+                if valid_frame_after(&data, at, expected) {
+                    return Err(corrupt(path, e));
+                }
                 torn(&e.to_string());
                 break;
             }
-            Err(e) => return Err(corrupt(path, e)),
         }
-        at += end;
+        at += frame_end;
     }
     Ok(out)
 }
@@ -290,6 +329,11 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
             d = cur.parent();
         }
     }
+    // A spare left under an earlier version's name is as good (zeros); its temporary is not.
+    let _ = std::fs::remove_file(dir.join(LEGACY_SPARE_TMP));
+    if !dir.join(SPARE).exists() {
+        let _ = std::fs::rename(dir.join(LEGACY_SPARE), dir.join(SPARE));
+    }
     let (segments, entries) = live_entries(scan_dir(dir)?);
     let after = entries.last().map_or(1, |(p, _)| p + 1);
     st.next = if st.loaded { st.next.max(after) } else { after };
@@ -319,15 +363,19 @@ fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
     std::fs::rename(&tmp, dir.join(SPARE))
 }
 
-/// Writes every byte of `parts` (short writes continue where they stopped).
-fn write_all_vectored(file: &mut File, parts: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+/// Writes every byte of `parts` at `offset` (short writes continue where they stopped); the
+/// file's cursor is not used, so the end marker after a frame is simply overwritten next time.
+fn write_all_at(file: &File, parts: &mut [IoSlice<'_>], mut offset: u64) -> std::io::Result<()> {
     let mut parts = parts;
     while !parts.is_empty() {
-        match file.write_vectored(parts) {
+        match rustix::io::pwritev(file, parts, offset) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut parts, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut parts, n);
+                offset += n as u64;
+            }
+            Err(e) if e == rustix::io::Errno::INTR => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -416,7 +464,8 @@ impl SegmentWal {
     }
 }
 
-/// Appends one entry; returns its position and whether it started a new segment.
+/// Appends one entry; returns its position and whether the background thread must write a
+/// spare (it started a new segment and no closed segment is left to recycle).
 fn append_blocking(
     dir: &Path,
     segment_bytes: u64,
@@ -481,16 +530,23 @@ fn append_blocking(
     header[..4].copy_from_slice(&len.to_le_bytes());
     let len_crc = crc32c::crc32c(&header[..4]);
     header[4..].copy_from_slice(&len_crc.to_le_bytes());
-    let result = write_all_vectored(
-        &mut active.file,
-        &mut [IoSlice::new(&header), IoSlice::new(&entry)],
+    let result = write_all_at(
+        &active.file,
+        &mut [
+            IoSlice::new(&header),
+            IoSlice::new(&entry),
+            IoSlice::new(&END_MARKER),
+        ],
+        active.len,
     )
     .and_then(|()| active.file.sync_data());
     match result {
         Ok(()) => {
             active.len += (FRAME_HEADER as u64) + u64::from(len);
             st.next = position + 1;
-            Ok((position, start))
+            // Closed segments are recycled into the spare when trimmed; zeros are written only
+            // when there is none to wait for.
+            Ok((position, start && st.segments.len() <= 1))
         }
         Err(e) => {
             // What reached the disk is unknown (and a failed fsync may have dropped pages):
@@ -506,12 +562,15 @@ fn append_blocking(
     }
 }
 
+/// Deletes or recycles the segments `upto` covers; returns whether the background thread must
+/// write a spare (preallocating, none left, and no closed segment left to recycle later).
 fn trim_blocking(
     dir: &Path,
     segment_bytes: u64,
+    preallocate: bool,
     st: &mut State,
     upto: u64,
-) -> Result<(), WalError> {
+) -> Result<bool, WalError> {
     if !st.loaded {
         load(dir, st)?;
     }
@@ -519,9 +578,18 @@ fn trim_blocking(
     // Segment i holds positions [first_i, first_{i+1}); the last one up to next - 1.
     while !st.segments.is_empty() {
         let is_last = st.segments.len() == 1;
-        let last = match st.segments.get(1) {
-            Some(n) => n.first.saturating_sub(1),
+        let following = st.segments.get(1).map(|n| n.first);
+        let last = match following {
+            Some(f) => f.saturating_sub(1),
             None => st.next.saturating_sub(1),
+        };
+        // Whether every frame in the file, superseded attempts included, is below any position
+        // a later segment can start at (the rule recovery tells stale frames apart by). A
+        // segment abandoned at `q` may hold an attempt at `q`, the following segment's first;
+        // the last segment holds one at `next` unless it was active (appends that fail close it).
+        let stale_below_next = match following {
+            Some(f) => st.next > f,
+            None => st.active.is_some(),
         };
         if last > upto {
             break;
@@ -541,7 +609,18 @@ fn trim_blocking(
             st.active = None;
         }
         let seg = st.segments.remove(0);
-        match std::fs::remove_file(&seg.path) {
+        // A full segment becomes the spare when there is none: the next segment then
+        // overwrites blocks already allocated without anyone writing zeros first.
+        let recycle = preallocate
+            && stale_below_next
+            && !dir.join(SPARE).exists()
+            && std::fs::metadata(&seg.path).is_ok_and(|m| m.len() >= segment_bytes);
+        let gone = if recycle {
+            std::fs::rename(&seg.path, dir.join(SPARE))
+        } else {
+            std::fs::remove_file(&seg.path)
+        };
+        match gone {
             Ok(()) => removed = true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -556,17 +635,17 @@ fn trim_blocking(
         // recovery skips), but keeps a crash from bringing back much disk usage.
         fsync_dir(dir)?;
     }
-    Ok(())
+    Ok(preallocate && st.segments.len() <= 1 && !dir.join(SPARE).exists())
 }
 
 #[async_trait::async_trait]
 impl Wal for SegmentWal {
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
         let prealloc = self.preallocate;
-        let (pos, rolled) = self
+        let (pos, kick) = self
             .with_state(move |dir, seg, st| append_blocking(dir, seg, prealloc, st, &records))
             .await?;
-        if rolled {
+        if kick {
             self.kick_spare();
         }
         Ok(pos)
@@ -580,8 +659,14 @@ impl Wal for SegmentWal {
     }
 
     async fn trim(&self, upto: u64) -> Result<(), WalError> {
-        self.with_state(move |dir, seg, st| trim_blocking(dir, seg, st, upto))
-            .await
+        let prealloc = self.preallocate;
+        let kick = self
+            .with_state(move |dir, seg, st| trim_blocking(dir, seg, prealloc, st, upto))
+            .await?;
+        if kick {
+            self.kick_spare();
+        }
+        Ok(())
     }
 }
 
@@ -647,9 +732,9 @@ mod tests {
         wal.append(vec![rec(1, 1, 1)]).await.unwrap();
         let seg = dir.join(&files(&dir)[0]);
         let full = std::fs::metadata(&seg).unwrap().len();
-        // A crash mid-append: the last frame cut short.
+        // A crash mid-append: the last frame cut short (the end marker after it gone too).
         let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
-        f.set_len(full - 7).unwrap();
+        f.set_len(full - END_MARKER.len() as u64 - 7).unwrap();
         drop(f);
         let wal2 = SegmentWal::new(&dir);
         let got = wal2.recover().await.unwrap();
@@ -726,6 +811,95 @@ mod tests {
         let got = SegmentWal::new(&dir).recover().await.unwrap();
         assert_eq!(got.len(), 40);
         assert_eq!(got[39], (40, vec![rec(2, 0, 1)]));
+    }
+
+    /// A WAL whose active segment is a recycled one, for [`recycled`].
+    struct Recycled {
+        wal: SegmentWal,
+        /// The active segment, once a trimmed segment.
+        path: PathBuf,
+        first: u64,
+        /// Every entry the WAL holds (recovery must return exactly these).
+        live: Vec<(u64, Vec<WalRecord>)>,
+        /// How many of `live` (the last ones) are in `path`.
+        in_recycled: usize,
+        /// `path`'s bytes before this use: an earlier segment's frames.
+        stale: Vec<u8>,
+    }
+
+    /// Preallocation on, segments of `seg_bytes`: fills segments until two closed, trims the
+    /// first (it becomes the spare), then appends until the next segment starts in that file,
+    /// and `n - 1` entries more, over its stale frames.
+    async fn recycled(dir: &Path, seg_bytes: u64, n: usize) -> Recycled {
+        let wal = SegmentWal::with_segment_bytes(dir, seg_bytes).with_preallocation(true);
+        assert!(wal.recover().await.unwrap().is_empty());
+        spare_ready(dir).await;
+        let mut live = Vec::new();
+        let mut i = 0u64;
+        let mut append = async |live: &mut Vec<(u64, Vec<WalRecord>)>, stream| {
+            let recs = vec![rec(stream, i, 3)];
+            live.push((wal.append(recs.clone()).await.unwrap(), recs));
+            i += 1;
+        };
+        while segments(dir).len() < 2 {
+            append(&mut live, 1).await;
+        }
+        // The roll found no spare and did not ask for zeros: the closed segment is recycled.
+        assert!(!dir.join(SPARE).exists(), "{:?}", files(dir));
+        let closed_upto = live[live.len() - 2].0;
+        let before = segments(dir);
+        wal.trim(closed_upto).await.unwrap();
+        let stale = std::fs::read(dir.join(SPARE)).unwrap();
+        assert!(stale.len() as u64 >= seg_bytes);
+        assert!(
+            stale.iter().any(|b| *b != 0),
+            "the spare is the old segment, not zeros"
+        );
+        assert!(!dir.join(&before[0]).exists());
+        live.drain(..live.len() - 1);
+        while segments(dir).len() < 2 {
+            append(&mut live, 2).await;
+        }
+        assert!(!dir.join(SPARE).exists(), "the spare became the segment");
+        for _ in 1..n {
+            append(&mut live, 3).await;
+        }
+        let first = live[live.len() - n].0;
+        let path = dir.join(format!("{first:020}{SUFFIX}"));
+        assert!(path.exists(), "{:?}", files(dir));
+        Recycled {
+            wal,
+            path,
+            first,
+            live,
+            in_recycled: n,
+            stale,
+        }
+    }
+
+    #[tokio::test]
+    async fn trimmed_segments_are_recycled_and_their_stale_frames_never_replay() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let seg_bytes = 4096;
+        let r = recycled(&dir, seg_bytes, 5).await;
+        // Same length as before: the new frames overwrote allocated blocks.
+        assert_eq!(
+            std::fs::metadata(&r.path).unwrap().len(),
+            r.stale.len() as u64
+        );
+        assert_eq!(SegmentWal::new(&dir).recover().await.unwrap(), r.live);
+        let next = r.live.last().unwrap().0 + 1;
+        assert_eq!(r.wal.append(vec![rec(4, 0, 1)]).await.unwrap(), next);
+        assert_eq!(
+            SegmentWal::new(&dir).recover().await.unwrap().len(),
+            r.live.len() + 1
+        );
+        // A recycled spare renamed into place before its first append holds only stale
+        // frames: an empty segment.
+        let only_stale = dir.join(format!("{:020}{SUFFIX}", next + 1));
+        std::fs::write(&only_stale, &r.stale).unwrap();
+        assert!(scan_segment(&only_stale, next + 1).unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -834,6 +1008,35 @@ mod tests {
         assert_eq!(files(&dir), vec![format!("{:020}.wal", 4)]);
     }
 
+    /// A segment abandoned at `q` may hold an attempt at `q`: recycled before the WAL is past
+    /// `q`, that attempt would sit in the next segment (which starts at `q`) looking current.
+    #[tokio::test]
+    async fn an_abandoned_attempt_at_next_is_never_recycled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        std::fs::create_dir_all(&dir).unwrap();
+        let frame = |pos: u64, recs: &[WalRecord]| {
+            let e = format::encode_wal_entry(pos, recs).unwrap();
+            let len = (e.len() as u32).to_le_bytes();
+            let mut v = len.to_vec();
+            v.extend_from_slice(&crc32c::crc32c(&len).to_le_bytes());
+            v.extend_from_slice(&e);
+            v
+        };
+        // Position 2's attempt failed in segment 1; its retry created segment 2 and failed too.
+        let mut s1 = frame(1, &[rec(1, 0, 1)]);
+        s1.extend(frame(2, &[rec(9, 9, 9)]));
+        std::fs::write(dir.join(format!("{:020}.wal", 1)), s1).unwrap();
+        std::fs::write(dir.join(format!("{:020}.wal", 2)), b"").unwrap();
+        let wal = SegmentWal::with_segment_bytes(&dir, 1).with_preallocation(true);
+        assert_eq!(wal.recover().await.unwrap(), vec![(1, vec![rec(1, 0, 1)])]);
+        spare_ready(&dir).await;
+        std::fs::remove_file(dir.join(SPARE)).unwrap();
+        wal.trim(1).await.unwrap();
+        assert!(!dir.join(SPARE).exists(), "{:?}", files(&dir));
+        assert!(segments(&dir).is_empty(), "{:?}", files(&dir));
+    }
+
     mod damage {
         use super::*;
         use proptest::prelude::*;
@@ -908,7 +1111,7 @@ mod tests {
                 let mut start = 0;
                 loop {
                     let len = u32::from_le_bytes(data[start..start + 4].try_into().unwrap()) as usize;
-                    if start + FRAME_HEADER + len >= data.len() {
+                    if start + FRAME_HEADER + len >= data.len() - END_MARKER.len() {
                         break;
                     }
                     start += FRAME_HEADER + len;
@@ -925,6 +1128,45 @@ mod tests {
                 let got = scan_segment(&seg, 1).unwrap();
                 prop_assert!(got.len() + 1 >= written.len());
                 prop_assert_eq!(&got[..], &written[..got.len()]);
+            }
+
+            /// A crash while the last frame goes into a recycled segment: any subset of its
+            /// 8-byte pieces (and of the end marker after it) lands over the old frames. Never
+            /// an error, never a stale or partial entry.
+            #[test]
+            fn a_frame_torn_over_stale_frames_is_a_torn_tail(
+                n in 1usize..6,
+                keep_mask in any::<u64>(),
+            ) {
+                let tmp = tempfile::tempdir().unwrap();
+                let dir = tmp.path().join("wal");
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                    .unwrap();
+                let r = rt.block_on(recycled(&dir, 2048, n));
+                let new = std::fs::read(&r.path).unwrap();
+                // Where the last frame starts: skip the frames before it.
+                let mut start = 0;
+                for _ in 1..n {
+                    let len = u32::from_le_bytes(new[start..start + 4].try_into().unwrap()) as usize;
+                    start += FRAME_HEADER + len;
+                }
+                let len = u32::from_le_bytes(new[start..start + 4].try_into().unwrap()) as usize;
+                let end = start + FRAME_HEADER + len + END_MARKER.len();
+                let mut torn = new.clone();
+                for (j, at) in (start..end).step_by(8).enumerate() {
+                    if keep_mask >> (j % 64) & 1 == 0 {
+                        // This piece did not land: the old frames' bytes are still there.
+                        let to = (at + 8).min(end);
+                        torn[at..to].copy_from_slice(&r.stale[at..to]);
+                    }
+                }
+                std::fs::write(&r.path, &torn).unwrap();
+                let got = scan_segment(&r.path, r.first).unwrap();
+                let mine = &r.live[r.live.len() - r.in_recycled..];
+                prop_assert!(got.len() + 1 >= n);
+                prop_assert_eq!(&got[..], &mine[..got.len()]);
             }
 
             /// Any flipped byte is either reported or costs only the damaged last frame; what
