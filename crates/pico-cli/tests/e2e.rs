@@ -69,7 +69,10 @@ impl Server {
             .arg(format!("127.0.0.1:{admin}"))
             .arg("--meta-url")
             .arg(format!("sqlite:{}/meta.db", dir.display()))
-            .arg(format!("--storage=-2@file://{}/objects", dir.display()))
+            .args(
+                (!extra.iter().any(|a| a.starts_with("--storage")))
+                    .then(|| format!("--storage=-2@file://{}/objects", dir.display())),
+            )
             .arg("--no-kafka")
             .args(extra)
             .env("RUST_LOG", "info")
@@ -1251,10 +1254,24 @@ async fn limit_and_malformed_rows(c: &reqwest::Client, s: &mut Server) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_keeps_acknowledged_records() {
+    crash_keeps_acknowledged_records(None, 0).await;
+}
+
+/// The same crash with WAL segments of 64 KiB, killed just after a trimmed segment was recycled
+/// as the active one: recovery must tell its old frames from the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_crash_in_recycled_wal_segments_keeps_acknowledged_records() {
+    crash_keeps_acknowledged_records(Some("segmentBytes=65536"), 300).await;
+}
+
+async fn crash_keeps_acknowledged_records(wal_params: Option<&str>, pad: usize) {
     const WRITERS: usize = 8;
     const MIN_ACKS_BEFORE_KILL: usize = 1000;
     let dir = tempdir();
-    let mut server = Server::start(dir.path(), &[]);
+    let storage =
+        wal_params.map(|p| format!("--storage=-2@file://{}/objects?{p}", dir.path().display()));
+    let extra: Vec<&str> = storage.iter().map(String::as_str).collect();
+    let mut server = Server::start(dir.path(), &extra);
     let client = Client::new(&server.endpoint(), ClientOptions::default()).unwrap();
     client.create("crash/s", None, None).await.unwrap();
 
@@ -1265,7 +1282,7 @@ async fn server_crash_keeps_acknowledged_records() {
         let acked = acked.clone();
         writers.push(tokio::spawn(async move {
             for i in 0.. {
-                let body = format!("w{w}-{i}");
+                let body = format!("w{w}-{i}-{}", "x".repeat(pad));
                 match client.append("crash/s", body.clone()).await {
                     Ok(ack) => {
                         assert_eq!(ack.next_seq, ack.start_seq + 1, "one record per append");
@@ -1277,13 +1294,28 @@ async fn server_crash_keeps_acknowledged_records() {
         }));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while acked.lock().unwrap().len() < MIN_ACKS_BEFORE_KILL {
+    // With `wal_params`, the kill comes right after a recycled segment became the active one
+    // (the spare holding old frames was seen, then taken): its new frames lie over old ones.
+    let spare = dir.path().join("objects/wal/1/spare.segment");
+    let mut recycled_spare = false;
+    loop {
         assert!(
             Instant::now() < deadline,
-            "appends too slow before the crash; log:\n{}",
+            "appends too slow before the crash (or no WAL segment recycled); log:\n{}",
             server.log_tail()
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        if acked.lock().unwrap().len() < MIN_ACKS_BEFORE_KILL {
+            continue;
+        }
+        if wal_params.is_none() {
+            break;
+        }
+        if !recycled_spare {
+            recycled_spare = std::fs::read(&spare).is_ok_and(|b| b.iter().any(|&x| x != 0));
+        } else if !spare.exists() {
+            break;
+        }
     }
     // Appends are in flight right now: kill -9.
     server.kill9();
@@ -1297,7 +1329,7 @@ async fn server_crash_keeps_acknowledged_records() {
     assert!(acked.len() >= MIN_ACKS_BEFORE_KILL);
 
     // Restart on the same metadata and storage.
-    let server = Server::start(dir.path(), &[]);
+    let server = Server::start(dir.path(), &extra);
     let client = Client::new(&server.endpoint(), ClientOptions::default()).unwrap();
     let mut records = Vec::new();
     let mut seq = 0;

@@ -24,9 +24,28 @@ pub fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, Runtime
     }
 }
 
+/// Smallest `segmentBytes` accepted: below a page, every group commit would start a segment.
+const MIN_SEGMENT_BYTES: u64 = 4096;
+
 /// The node's WAL, under `wal/{node_id}/`: segment files on a local disk (one write and one
-/// fdatasync per group commit), one object per group commit on object storage.
+/// fdatasync per group commit; `segmentBytes` sets their size), one object per group commit on
+/// object storage.
 pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> {
+    let segment_bytes = uri
+        .param_u64("segmentBytes")
+        .map_err(|e| RuntimeError::Config(e.to_string()))?;
+    if let Some(b) = segment_bytes {
+        if uri.scheme != Scheme::File {
+            return Err(RuntimeError::Config(format!(
+                "segmentBytes applies to a file:// WAL only: `{uri}`"
+            )));
+        }
+        if b < MIN_SEGMENT_BYTES {
+            return Err(RuntimeError::Config(format!(
+                "segmentBytes={b} is below the minimum of {MIN_SEGMENT_BYTES}"
+            )));
+        }
+    }
     match uri.scheme {
         Scheme::Postgres => Err(RuntimeError::Config(
             "the Postgres WAL is not supported by this build yet".into(),
@@ -37,7 +56,10 @@ pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> 
             let dir = std::path::Path::new(&uri.location)
                 .join("wal")
                 .join(node_id.to_string());
-            Ok(Arc::new(SegmentWal::new(dir).with_preallocation(true)))
+            let bytes = segment_bytes.unwrap_or(s3stream::segment_wal::DEFAULT_SEGMENT_BYTES);
+            Ok(Arc::new(
+                SegmentWal::with_segment_bytes(dir, bytes).with_preallocation(true),
+            ))
         }
         _ => {
             let storage = object_storage(uri)?;
@@ -62,4 +84,28 @@ pub fn engine_config(uri: &BucketUri) -> Result<EngineConfig, RuntimeError> {
     }
     uri.param_u64("maxInflightUploadCount").map_err(bad)?;
     Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(uri: &str) -> String {
+        match wal(&BucketUri::parse(uri).unwrap(), 1) {
+            Ok(_) => panic!("{uri} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn segment_bytes_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = format!("-3@file://{}?segmentBytes=65536", dir.path().display());
+        assert!(wal(&BucketUri::parse(&ok).unwrap(), 1).is_ok());
+        let small = format!("-3@file://{}?segmentBytes=100", dir.path().display());
+        assert!(err(&small).contains("below the minimum"), "{}", err(&small));
+        let junk = format!("-3@file://{}?segmentBytes=lots", dir.path().display());
+        assert!(err(&junk).contains("segmentBytes"), "{}", err(&junk));
+        assert!(err("-3@memory://x?segmentBytes=65536").contains("file:// WAL only"));
+    }
 }
