@@ -21,6 +21,9 @@
 //!   frame at or after the expected position anywhere after it: it is what a crash mid-append
 //!   leaves and is ignored with a warning. Any end of data followed by such a valid frame is
 //!   damage in the middle of the log and fails recovery loudly.
+//! - After a restart, positions continue from the last entry recovered or from the highest
+//!   segment's name, whichever is higher: a segment whose first frame never landed still
+//!   supersedes entries at or above its name.
 //! - A segment start that fails after the spare was renamed into place leaves no active
 //!   segment, so the retry starts the segment at that position itself (an entry written into
 //!   the previous segment would be superseded by the new file's name).
@@ -41,6 +44,10 @@
 //! - zeros written by a background thread, only when no closed segment is left to recycle (at
 //!   start-up, or when the WAL holds nothing but its active segment): writing zeros per segment
 //!   doubled the disk bytes of a heavy ingest.
+//!
+//! A spare found at start-up is deleted, never used: positions restart after the last entry
+//! recovered (at 1 for an empty WAL), so a recycled spare's old frames could hold positions a
+//! new segment reaches.
 //!
 //! Without a ready spare a segment is created empty, and leaves for the spare as soon as there
 //! is one.
@@ -329,13 +336,28 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
             d = cur.parent();
         }
     }
-    // A spare left under an earlier version's name is as good (zeros); its temporary is not.
-    let _ = std::fs::remove_file(dir.join(LEGACY_SPARE_TMP));
-    if !dir.join(SPARE).exists() {
-        let _ = std::fs::rename(dir.join(LEGACY_SPARE), dir.join(SPARE));
+    if !st.loaded {
+        // A recycled spare holds frames of positions up to where the last process got, but
+        // positions restart after the WAL's last entry (at 1 when it is empty): its old frames
+        // could then look current. Spares from an earlier process are dropped, whatever their
+        // name; this process writes or recycles its own (positions never go back within it).
+        for name in [SPARE, SPARE_TMP, LEGACY_SPARE, LEGACY_SPARE_TMP] {
+            match std::fs::remove_file(dir.join(name)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&dir.join(name), e)),
+            }
+        }
     }
     let (segments, entries) = live_entries(scan_dir(dir)?);
-    let after = entries.last().map_or(1, |(p, _)| p + 1);
+    // A segment named `q` holds no entry when the crash came before its first frame landed;
+    // positions still continue from `q`, never below it: a later segment starting at `q`
+    // supersedes entries >= q of earlier ones, so an entry written at q or above into a segment
+    // named below q would be dropped by the next recovery.
+    let after = entries
+        .last()
+        .map_or(1, |(p, _)| p + 1)
+        .max(segments.last().map_or(1, |s| s.first));
     st.next = if st.loaded { st.next.max(after) } else { after };
     st.segments = segments;
     st.active = None;
@@ -900,6 +922,54 @@ mod tests {
         let only_stale = dir.join(format!("{:020}{SUFFIX}", next + 1));
         std::fs::write(&only_stale, &r.stale).unwrap();
         assert!(scan_segment(&only_stale, next + 1).unwrap().is_empty());
+    }
+
+    /// A spare left by an earlier process may be a recycled segment whose frames hold positions
+    /// the restarted WAL reaches again (an empty WAL restarts at 1): it must not be used.
+    #[tokio::test]
+    async fn a_spare_from_an_earlier_process_is_never_used() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut old = Vec::new();
+        for pos in 1..=20u64 {
+            let e = format::encode_wal_entry(pos, &[rec(7, pos, 1)]).unwrap();
+            let len = (e.len() as u32).to_le_bytes();
+            old.extend_from_slice(&len);
+            old.extend_from_slice(&crc32c::crc32c(&len).to_le_bytes());
+            old.extend_from_slice(&e);
+        }
+        std::fs::write(dir.join(SPARE), &old).unwrap();
+        std::fs::write(dir.join(LEGACY_SPARE), &old).unwrap();
+        let wal = SegmentWal::with_segment_bytes(&dir, 1 << 20).with_preallocation(true);
+        let mut written = Vec::new();
+        for i in 0..3u64 {
+            let recs = vec![rec(1, i, 1)];
+            written.push((wal.append(recs.clone()).await.unwrap(), recs));
+        }
+        assert_eq!(written[0].0, 1);
+        assert!(!dir.join(LEGACY_SPARE).exists());
+        assert_eq!(SegmentWal::new(&dir).recover().await.unwrap(), written);
+    }
+
+    /// A crash right after a segment was started (before its first frame landed) leaves a
+    /// segment without entries; with every earlier one trimmed, positions must still continue
+    /// from its name, or entries written below it would be superseded by it at the next recovery.
+    #[tokio::test]
+    async fn positions_continue_from_a_segment_without_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("{:020}{SUFFIX}", 50)), vec![0u8; 4096]).unwrap();
+        let wal = SegmentWal::new(&dir);
+        assert!(wal.recover().await.unwrap().is_empty());
+        assert_eq!(wal.append(vec![rec(1, 0, 1)]).await.unwrap(), 50);
+        assert_eq!(wal.append(vec![rec(1, 1, 1)]).await.unwrap(), 51);
+        let got = SegmentWal::new(&dir).recover().await.unwrap();
+        assert_eq!(
+            got,
+            vec![(50, vec![rec(1, 0, 1)]), (51, vec![rec(1, 1, 1)])]
+        );
     }
 
     #[tokio::test]
