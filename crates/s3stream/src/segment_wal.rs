@@ -515,7 +515,8 @@ fn append_blocking(
     if start {
         // A same-named file can only hold superseded attempts at this position: replace it.
         let path = dir.join(format!("{position:020}{SUFFIX}"));
-        // A ready spare (synced zeros) becomes the segment; otherwise start an empty file.
+        // A ready spare (synced zeros or a recycled segment) becomes the segment; otherwise
+        // start an empty file.
         let spare = preallocate && std::fs::rename(dir.join(SPARE), &path).is_ok();
         let opened = std::fs::OpenOptions::new()
             .create(true)
