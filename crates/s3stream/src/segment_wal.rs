@@ -237,8 +237,9 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
     Ok(out)
 }
 
-/// Whether a whole, valid frame holding a position >= `expected` starts anywhere after `at`
-/// (only asked after a damaged header, so the byte-by-byte search is off the normal path).
+/// Whether a whole, valid frame holding a position >= `expected` starts anywhere after `at`.
+/// Asked once per segment at recovery, where its data ends, so the byte-by-byte search is off
+/// the append path; the cheap length bound is checked before the header's CRC for speed.
 fn valid_frame_after(data: &Bytes, at: usize, expected: u64) -> bool {
     let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     let mut k = at + 1;
@@ -383,6 +384,15 @@ fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
     // Blocks allocated and the size persisted now, so an append into them syncs data only.
     f.sync_all()?;
     std::fs::rename(&tmp, dir.join(SPARE))
+}
+
+/// `u32 len` + `u32 crc32c(len)`, little-endian.
+fn frame_header(len: u32) -> [u8; FRAME_HEADER] {
+    let len = len.to_le_bytes();
+    let mut header = [0u8; FRAME_HEADER];
+    header[..4].copy_from_slice(&len);
+    header[4..].copy_from_slice(&crc32c::crc32c(&len).to_le_bytes());
+    header
 }
 
 /// Writes every byte of `parts` at `offset` (short writes continue where they stopped); the
@@ -549,10 +559,7 @@ fn append_blocking(
     let Some(active) = st.active.as_mut() else {
         return Err(WalError::Other("no active wal segment".into()));
     };
-    let mut header = [0u8; FRAME_HEADER];
-    header[..4].copy_from_slice(&len.to_le_bytes());
-    let len_crc = crc32c::crc32c(&header[..4]);
-    header[4..].copy_from_slice(&len_crc.to_le_bytes());
+    let header = frame_header(len);
     let result = write_all_at(
         &active.file,
         &mut [
@@ -699,6 +706,14 @@ mod tests {
     use std::io::Seek;
 
     use crate::wal::tests::rec;
+
+    /// One frame as the WAL writes it (without the end marker).
+    fn frame(pos: u64, recs: &[WalRecord]) -> Vec<u8> {
+        let e = format::encode_wal_entry(pos, recs).unwrap();
+        let mut v = frame_header(e.len() as u32).to_vec();
+        v.extend_from_slice(&e);
+        v
+    }
 
     fn files(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -934,11 +949,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let mut old = Vec::new();
         for pos in 1..=20u64 {
-            let e = format::encode_wal_entry(pos, &[rec(7, pos, 1)]).unwrap();
-            let len = (e.len() as u32).to_le_bytes();
-            old.extend_from_slice(&len);
-            old.extend_from_slice(&crc32c::crc32c(&len).to_le_bytes());
-            old.extend_from_slice(&e);
+            old.extend(frame(pos, &[rec(7, pos, 1)]));
         }
         std::fs::write(dir.join(SPARE), &old).unwrap();
         std::fs::write(dir.join(LEGACY_SPARE), &old).unwrap();
@@ -1043,14 +1054,6 @@ mod tests {
         // Segment 1 holds positions 1 and 2, but 2 was an attempt whose sync failed; the retry
         // (different records: the first attempt was failed back to its callers) started
         // segment 2.
-        let frame = |pos: u64, recs: &[WalRecord]| {
-            let e = format::encode_wal_entry(pos, recs).unwrap();
-            let len = (e.len() as u32).to_le_bytes();
-            let mut v = len.to_vec();
-            v.extend_from_slice(&crc32c::crc32c(&len).to_le_bytes());
-            v.extend_from_slice(&e);
-            v
-        };
         let mut s1 = frame(1, &[rec(1, 0, 1)]);
         s1.extend(frame(2, &[rec(9, 9, 9)]));
         std::fs::write(dir.join(format!("{:020}.wal", 1)), s1).unwrap();
@@ -1086,14 +1089,6 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("wal");
         std::fs::create_dir_all(&dir).unwrap();
-        let frame = |pos: u64, recs: &[WalRecord]| {
-            let e = format::encode_wal_entry(pos, recs).unwrap();
-            let len = (e.len() as u32).to_le_bytes();
-            let mut v = len.to_vec();
-            v.extend_from_slice(&crc32c::crc32c(&len).to_le_bytes());
-            v.extend_from_slice(&e);
-            v
-        };
         // Position 2's attempt failed in segment 1; its retry created segment 2 and failed too.
         let mut s1 = frame(1, &[rec(1, 0, 1)]);
         s1.extend(frame(2, &[rec(9, 9, 9)]));
