@@ -11,8 +11,9 @@
 //! `u64 base_offset u32 record_count u32 len u32 crc32c(header fields + data) data`.
 //! A slice (position, len) always covers whole frames of one stream, so it decodes on its own.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 
+use crate::parts::{Parts, PartsWriter};
 use crate::wal::WalRecord;
 
 pub const WAL_MAGIC: &[u8; 4] = b"PMQW";
@@ -68,30 +69,44 @@ fn len_u32(n: usize) -> Result<u32, FormatError> {
 
 /// Encodes one WAL entry object.
 pub fn encode_wal_entry(position: u64, records: &[WalRecord]) -> Result<Bytes, FormatError> {
-    let size: usize = 20
+    Ok(encode_wal_entry_parts(position, records)?.concat())
+}
+
+/// Encodes one WAL entry as pieces (large batches referenced, not copied), the CRC32C chained
+/// over them in order: the same bytes as [`encode_wal_entry`].
+pub fn encode_wal_entry_parts(position: u64, records: &[WalRecord]) -> Result<Parts, FormatError> {
+    let small: usize = 20
         + records
             .iter()
-            .map(|r| 36 + r.batch.len() + r.aux.len())
+            .map(|r| 36 + PartsWriter::copied(r.batch.len()) + PartsWriter::copied(r.aux.len()))
             .sum::<usize>()
         + 4;
-    let mut buf = BytesMut::with_capacity(size);
-    buf.put_slice(WAL_MAGIC);
-    buf.put_u32_le(FORMAT_VERSION);
-    buf.put_u64_le(position);
-    buf.put_u32_le(len_u32(records.len())?);
+    let mut w = PartsWriter::with_capacity(small);
+    let mut head = [0u8; 36];
+    head[..4].copy_from_slice(WAL_MAGIC);
+    head[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    head[8..16].copy_from_slice(&position.to_le_bytes());
+    head[16..20].copy_from_slice(&len_u32(records.len())?.to_le_bytes());
+    w.put_slice(&head[..20]);
+    let mut crc = crc32c::crc32c(&head[..20]);
     for r in records {
-        buf.put_u64_le(r.stream);
-        buf.put_i64_le(r.epoch);
-        buf.put_u64_le(r.base_offset);
-        buf.put_u32_le(r.record_count);
-        buf.put_u32_le(len_u32(r.batch.len())?);
-        buf.put_slice(&r.batch);
-        buf.put_u32_le(len_u32(r.aux.len())?);
-        buf.put_slice(&r.aux);
+        head[..8].copy_from_slice(&r.stream.to_le_bytes());
+        head[8..16].copy_from_slice(&r.epoch.to_le_bytes());
+        head[16..24].copy_from_slice(&r.base_offset.to_le_bytes());
+        head[24..28].copy_from_slice(&r.record_count.to_le_bytes());
+        head[28..32].copy_from_slice(&len_u32(r.batch.len())?.to_le_bytes());
+        w.put_slice(&head[..32]);
+        crc = crc32c::crc32c_append(crc, &head[..32]);
+        w.put_bytes(&r.batch);
+        crc = crc32c::crc32c_append(crc, &r.batch);
+        let aux_len = len_u32(r.aux.len())?.to_le_bytes();
+        w.put_slice(&aux_len);
+        crc = crc32c::crc32c_append(crc, &aux_len);
+        w.put_bytes(&r.aux);
+        crc = crc32c::crc32c_append(crc, &r.aux);
     }
-    let crc = crc32c::crc32c(&buf);
-    buf.put_u32_le(crc);
-    Ok(buf.freeze())
+    w.put_slice(&crc.to_le_bytes());
+    Ok(w.finish())
 }
 
 /// Decodes and verifies one WAL entry object: returns its position and records.
@@ -149,9 +164,9 @@ pub fn decode_wal_entry(data: &Bytes) -> Result<(u64, Vec<WalRecord>), FormatErr
 }
 
 /// Appends the data object header.
-pub fn put_data_header(buf: &mut BytesMut) {
-    buf.put_slice(DATA_MAGIC);
-    buf.put_u32_le(FORMAT_VERSION);
+pub fn put_data_header(w: &mut PartsWriter) {
+    w.put_slice(DATA_MAGIC);
+    w.put_slice(&FORMAT_VERSION.to_le_bytes());
 }
 
 /// Verifies the data object header.
@@ -167,12 +182,12 @@ pub fn check_data_header(data: &[u8]) -> Result<(), FormatError> {
     Ok(())
 }
 
-/// Appends one frame; returns the number of bytes written.
+/// Appends one frame (a large `data` by reference); returns the number of bytes written.
 pub fn put_frame(
-    buf: &mut BytesMut,
+    w: &mut PartsWriter,
     base_offset: u64,
     record_count: u32,
-    data: &[u8],
+    data: &Bytes,
 ) -> Result<usize, FormatError> {
     let len = len_u32(data.len())?;
     let mut header = [0u8; 16];
@@ -180,9 +195,9 @@ pub fn put_frame(
     header[8..12].copy_from_slice(&record_count.to_le_bytes());
     header[12..16].copy_from_slice(&len.to_le_bytes());
     let crc = crc32c::crc32c_append(crc32c::crc32c(&header), data);
-    buf.put_slice(&header);
-    buf.put_u32_le(crc);
-    buf.put_slice(data);
+    w.put_slice(&header);
+    w.put_slice(&crc.to_le_bytes());
+    w.put_bytes(data);
     Ok(FRAME_HEADER_LEN + data.len())
 }
 
@@ -219,7 +234,17 @@ pub fn decode_frames(slice: &Bytes) -> Result<Vec<StoredBatch>, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parts::COPY_BELOW;
+    use bytes::{BufMut, BytesMut};
     use proptest::prelude::*;
+
+    /// Small batches (copied into the encoder's buffer) and large ones (referenced).
+    fn batch_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            3 => proptest::collection::vec(any::<u8>(), 0..64),
+            1 => proptest::collection::vec(any::<u8>(), COPY_BELOW - 2..COPY_BELOW + 64),
+        ]
+    }
 
     fn record() -> impl Strategy<Value = WalRecord> {
         (
@@ -227,7 +252,7 @@ mod tests {
             any::<i64>(),
             any::<u64>(),
             any::<u32>(),
-            proptest::collection::vec(any::<u8>(), 0..64),
+            batch_bytes(),
             proptest::collection::vec(any::<u8>(), 0..16),
         )
             .prop_map(
@@ -270,13 +295,13 @@ mod tests {
 
         #[test]
         fn frames_round_trip(batches in proptest::collection::vec(
-            (any::<u64>(), any::<u32>(), proptest::collection::vec(any::<u8>(), 0..64)), 0..8)) {
-            let mut buf = BytesMut::new();
-            put_data_header(&mut buf);
+            (any::<u64>(), any::<u32>(), batch_bytes()), 0..8)) {
+            let mut w = PartsWriter::with_capacity(0);
+            put_data_header(&mut w);
             for (b, c, d) in &batches {
-                put_frame(&mut buf, *b, *c, d).unwrap();
+                put_frame(&mut w, *b, *c, &Bytes::from(d.clone())).unwrap();
             }
-            let obj = buf.freeze();
+            let obj = w.finish().concat();
             check_data_header(&obj).unwrap();
             let dec = decode_frames(&obj.slice(DATA_HEADER_LEN..)).unwrap();
             prop_assert_eq!(dec.len(), batches.len());
@@ -290,12 +315,12 @@ mod tests {
         #[test]
         fn frame_corruption_is_detected(
             base in any::<u64>(), count in any::<u32>(),
-            data in proptest::collection::vec(any::<u8>(), 0..64),
+            data in batch_bytes(),
             idx in any::<prop::sample::Index>(), flip in 1u8..=255,
         ) {
-            let mut buf = BytesMut::new();
-            put_frame(&mut buf, base, count, &data).unwrap();
-            let mut bad = buf.to_vec();
+            let mut w = PartsWriter::with_capacity(0);
+            put_frame(&mut w, base, count, &Bytes::from(data)).unwrap();
+            let mut bad = w.finish().concat().to_vec();
             let i = idx.index(bad.len());
             bad[i] ^= flip;
             prop_assert!(decode_frames(&Bytes::from(bad)).is_err());

@@ -4,6 +4,7 @@
 //! - `storage`: `ObjectStorage` trait, `FileStorage` (crash-atomic files), `MemoryStorage`.
 //! - `wal`: the `Wal` trait (one shared WAL per node) and `ObjectWal` on object storage.
 //! - `segment_wal`: `SegmentWal`, the WAL as append-only segment files on a local disk.
+//! - `parts`: `Parts`, bytes as pieces for vectored writes (large batches never copied).
 //! - `format`: sans-IO codecs of WAL entries and data objects (framed, versioned, CRC32C).
 //! - `engine`: `Engine` — append with group commit, log cache, uploader into stream-set and
 //!   stream objects committed through the host's `Catalog`, block cache, recovery.
@@ -13,6 +14,7 @@
 
 pub mod engine;
 pub mod format;
+pub mod parts;
 pub mod segment_wal;
 pub mod storage;
 pub mod testing;
@@ -24,6 +26,7 @@ pub use engine::{
     SLICE_TARGET_BYTES,
 };
 pub use format::StoredBatch;
+pub use parts::Parts;
 pub use segment_wal::SegmentWal;
 pub use storage::{FileStorage, MemoryStorage, ObjectStorage, StorageError};
 pub use wal::{ObjectWal, Wal, WalError, WalRecord};

@@ -395,12 +395,16 @@ fn frame_header(len: u32) -> [u8; FRAME_HEADER] {
     header
 }
 
+/// At most this many slices per `pwritev` (the kernel's IOV_MAX).
+const MAX_IOV: usize = 1024;
+
 /// Writes every byte of `parts` at `offset` (short writes continue where they stopped); the
 /// file's cursor is not used, so the end marker after a frame is simply overwritten next time.
 fn write_all_at(file: &File, parts: &mut [IoSlice<'_>], mut offset: u64) -> std::io::Result<()> {
     let mut parts = parts;
     while !parts.is_empty() {
-        match rustix::io::pwritev(file, parts, offset) {
+        let n = parts.len().min(MAX_IOV);
+        match rustix::io::pwritev(file, &parts[..n], offset) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
             Ok(n) => {
                 IoSlice::advance_slices(&mut parts, n);
@@ -510,7 +514,7 @@ fn append_blocking(
     }
     let position = st.next;
     let entry =
-        format::encode_wal_entry(position, records).map_err(|source| WalError::Corrupt {
+        format::encode_wal_entry_parts(position, records).map_err(|source| WalError::Corrupt {
             key: format!("{}@{position}", dir.display()),
             source,
         })?;
@@ -560,16 +564,12 @@ fn append_blocking(
         return Err(WalError::Other("no active wal segment".into()));
     };
     let header = frame_header(len);
-    let result = write_all_at(
-        &active.file,
-        &mut [
-            IoSlice::new(&header),
-            IoSlice::new(&entry),
-            IoSlice::new(&END_MARKER),
-        ],
-        active.len,
-    )
-    .and_then(|()| active.file.sync_data());
+    let mut slices = Vec::with_capacity(entry.pieces().len() + 2);
+    slices.push(IoSlice::new(&header));
+    slices.extend(entry.pieces().iter().map(|p| IoSlice::new(p)));
+    slices.push(IoSlice::new(&END_MARKER));
+    let result =
+        write_all_at(&active.file, &mut slices, active.len).and_then(|()| active.file.sync_data());
     match result {
         Ok(()) => {
             active.len += (FRAME_HEADER as u64) + u64::from(len);
@@ -759,6 +759,28 @@ mod tests {
         assert!(files(&dir).is_empty(), "{:?}", files(&dir));
         // Positions keep increasing in-process after the WAL emptied.
         assert_eq!(wal2.append(vec![rec(3, 1, 1)]).await.unwrap(), 8);
+    }
+
+    #[tokio::test]
+    async fn a_group_of_large_batches_is_written_whole_past_one_pwritev() {
+        // Large batches are written by reference, one slice each: 1100 of them (plus small
+        // ones between) need several `pwritev` calls of at most MAX_IOV slices.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = SegmentWal::new(&dir).with_preallocation(true);
+        let recs: Vec<WalRecord> = (0..1100u64)
+            .map(|i| WalRecord {
+                batch: Bytes::from(vec![(i % 251) as u8; crate::parts::COPY_BELOW + i as usize]),
+                ..rec(i % 3, i, 1)
+            })
+            .collect();
+        assert_eq!(wal.append(vec![rec(9, 0, 1)]).await.unwrap(), 1);
+        assert_eq!(wal.append(recs.clone()).await.unwrap(), 2);
+        assert_eq!(wal.append(vec![rec(9, 1, 1)]).await.unwrap(), 3);
+        let got = SegmentWal::new(&dir).recover().await.unwrap();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[1], (2, recs));
+        assert_eq!(got[2], (3, vec![rec(9, 1, 1)]));
     }
 
     #[tokio::test]

@@ -115,14 +115,15 @@ impl Wal for ObjectWal {
         // Held across the put: appends are serialized so positions stay ordered.
         let mut next = self.next.lock().await;
         let position = self.next_position(&mut next).await?;
-        let data =
-            format::encode_wal_entry(position, &records).map_err(|source| WalError::Corrupt {
+        let data = format::encode_wal_entry_parts(position, &records).map_err(|source| {
+            WalError::Corrupt {
                 key: self.key(position),
                 source,
-            })?;
+            }
+        })?;
         // On failure the position is reused by the retry: a put that failed but landed is
         // overwritten by the same position, never duplicated at two positions.
-        self.storage.put(&self.key(position), data).await?;
+        self.storage.put_parts(&self.key(position), data).await?;
         *next = Some(position + 1);
         Ok(position)
     }

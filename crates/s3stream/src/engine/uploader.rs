@@ -16,10 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-
 use super::{CommitRange, EngineError, ObjectCommit, SLICE_TARGET_BYTES, Shared};
 use crate::format::{self, DATA_HEADER_LEN};
+use crate::parts::{Parts, PartsWriter};
 use crate::wal::WalRecord;
 
 /// One range of one stream within a planned object, with the generation it was appended in.
@@ -32,7 +31,7 @@ pub(super) struct PlannedRange {
 #[derive(Debug)]
 pub(super) struct PlannedObject {
     pub(super) key: String,
-    pub(super) data: Bytes,
+    pub(super) data: Parts,
     pub(super) ranges: Vec<PlannedRange>,
     pub(super) put_done: bool,
     pub(super) outcome: Option<Vec<bool>>,
@@ -83,15 +82,15 @@ pub(super) fn plan_objects(
 
     let mut objects = Vec::with_capacity(groups.len());
     for streams in groups {
-        // Sized up front: an object is megabytes, and growing it by doubling copies it again
-        // and faults in fresh pages at every step.
-        let size = DATA_HEADER_LEN
+        // Large batches are referenced, not copied (the object is written vectored); what is
+        // copied is sized up front, so the buffer never grows by reallocating.
+        let small = DATA_HEADER_LEN
             + streams
                 .iter()
                 .flat_map(|s| &per_stream[s])
-                .map(|(_, r)| format::FRAME_HEADER_LEN + r.batch.len())
+                .map(|(_, r)| format::FRAME_HEADER_LEN + PartsWriter::copied(r.batch.len()))
                 .sum::<usize>();
-        let mut buf = BytesMut::with_capacity(size);
+        let mut buf = PartsWriter::with_capacity(small);
         format::put_data_header(&mut buf);
         let mut ranges: Vec<PlannedRange> = Vec::new();
         for s in streams {
@@ -138,7 +137,7 @@ pub(super) fn plan_objects(
         debug_assert!(buf.len() > DATA_HEADER_LEN);
         objects.push(PlannedObject {
             key: next_key(),
-            data: buf.freeze(),
+            data: buf.finish(),
             ranges,
             put_done: false,
             outcome: None,
@@ -158,7 +157,7 @@ pub(super) async fn put_and_commit(
             continue;
         }
         if !obj.put_done {
-            shared.data.put(&obj.key, obj.data.clone()).await?;
+            shared.data.put_parts(&obj.key, obj.data.clone()).await?;
             obj.put_done = true;
         }
         let outcome = shared.catalog.commit(obj.commit()).await?;
@@ -342,6 +341,7 @@ async fn run_cycle(shared: &Shared, cycle: &mut Option<Cycle>) -> Result<bool, E
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     fn rec(stream: u64, epoch: i64, base: u64, n: u32, size: usize, aux: &str) -> WalRecord {
         WalRecord {
@@ -397,10 +397,10 @@ mod tests {
         assert_eq!(big.ranges[0].range.aux, vec![Bytes::from("b")]);
         // Every range decodes on its own to exactly its batches.
         for obj in &objects {
-            format::check_data_header(&obj.data).unwrap();
+            let data = obj.data.concat();
+            format::check_data_header(&data).unwrap();
             for r in &obj.ranges {
-                let slice = obj
-                    .data
+                let slice = data
                     .slice(r.range.position as usize..(r.range.position + r.range.len) as usize);
                 let batches = format::decode_frames(&slice).unwrap();
                 assert_eq!(batches[0].base_offset, r.range.start_offset);
