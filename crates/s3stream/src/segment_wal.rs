@@ -111,6 +111,25 @@ pub struct SegmentWal {
     preallocate: bool,
     /// A spare is being written.
     preparing: Arc<AtomicBool>,
+    /// The last append took longer than [`INLINE_BELOW`]: run the next one off the worker.
+    slow: AtomicBool,
+}
+
+/// An append that took less than this runs the next one inline on the async worker (see
+/// [`Run::Adaptive`]).
+const INLINE_BELOW: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Where `with_state` runs its blocking work on a multi-thread runtime.
+#[derive(Clone, Copy)]
+enum Run {
+    /// `block_in_place`: the worker's queue moves to another thread for the duration.
+    Handoff,
+    /// Inline while appends are fast, `block_in_place` after a slow one. Handing the worker
+    /// off costs a thread wake on the way back (the acks then wake handlers from a thread
+    /// without a worker): measured 0.29–0.32 → 0.17–0.19 ms p50 for one client appending in a
+    /// loop, with a short `fdatasync` (0.05 ms). A slow disk must not hold a worker for long,
+    /// so one slow append sends the next ones back to the hand-off until one is fast again.
+    Adaptive,
 }
 
 fn io(path: &Path, e: std::io::Error) -> WalError {
@@ -429,6 +448,7 @@ impl SegmentWal {
             state: Arc::new(Mutex::new(State::default())),
             preallocate: false,
             preparing: Arc::new(AtomicBool::new(false)),
+            slow: AtomicBool::new(false),
         }
     }
 
@@ -482,6 +502,7 @@ impl SegmentWal {
     /// the lock is held throughout, so appends, trims and recovery never interleave.
     async fn with_state<T: Send + 'static>(
         &self,
+        run: Run,
         f: impl FnOnce(&Path, u64, &mut State) -> Result<T, WalError> + Send + 'static,
     ) -> Result<T, WalError> {
         let mut guard = self.state.clone().lock_owned().await;
@@ -490,9 +511,22 @@ impl SegmentWal {
         if tokio::runtime::Handle::current().runtime_flavor()
             == tokio::runtime::RuntimeFlavor::MultiThread
         {
+            if matches!(run, Run::Adaptive) && !self.slow.load(Ordering::Relaxed) {
+                let started = std::time::Instant::now();
+                let out = f(&dir, segment_bytes, &mut guard);
+                self.slow
+                    .store(started.elapsed() >= INLINE_BELOW, Ordering::Relaxed);
+                return out;
+            }
             // Run here and let another thread take over this worker's queue: a lone append
-            // then wakes no extra thread before its write and none after its sync.
-            return tokio::task::block_in_place(|| f(&dir, segment_bytes, &mut guard));
+            // then wakes no extra thread before its write.
+            let started = std::time::Instant::now();
+            let out = tokio::task::block_in_place(|| f(&dir, segment_bytes, &mut guard));
+            if matches!(run, Run::Adaptive) {
+                self.slow
+                    .store(started.elapsed() >= INLINE_BELOW, Ordering::Relaxed);
+            }
+            return out;
         }
         tokio::task::spawn_blocking(move || f(&dir, segment_bytes, &mut guard))
             .await
@@ -673,7 +707,9 @@ impl Wal for SegmentWal {
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
         let prealloc = self.preallocate;
         let (pos, kick) = self
-            .with_state(move |dir, seg, st| append_blocking(dir, seg, prealloc, st, &records))
+            .with_state(Run::Adaptive, move |dir, seg, st| {
+                append_blocking(dir, seg, prealloc, st, &records)
+            })
             .await?;
         if kick {
             self.kick_spare();
@@ -682,7 +718,9 @@ impl Wal for SegmentWal {
     }
 
     async fn recover(&self) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
-        let entries = self.with_state(|dir, _, st| load(dir, st)).await?;
+        let entries = self
+            .with_state(Run::Handoff, |dir, _, st| load(dir, st))
+            .await?;
         // The first segment after a restart is a new one: have a spare ready for it.
         self.kick_spare();
         Ok(entries)
@@ -691,7 +729,9 @@ impl Wal for SegmentWal {
     async fn trim(&self, upto: u64) -> Result<(), WalError> {
         let prealloc = self.preallocate;
         let kick = self
-            .with_state(move |dir, seg, st| trim_blocking(dir, seg, prealloc, st, upto))
+            .with_state(Run::Handoff, move |dir, seg, st| {
+                trim_blocking(dir, seg, prealloc, st, upto)
+            })
             .await?;
         if kick {
             self.kick_spare();
@@ -759,6 +799,39 @@ mod tests {
         assert!(files(&dir).is_empty(), "{:?}", files(&dir));
         // Positions keep increasing in-process after the WAL emptied.
         assert_eq!(wal2.append(vec![rec(3, 1, 1)]).await.unwrap(), 8);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_inline_and_handed_off_interleave_on_a_multi_thread_runtime() {
+        // Inline on the worker while appends are fast, `block_in_place` after a slow one: both
+        // paths, from concurrent tasks, give unique positions and recover exactly.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = Arc::new(SegmentWal::with_segment_bytes(&dir, 4096).with_preallocation(true));
+        let mut tasks = Vec::new();
+        for t in 0..4u64 {
+            let wal = wal.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                for i in 0..50u64 {
+                    // Force the hand-off path every third append of this task.
+                    if i % 3 == 0 {
+                        wal.slow.store(true, Ordering::Relaxed);
+                    }
+                    let recs = vec![rec(t, i, 1)];
+                    got.push((wal.append(recs.clone()).await.unwrap(), recs));
+                }
+                got
+            }));
+        }
+        let mut written = Vec::new();
+        for t in tasks {
+            written.extend(t.await.unwrap());
+        }
+        written.sort_by_key(|(p, _)| *p);
+        let positions: Vec<u64> = written.iter().map(|(p, _)| *p).collect();
+        assert_eq!(positions, (1..=200).collect::<Vec<u64>>());
+        assert_eq!(SegmentWal::new(&dir).recover().await.unwrap(), written);
     }
 
     #[tokio::test]
