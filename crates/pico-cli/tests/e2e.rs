@@ -1669,6 +1669,34 @@ fn server_bench_producer_and_readers_report_real_counts() {
         "whole batches only: {out}"
     );
 
+    // One batch in flight: a batch's latency is its own round trip, so the latencies of the
+    // batches acked in a window add up to at most the window (Little's law: rate × mean ≤ 1).
+    // Counting the wait for the previous batch's slot made the median about two round trips.
+    for proto in ["pico", "ds"] {
+        let r = json(&[
+            "--protocol",
+            proto,
+            "--producer",
+            "-w",
+            "1",
+            "--connections",
+            "1",
+            "-n",
+            "5",
+            "-b",
+            "32",
+            "--prefix",
+            &format!("bw-{proto}"),
+        ]);
+        let rate = r["write"]["requests_per_sec"].as_f64().unwrap();
+        let p50 = r["write_latency"]["p50_ms"].as_f64().unwrap();
+        assert!(rate > 0.0 && p50 > 0.0, "{r}");
+        assert!(
+            rate * p50 / 1000.0 < 1.5,
+            "{proto}: median latency {p50} ms is longer than the round trip at {rate} req/s: {r}"
+        );
+    }
+
     let r = json(&[
         "--connections",
         "2",

@@ -104,6 +104,11 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
         };
         match sent {
             Ok(in_flight) => {
+                // `send` first waits for a window slot. With the window full that wait is the
+                // previous batch's round trip (the client's own limit), not this batch's
+                // latency: unpaced, measure from when the slot was free, as the DS loop does
+                // (it takes its permit before reading the clock); paced, from the slot's time.
+                let started = if ctx.pacer.is_some() { t0 } else { now_us() };
                 let ctx = ctx.clone();
                 let hist = hist.clone();
                 tokio::spawn(async move {
@@ -112,7 +117,7 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
                     match res {
                         Ok(_) if ctx.in_window(t1) => {
                             let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
-                            stats::record(&mut h, t1.saturating_sub(t0));
+                            stats::record(&mut h, t1.saturating_sub(started));
                             ctx.counters
                                 .add_write(ctx.batch as u64, (ctx.batch * ctx.record_size) as u64);
                         }
