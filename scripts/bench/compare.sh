@@ -453,5 +453,40 @@ for wl, rs in by.items():
         shown = f"{v:,.2f}" if v is not None and v < 100 else (f"{v:,.0f}" if v is not None else (val or "n/a"))
         print("  ".join(s.ljust(n) for s, n in zip([wl_, sysname, tool, shown, unit, ratio], w)) + "  " + note)
 print()
+
+# Issue 4's goals, checked against the rows above (n/a when a section did not run).
+def val(workload, system, tool=None):
+    for r in by.get(workload, []):
+        if r[1] == system and (tool is None or r[2] == tool):
+            return num(r[3])
+    return None
+def ratio(workload, peer, tool):
+    p, q = val(workload, "picomq", tool), val(workload, peer, tool)
+    return p / q if p and q else None
+def verdict(ok):
+    return "n/a" if ok is None else ("met" if ok else "NOT met")
+def fmt(x, unit="x"):
+    return "n/a" if x is None else (f"{x:,.2f}" if x < 100 else f"{x:,.0f}") + unit
+small = "small appends/s (64 conns, 100 B, 1 stream)"
+goals = []
+for tool in ("wrk", "pico bench"):
+    r = ratio(small, "ds-ref-file", tool)
+    goals.append((f"durable small appends >= 10x the DS reference file-backed ({tool})", fmt(r), None if r is None else r >= 10))
+    r = ratio(small, "ds-ref-mem", tool)
+    goals.append((f"durable small appends >= the DS reference in memory ({tool})", fmt(r), None if r is None else r >= 1))
+r = ratio("batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)", "ds-ref-mem", "pico bench")
+goals.append(("batched 1 KiB ingest >= 3x the DS reference in memory", fmt(r), None if r is None else r >= 3))
+for label, wl in (("HTTP/1.1", "SSE delivery p99 (append→event), 1000 subscribers, ~10 appends/s"),
+                  ("HTTP/2", "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s")):
+    v = val(wl, "picomq")
+    goals.append((f"SSE delivery p99 <= 5 ms with 1000 subscribers ({label})", fmt(v, " ms"), None if v is None else v <= 5))
+r = ratio("acked publish, 100 B, 64 in flight", "nats-js-sync-always", None)
+goals.append(("acked publish >= NATS JetStream with fsync before ack", fmt(r), None if r is None else r >= 1))
+v = val("appends over 10k streams (16×4 in flight, 100 records/request)", "picomq")
+goals.append((">= 250k appends/s over 10k streams", fmt(v, " records/s"), None if v is None else v >= 250_000))
+print("Goals of issue 4 (this run):")
+for name, shown, ok in goals:
+    print(f"  {verdict(ok):8}  {name}: {shown}")
+print()
 EOF
 log "raw results: $RESULTS"
