@@ -62,6 +62,7 @@ use bytes::Bytes;
 use tokio::sync::Mutex;
 
 use crate::format;
+use crate::storage::write_all_at;
 use crate::wal::{Wal, WalError, WalRecord};
 
 /// Default size after which the next append starts a new segment.
@@ -415,28 +416,6 @@ fn frame_header(len: u32) -> [u8; FRAME_HEADER] {
     header
 }
 
-/// At most this many slices per `pwritev` (the kernel's IOV_MAX).
-const MAX_IOV: usize = 1024;
-
-/// Writes every byte of `parts` at `offset` (short writes continue where they stopped); the
-/// file's cursor is not used, so the end marker after a frame is simply overwritten next time.
-fn write_all_at(file: &File, parts: &mut [IoSlice<'_>], mut offset: u64) -> std::io::Result<()> {
-    let mut parts = parts;
-    while !parts.is_empty() {
-        let n = parts.len().min(MAX_IOV);
-        match rustix::io::pwritev(file, &parts[..n], offset) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                IoSlice::advance_slices(&mut parts, n);
-                offset += n as u64;
-            }
-            Err(e) if e == rustix::io::Errno::INTR => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
 impl SegmentWal {
     pub fn new(dir: impl Into<PathBuf>) -> SegmentWal {
         SegmentWal::with_segment_bytes(dir, DEFAULT_SEGMENT_BYTES)
@@ -511,22 +490,19 @@ impl SegmentWal {
         let segment_bytes = self.segment_bytes;
         let handle = tokio::runtime::Handle::current();
         if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            let adaptive = matches!(run, Run::Adaptive);
             // With a single worker, blocking it would stop every other task for the sync.
-            if matches!(run, Run::Adaptive)
+            let inline = adaptive
                 && !self.slow.load(Ordering::Relaxed)
-                && handle.metrics().num_workers() >= 2
-            {
-                let started = std::time::Instant::now();
-                let out = f(&dir, segment_bytes, &mut guard);
-                self.slow
-                    .store(started.elapsed() >= INLINE_BELOW, Ordering::Relaxed);
-                return out;
-            }
-            // Run here and let another thread take over this worker's queue: a lone append
-            // then wakes no extra thread before its write.
+                && handle.metrics().num_workers() >= 2;
             let started = std::time::Instant::now();
-            let out = tokio::task::block_in_place(|| f(&dir, segment_bytes, &mut guard));
-            if matches!(run, Run::Adaptive) {
+            let out = if inline {
+                f(&dir, segment_bytes, &mut guard)
+            } else {
+                // Let another thread take over this worker's queue meanwhile.
+                tokio::task::block_in_place(|| f(&dir, segment_bytes, &mut guard))
+            };
+            if adaptive {
                 self.slow
                     .store(started.elapsed() >= INLINE_BELOW, Ordering::Relaxed);
             }
@@ -606,6 +582,8 @@ fn append_blocking(
     slices.push(IoSlice::new(&header));
     slices.extend(entry.pieces().iter().map(|p| IoSlice::new(p)));
     slices.push(IoSlice::new(&END_MARKER));
+    // At `active.len`, not the file's cursor: the end marker after a frame is simply
+    // overwritten by the next one.
     let result =
         write_all_at(&active.file, &mut slices, active.len).and_then(|()| active.file.sync_data());
     match result {
@@ -1154,6 +1132,13 @@ mod tests {
         assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
     }
 
+    /// Segment 1: position 1, then an attempt at 2 (records 9/9/9) abandoned after its write.
+    fn write_segment_with_abandoned_attempt(dir: &Path) {
+        let mut s1 = frame(1, &[rec(1, 0, 1)]);
+        s1.extend(frame(2, &[rec(9, 9, 9)]));
+        std::fs::write(dir.join(format!("{:020}.wal", 1)), s1).unwrap();
+    }
+
     #[tokio::test]
     async fn a_later_segment_supersedes_an_abandoned_attempt() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1162,9 +1147,7 @@ mod tests {
         // Segment 1 holds positions 1 and 2, but 2 was an attempt whose sync failed; the retry
         // (different records: the first attempt was failed back to its callers) started
         // segment 2.
-        let mut s1 = frame(1, &[rec(1, 0, 1)]);
-        s1.extend(frame(2, &[rec(9, 9, 9)]));
-        std::fs::write(dir.join(format!("{:020}.wal", 1)), s1).unwrap();
+        write_segment_with_abandoned_attempt(&dir);
         std::fs::write(
             dir.join(format!("{:020}.wal", 2)),
             frame(2, &[rec(1, 1, 1)]),
@@ -1198,9 +1181,7 @@ mod tests {
         let dir = tmp.path().join("wal");
         std::fs::create_dir_all(&dir).unwrap();
         // Position 2's attempt failed in segment 1; its retry created segment 2 and failed too.
-        let mut s1 = frame(1, &[rec(1, 0, 1)]);
-        s1.extend(frame(2, &[rec(9, 9, 9)]));
-        std::fs::write(dir.join(format!("{:020}.wal", 1)), s1).unwrap();
+        write_segment_with_abandoned_attempt(&dir);
         std::fs::write(dir.join(format!("{:020}.wal", 2)), b"").unwrap();
         let wal = SegmentWal::with_segment_bytes(&dir, 1).with_preallocation(true);
         assert_eq!(wal.recover().await.unwrap(), vec![(1, vec![rec(1, 0, 1)])]);

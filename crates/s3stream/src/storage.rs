@@ -4,7 +4,7 @@
 //! in-process double used by tests, with fault injection.
 
 use std::collections::BTreeMap;
-use std::io::{IoSlice, Read, Seek, SeekFrom, Write};
+use std::io::{IoSlice, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -200,17 +200,27 @@ fn io_err(key: &str, source: std::io::Error) -> StorageError {
     }
 }
 
-/// Writes every piece in order with as few `writev` calls as the kernel allows.
-fn write_all_vectored(f: &mut std::fs::File, pieces: &[Bytes]) -> std::io::Result<()> {
-    let mut slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
-    let mut rest = slices.as_mut_slice();
-    while !rest.is_empty() {
-        // std caps one call at IOV_MAX slices; a short write continues where it stopped.
-        match f.write_vectored(rest) {
+/// At most this many slices per vectored write (the kernel's IOV_MAX).
+const MAX_IOV: usize = 1024;
+
+/// Writes every byte of `parts` at `offset` with as few `pwritev` calls as the kernel allows
+/// (short writes continue where they stopped); the file's cursor is neither used nor moved.
+pub(crate) fn write_all_at(
+    file: &std::fs::File,
+    parts: &mut [IoSlice<'_>],
+    mut offset: u64,
+) -> std::io::Result<()> {
+    let mut parts = parts;
+    while !parts.is_empty() {
+        let n = parts.len().min(MAX_IOV);
+        match rustix::io::pwritev(file, &parts[..n], offset) {
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut rest, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Ok(n) => {
+                IoSlice::advance_slices(&mut parts, n);
+                offset += n as u64;
+            }
+            Err(e) if e == rustix::io::Errno::INTR => {}
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
@@ -257,8 +267,10 @@ impl ObjectStorage for FileStorage {
                 std::process::id()
             ));
             let result = (|| {
-                let mut f = std::fs::File::create(&tmp)?;
-                write_all_vectored(&mut f, data.pieces())?;
+                let f = std::fs::File::create(&tmp)?;
+                let mut slices: Vec<IoSlice<'_>> =
+                    data.pieces().iter().map(|p| IoSlice::new(p)).collect();
+                write_all_at(&f, &mut slices, 0)?;
                 f.sync_all()?;
                 drop_cached_pages(&f);
                 drop(f);
@@ -561,9 +573,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn put_parts_writes_the_pieces_in_order_past_one_writev() {
+    async fn put_parts_writes_the_pieces_in_order_past_one_pwritev() {
         use crate::parts::{COPY_BELOW, PartsWriter};
-        // More large pieces than one writev takes (IOV_MAX = 1024), interleaved with small ones.
+        // More large pieces than one pwritev takes (IOV_MAX = 1024), interleaved with small ones.
         let mut w = PartsWriter::with_capacity(0);
         let mut want = Vec::new();
         for i in 0..1500u32 {
