@@ -56,7 +56,7 @@ use std::fs::File;
 use std::io::{IoSlice, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
@@ -112,6 +112,8 @@ pub struct SegmentWal {
     preallocate: bool,
     /// A spare is being written.
     preparing: Arc<AtomicBool>,
+    /// Spare threads not yet exited (a thread may outlive `preparing`: tests wait for zero).
+    spare_threads: Arc<AtomicUsize>,
     /// The last append took longer than [`INLINE_BELOW`]: run the next one off the worker.
     slow: AtomicBool,
 }
@@ -387,6 +389,24 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
     Ok(entries)
 }
 
+/// The spare thread's loop: writes spares while segments keep taking them.
+fn prepare_spares(dir: &Path, bytes: u64, preparing: &AtomicBool) {
+    loop {
+        if let Err(e) = prepare_spare(dir, bytes) {
+            // Only costs speed: the next segment is created empty instead.
+            tracing::warn!(dir = %dir.display(), error = %e, "could not preallocate a wal segment");
+            preparing.store(false, Ordering::Release);
+            return;
+        }
+        preparing.store(false, Ordering::Release);
+        // A segment that took the spare while this thread still held the flag found nobody
+        // to ask for the next one: prepare it here.
+        if dir.join(SPARE).exists() || preparing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+    }
+}
+
 /// Writes `bytes` zeros to a temporary file, syncs it and renames it to [`SPARE`].
 fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
     let tmp = dir.join(SPARE_TMP);
@@ -428,6 +448,7 @@ impl SegmentWal {
             state: Arc::new(Mutex::new(State::default())),
             preallocate: false,
             preparing: Arc::new(AtomicBool::new(false)),
+            spare_threads: Arc::new(AtomicUsize::new(0)),
             slow: AtomicBool::new(false),
         }
     }
@@ -450,26 +471,17 @@ impl SegmentWal {
         let dir = self.dir.clone();
         let bytes = self.segment_bytes;
         let preparing = self.preparing.clone();
+        let threads = self.spare_threads.clone();
+        threads.fetch_add(1, Ordering::AcqRel);
         let spawned = std::thread::Builder::new()
             .name("wal-spare".into())
             .spawn(move || {
-                loop {
-                    if let Err(e) = prepare_spare(&dir, bytes) {
-                        // Only costs speed: the next segment is created empty instead.
-                        tracing::warn!(dir = %dir.display(), error = %e, "could not preallocate a wal segment");
-                        preparing.store(false, Ordering::Release);
-                        return;
-                    }
-                    preparing.store(false, Ordering::Release);
-                    // A segment that took the spare while this thread still held the flag found
-                    // nobody to ask for the next one: prepare it here.
-                    if dir.join(SPARE).exists() || preparing.swap(true, Ordering::AcqRel) {
-                        return;
-                    }
-                }
+                prepare_spares(&dir, bytes, &preparing);
+                threads.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "could not start the wal preallocation thread");
+            self.spare_threads.fetch_sub(1, Ordering::AcqRel);
             self.preparing.store(false, Ordering::Release);
         }
     }
@@ -880,10 +892,12 @@ mod tests {
         assert_eq!(SegmentWal::new(&dir).recover().await.unwrap().len(), 2);
     }
 
-    /// Waits for the background thread's spare segment.
-    async fn spare_ready(dir: &Path) {
+    /// Waits for the background thread's spare segment and for the thread to exit (a spare
+    /// written late would land wherever the test is by then).
+    async fn spare_ready(wal: &SegmentWal) {
+        let dir = &wal.dir;
         for _ in 0..500 {
-            if dir.join(SPARE).exists() {
+            if dir.join(SPARE).exists() && wal.spare_threads.load(Ordering::Acquire) == 0 {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -905,7 +919,7 @@ mod tests {
         let seg_bytes = 64 * 1024;
         let wal = SegmentWal::with_segment_bytes(&dir, seg_bytes).with_preallocation(true);
         assert!(wal.recover().await.unwrap().is_empty());
-        spare_ready(&dir).await;
+        spare_ready(&wal).await;
         let mut written = Vec::new();
         for i in 0..40u64 {
             let recs = vec![rec(1, i, 1)];
@@ -930,7 +944,7 @@ mod tests {
         let got = wal2.recover().await.unwrap();
         assert_eq!(got, written[..39]);
         // Appends continue at the torn position, in a new segment that supersedes it.
-        spare_ready(&dir).await;
+        spare_ready(&wal2).await;
         assert_eq!(wal2.append(vec![rec(2, 0, 1)]).await.unwrap(), 40);
         let got = SegmentWal::new(&dir).recover().await.unwrap();
         assert_eq!(got.len(), 40);
@@ -957,18 +971,23 @@ mod tests {
     async fn recycled(dir: &Path, seg_bytes: u64, n: usize) -> Recycled {
         let wal = SegmentWal::with_segment_bytes(dir, seg_bytes).with_preallocation(true);
         assert!(wal.recover().await.unwrap().is_empty());
-        spare_ready(dir).await;
+        spare_ready(&wal).await;
         let mut live = Vec::new();
         let mut i = 0u64;
-        let mut append = async |live: &mut Vec<(u64, Vec<WalRecord>)>, stream| {
-            let recs = vec![rec(stream, i, 3)];
+        let append = async |live: &mut Vec<(u64, Vec<WalRecord>)>, i: &mut u64, stream| {
+            let recs = vec![rec(stream, *i, 3)];
             live.push((wal.append(recs.clone()).await.unwrap(), recs));
-            i += 1;
+            *i += 1;
         };
+        // The first segment takes the spare and asks for the next one: let that land first,
+        // or zeros renamed into place late would replace the recycled segment below.
+        append(&mut live, &mut i, 1).await;
+        spare_ready(&wal).await;
         while segments(dir).len() < 2 {
-            append(&mut live, 1).await;
+            append(&mut live, &mut i, 1).await;
         }
-        // The roll found no spare and did not ask for zeros: the closed segment is recycled.
+        // The roll took the spare and, with a closed segment left to recycle, asked for no
+        // more zeros: the trimmed segment becomes the spare.
         assert!(!dir.join(SPARE).exists(), "{:?}", files(dir));
         let closed_upto = live[live.len() - 2].0;
         let before = segments(dir);
@@ -982,11 +1001,11 @@ mod tests {
         assert!(!dir.join(&before[0]).exists());
         live.drain(..live.len() - 1);
         while segments(dir).len() < 2 {
-            append(&mut live, 2).await;
+            append(&mut live, &mut i, 2).await;
         }
         assert!(!dir.join(SPARE).exists(), "the spare became the segment");
         for _ in 1..n {
-            append(&mut live, 3).await;
+            append(&mut live, &mut i, 3).await;
         }
         let first = live[live.len() - n].0;
         let path = dir.join(format!("{first:020}{SUFFIX}"));
@@ -1078,7 +1097,7 @@ mod tests {
         // The first append comes before any spare exists: an empty segment.
         let _ = std::fs::create_dir_all(&dir);
         assert_eq!(wal.append(vec![rec(1, 0, 1)]).await.unwrap(), 1);
-        spare_ready(&dir).await;
+        spare_ready(&wal).await;
         assert_eq!(wal.append(vec![rec(1, 1, 1)]).await.unwrap(), 2);
         let segs = segments(&dir);
         assert_eq!(segs.len(), 2, "{segs:?}");
@@ -1185,7 +1204,7 @@ mod tests {
         std::fs::write(dir.join(format!("{:020}.wal", 2)), b"").unwrap();
         let wal = SegmentWal::with_segment_bytes(&dir, 1).with_preallocation(true);
         assert_eq!(wal.recover().await.unwrap(), vec![(1, vec![rec(1, 0, 1)])]);
-        spare_ready(&dir).await;
+        spare_ready(&wal).await;
         std::fs::remove_file(dir.join(SPARE)).unwrap();
         wal.trim(1).await.unwrap();
         assert!(!dir.join(SPARE).exists(), "{:?}", files(&dir));
