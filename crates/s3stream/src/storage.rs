@@ -226,6 +226,45 @@ pub(crate) fn write_all_at(
     Ok(())
 }
 
+/// Bytes of an object written and synced before the next are written (see [`write_paced`]).
+const PACE_BYTES: usize = 1 << 20;
+
+/// Writes `data` from offset 0 in runs of about [`PACE_BYTES`], each synced before the next:
+/// the device then never holds more than one run of this object queued, so a WAL sync on the
+/// same device waits for at most one run instead of the whole object (measured: a 17 MB
+/// object written at once and then synced held a concurrent WAL `fdatasync` for 9 ms).
+fn write_paced(f: &std::fs::File, data: &Parts) -> std::io::Result<()> {
+    let mut offset = 0u64;
+    let mut run: Vec<IoSlice<'_>> = Vec::new();
+    let mut run_len = 0usize;
+    let mut flush = |run: &mut Vec<IoSlice<'_>>, run_len: &mut usize, last: bool| {
+        if *run_len == 0 {
+            return Ok(());
+        }
+        write_all_at(f, run, offset)?;
+        offset += *run_len as u64;
+        run.clear();
+        *run_len = 0;
+        if !last {
+            f.sync_data()?;
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    for piece in data.pieces() {
+        let mut rest: &[u8] = piece;
+        while !rest.is_empty() {
+            let take = rest.len().min(PACE_BYTES - run_len);
+            run.push(IoSlice::new(&rest[..take]));
+            run_len += take;
+            rest = &rest[take..];
+            if run_len >= PACE_BYTES {
+                flush(&mut run, &mut run_len, false)?;
+            }
+        }
+    }
+    flush(&mut run, &mut run_len, true)
+}
+
 /// Evicts a written, synced object from the page cache. Objects are written once and read
 /// through the engine's own caches, so their pages only grow the page cache; measured here, a
 /// page cache growing into memory never touched before makes the write's copy ~10× slower
@@ -268,9 +307,7 @@ impl ObjectStorage for FileStorage {
             ));
             let result = (|| {
                 let f = std::fs::File::create(&tmp)?;
-                let mut slices: Vec<IoSlice<'_>> =
-                    data.pieces().iter().map(|p| IoSlice::new(p)).collect();
-                write_all_at(&f, &mut slices, 0)?;
+                write_paced(&f, &data)?;
                 f.sync_all()?;
                 drop_cached_pages(&f);
                 drop(f);
@@ -575,7 +612,8 @@ mod tests {
     #[tokio::test]
     async fn put_parts_writes_the_pieces_in_order_past_one_pwritev() {
         use crate::parts::{COPY_BELOW, PartsWriter};
-        // More large pieces than one pwritev takes (IOV_MAX = 1024), interleaved with small ones.
+        // More large pieces than one pwritev takes (IOV_MAX = 1024), interleaved with small ones,
+        // over several paced runs (pieces cut at their ends).
         let mut w = PartsWriter::with_capacity(0);
         let mut want = Vec::new();
         for i in 0..1500u32 {
@@ -595,6 +633,21 @@ mod tests {
             s.put_parts("obj", parts.clone()).await.unwrap();
             assert_eq!(s.get("obj").await.unwrap(), Bytes::from(want.clone()));
         }
+        // Pieces larger than a paced run, one ending exactly on a run's end.
+        let mut w = PartsWriter::with_capacity(0);
+        let mut want = Vec::new();
+        for (len, byte) in [
+            (3, 1u8),
+            (PACE_BYTES * 5 / 2, 2),
+            (PACE_BYTES / 2 - 3, 3),
+            (5, 4),
+        ] {
+            let piece = Bytes::from(vec![byte; len]);
+            w.put_bytes(&piece);
+            want.extend_from_slice(&piece);
+        }
+        files.put_parts("big", w.finish()).await.unwrap();
+        assert_eq!(files.get("big").await.unwrap(), Bytes::from(want));
     }
 
     #[tokio::test]
