@@ -1207,8 +1207,24 @@ mod tests {
         spare_ready(&wal).await;
         std::fs::remove_file(dir.join(SPARE)).unwrap();
         wal.trim(1).await.unwrap();
-        assert!(!dir.join(SPARE).exists(), "{:?}", files(&dir));
         assert!(segments(&dir).is_empty(), "{:?}", files(&dir));
+        // With no segment left the trim asks for zeros; once they are written, the spare must
+        // be those zeros, not segment 1 or 2.
+        spare_is_not_recycled(&wal).await;
+    }
+
+    /// Waits for the spare thread to exit; the spare, if any, must then be zeros.
+    async fn spare_is_not_recycled(wal: &SegmentWal) {
+        for _ in 0..500 {
+            if wal.spare_threads.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(wal.spare_threads.load(Ordering::Acquire), 0);
+        if let Ok(spare) = std::fs::read(wal.dir.join(SPARE)) {
+            assert!(spare.iter().all(|b| *b == 0), "a segment was recycled");
+        }
     }
 
     mod damage {
