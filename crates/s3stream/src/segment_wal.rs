@@ -895,14 +895,18 @@ mod tests {
     /// Waits for the background thread's spare segment and for the thread to exit (a spare
     /// written late would land wherever the test is by then).
     async fn spare_ready(wal: &SegmentWal) {
-        let dir = &wal.dir;
+        spare_threads_done(wal, || wal.dir.join(SPARE).exists()).await;
+    }
+
+    /// Waits (5 s at most) until no spare thread runs and `also` holds.
+    async fn spare_threads_done(wal: &SegmentWal, also: impl Fn() -> bool) {
         for _ in 0..500 {
-            if dir.join(SPARE).exists() && wal.spare_threads.load(Ordering::Acquire) == 0 {
+            if wal.spare_threads.load(Ordering::Acquire) == 0 && also() {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        panic!("no spare segment appeared in {}", dir.display());
+        panic!("the spare thread did not finish in {}", wal.dir.display());
     }
 
     fn segments(dir: &Path) -> Vec<String> {
@@ -1215,13 +1219,7 @@ mod tests {
 
     /// Waits for the spare thread to exit; the spare, if any, must then be zeros.
     async fn spare_is_not_recycled(wal: &SegmentWal) {
-        for _ in 0..500 {
-            if wal.spare_threads.load(Ordering::Acquire) == 0 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        assert_eq!(wal.spare_threads.load(Ordering::Acquire), 0);
+        spare_threads_done(wal, || true).await;
         if let Ok(spare) = std::fs::read(wal.dir.join(SPARE)) {
             assert!(spare.iter().all(|b| *b == 0), "a segment was recycled");
         }

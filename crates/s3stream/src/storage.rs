@@ -237,19 +237,6 @@ fn write_paced(f: &std::fs::File, data: &Parts) -> std::io::Result<()> {
     let mut offset = 0u64;
     let mut run: Vec<IoSlice<'_>> = Vec::new();
     let mut run_len = 0usize;
-    let mut flush = |run: &mut Vec<IoSlice<'_>>, run_len: &mut usize, last: bool| {
-        if *run_len == 0 {
-            return Ok(());
-        }
-        write_all_at(f, run, offset)?;
-        offset += *run_len as u64;
-        run.clear();
-        *run_len = 0;
-        if !last {
-            f.sync_data()?;
-        }
-        Ok::<(), std::io::Error>(())
-    };
     for piece in data.pieces() {
         let mut rest: &[u8] = piece;
         while !rest.is_empty() {
@@ -257,12 +244,17 @@ fn write_paced(f: &std::fs::File, data: &Parts) -> std::io::Result<()> {
             run.push(IoSlice::new(&rest[..take]));
             run_len += take;
             rest = &rest[take..];
-            if run_len >= PACE_BYTES {
-                flush(&mut run, &mut run_len, false)?;
+            if run_len == PACE_BYTES {
+                write_all_at(f, &mut run, offset)?;
+                f.sync_data()?;
+                offset += run_len as u64;
+                run.clear();
+                run_len = 0;
             }
         }
     }
-    flush(&mut run, &mut run_len, true)
+    // The last run is synced by the caller's `fsync` of the whole file.
+    write_all_at(f, &mut run, offset)
 }
 
 /// Evicts a written, synced object from the page cache. Objects are written once and read
