@@ -1715,3 +1715,62 @@ fn server_bench_producer_and_readers_report_real_counts() {
     assert_eq!(r["e2e_latency"]["count"].as_u64().unwrap(), read, "{r}");
     assert_eq!(r["read"]["errors"], 0, "{r}");
 }
+
+/// The bench's SSE tailers (their own HTTP/1.1 and HTTP/2 transports) see the records of both
+/// protocols, and reopen from their last position when the server ends a response: with
+/// `--sse-max-duration-sec 1` every tailer is cut off about three times in a 3 s run, and
+/// still sees every record without an error.
+#[test]
+fn server_bench_sse_tailers_follow_across_reopened_responses() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &["--sse-max-duration-sec", "1"]);
+    for proto in ["pico", "ds"] {
+        for h2 in [false, true] {
+            let prefix = format!("sse-{proto}-{h2}");
+            let mut args = vec![
+                "bench",
+                "--output",
+                "json",
+                "-d",
+                "3s",
+                "--warmup",
+                "200ms",
+                "--protocol",
+                proto,
+                "--read-mode",
+                "sse",
+                "--connections",
+                "2",
+                "--readers",
+                "3",
+                "--streams",
+                "1",
+                "--reader-connections",
+                "2",
+                "-b",
+                "40",
+                "--target-mibps",
+                "0.2",
+                "--prefix",
+                &prefix,
+            ];
+            if h2 {
+                args.push("--http2");
+            }
+            let (out, _) = pico_ok(&server, &args, b"");
+            let r: serde_json::Value =
+                serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"));
+            let written = r["write"]["records"].as_u64().unwrap();
+            let read = r["read"]["records"].as_u64().unwrap();
+            assert!(written > 1000, "{proto} h2={h2}: wrote too little: {r}");
+            assert_eq!(r["read"]["errors"], 0, "{proto} h2={h2}: {r}");
+            assert_eq!(r["e2e_latency"]["count"].as_u64().unwrap(), read, "{r}");
+            // Three readers of one stream: reads are about 3 × writes (the window's edges
+            // aside); a tailer that lost records at a reopen would fall short of that.
+            assert!(
+                read * 100 >= written * 290,
+                "{proto} h2={h2}: read {read} of {written} written: {r}"
+            );
+        }
+    }
+}

@@ -14,6 +14,7 @@
 mod payload;
 mod reader;
 mod sse;
+mod sse_conn;
 mod stats;
 mod target;
 mod writer;
@@ -275,14 +276,43 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     // Readers first, so they are following the tail before the first append.
     let mut reader_tasks = Vec::new();
     if readers > 0 {
-        // Readers get their own clients: over HTTP/1.1 each holds a connection anyway.
-        let n = args.reader_connections.map_or(connections, |n| n as usize);
-        let reader_clients: Vec<reqwest::Client> = (0..n.min(readers))
-            .map(|_| http_client(global.http2, global.token.as_deref()))
-            .collect::<anyhow::Result<_>>()?;
-        for i in 0..readers {
-            let http = reader_clients[i % reader_clients.len()].clone();
-            reader_tasks.push(tokio::spawn(reader::run(ctx.clone(), http, i, read_mode)));
+        // Readers get their own connections: over HTTP/1.1 each holds one anyway.
+        let n = args
+            .reader_connections
+            .map_or(connections, |n| n as usize)
+            .min(readers);
+        match read_mode {
+            ReadMode::LongPoll => {
+                let reader_clients: Vec<reqwest::Client> = (0..n)
+                    .map(|_| http_client(global.http2, global.token.as_deref()))
+                    .collect::<anyhow::Result<_>>()?;
+                for i in 0..readers {
+                    let http = reader_clients[i % n].clone();
+                    reader_tasks.push(tokio::spawn(reader::run(ctx.clone(), http, i)));
+                }
+            }
+            ReadMode::Sse => {
+                let ep = Arc::new(
+                    sse_conn::Endpoint::resolve(&global.endpoint, global.token.as_deref()).await?,
+                );
+                if global.http2 {
+                    let mut groups: Vec<Vec<reader::SseTail>> =
+                        (0..n).map(|_| Vec::new()).collect();
+                    for i in 0..readers {
+                        groups[i % n].push(reader::SseTail::new(ctx.clone(), i));
+                    }
+                    for g in groups {
+                        let t = sse_conn::h2_tailers(ctx.clone(), ep.clone(), g);
+                        reader_tasks.push(tokio::spawn(t));
+                    }
+                } else {
+                    for i in 0..readers {
+                        let tail = reader::SseTail::new(ctx.clone(), i);
+                        let t = sse_conn::h1_tailer(ctx.clone(), ep.clone(), tail);
+                        reader_tasks.push(tokio::spawn(t));
+                    }
+                }
+            }
         }
         let deadline = Instant::now() + READERS_CONNECT_TIMEOUT;
         while ctx.readers_connected.load(Ordering::Relaxed) < readers {

@@ -1,13 +1,15 @@
 //! Tailers: follow one stream from its tail and measure append→delivery latency from the send
 //! time stamped into every record body.
 //!
-//! Pico: long-poll with `format=binary`, or SSE (JSON arrays). Durable Streams: SSE or
-//! long-poll over `text/plain`, whose bytes are the records concatenated.
+//! Long-poll (Pico with `format=binary`, Durable Streams over `text/plain`) goes through
+//! reqwest, one task per tailer. SSE tailers are driven by [`sse_conn`](super::sse_conn); this
+//! module only says what to request and what to do with the bytes ([`SseTail`]): Pico data
+//! events are JSON arrays of records, Durable Streams ones the records' bytes (text or base64).
 
+use super::Ctx;
 use super::payload::{self, Splitter, now_us};
 use super::sse;
 use super::target::chain;
-use super::{Ctx, ReadMode};
 use crate::cli::Protocol;
 use base64::Engine;
 use serde::Deserialize;
@@ -16,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-const ERROR_PAUSE: Duration = Duration::from_millis(100);
+pub const ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 struct Tail {
     ctx: Arc<Ctx>,
@@ -29,6 +31,16 @@ struct Tail {
 }
 
 impl Tail {
+    fn new(ctx: Arc<Ctx>, idx: usize) -> Tail {
+        Tail {
+            ctx,
+            idx,
+            pos: None,
+            split: Splitter::default(),
+            connected: false,
+        }
+    }
+
     fn deliver(&mut self, body: &[u8]) {
         let t = now_us();
         if !self.ctx.in_window(t) {
@@ -66,29 +78,84 @@ impl Tail {
     }
 }
 
-pub async fn run(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize, mode: ReadMode) {
+/// A long-poll tailer (SSE tailers run in [`sse_conn`](super::sse_conn)).
+pub async fn run(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) {
     let stream = ctx.streams[idx % ctx.streams.len()].clone();
     let url = ctx.target.url(&stream);
-    let mut tail = Tail {
-        ctx: ctx.clone(),
-        idx,
-        pos: None,
-        split: Splitter::default(),
-        connected: false,
-    };
+    let mut tail = Tail::new(ctx.clone(), idx);
     // No stop signal is polled here (that would cost a poll per delivery): the bench aborts
     // the tailers when it stops, and every sample is already in the shared histogram.
     while !ctx.stopped() {
-        let res = match (ctx.target.protocol, mode) {
-            (Protocol::Pico, ReadMode::LongPoll) => pico_long_poll(&http, &url, &mut tail).await,
-            (Protocol::Pico, ReadMode::Sse) => pico_sse(&http, &url, &mut tail).await,
-            (Protocol::Ds, ReadMode::LongPoll) => ds_long_poll(&http, &url, &mut tail).await,
-            (Protocol::Ds, ReadMode::Sse) => ds_sse(&http, &url, &mut tail).await,
+        let res = match ctx.target.protocol {
+            Protocol::Pico => pico_long_poll(&http, &url, &mut tail).await,
+            Protocol::Ds => ds_long_poll(&http, &url, &mut tail).await,
         };
         if let Err(e) = res {
             ctx.counters.error(false, || format!("reader {idx}: {e}"));
             tokio::time::sleep(ERROR_PAUSE).await;
         }
+    }
+}
+
+/// One SSE tailer's protocol side: the request that (re)opens it and what its events mean.
+pub struct SseTail {
+    tail: Tail,
+    /// The stream's URL, without query.
+    url: String,
+    parser: sse::Parser,
+    /// Durable Streams data events carry base64 (`Stream-SSE-Data-Encoding`).
+    base64: bool,
+}
+
+impl SseTail {
+    pub fn new(ctx: Arc<Ctx>, idx: usize) -> SseTail {
+        let url = ctx.target.url(&ctx.streams[idx % ctx.streams.len()]);
+        SseTail {
+            tail: Tail::new(ctx, idx),
+            url,
+            parser: sse::Parser::default(),
+            base64: false,
+        }
+    }
+
+    /// The URL to open: from where the last response left off, or the tail.
+    pub fn request_url(&self) -> String {
+        let pos = self.tail.pos.as_deref().unwrap_or("now");
+        match self.tail.ctx.target.protocol {
+            Protocol::Pico => format!("{}?seq={pos}&live=sse", self.url),
+            Protocol::Ds => format!("{}?offset={pos}&live=sse", self.url),
+        }
+    }
+
+    /// A response was accepted: events start afresh. `encoding` is the
+    /// `Stream-SSE-Data-Encoding` header.
+    pub fn opened(&mut self, encoding: Option<&[u8]>) {
+        self.parser = sse::Parser::default();
+        self.base64 = encoding == Some(b"base64");
+        self.tail.mark_connected();
+    }
+
+    pub fn error(&self, e: &str) {
+        let idx = self.tail.idx;
+        self.tail
+            .ctx
+            .counters
+            .error(false, || format!("reader {idx}: {e}"));
+    }
+
+    /// Handles a piece of the response body. An error ends this response (the caller reopens
+    /// it from the last position).
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let mut parser = std::mem::take(&mut self.parser);
+        let r = match self.tail.ctx.target.protocol {
+            Protocol::Pico => parser.feed(bytes, |ev| pico_event(&mut self.tail, ev)),
+            Protocol::Ds => {
+                let b64 = self.base64;
+                parser.feed(bytes, |ev| ds_event(&mut self.tail, b64, ev))
+            }
+        };
+        self.parser = parser;
+        r
     }
 }
 
@@ -178,42 +245,6 @@ async fn pico_long_poll(http: &reqwest::Client, url: &str, t: &mut Tail) -> Resu
     Ok(())
 }
 
-/// One SSE connection: `GET ?seq=&live=sse`; data events are JSON arrays of records.
-async fn pico_sse(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
-    let seq = t.pos.clone().unwrap_or_else(|| "now".into());
-    let mut resp = get(http, &format!("{url}?seq={seq}&live=sse")).await?;
-    t.mark_connected();
-    let mut parser = sse::Parser::default();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
-        parser.feed(&chunk, |ev| {
-            match ev.event {
-                b"data" => {
-                    let recs: Vec<PicoRecord<'_>> =
-                        serde_json::from_slice(ev.data).map_err(|e| format!("sse data: {e}"))?;
-                    for r in &recs {
-                        if let Some(body) = &r.body {
-                            t.deliver(body.as_bytes());
-                        }
-                    }
-                    if let Some(id) = ev.id {
-                        t.set_pos(&String::from_utf8_lossy(id));
-                    }
-                }
-                b"control" => {
-                    let c: PicoControl =
-                        serde_json::from_slice(ev.data).map_err(|e| format!("sse control: {e}"))?;
-                    if let Some(n) = c.next_seq {
-                        t.set_pos(&n.to_string());
-                    }
-                }
-                _ => {}
-            }
-            Ok::<(), String>(())
-        })?;
-    }
-    Ok(()) // the server ended the response (max duration): reconnect from `pos`
-}
-
 /// One long-poll round: `GET /v1/stream/x?offset=&live=long-poll`.
 async fn ds_long_poll(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
     let Some(offset) = t.pos.clone() else {
@@ -232,43 +263,60 @@ async fn ds_long_poll(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result
     Ok(())
 }
 
-/// One SSE connection: `GET /v1/stream/x?offset=&live=sse`.
-async fn ds_sse(http: &reqwest::Client, url: &str, t: &mut Tail) -> Result<(), String> {
-    let offset = t.pos.clone().unwrap_or_else(|| "now".into());
-    let mut resp = get(http, &format!("{url}?offset={offset}&live=sse")).await?;
-    t.mark_connected();
-    let b64 = header(&resp, "stream-sse-data-encoding").is_some_and(|v| v == "base64");
-    let mut parser = sse::Parser::default();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| chain(&e))? {
-        parser.feed(&chunk, |ev| {
-            match ev.event {
-                b"data" if b64 => {
-                    let clean: Vec<u8> = ev
-                        .data
-                        .iter()
-                        .copied()
-                        .filter(|b| *b != b'\r' && *b != b'\n')
-                        .collect();
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(clean)
-                        .map_err(|e| format!("sse base64: {e}"))?;
-                    t.feed_ds(&bytes);
+/// A Pico SSE event: `data` is a JSON array of records, `control` carries `next_seq`.
+fn pico_event(t: &mut Tail, ev: sse::Event<'_>) -> Result<(), String> {
+    match ev.event {
+        b"data" => {
+            let recs: Vec<PicoRecord<'_>> =
+                serde_json::from_slice(ev.data).map_err(|e| format!("sse data: {e}"))?;
+            for r in &recs {
+                if let Some(body) = &r.body {
+                    t.deliver(body.as_bytes());
                 }
-                b"data" => t.feed_ds(ev.data),
-                b"control" => {
-                    let c: DsControl<'_> =
-                        serde_json::from_slice(ev.data).map_err(|e| format!("sse control: {e}"))?;
-                    if let Some(n) = c.next {
-                        t.set_pos(&n);
-                    }
-                    if c.closed {
-                        return Err("stream closed".to_string());
-                    }
-                }
-                _ => {}
             }
-            Ok(())
-        })?;
+            if let Some(id) = ev.id {
+                t.set_pos(&String::from_utf8_lossy(id));
+            }
+        }
+        b"control" => {
+            let c: PicoControl =
+                serde_json::from_slice(ev.data).map_err(|e| format!("sse control: {e}"))?;
+            if let Some(n) = c.next_seq {
+                t.set_pos(&n.to_string());
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A Durable Streams SSE event: `data` is the records' bytes, `control` the next offset.
+fn ds_event(t: &mut Tail, base64: bool, ev: sse::Event<'_>) -> Result<(), String> {
+    match ev.event {
+        b"data" if base64 => {
+            let clean: Vec<u8> = ev
+                .data
+                .iter()
+                .copied()
+                .filter(|b| *b != b'\r' && *b != b'\n')
+                .collect();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(clean)
+                .map_err(|e| format!("sse base64: {e}"))?;
+            t.feed_ds(&bytes);
+        }
+        b"data" => t.feed_ds(ev.data),
+        b"control" => {
+            let c: DsControl<'_> =
+                serde_json::from_slice(ev.data).map_err(|e| format!("sse control: {e}"))?;
+            if let Some(n) = c.next {
+                t.set_pos(&n);
+            }
+            if c.closed {
+                return Err("stream closed".to_string());
+            }
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -1,0 +1,293 @@
+//! Connections for the SSE tailers, with as few task wake-ups per event as the protocol allows.
+//!
+//! The bench runs on the machine that runs the server, and with 1000 tailers the client's work
+//! per event is part of every delivery time it measures. Through reqwest each event woke the
+//! connection's task and then the tailer's task, and went through reqwest's and hyper's body
+//! layers: ≈ 3 µs of client CPU per event over HTTP/2 and ≈ 10 µs over HTTP/1.1, as much as the
+//! server spent delivering it. Here:
+//!
+//! - **HTTP/2**: one task per connection drives the `h2` connection and every tailer's stream
+//!   on it; a data frame wakes nothing but that task (the streams are futures in one
+//!   `FuturesUnordered`).
+//! - **HTTP/1.1**: each tailer has its own socket (one exchange at a time) and polls hyper's
+//!   connection in its own task instead of beside it in a second one.
+//!
+//! Plain `http://` only, as everywhere in the bench. A response that ends (the server's SSE
+//! duration) or fails is reopened from the tailer's last position, after a pause on errors.
+
+use super::Ctx;
+use super::reader::{ERROR_PAUSE, SseTail};
+use anyhow::{Context as _, bail};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use http_body_util::{BodyExt, Empty};
+use hyper::header::{AUTHORIZATION, HOST, HeaderValue};
+use hyper::{Request, Uri};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// HTTP/2 receive windows: large enough that flow control never holds an event back, and that
+/// window updates are rare (h2 sends one when half of a window has been consumed).
+const STREAM_WINDOW: u32 = 2 << 20;
+const CONN_WINDOW: u32 = 16 << 20;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the tailers connect.
+pub struct Endpoint {
+    addr: SocketAddr,
+    authority: HeaderValue,
+    auth: Option<HeaderValue>,
+}
+
+impl Endpoint {
+    pub async fn resolve(base: &str, token: Option<&str>) -> anyhow::Result<Endpoint> {
+        let uri: Uri = base
+            .parse()
+            .with_context(|| format!("bad endpoint {base}"))?;
+        if uri.scheme_str() != Some("http") {
+            bail!("the bench's tailers speak plain http:// only, not {base}");
+        }
+        let authority = uri
+            .authority()
+            .with_context(|| format!("endpoint without a host: {base}"))?
+            .as_str()
+            .to_string();
+        let hostport = if uri.port().is_some() {
+            authority.clone()
+        } else {
+            format!("{authority}:80")
+        };
+        let addr = tokio::net::lookup_host(&hostport)
+            .await
+            .with_context(|| format!("resolving {hostport}"))?
+            .next()
+            .with_context(|| format!("{hostport} resolves to no address"))?;
+        let auth = token
+            .map(|t| HeaderValue::try_from(format!("Bearer {t}")))
+            .transpose()
+            .context("token not allowed in a header")?;
+        Ok(Endpoint {
+            addr,
+            authority: HeaderValue::try_from(authority).context("bad endpoint authority")?,
+            auth,
+        })
+    }
+
+    async fn connect(&self) -> Result<TcpStream, String> {
+        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr))
+            .await
+            .map_err(|_| format!("connect {}: timed out", self.addr))?
+            .map_err(|e| format!("connect {}: {e}", self.addr))?;
+        tcp.set_nodelay(true)
+            .map_err(|e| format!("TCP_NODELAY: {e}"))?;
+        Ok(tcp)
+    }
+
+    /// `GET url`; over HTTP/1.1 with the path alone and a `Host` header, over HTTP/2 with the
+    /// full URL (h2 takes `:scheme` and `:authority` from it).
+    fn request<B>(&self, url: &str, body: B, h1: bool) -> Result<Request<B>, String> {
+        let uri: Uri = url.parse().map_err(|e| format!("bad url {url}: {e}"))?;
+        let mut b = if h1 {
+            let path = uri.path_and_query().map_or("/", |p| p.as_str());
+            Request::get(path).header(HOST, self.authority.clone())
+        } else {
+            Request::get(uri)
+        };
+        if let Some(a) = &self.auth {
+            b = b.header(AUTHORIZATION, a.clone());
+        }
+        b.body(body).map_err(|e| format!("request {url}: {e}"))
+    }
+}
+
+fn encoding(h: &hyper::HeaderMap) -> Option<&[u8]> {
+    h.get("stream-sse-data-encoding").map(|v| v.as_bytes())
+}
+
+/// One tailer over HTTP/1.1, until the bench aborts it.
+pub async fn h1_tailer(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tail: SseTail) {
+    while !ctx.stopped() {
+        if let Err(e) = h1_session(&ep, &mut tail).await {
+            tail.error(&e);
+            tokio::time::sleep(ERROR_PAUSE).await;
+        }
+    }
+}
+
+type H1Conn = hyper::client::conn::http1::Connection<TokioIo<TcpStream>, Empty<Bytes>>;
+
+/// Awaits `fut` while driving the connection it depends on (`done` once the connection ended).
+async fn driving<F: Future>(
+    mut conn: Pin<&mut H1Conn>,
+    done: &mut bool,
+    fut: F,
+) -> Result<F::Output, String> {
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        tokio::select! {
+            biased;
+            r = conn.as_mut(), if !*done => {
+                *done = true;
+                r.map_err(|e| format!("connection: {e}"))?;
+            }
+            out = &mut fut => return Ok(out),
+        }
+    }
+}
+
+/// One response: open, then feed the body to the tailer until it ends.
+async fn h1_session(ep: &Endpoint, tail: &mut SseTail) -> Result<(), String> {
+    let tcp = ep.connect().await?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let mut conn = std::pin::pin!(conn);
+    let mut done = false;
+    let req = ep.request(&tail.request_url(), Empty::<Bytes>::new(), true)?;
+    let resp = driving(conn.as_mut(), &mut done, send.send_request(req))
+        .await?
+        .map_err(|e| format!("request: {e}"))?;
+    let status = resp.status();
+    let enc = encoding(resp.headers()).map(<[u8]>::to_vec);
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let text = driving(conn.as_mut(), &mut done, body.collect()).await?;
+        let text = text.map(|c| c.to_bytes()).unwrap_or_default();
+        return Err(format!(
+            "read: http {status}: {}",
+            String::from_utf8_lossy(&text).trim()
+        ));
+    }
+    tail.opened(enc.as_deref());
+    loop {
+        match driving(conn.as_mut(), &mut done, body.frame()).await? {
+            None => return Ok(()), // the server ended the response: reopen from `pos`
+            Some(Err(e)) => return Err(format!("body: {e}")),
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    tail.feed(d)?;
+                }
+            }
+        }
+    }
+}
+
+/// Tailers sharing one HTTP/2 connection, until the bench aborts them.
+pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail>) {
+    while !ctx.stopped() {
+        if let Err(e) = h2_session(&ep, &mut tails).await {
+            if let Some(t) = tails.first() {
+                t.error(&e);
+            }
+            tokio::time::sleep(ERROR_PAUSE).await;
+        }
+    }
+}
+
+/// What opening a stream gave: `(status, encoding header, body)`.
+type Opened = Result<(hyper::StatusCode, Option<Vec<u8>>, h2::RecvStream), String>;
+
+async fn open(
+    client: h2::client::SendRequest<Bytes>,
+    req: Result<Request<()>, String>,
+    i: usize,
+    pause: bool,
+) -> (usize, Opened) {
+    if pause {
+        tokio::time::sleep(ERROR_PAUSE).await;
+    }
+    let r = async {
+        let mut client = client.ready().await.map_err(|e| format!("h2: {e}"))?;
+        let (resp, _) = client
+            .send_request(req?, true)
+            .map_err(|e| format!("h2 request: {e}"))?;
+        let resp = resp.await.map_err(|e| format!("h2 response: {e}"))?;
+        let enc = encoding(resp.headers()).map(<[u8]>::to_vec);
+        Ok((resp.status(), enc, resp.into_body()))
+    };
+    (i, r.await)
+}
+
+/// The next piece of a stream's body, its flow-control credit returned at once.
+async fn next(
+    i: usize,
+    mut recv: h2::RecvStream,
+) -> (usize, h2::RecvStream, Option<Result<Bytes, h2::Error>>) {
+    let d = recv.data().await;
+    if let Some(Ok(b)) = &d {
+        let _ = recv.flow_control().release_capacity(b.len());
+    }
+    (i, recv, d)
+}
+
+/// One connection's life: open every tailer's stream, then feed each data frame to its tailer.
+/// A stream that ends or fails is reopened; the connection failing ends the session.
+async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
+    let tcp = ep.connect().await?;
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONN_WINDOW)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .map_err(|e| format!("h2 handshake: {e}"))?;
+    let mut conn = std::pin::pin!(conn);
+    let req = |t: &SseTail| ep.request(&t.request_url(), (), false);
+    let mut opening = FuturesUnordered::new();
+    for (i, t) in tails.iter().enumerate() {
+        opening.push(open(client.clone(), req(t), i, false));
+    }
+    let mut reading = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            r = conn.as_mut() => {
+                return Err(match r {
+                    Ok(()) => "h2 connection closed".to_string(),
+                    Err(e) => format!("h2 connection: {e}"),
+                });
+            }
+            Some((i, r)) = opening.next(), if !opening.is_empty() => {
+                let t = &mut tails[i];
+                match r {
+                    Ok((status, enc, recv)) if status.is_success() => {
+                        t.opened(enc.as_deref());
+                        reading.push(next(i, recv));
+                    }
+                    Ok((status, _, _)) => {
+                        t.error(&format!("read: http {status}"));
+                        opening.push(open(client.clone(), req(t), i, true));
+                    }
+                    Err(e) => {
+                        t.error(&e);
+                        opening.push(open(client.clone(), req(t), i, true));
+                    }
+                }
+            }
+            Some((i, recv, d)) = reading.next(), if !reading.is_empty() => {
+                let t = &mut tails[i];
+                match d {
+                    Some(Ok(bytes)) => match t.feed(&bytes) {
+                        Ok(()) => reading.push(next(i, recv)),
+                        Err(e) => {
+                            // Dropping `recv` resets the stream.
+                            t.error(&e);
+                            opening.push(open(client.clone(), req(t), i, true));
+                        }
+                    },
+                    // The server ended the response: reopen from the last position.
+                    None => opening.push(open(client.clone(), req(t), i, false)),
+                    Some(Err(e)) => {
+                        t.error(&format!("h2 body: {e}"));
+                        opening.push(open(client.clone(), req(t), i, true));
+                    }
+                }
+            }
+        }
+    }
+}
