@@ -3,6 +3,7 @@
 //! - [`target`]: request shapes of each protocol (create, append, producer answers).
 //! - [`writer`]: plain append loops and pipelined idempotent producers.
 //! - [`reader`]: tailers measuring append→delivery latency (long-poll or SSE).
+//! - [`sse_conn`]: the SSE tailers' connections (HTTP/1.1 and HTTP/2, a task per connection).
 //! - [`payload`]: record bodies stamped with their send time.
 //! - [`stats`]: counters, HDR histograms, the report.
 //! - [`sse`]: an incremental event-stream parser.
