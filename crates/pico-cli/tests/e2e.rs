@@ -1765,6 +1765,11 @@ fn server_bench_sse_tailers_follow_across_reopened_responses() {
             assert!(written > 1000, "{proto} h2={h2}: wrote too little: {r}");
             assert_eq!(r["read"]["errors"], 0, "{proto} h2={h2}: {r}");
             assert_eq!(r["e2e_latency"]["count"].as_u64().unwrap(), read, "{r}");
+            // The bench reports its own CPU: tailing and writing for 3 s cannot take none, nor
+            // more than the machine has.
+            let cpu = r["client_cpu_cores"].as_f64().unwrap();
+            let cores = std::thread::available_parallelism().unwrap().get() as f64;
+            assert!(cpu > 0.0 && cpu <= cores, "client_cpu_cores {cpu}: {r}");
             // Three readers of one stream: reads are about 3 × writes (the window's edges
             // aside); a tailer that lost records at a reopen would fall short of that.
             assert!(

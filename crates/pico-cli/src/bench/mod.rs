@@ -334,6 +334,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
 
     // The pacer and the window are fixed now that writing starts.
     let start = now_us();
+    let cpu_start = process_cpu_secs();
     let warmup_us = args.warmup.as_micros() as u64;
     let duration_us = args.duration.as_micros() as u64;
     ctx.measure_start
@@ -377,6 +378,8 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     }
 
     progress(&ctx, start, warmup_us, duration_us).await;
+    let client_cpu_secs = process_cpu_secs() - cpu_start;
+    let client_cpu_cores = client_cpu_secs / ((now_us() - start) as f64 / 1e6).max(1e-9);
     let _ = stop_tx.send(true);
     // Tailers wait on reads that may never end; they record as they go, so stop them outright.
     for t in &reader_tasks {
@@ -419,12 +422,21 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         read: (readers > 0).then(|| Throughput::read(&measured, secs)),
         e2e_latency: Percentiles::of(&ctx.lat.e2e()),
         first_error: ctx.counters.first_error(),
+        client_cpu_secs,
+        client_cpu_cores,
     };
     match args.output {
         OutputFormat::Text => print!("{}", report.text()),
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
     }
     Ok(())
+}
+
+/// CPU time this process has used, in seconds: the load generator shares the machine with the
+/// server it measures, so the report says how much of it the bench itself took.
+fn process_cpu_secs() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
 /// Creates every stream (idempotent, so a fixed --prefix can be reused).

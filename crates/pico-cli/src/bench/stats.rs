@@ -242,6 +242,10 @@ pub struct Report {
     pub read: Option<Throughput>,
     pub e2e_latency: Option<Percentiles>,
     pub first_error: Option<String>,
+    /// The bench's own CPU over warmup and measurement (it shares the machine): seconds, and
+    /// the same as cores in use on average.
+    pub client_cpu_secs: f64,
+    pub client_cpu_cores: f64,
 }
 
 impl Report {
@@ -288,6 +292,10 @@ impl Report {
                 None => s.push_str("  end-to-end   no records delivered\n"),
             }
         }
+        s.push_str(&format!(
+            "client: {:.2} s of CPU, {:.2} cores (the bench itself, over warmup and measurement)\n",
+            self.client_cpu_secs, self.client_cpu_cores
+        ));
         if let Some(e) = &self.first_error {
             s.push_str(&format!("first error: {e}\n"));
         }
