@@ -180,6 +180,7 @@ bench() {
   echo "$out.json"
 }
 j() { jq -r "$1 // empty" "$2"; }
+j2() { jq -r "($1 // empty) | (. * 100 | round) / 100" "$2"; }  # rounded to 2 decimals
 # wrk_post url body_bytes connections → "req/s p50_ms p99_ms non2xx"
 ensure_wrk() {
   command -v wrk >/dev/null && return 0
@@ -278,10 +279,10 @@ section_floors() {
       wait_port "$port" 10
       if [ $http = 1 ]; then
         f=$(bench "http://127.0.0.1:$port" ds --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/1.1" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; examples/sse_floor.rs, one socket per subscriber; client CPU $(j .client_cpu_secs "$f") s"
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/1.1" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; examples/sse_floor.rs, one socket per subscriber; client CPU $(j2 .client_cpu_secs "$f") s"
       else
         f=$(bench "http://127.0.0.1:$port" ds --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/2" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; 2 connections × 500 streams; client CPU $(j .client_cpu_secs "$f") s"
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/2" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; 2 connections × 500 streams; client CPU $(j2 .client_cpu_secs "$f") s"
       fi
       stop_pid "$fp"
     done
@@ -316,12 +317,12 @@ section_ds() {
     add_row "small appends/s (64 conns, 100 B, 1 stream)" "$sys" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f")"
     ds_start $sys batched8
     f=$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1)
-    add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j .client_cpu_cores "$f") cores"
+    add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores"
     # Twice the closed-loop connections: shows how much of the row above is each request's
     # latency (a durable ack waits for a WAL sync) rather than the server's capacity.
     ds_start $sys batched16
     f=$(bench "$SRV_URL" $proto --connections 16 -n 64 -b 1KiB --streams 1)
-    add_row "batched 1 KiB ingest (16 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j .client_cpu_cores "$f") cores"
+    add_row "batched 1 KiB ingest (16 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores"
     ds_start $sys sse
     # Same delivery load (~10k events/s) for both: 100 subscribers at ~100 appends/s, 1000 at
     # ~10/s. Client and server share 2 cores, so more would measure the client's backlog.
@@ -329,13 +330,13 @@ section_ds() {
     for n in 100 1000; do
       if [ $n = 100 ]; then mibps=0.0096; rate=100; else mibps=0.00096; rate=10; fi
       f=$(bench "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps $mibps --streams 1)
-      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n )); client CPU $(j .client_cpu_secs "$f") s"
+      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n )); client CPU $(j2 .client_cpu_secs "$f") s"
     done
     # Over HTTP/2 the subscribers share two connections (the reference server speaks HTTP/1.1
     # only, so PicoMQ alone has this row).
     if [ "$sys" = picomq ]; then
       f=$(bench "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 )); client CPU $(j .client_cpu_secs "$f") s"
+      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 )); client CPU $(j2 .client_cpu_secs "$f") s"
     fi
     stop_server
   done
@@ -371,7 +372,7 @@ section_nats() {
     f=$RUN/$sys-64.json
     timeout $((RUN_SECS + 120)) "$WORK/venv/bin/python" "$ROOT/scripts/bench/nats_bench.py" --url "$SRV_URL" \
       --in-flight 64 --size 100 --duration "$(secs "$DUR")" --warmup "$(secs "$WARM")" >"$f" || echo '{}' >"$f"
-    add_row "acked publish, 100 B, 64 in flight" "$sys" "nats-py" "$(j .write.records_per_sec "$f")" "msgs/s" higher "p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; client CPU $(j .client_cpu_secs "$f") s of $(secs "$DUR") s"
+    add_row "acked publish, 100 B, 64 in flight" "$sys" "nats-py" "$(j .write.records_per_sec "$f")" "msgs/s" higher "p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; client CPU $(j2 .client_cpu_secs "$f") s of $(secs "$DUR") s"
     f=$RUN/$sys-1.json
     timeout $((RUN_SECS + 120)) "$WORK/venv/bin/python" "$ROOT/scripts/bench/nats_bench.py" --url "$SRV_URL" \
       --in-flight 1 --size 100 --duration "$(secs "$DUR")" --warmup "$(secs "$WARM")" >"$f" || echo '{}' >"$f"
