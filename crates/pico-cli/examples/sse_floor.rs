@@ -7,7 +7,7 @@
 //!
 //! `cargo run --release -p pico-cli --example sse_floor -- 127.0.0.1:47401`
 //! (HTTP/1.1 and h2c prior knowledge, TCP_NODELAY, up to 1024 HTTP/2 streams per connection,
-//! HTTP/2 writes coalesced as PicoMQ's listener does.)
+//! HTTP/2 writes coalesced and streams run in the connection's task, as PicoMQ's listener does.)
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -16,9 +16,10 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::HeaderValue;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto::Builder;
 use pico_runtime::coalesce::Coalesce;
+use pico_runtime::conn_exec::ConnExec;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -146,18 +147,18 @@ async fn main() -> std::io::Result<()> {
         tx: broadcast::channel(64).0,
         next: AtomicU64::new(0),
     });
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder.http2().max_concurrent_streams(1024);
     loop {
         let (sock, _) = listener.accept().await?;
         sock.set_nodelay(true)?;
         let st = st.clone();
-        let builder = builder.clone();
+        // Like PicoMQ's listener: the connection's HTTP/2 streams run in its own task.
+        let exec = ConnExec::default();
+        let mut builder = Builder::new(exec.clone());
+        builder.http2().max_concurrent_streams(1024);
         tokio::spawn(async move {
             let svc = service_fn(move |req| handle(st.clone(), req));
-            let _ = builder
-                .serve_connection(TokioIo::new(Coalesce::new(sock)), svc)
-                .await;
+            let conn = builder.serve_connection(TokioIo::new(Coalesce::new(sock)), svc);
+            let _ = exec.drive(conn).await;
         });
     }
 }

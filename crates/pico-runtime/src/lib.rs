@@ -3,11 +3,13 @@
 //! - [`config`]: the parsed `pico serve` settings.
 //! - [`stores`]: opens object storage and the WAL from bucket URIs.
 //! - [`coalesce`]: HTTP/2 write coalescing (one write per fan-out round, not per stream).
+//! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task.
 //! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY, HTTP/2 stream limit).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
 
 pub mod coalesce;
 pub mod config;
+pub mod conn_exec;
 pub mod listener;
 pub mod stores;
 

@@ -7,13 +7,15 @@
 //!   one multiplexed connection can hold.
 //!
 //! HTTP/2 connections gather their writes ([`Coalesce`]) so that one append's frames for many
-//! subscribers leave in one write.
+//! subscribers leave in one write, and run their streams in the connection's own task
+//! ([`ConnExec`]) instead of a task per stream.
 //!
 //! It also gives HTTP/1.1 a timer, so a client that opens a connection and never finishes its
 //! request headers is dropped after [`HEADER_READ_TIMEOUT`] instead of holding a socket.
 
 use crate::coalesce::Coalesce;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use crate::conn_exec::ConnExec;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -39,6 +41,18 @@ const H2_SEND_BUF: usize = 64 * 1024;
 /// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
+/// The connection builder, with `exec` running the connection's HTTP/2 streams.
+fn builder(opts: ListenOptions, exec: ConnExec) -> Builder<ConnExec> {
+    let mut b = Builder::new(exec);
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    b.http2()
+        .max_concurrent_streams(opts.http2_max_streams)
+        .max_send_buf_size(H2_SEND_BUF);
+    b
+}
+
 /// Serves `app` until `stop` turns true, then waits for open connections to finish their
 /// in-flight requests (the caller bounds that wait with its drain timeout).
 pub async fn serve(
@@ -47,15 +61,6 @@ pub async fn serve(
     opts: ListenOptions,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder
-        .http2()
-        .max_concurrent_streams(opts.http2_max_streams)
-        .max_send_buf_size(H2_SEND_BUF);
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -74,12 +79,14 @@ pub async fn serve(
             tracing::debug!(error = %e, "TCP_NODELAY not set");
         }
         let svc = TowerToHyperService::new(app.clone());
-        let conn = builder
+        // An executor per connection, so its HTTP/2 streams run in its own task.
+        let exec = ConnExec::default();
+        let conn = builder(opts, exec.clone())
             .serve_connection_with_upgrades(TokioIo::new(Coalesce::new(tcp)), svc)
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = exec.drive(conn).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
