@@ -67,21 +67,26 @@ impl ConnExec {
         let mut running = FuturesUnordered::new();
         std::future::poll_fn(|cx| {
             self.0.waker.register(cx.waker());
-            if out.is_none()
-                && let Poll::Ready(r) = conn.as_mut().poll(cx)
-            {
-                out = Some(r);
-            }
-            // Streams spawned by the connection's poll run in this same turn. The
-            // `FuturesUnordered` yields on its own after polling each stream once, so a busy
-            // connection cannot starve the rest of the runtime.
-            loop {
+            // Streams first, the connection after: the frames every ready stream queues leave
+            // in the connection's next write, instead of the write going out before the
+            // streams woken since the last turn have run (one write per few streams).
+            let mut poll_streams = |cx: &mut std::task::Context<'_>| loop {
                 running.extend(self.queue().drain(..));
                 match running.poll_next_unpin(cx) {
                     Poll::Ready(Some(())) => continue,
                     Poll::Ready(None) | Poll::Pending => break,
                 }
+            };
+            poll_streams(cx);
+            if out.is_none()
+                && let Poll::Ready(r) = conn.as_mut().poll(cx)
+            {
+                out = Some(r);
             }
+            // Streams the connection's poll spawned (new requests) run in this same turn.
+            // The `FuturesUnordered` yields on its own after polling each stream once, so a
+            // busy connection cannot starve the rest of the runtime.
+            poll_streams(cx);
             if running.is_empty()
                 && self.queue().is_empty()
                 && let Some(r) = out.take()
