@@ -6,8 +6,8 @@
 //! what this costs is the machine's (sockets, HTTP framing, the client's reads).
 //!
 //! `cargo run --release -p pico-cli --example sse_floor -- 127.0.0.1:47401`
-//! (HTTP/1.1 and h2c prior knowledge, TCP_NODELAY, up to 1024 HTTP/2 streams per connection,
-//! HTTP/2 writes coalesced and streams run in the connection's task, as PicoMQ's listener does.)
+//! (HTTP/1.1 and h2c prior knowledge, TCP_NODELAY, and PicoMQ's own connection builder: up to
+//! 1024 HTTP/2 streams per connection, writes coalesced, streams run in the connection's task.)
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -17,9 +17,9 @@ use hyper::header::HeaderValue;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use hyper_util::server::conn::auto::Builder;
 use pico_runtime::coalesce::Coalesce;
 use pico_runtime::conn_exec::ConnExec;
+use pico_runtime::listener::{self, ListenOptions};
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -153,8 +153,10 @@ async fn main() -> std::io::Result<()> {
         let st = st.clone();
         // Like PicoMQ's listener: the connection's HTTP/2 streams run in its own task.
         let exec = ConnExec::default();
-        let mut builder = Builder::new(exec.clone());
-        builder.http2().max_concurrent_streams(1024);
+        let opts = ListenOptions {
+            http2_max_streams: 1024,
+        };
+        let builder = listener::builder(opts, exec.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req| handle(st.clone(), req));
             let conn = builder.serve_connection(TokioIo::new(Coalesce::new(sock)), svc);

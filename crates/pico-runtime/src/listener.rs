@@ -41,8 +41,9 @@ const H2_SEND_BUF: usize = 64 * 1024;
 /// Pause after a failed accept (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
-/// The connection builder, with `exec` running the connection's HTTP/2 streams.
-fn builder(opts: ListenOptions, exec: ConnExec) -> Builder<ConnExec> {
+/// The connection builder, with `exec` running the connection's HTTP/2 streams (public so
+/// `examples/sse_floor.rs` measures the same stack).
+pub fn builder(opts: ListenOptions, exec: ConnExec) -> Builder<ConnExec> {
     let mut b = Builder::new(exec);
     b.http1()
         .timer(TokioTimer::new())
