@@ -190,8 +190,12 @@ pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail
     }
 }
 
-/// What opening a stream gave: `(status, encoding header, body)`.
-type Opened = Result<(hyper::StatusCode, Option<Vec<u8>>, h2::RecvStream), String>;
+/// What opening a stream gave: `(encoding header, body)` of a successful response; the
+/// status and the server's message otherwise.
+type Opened = Result<(Option<Vec<u8>>, h2::RecvStream), String>;
+
+/// Most of an error response's body kept for the message.
+const ERROR_BODY: usize = 1024;
 
 async fn open(
     client: h2::client::SendRequest<Bytes>,
@@ -208,8 +212,26 @@ async fn open(
             .send_request(req?, true)
             .map_err(|e| format!("h2 request: {e}"))?;
         let resp = resp.await.map_err(|e| format!("h2 response: {e}"))?;
+        let status = resp.status();
         let enc = encoding(resp.headers()).map(<[u8]>::to_vec);
-        Ok((resp.status(), enc, resp.into_body()))
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let mut text = Vec::new();
+            while text.len() < ERROR_BODY {
+                match body.data().await {
+                    Some(Ok(b)) => {
+                        let _ = body.flow_control().release_capacity(b.len());
+                        text.extend_from_slice(&b);
+                    }
+                    _ => break,
+                }
+            }
+            return Err(format!(
+                "read: http {status}: {}",
+                String::from_utf8_lossy(&text).trim()
+            ));
+        }
+        Ok((enc, body))
     };
     (i, r.await)
 }
@@ -255,13 +277,9 @@ async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> 
             Some((i, r)) = opening.next(), if !opening.is_empty() => {
                 let t = &mut tails[i];
                 match r {
-                    Ok((status, enc, recv)) if status.is_success() => {
+                    Ok((enc, recv)) => {
                         t.opened(enc.as_deref());
                         reading.push(next(i, recv));
-                    }
-                    Ok((status, _, _)) => {
-                        t.error(&format!("read: http {status}"));
-                        opening.push(open(client.clone(), req(t), i, true));
                     }
                     Err(e) => {
                         t.error(&e);
