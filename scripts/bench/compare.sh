@@ -181,6 +181,9 @@ bench() {
 }
 j() { jq -r "$1 // empty" "$2"; }
 j2() { jq -r "($1 // empty) | (. * 100 | round) / 100" "$2"; }  # rounded to 2 decimals
+# The machine's load during a pico bench run, for its row's note: hypervisor steal and I/O stalls
+# move every figure on a shared VM, so a row carries the state it was measured in.
+mach() { jq -r 'if .machine then "; machine: steal \((.machine.steal_pct * 10 | round) / 10)%, I/O stalled \((.machine.io_stall_pct // 0) | round)%" else "" end' "$1"; }
 # wrk_post url body_bytes connections → "req/s p50_ms p99_ms non2xx"
 ensure_wrk() {
   command -v wrk >/dev/null && return 0
@@ -264,7 +267,7 @@ section_floors() {
     read -r rps p50 p99 bad < <(wrk_post "http://127.0.0.1:$port/x" 100 64)
     add_row "floor: trivial hyper handler, POST 100 B, 64 conns" "hyper" "wrk" "$rps" "req/s" higher "p50 ${p50} ms, p99 ${p99} ms"
     local f; f=$(bench "http://127.0.0.1:$port" pico --connections 64 -n 1 -b 100)
-    add_row "floor: trivial hyper handler, POST 100 B, 64 conns" "hyper" "pico bench" "$(j .write.requests_per_sec "$f")" "req/s" higher "load-generator ceiling on this machine"
+    add_row "floor: trivial hyper handler, POST 100 B, 64 conns" "hyper" "pico bench" "$(j .write.requests_per_sec "$f")" "req/s" higher "load-generator ceiling on this machine$(mach "$f")"
     stop_pid "$hp"
   fi
   if [ -x "$SSE_FLOOR" ]; then
@@ -279,10 +282,10 @@ section_floors() {
       wait_port "$port" 10
       if [ $http = 1 ]; then
         f=$(bench "http://127.0.0.1:$port" ds --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/1.1" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; examples/sse_floor.rs, one socket per subscriber; client CPU $(j2 .client_cpu_secs "$f") s"
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/1.1" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; examples/sse_floor.rs, one socket per subscriber; client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
       else
         f=$(bench "http://127.0.0.1:$port" ds --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/2" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; 2 connections × 500 streams; client CPU $(j2 .client_cpu_secs "$f") s"
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/2" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; 2 connections × 500 streams; client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
       fi
       stop_pid "$fp"
     done
@@ -314,15 +317,15 @@ section_ds() {
     read -r rps p50 p99 bad < <(wrk_post "$SRV_URL$path" 100 64)
     add_row "small appends/s (64 conns, 100 B, 1 stream)" "$sys" "wrk" "$rps" "appends/s" higher "$note; p99 ${p99} ms; non-2xx $bad"
     f=$(bench "$SRV_URL" $proto --connections 64 -n 1 -b 100 --streams 1)
-    add_row "small appends/s (64 conns, 100 B, 1 stream)" "$sys" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f")"
+    add_row "small appends/s (64 conns, 100 B, 1 stream)" "$sys" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f")$(mach "$f")"
     ds_start $sys batched8
     f=$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1)
-    add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores"
+    add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")"
     # Twice the closed-loop connections: shows how much of the row above is each request's
     # latency (a durable ack waits for a WAL sync) rather than the server's capacity.
     ds_start $sys batched16
     f=$(bench "$SRV_URL" $proto --connections 16 -n 64 -b 1KiB --streams 1)
-    add_row "batched 1 KiB ingest (16 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores"
+    add_row "batched 1 KiB ingest (16 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")"
     ds_start $sys sse
     # Same delivery load (~10k events/s) for both: 100 subscribers at ~100 appends/s, 1000 at
     # ~10/s. Client and server share 2 cores, so more would measure the client's backlog.
@@ -330,13 +333,13 @@ section_ds() {
     for n in 100 1000; do
       if [ $n = 100 ]; then mibps=0.0096; rate=100; else mibps=0.00096; rate=10; fi
       f=$(bench "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps $mibps --streams 1)
-      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n )); client CPU $(j2 .client_cpu_secs "$f") s"
+      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
     done
     # Over HTTP/2 the subscribers share two connections (the reference server speaks HTTP/1.1
     # only, so PicoMQ alone has this row).
     if [ "$sys" = picomq ]; then
       f=$(bench "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 )); client CPU $(j2 .client_cpu_secs "$f") s"
+      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
     fi
     stop_server
   done
@@ -344,12 +347,12 @@ section_ds() {
   BENCH_PICO_STORAGE=-2@memory://bench start_pico ds-picomq-mem
   curl -s -o /dev/null -X PUT -H 'Content-Type: text/plain' "$SRV_URL/v1/stream/x-mem"
   f=$(bench "$SRV_URL" ds --connections 64 -n 1 -b 100 --streams 1)
-  add_row "small appends/s (64 conns, 100 B, 1 stream)" "picomq-memory" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "memory://, not durable: the engine without the disk"
+  add_row "small appends/s (64 conns, 100 B, 1 stream)" "picomq-memory" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "memory://, not durable: the engine without the disk$(mach "$f")"
   stop_server
   BENCH_PICO_STORAGE=-2@memory://bench start_pico ds-picomq-mem-batched
   curl -s -o /dev/null -X PUT -H 'Content-Type: text/plain' "$SRV_URL/v1/stream/x-mem"
   f=$(bench "$SRV_URL" ds --connections 8 -n 64 -b 1KiB --streams 1)
-  add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "picomq-memory" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "memory://, not durable: the engine without the disk"
+  add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "picomq-memory" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "memory://, not durable: the engine without the disk$(mach "$f")"
   stop_server
 }
 
@@ -358,9 +361,9 @@ section_nats() {
   local f
   start_pico nats-picomq
   f=$(bench "$SRV_URL" pico --connections 64 -n 1 -b 100)
-  add_row "acked publish, 100 B, 64 in flight" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "msgs/s" higher "p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; fsync before ack"
+  add_row "acked publish, 100 B, 64 in flight" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "msgs/s" higher "p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; fsync before ack$(mach "$f")"
   f=$(bench "$SRV_URL" pico --connections 1 -n 1 -b 100)
-  add_row "acked publish latency p50, 1 in flight" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms" lower "p99 $(j .write_latency.p99_ms "$f") ms"
+  add_row "acked publish latency p50, 1 in flight" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms" lower "p99 $(j .write_latency.p99_ms "$f") ms$(mach "$f")"
   stop_server
   local mode sys
   for mode in always default; do
@@ -385,9 +388,9 @@ section_streams() {
   start_pico streams-picomq
   local f
   f=$(bench "$SRV_URL" pico --streams 10000 --connections 16 -w 4 -n 100 -b 100 --prefix bench/10k)
-  add_row "appends over 10k streams (16×4 in flight, 100 records/request)" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "$(j .write.requests_per_sec "$f") requests/s; p99 $(j .write_latency.p99_ms "$f") ms; setup $(j .setup_secs "$f") s"
+  add_row "appends over 10k streams (16×4 in flight, 100 records/request)" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "$(j .write.requests_per_sec "$f") requests/s; p99 $(j .write_latency.p99_ms "$f") ms; setup $(j .setup_secs "$f") s$(mach "$f")"
   f=$(bench "$SRV_URL" pico --streams 10000 --connections 64 -n 1 -b 100 --prefix bench/10k)
-  add_row "appends over 10k streams (64 in flight, 1 record/request)" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "p99 $(j .write_latency.p99_ms "$f") ms"
+  add_row "appends over 10k streams (64 in flight, 1 record/request)" "picomq" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "p99 $(j .write_latency.p99_ms "$f") ms$(mach "$f")"
   stop_server
 }
 
@@ -400,7 +403,7 @@ section_producer() {
     for proto in $protos; do
       for w in 1 5; do
         f=$(bench "$SRV_URL" $proto --producer --connections 1 -w $w -n 10 -b 100)
-        add_row "idempotent producer, 1 producer, $w in flight, 10 × 100 B/batch" "$sys" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "$proto protocol; p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f")"
+        add_row "idempotent producer, 1 producer, $w in flight, 10 × 100 B/batch" "$sys" "pico bench" "$(j .write.records_per_sec "$f")" "records/s" higher "$proto protocol; p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f")$(mach "$f")"
       done
     done
     stop_server
@@ -411,9 +414,9 @@ section_issue2() {
   start_pico issue2-picomq
   local f
   f=$(bench "$SRV_URL" pico --connections 1 -n 1 -b 100)
-  add_row "single append ack latency, 1 sequential client (file storage)" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms p50" lower "p99 $(j .write_latency.p99_ms "$f") ms"
+  add_row "single append ack latency, 1 sequential client (file storage)" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms p50" lower "p99 $(j .write_latency.p99_ms "$f") ms$(mach "$f")"
   f=$(bench "$SRV_URL" pico --connections 32 --streams 32 -n 1 -b 100)
-  add_row "single append ack latency, 32 clients on 32 streams" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms p50" lower "p99 $(j .write_latency.p99_ms "$f") ms; $(j .write.records_per_sec "$f") appends/s"
+  add_row "single append ack latency, 32 clients on 32 streams" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms p50" lower "p99 $(j .write_latency.p99_ms "$f") ms; $(j .write.records_per_sec "$f") appends/s$(mach "$f")"
   "$PICO" --endpoint "$SRV_URL" create /x >/dev/null 2>&1
   log "seq 1 1000000 | pico append /x --batch 1000"
   local t0 t1
@@ -444,7 +447,7 @@ done
 # ---------------------------------------------------------------------------------------------
 # the table: per workload, PicoMQ's advantage over each peer (×; > 1 = PicoMQ better)
 # ---------------------------------------------------------------------------------------------
-python3 - "$RESULTS" "$DUR" "$WARM" <<'EOF'
+python3 - "$RESULTS" "$DUR" "$WARM" "$RUN" <<'EOF'
 import sys, collections
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 by = collections.OrderedDict()
@@ -512,5 +515,26 @@ print("Goals of issue 4 (this run):")
 for name, shown, ok in goals:
     print(f"  {verdict(ok):8}  {name}: {shown}")
 print()
+
+# The machine during the pico bench runs: on a shared VM the host's steal and the disk's burst
+# budget move every figure, so the run says what state it was measured in.
+import glob, json
+loads = []
+for f in sorted(glob.glob(sys.argv[4] + "/bench-*.json")):
+    try:
+        m = json.load(open(f)).get("machine")
+    except (OSError, ValueError):
+        m = None
+    if m:
+        loads.append(m)
+if loads:
+    steal = sorted(m["steal_pct"] for m in loads)
+    io = sorted(m.get("io_stall_pct") or 0 for m in loads)
+    print(f"Machine during the {len(loads)} pico bench runs: hypervisor steal median {steal[len(steal)//2]:.1f}%, "
+          f"max {steal[-1]:.1f}%; I/O stalled median {io[len(io)//2]:.0f}%, max {io[-1]:.0f}% of the time")
+    if steal[-1] > 10:
+        print("  WARNING: the host took more than 10% of this VM's CPU time in some runs (see the rows' notes);"
+              " those rows understate what the machine can do, for whichever system ran then.")
+    print()
 EOF
 log "raw results: $RESULTS"

@@ -1770,6 +1770,16 @@ fn server_bench_sse_tailers_follow_across_reopened_responses() {
             let cpu = r["client_cpu_cores"].as_f64().unwrap();
             let cores = std::thread::available_parallelism().unwrap().get() as f64;
             assert!(cpu > 0.0 && cpu <= cores, "client_cpu_cores {cpu}: {r}");
+            // And the whole machine's load over the run: the bench and the server kept it busy,
+            // and steal is a share of CPU time.
+            let m = &r["machine"];
+            let busy = m["busy_cores"].as_f64().unwrap_or(-1.0);
+            let steal = m["steal_pct"].as_f64().unwrap_or(-1.0);
+            assert!(
+                busy > 0.0 && busy <= cores + 0.05,
+                "machine busy_cores: {r}"
+            );
+            assert!((0.0..=100.0).contains(&steal), "machine steal_pct: {r}");
             // Three readers of one stream: reads are about 3 × writes (the window's edges
             // aside); a tailer that lost records at a reopen would fall short of that.
             assert!(

@@ -7,11 +7,13 @@
 //! - [`payload`]: record bodies stamped with their send time.
 //! - [`stats`]: counters, HDR histograms, the report.
 //! - [`sse`]: an incremental event-stream parser.
+//! - [`machine`]: the machine's load during the run (hypervisor steal, busy cores, I/O stalls).
 //!
 //! Phases: create the streams, connect the readers, then writers run for `--warmup` (not
 //! counted) and `--duration` (counted); bytes count when acknowledged. A progress line goes to
 //! stderr every second, the report to stdout.
 
+mod machine;
 mod payload;
 mod reader;
 mod sse;
@@ -335,6 +337,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     // The pacer and the window are fixed now that writing starts.
     let start = now_us();
     let cpu_start = process_cpu_secs();
+    let machine_start = machine::Sample::now();
     let warmup_us = args.warmup.as_micros() as u64;
     let duration_us = args.duration.as_micros() as u64;
     ctx.measure_start
@@ -380,6 +383,9 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     progress(&ctx, start, warmup_us, duration_us).await;
     let client_cpu_secs = process_cpu_secs() - cpu_start;
     let client_cpu_cores = client_cpu_secs / ((now_us() - start) as f64 / 1e6).max(1e-9);
+    let machine = machine_start
+        .zip(machine::Sample::now())
+        .map(|(a, b)| a.load_until(&b));
     let _ = stop_tx.send(true);
     // Tailers wait on reads that may never end; they record as they go, so stop them outright.
     for t in &reader_tasks {
@@ -424,6 +430,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         first_error: ctx.counters.first_error(),
         client_cpu_secs,
         client_cpu_cores,
+        machine,
     };
     match args.output {
         OutputFormat::Text => print!("{}", report.text()),

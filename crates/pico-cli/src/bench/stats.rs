@@ -246,6 +246,8 @@ pub struct Report {
     /// the same as cores in use on average.
     pub client_cpu_secs: f64,
     pub client_cpu_cores: f64,
+    /// The whole machine over the same span (absent where it cannot be read).
+    pub machine: Option<super::machine::Load>,
 }
 
 impl Report {
@@ -296,6 +298,9 @@ impl Report {
             "client: {:.2} s of CPU, {:.2} cores (the bench itself, over warmup and measurement)\n",
             self.client_cpu_secs, self.client_cpu_cores
         ));
+        if let Some(m) = &self.machine {
+            s.push_str(&format!("{}\n", m.line()));
+        }
         if let Some(e) = &self.first_error {
             s.push_str(&format!("first error: {e}\n"));
         }
