@@ -165,12 +165,18 @@ rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 # add_row workload system tool value unit better(higher|lower) [note]
 add_row() { printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" "${7:-}" >>"$RESULTS"; }
 
-BENCH_N=0
+# Numbers each report file. Callers run `bench` in a command substitution (a subshell), where a
+# shell variable's increment would be lost and every report would overwrite the first: count in
+# a file instead.
+next_n() {
+  local n; n=$(( $(cat "$RUN/.n" 2>/dev/null || echo 0) + 1 ))
+  echo "$n" >"$RUN/.n"
+  echo "$n"
+}
 # bench endpoint protocol [pico bench args...] → prints the path of its JSON report
 bench() {
   local endpoint=$1 protocol=$2; shift 2
-  BENCH_N=$((BENCH_N + 1))
-  local out=$RUN/bench-$BENCH_N
+  local out; out=$RUN/bench-$(next_n)
   log "pico bench --protocol $protocol $* (endpoint $endpoint)"
   if ! timeout $((RUN_SECS + 180)) "$PICO" bench --endpoint "$endpoint" --protocol "$protocol" \
       --output json -d "$DUR" --warmup "$WARM" "$@" >"$out.json" 2>"$out.err"; then
@@ -201,7 +207,7 @@ wrk.headers["Content-Type"] = "text/plain"
 EOF
   log "wrk -t2 -c$3 -d$(secs "$DUR")s --latency -s post.lua $1"
   local o; o=$(wrk -t2 -c"$3" -d"$(secs "$DUR")s" --latency -s "$lua" "$1" 2>&1 || true)
-  echo "$o" >"$RUN/wrk-$BENCH_N-$3.txt"
+  echo "$o" >"$RUN/wrk-$(next_n)-$3.txt"
   python3 - "$o" <<'EOF'
 import re, sys
 o = sys.argv[1]
