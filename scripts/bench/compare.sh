@@ -185,6 +185,18 @@ bench() {
   fi
   echo "$out.json"
 }
+# SSE delivery rows: three runs against the same server, and the report of the run whose
+# end-to-end p99 is the median. A 12-second run's p99 moves with one burst of hypervisor steal
+# (seen here: 5.7 -> 77 ms for the same fan-out minutes apart), for every system alike; the
+# row's note lists all three p99s ($f.p99s).
+bench_median3() {
+  local fs=() i f
+  for i in 1 2 3; do fs+=("$(bench "$@")"); done
+  f=$(for i in "${fs[@]}"; do echo "$(jq -r '.e2e_latency.p99_ms // 1e9' "$i") $i"; done | sort -g | sed -n 2p | cut -d' ' -f2-)
+  for i in "${fs[@]}"; do jq -r '.e2e_latency.p99_ms // "n/a"' "$i"; done | paste -sd/ >"$f.p99s"
+  echo "$f"
+}
+p99s() { echo "p99 of 3 runs $(cat "$1.p99s") ms, median shown"; }
 j() { jq -r "$1 // empty" "$2"; }
 j2() { jq -r "($1 // empty) | (. * 100 | round) / 100" "$2"; }  # rounded to 2 decimals
 # The machine's load during a pico bench run, for its row's note: hypervisor steal and I/O stalls
@@ -287,11 +299,11 @@ section_floors() {
       fp=$!; PIDS+=("$fp")
       wait_port "$port" 10
       if [ $http = 1 ]; then
-        f=$(bench "http://127.0.0.1:$port" ds --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/1.1" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; examples/sse_floor.rs, one socket per subscriber; client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
+        f=$(bench_median3 "http://127.0.0.1:$port" ds --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/1.1" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "$(p99s "$f"); p50 $(j .e2e_latency.p50_ms "$f") ms; examples/sse_floor.rs, one socket per subscriber; client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
       else
-        f=$(bench "http://127.0.0.1:$port" ds --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/2" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "p50 $(j .e2e_latency.p50_ms "$f") ms; 2 connections × 500 streams; client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
+        f=$(bench_median3 "http://127.0.0.1:$port" ds --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
+        add_row "floor: SSE fan-out, 1000 subscribers, ~10 appends/s, HTTP/2" "forwarder" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms p99" lower "$(p99s "$f"); p50 $(j .e2e_latency.p50_ms "$f") ms; 2 connections × 500 streams; client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
       fi
       stop_pid "$fp"
     done
@@ -338,14 +350,14 @@ section_ds() {
     local n mibps rate
     for n in 100 1000; do
       if [ $n = 100 ]; then mibps=0.0096; rate=100; else mibps=0.00096; rate=10; fi
-      f=$(bench "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps $mibps --streams 1)
-      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
+      f=$(bench_median3 "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps $mibps --streams 1)
+      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
     done
     # Over HTTP/2 the subscribers share two connections (the reference server speaks HTTP/1.1
     # only, so PicoMQ alone has this row).
     if [ "$sys" = picomq ]; then
-      f=$(bench "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
+      f=$(bench_median3 "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
+      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
     fi
     stop_server
   done
