@@ -201,7 +201,7 @@ j() { jq -r "$1 // empty" "$2"; }
 j2() { jq -r "($1 // empty) | (. * 100 | round) / 100" "$2"; }  # rounded to 2 decimals
 # The machine's load during a pico bench run, for its row's note: hypervisor steal and I/O stalls
 # move every figure on a shared VM, so a row carries the state it was measured in.
-mach() { jq -r 'if .machine then "; machine: steal \((.machine.steal_pct * 10 | round) / 10)%, I/O stalled \((.machine.io_stall_pct // 0) | round)%" else "" end' "$1"; }
+mach() { jq -r 'if .machine then "; machine: steal \((.machine.steal_pct * 10 | round) / 10)%" + (if .machine.io_stall_pct then ", I/O stalled \(.machine.io_stall_pct | round)%" else "" end) else "" end' "$1"; }
 # wrk_post url body_bytes connections → "req/s p50_ms p99_ms non2xx"
 ensure_wrk() {
   command -v wrk >/dev/null && return 0
@@ -322,6 +322,9 @@ ds_start() {
       else proto=pico; note="Pico protocol: this build does not serve DS yet"; fi ;;
     ds-ref-mem) start_ds_ref "ds-ref-mem-$2" mem; proto=ds; note="in memory" ;;
     ds-ref-file) start_ds_ref "ds-ref-file-$2" file; proto=ds; note="file-backed" ;;
+    # The same engine without a disk (memory:// WAL and objects, NOT durable): what the disk costs.
+    picomq-memory) BENCH_PICO_STORAGE=-2@memory://bench start_pico "ds-picomq-memory-$2"
+      proto=ds; note="memory://, not durable: the engine without the disk" ;;
   esac
   path=/x-$1
   [ $proto = ds ] && path=/v1/stream/x-$1
@@ -361,16 +364,12 @@ section_ds() {
     fi
     stop_server
   done
-  # The same engine without a disk (memory:// WAL and objects, NOT durable): what the disk costs.
-  BENCH_PICO_STORAGE=-2@memory://bench start_pico ds-picomq-mem
-  curl -s -o /dev/null -X PUT -H 'Content-Type: text/plain' "$SRV_URL/v1/stream/x-mem"
-  f=$(bench "$SRV_URL" ds --connections 64 -n 1 -b 100 --streams 1)
-  add_row "small appends/s (64 conns, 100 B, 1 stream)" "picomq-memory" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "memory://, not durable: the engine without the disk$(mach "$f")"
-  stop_server
-  BENCH_PICO_STORAGE=-2@memory://bench start_pico ds-picomq-mem-batched
-  curl -s -o /dev/null -X PUT -H 'Content-Type: text/plain' "$SRV_URL/v1/stream/x-mem"
-  f=$(bench "$SRV_URL" ds --connections 8 -n 64 -b 1KiB --streams 1)
-  add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "picomq-memory" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "memory://, not durable: the engine without the disk$(mach "$f")"
+  ds_start picomq-memory small
+  f=$(bench "$SRV_URL" $proto --connections 64 -n 1 -b 100 --streams 1)
+  add_row "small appends/s (64 conns, 100 B, 1 stream)" "picomq-memory" "pico bench" "$(j .write.records_per_sec "$f")" "appends/s" higher "$note$(mach "$f")"
+  ds_start picomq-memory batched8
+  f=$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1)
+  add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "picomq-memory" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note$(mach "$f")"
   stop_server
 }
 
@@ -547,9 +546,10 @@ for f in sorted(glob.glob(sys.argv[4] + "/bench-*.json")):
         loads.append(m)
 if loads:
     steal = sorted(m["steal_pct"] for m in loads)
-    io = sorted(m.get("io_stall_pct") or 0 for m in loads)
+    io = sorted(m["io_stall_pct"] for m in loads if m.get("io_stall_pct") is not None)
+    io_text = f"; I/O stalled median {io[len(io)//2]:.0f}%, max {io[-1]:.0f}% of the time" if io else ""
     print(f"Machine during the {len(loads)} pico bench runs: hypervisor steal median {steal[len(steal)//2]:.1f}%, "
-          f"max {steal[-1]:.1f}%; I/O stalled median {io[len(io)//2]:.0f}%, max {io[-1]:.0f}% of the time")
+          f"max {steal[-1]:.1f}%{io_text}")
     if steal[-1] > 10:
         print("  WARNING: the host took more than 10% of this VM's CPU time in some runs (see the rows' notes);"
               " those rows understate what the machine can do, for whichever system ran then.")
