@@ -185,25 +185,24 @@ bench() {
   fi
   echo "$out.json"
 }
+# median_of jq-field worst report... → the report whose field is the median (a report without
+# the field, a failed run, counts as `worst`); every run's value goes to $f.runs for the note.
+median_of() {
+  local field=$1 worst=$2 i f; shift 2
+  f=$(for i in "$@"; do echo "$(jq -r "$field // $worst" "$i") $i"; done | sort -g | sed -n "$(( ($# + 1) / 2 ))p" | cut -d' ' -f2-)
+  for i in "$@"; do jq -r "$field // \"n/a\" | if type == \"number\" then (. * 1000 | round) / 1000 else . end" "$i"; done | paste -sd/ >"$f.runs"
+  echo "$f"
+}
 # SSE delivery rows: three runs against the same server, and the report of the run whose
 # end-to-end p99 is the median. A 12-second run's p99 moves with one burst of hypervisor steal
 # (seen here: 5.7 -> 77 ms for the same fan-out minutes apart), for every system alike; the
-# row's note lists all three p99s ($f.p99s).
+# row's note lists all three p99s.
 bench_median3() {
-  local fs=() i f
+  local fs=() i
   for i in 1 2 3; do fs+=("$(bench "$@")"); done
-  f=$(for i in "${fs[@]}"; do echo "$(jq -r '.e2e_latency.p99_ms // 1e9' "$i") $i"; done | sort -g | sed -n 2p | cut -d' ' -f2-)
-  for i in "${fs[@]}"; do jq -r '.e2e_latency.p99_ms // "n/a"' "$i"; done | paste -sd/ >"$f.p99s"
-  echo "$f"
+  median_of .e2e_latency.p99_ms 1e9 "${fs[@]}"
 }
-p99s() { echo "p99 of 3 runs $(cat "$1.p99s") ms, median shown"; }
-# median_of jq-field report... → the report whose field is the median; all values in $f.runs
-median_of() {
-  local field=$1 i f; shift
-  f=$(for i in "$@"; do echo "$(jq -r "$field // 0" "$i") $i"; done | sort -g | sed -n "$(( ($# + 1) / 2 ))p" | cut -d' ' -f2-)
-  for i in "$@"; do jq -r "$field // \"n/a\" | if type == \"number\" then (. * 10 | round) / 10 else . end" "$i"; done | paste -sd/ >"$f.runs"
-  echo "$f"
-}
+p99s() { echo "p99 of 3 runs $(cat "$1.runs") ms, median shown"; }
 j() { jq -r "$1 // empty" "$2"; }
 j2() { jq -r "($1 // empty) | (. * 100 | round) / 100" "$2"; }  # rounded to 2 decimals
 # The machine's load during a pico bench run, for its row's note: hypervisor steal and I/O stalls
@@ -390,7 +389,7 @@ section_ds() {
   stop_server
   for sys in picomq ds-ref-mem; do
     # shellcheck disable=SC2086 # the three report paths
-    f=$(median_of .write.mib_per_sec ${runs[$sys]})
+    f=$(median_of .write.mib_per_sec 0 ${runs[$sys]})
     add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$(cat "$f.runs") MiB/s in 3 interleaved fresh-server runs, median shown; ${notes[$sys]}; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")"
   done
   ds_start picomq-memory small
