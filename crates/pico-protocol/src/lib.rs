@@ -23,7 +23,7 @@ mod reader;
 pub mod record;
 
 pub use batch::{
-    BatchError, DecodedBatch, decode_batch, encode_batch, record_count, set_base_offset,
+    BatchError, DecodedBatch, crc_parts, decode_batch, encode_batch, record_count, set_base_offset,
 };
 pub use binary::{BinaryError, decode_binary, decode_binary_records, encode_binary};
 pub use json_batch::{JsonBatchError, parse_json_batch, record_to_json, render_json};

@@ -14,9 +14,9 @@ use pico_common::clock::now_ms;
 use pico_metadata::{
     ApplyError, Command, ForkOrigin, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta,
 };
-use pico_protocol::{Record, decode_batch, encode_batch};
+use pico_protocol::{Record, crc_parts, decode_batch, encode_batch};
 use pico_sql::MetaLog;
-use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal};
+use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal, crc};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -471,11 +471,16 @@ impl Node {
                 producer: req.producer.clone(),
                 stream_seq: opts.stream_seq.clone(),
             });
+            // The encoder has just checksummed the records: the engine's CRC of the whole batch
+            // combines that with the header's instead of reading the batch again.
+            let batch_crc =
+                crc_parts(&batch).map(|(head, rest, len)| crc::combine(head, rest, len));
             let submit = engine.append(s3stream::AppendRequest {
                 stream: stream_id,
                 epoch: open.epoch,
                 record_count: records.len() as u32,
                 batch,
+                batch_crc,
                 aux,
             });
             // Queue space frees as the WAL and uploads make progress; when storage is down it

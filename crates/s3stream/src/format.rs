@@ -13,6 +13,7 @@
 
 use bytes::{Buf, Bytes};
 
+use crate::crc;
 use crate::parts::{Parts, PartsWriter};
 use crate::wal::WalRecord;
 
@@ -98,7 +99,7 @@ pub fn encode_wal_entry_parts(position: u64, records: &[WalRecord]) -> Result<Pa
         w.put_slice(&head[..32]);
         crc = crc32c::crc32c_append(crc, &head[..32]);
         w.put_bytes(&r.batch);
-        crc = crc32c::crc32c_append(crc, &r.batch);
+        crc = crc::chain(crc, &r.batch, r.batch_crc);
         let aux_len = len_u32(r.aux.len())?.to_le_bytes();
         w.put_slice(&aux_len);
         crc = crc32c::crc32c_append(crc, &aux_len);
@@ -148,14 +149,14 @@ pub fn decode_wal_entry(data: &Bytes) -> Result<(u64, Vec<WalRecord>), FormatErr
         let aux_len = cur.get_u32_le() as usize;
         need(&cur, at + 36 + batch_len, aux_len)?;
         let aux = cur.split_to(aux_len);
-        records.push(WalRecord {
+        records.push(WalRecord::new(
             stream,
             epoch,
             base_offset,
             record_count,
             batch,
             aux,
-        });
+        ));
     }
     if !cur.is_empty() {
         return Err(FormatError::Invalid("trailing bytes after wal records"));
@@ -182,19 +183,21 @@ pub fn check_data_header(data: &[u8]) -> Result<(), FormatError> {
     Ok(())
 }
 
-/// Appends one frame (a large `data` by reference); returns the number of bytes written.
+/// Appends one frame (a large `data` by reference, its checksum extended with
+/// `data_crc = crc32c(data)`); returns the number of bytes written.
 pub fn put_frame(
     w: &mut PartsWriter,
     base_offset: u64,
     record_count: u32,
     data: &Bytes,
+    data_crc: u32,
 ) -> Result<usize, FormatError> {
     let len = len_u32(data.len())?;
     let mut header = [0u8; 16];
     header[..8].copy_from_slice(&base_offset.to_le_bytes());
     header[8..12].copy_from_slice(&record_count.to_le_bytes());
     header[12..16].copy_from_slice(&len.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&header), data);
+    let crc = crc::chain(crc32c::crc32c(&header), data, data_crc);
     w.put_slice(&header);
     w.put_slice(&crc.to_le_bytes());
     w.put_bytes(data);
@@ -238,11 +241,14 @@ mod tests {
     use bytes::{BufMut, BytesMut};
     use proptest::prelude::*;
 
-    /// Small batches (copied into the encoder's buffer) and large ones (referenced).
+    /// Small batches (copied into the encoder's buffer), large ones (referenced) and larger
+    /// ones (checksummed by combining).
     fn batch_bytes() -> impl Strategy<Value = Vec<u8>> {
         prop_oneof![
             3 => proptest::collection::vec(any::<u8>(), 0..64),
             1 => proptest::collection::vec(any::<u8>(), COPY_BELOW - 2..COPY_BELOW + 64),
+            // Checksums extended by combining the batch's own CRC.
+            1 => proptest::collection::vec(any::<u8>(), crate::crc::COMBINE_MIN - 2..crate::crc::COMBINE_MIN + 64),
         ]
     }
 
@@ -255,16 +261,16 @@ mod tests {
             batch_bytes(),
             proptest::collection::vec(any::<u8>(), 0..16),
         )
-            .prop_map(
-                |(stream, epoch, base_offset, record_count, b, a)| WalRecord {
+            .prop_map(|(stream, epoch, base_offset, record_count, b, a)| {
+                WalRecord::new(
                     stream,
                     epoch,
                     base_offset,
                     record_count,
-                    batch: Bytes::from(b),
-                    aux: Bytes::from(a),
-                },
-            )
+                    Bytes::from(b),
+                    Bytes::from(a),
+                )
+            })
     }
 
     proptest! {
@@ -299,7 +305,7 @@ mod tests {
             let mut w = PartsWriter::with_capacity(0);
             put_data_header(&mut w);
             for (b, c, d) in &batches {
-                put_frame(&mut w, *b, *c, &Bytes::from(d.clone())).unwrap();
+                put_frame(&mut w, *b, *c, &Bytes::from(d.clone()), crc32c::crc32c(d)).unwrap();
             }
             let obj = w.finish().concat();
             check_data_header(&obj).unwrap();
@@ -319,7 +325,8 @@ mod tests {
             idx in any::<prop::sample::Index>(), flip in 1u8..=255,
         ) {
             let mut w = PartsWriter::with_capacity(0);
-            put_frame(&mut w, base, count, &Bytes::from(data)).unwrap();
+            let crc = crc32c::crc32c(&data);
+            put_frame(&mut w, base, count, &Bytes::from(data), crc).unwrap();
             let mut bad = w.finish().concat().to_vec();
             let i = idx.index(bad.len());
             bad[i] ^= flip;

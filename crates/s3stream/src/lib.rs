@@ -5,6 +5,7 @@
 //! - `wal`: the `Wal` trait (one shared WAL per node) and `ObjectWal` on object storage.
 //! - `segment_wal`: `SegmentWal`, the WAL as append-only segment files on a local disk.
 //! - `parts`: `Parts`, bytes as pieces for vectored writes (large batches never copied).
+//! - `crc`: CRC32C of concatenations from their parts' CRCs (a batch is checksummed once).
 //! - `format`: sans-IO codecs of WAL entries and data objects (framed, versioned, CRC32C).
 //! - `engine`: `Engine` — append with group commit, log cache, uploader into stream-set and
 //!   stream objects committed through the host's `Catalog`, block cache, recovery.
@@ -12,6 +13,7 @@
 //!
 //! Design and invariants: docs/design/engine.md.
 
+pub mod crc;
 pub mod engine;
 pub mod format;
 pub mod parts;

@@ -845,9 +845,17 @@ mod tests {
         let dir = tmp.path().join("wal");
         let wal = SegmentWal::new(&dir).with_preallocation(true);
         let recs: Vec<WalRecord> = (0..1100u64)
-            .map(|i| WalRecord {
-                batch: Bytes::from(vec![(i % 251) as u8; crate::parts::COPY_BELOW + i as usize]),
-                ..rec(i % 3, i, 1)
+            .map(|i| {
+                let r = rec(i % 3, i, 1);
+                let batch = vec![(i % 251) as u8; crate::parts::COPY_BELOW + i as usize];
+                WalRecord::new(
+                    r.stream,
+                    r.epoch,
+                    r.base_offset,
+                    r.record_count,
+                    batch.into(),
+                    r.aux,
+                )
             })
             .collect();
         assert_eq!(wal.append(vec![rec(9, 0, 1)]).await.unwrap(), 1);

@@ -21,10 +21,33 @@ pub struct WalRecord {
     pub base_offset: u64,
     pub record_count: u32,
     pub batch: Bytes,
+    /// `crc32c(batch)`, computed once when the batch enters the engine: the WAL entry and the
+    /// data object frame extend their checksums over the batch with it ([`crate::crc::chain`]).
+    pub batch_crc: u32,
     pub aux: Bytes,
 }
 
 impl WalRecord {
+    /// A record with its batch's CRC computed here.
+    pub fn new(
+        stream: u64,
+        epoch: i64,
+        base_offset: u64,
+        record_count: u32,
+        batch: Bytes,
+        aux: Bytes,
+    ) -> WalRecord {
+        WalRecord {
+            stream,
+            epoch,
+            base_offset,
+            record_count,
+            batch_crc: crc32c::crc32c(&batch),
+            batch,
+            aux,
+        }
+    }
+
     pub fn next_offset(&self) -> u64 {
         self.base_offset + u64::from(self.record_count)
     }
@@ -175,14 +198,14 @@ pub(crate) mod tests {
 
     /// A small record for WAL tests (also used by `segment_wal`'s).
     pub(crate) fn rec(stream: u64, base: u64, n: u32) -> WalRecord {
-        WalRecord {
+        WalRecord::new(
             stream,
-            epoch: 3,
-            base_offset: base,
-            record_count: n,
-            batch: Bytes::from(format!("batch-{stream}-{base}")),
-            aux: Bytes::from_static(b"aux"),
-        }
+            3,
+            base,
+            n,
+            Bytes::from(format!("batch-{stream}-{base}")),
+            Bytes::from_static(b"aux"),
+        )
     }
 
     #[tokio::test]

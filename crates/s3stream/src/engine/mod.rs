@@ -92,6 +92,10 @@ pub struct AppendRequest {
     pub epoch: i64,
     pub record_count: u32,
     pub batch: Bytes,
+    /// `crc32c(batch)` when the caller has it without a pass over the batch (it just encoded
+    /// it); computed by `append` otherwise. Must match: the WAL and the data objects checksum
+    /// the batch with it.
+    pub batch_crc: Option<u32>,
     pub aux: Bytes,
 }
 
@@ -530,6 +534,19 @@ impl Engine {
             ));
         }
         check(&shared.state())?;
+        // Here, in the appending task and outside every lock, so that neither the WAL writer
+        // (which serializes all streams' appends) nor the uploader reads the batch again.
+        let batch_crc = match req.batch_crc {
+            Some(crc) => {
+                debug_assert_eq!(
+                    crc,
+                    crc32c::crc32c(&req.batch),
+                    "batch_crc of another batch"
+                );
+                crc
+            }
+            None => crc32c::crc32c(&req.batch),
+        };
 
         let bytes = req.batch.len() + req.aux.len() + APPEND_OVERHEAD_BYTES;
         let cost = u32::try_from(bytes.min(shared.space_total)).unwrap_or(u32::MAX);
@@ -566,6 +583,7 @@ impl Engine {
                 base_offset,
                 record_count: req.record_count,
                 batch: req.batch,
+                batch_crc,
                 aux: req.aux,
             },
             ack: ack_tx,

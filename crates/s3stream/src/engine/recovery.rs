@@ -175,14 +175,14 @@ mod tests {
     use bytes::Bytes;
 
     fn rec(stream: u64, epoch: i64, base: u64, n: u32) -> WalRecord {
-        WalRecord {
+        WalRecord::new(
             stream,
             epoch,
-            base_offset: base,
-            record_count: n,
-            batch: Bytes::from(format!("{stream}:{epoch}:{base}")),
-            aux: Bytes::new(),
-        }
+            base,
+            n,
+            Bytes::from(format!("{stream}:{epoch}:{base}")),
+            Bytes::new(),
+        )
     }
 
     fn keys(s: &Selection) -> Vec<(u64, i64, u64)> {

@@ -118,12 +118,17 @@ pub(super) fn plan_objects(
                         },
                     });
                 }
-                let written =
-                    format::put_frame(&mut buf, rec.base_offset, rec.record_count, &rec.batch)
-                        .map_err(|source| EngineError::Corrupt {
-                            key: String::new(),
-                            source,
-                        })?;
+                let written = format::put_frame(
+                    &mut buf,
+                    rec.base_offset,
+                    rec.record_count,
+                    &rec.batch,
+                    rec.batch_crc,
+                )
+                .map_err(|source| EngineError::Corrupt {
+                    key: String::new(),
+                    source,
+                })?;
                 if let Some(r) = open.as_mut() {
                     r.range.end_offset = rec.next_offset();
                     r.range.len += written as u64;
@@ -344,14 +349,14 @@ mod tests {
     use bytes::Bytes;
 
     fn rec(stream: u64, epoch: i64, base: u64, n: u32, size: usize, aux: &str) -> WalRecord {
-        WalRecord {
+        WalRecord::new(
             stream,
             epoch,
-            base_offset: base,
-            record_count: n,
-            batch: Bytes::from(vec![stream as u8; size]),
-            aux: Bytes::from(aux.to_string()),
-        }
+            base,
+            n,
+            Bytes::from(vec![stream as u8; size]),
+            Bytes::from(aux.to_string()),
+        )
     }
 
     #[test]
