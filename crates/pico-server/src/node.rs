@@ -471,10 +471,12 @@ impl Node {
                 producer: req.producer.clone(),
                 stream_seq: opts.stream_seq.clone(),
             });
-            // The encoder has just checksummed the records: the engine's CRC of the whole batch
-            // combines that with the header's instead of reading the batch again.
-            let batch_crc =
-                crc_parts(&batch).map(|(head, rest, len)| crc::combine(head, rest, len));
+            // The encoder has just checksummed the records: the engine's CRC of a large batch
+            // combines that with the header's instead of reading the batch again (a small one
+            // is cheaper to read).
+            let batch_crc = crc_parts(&batch)
+                .filter(|_| batch.len() >= crc::COMBINE_MIN)
+                .map(|(head, rest, len)| crc::combine(head, rest, len));
             let submit = engine.append(s3stream::AppendRequest {
                 stream: stream_id,
                 epoch: open.epoch,

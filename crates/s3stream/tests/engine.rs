@@ -72,7 +72,10 @@ fn payload(stream: u64, base: u64) -> Bytes {
 
 fn req(stream: u64, epoch: i64, count: u32, batch: Bytes) -> AppendRequest {
     // Every other request carries its CRC, as a host that just encoded the batch does.
-    let batch_crc = batch.len().is_multiple_of(2).then(|| crc32c::crc32c(&batch));
+    let batch_crc = batch
+        .len()
+        .is_multiple_of(2)
+        .then(|| crc32c::crc32c(&batch));
     AppendRequest {
         stream,
         epoch,
