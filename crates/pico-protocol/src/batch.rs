@@ -362,6 +362,7 @@ impl ByteReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn crc_parts_combine_to_the_whole_batch_crc() {
@@ -377,7 +378,6 @@ mod tests {
         }
         assert_eq!(crc_parts(b"short"), None);
     }
-    use proptest::prelude::*;
 
     fn rec(ts: i64, key: Option<&str>, value: &str, headers: &[(&str, &str)]) -> Record {
         Record {
