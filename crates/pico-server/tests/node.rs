@@ -6,7 +6,7 @@ use pico_protocol::Record;
 use pico_server::testing::start_test_node;
 use pico_server::*;
 use pico_sql::{MetaLog, MetaLogOptions};
-use s3stream::{EngineConfig, FileStorage, ObjectStorage, ObjectWal, SegmentWal};
+use s3stream::{EngineConfig, FileStorage, ObjectStorage, ObjectWal, SegmentWal, Wal};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -280,6 +280,17 @@ async fn list_with_prefix_and_pages() {
 
 /// Starts a node on file storage and a SQLite file in `dir`, inside its own runtime.
 fn file_node(rt: &tokio::runtime::Runtime, dir: &std::path::Path, epoch: u64) -> Node {
+    file_node_with(rt, dir, epoch, false)
+}
+
+/// [`file_node`], the WAL as segment files in `dir/wal` (as `pico serve` sets it up) when
+/// `segments`, else an `ObjectWal` on the data storage.
+fn file_node_with(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    epoch: u64,
+    segments: bool,
+) -> Node {
     rt.block_on(async {
         let meta = MetaLog::open(
             &format!("sqlite:{}", dir.join("meta.db").display()),
@@ -289,7 +300,11 @@ fn file_node(rt: &tokio::runtime::Runtime, dir: &std::path::Path, epoch: u64) ->
         .unwrap();
         let data: Arc<dyn ObjectStorage> =
             Arc::new(FileStorage::open(dir.join("objects")).unwrap());
-        let wal = Arc::new(ObjectWal::new(data.clone(), "wal/1".into()));
+        let wal: Arc<dyn Wal> = if segments {
+            Arc::new(SegmentWal::new(dir.join("wal")).with_preallocation(true))
+        } else {
+            Arc::new(ObjectWal::new(data.clone(), "wal/1".into()))
+        };
         let config = NodeConfig {
             node_epoch: epoch,
             ..NodeConfig::default()
@@ -373,26 +388,8 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
 #[test]
 fn large_appends_survive_a_crash_and_read_back_from_objects() {
     let dir = tempfile::tempdir().unwrap();
-    let node_on = |rt: &tokio::runtime::Runtime, epoch: u64| {
-        rt.block_on(async {
-            let meta = MetaLog::open(
-                &format!("sqlite:{}", dir.path().join("meta.db").display()),
-                MetaLogOptions::default(),
-            )
-            .await
-            .unwrap();
-            let data: Arc<dyn ObjectStorage> =
-                Arc::new(FileStorage::open(dir.path().join("objects")).unwrap());
-            let wal = Arc::new(SegmentWal::new(dir.path().join("wal")).with_preallocation(true));
-            let config = NodeConfig {
-                node_epoch: epoch,
-                ..NodeConfig::default()
-            };
-            Node::start(config, meta, data, wal, EngineConfig::default())
-                .await
-                .unwrap()
-        })
-    };
+    let node_on =
+        |rt: &tokio::runtime::Runtime, epoch: u64| file_node_with(rt, dir.path(), epoch, true);
     // Sizes around and far above the size from which CRCs are combined.
     let bodies: Vec<String> = [8 << 10, (8 << 10) + 1, 65_536, 100_003, 12, 300_000]
         .iter()
@@ -421,26 +418,19 @@ fn large_appends_survive_a_crash_and_read_back_from_objects() {
     drop(node);
     rt1.shutdown_background();
 
-    let rt2 = tokio::runtime::Runtime::new().unwrap();
-    let node = node_on(&rt2, 2);
-    rt2.block_on(async {
-        assert_eq!(
-            read_all(&node, "big", 0).await,
-            expect,
-            "recovered from the WAL"
-        );
-        node.shutdown().await;
-    });
-
-    let rt3 = tokio::runtime::Runtime::new().unwrap();
-    let node = node_on(&rt3, 3);
-    rt3.block_on(async {
-        assert_eq!(
-            read_all(&node, "big", 0).await,
-            expect,
-            "read from the data objects"
-        );
-    });
+    // First from the WAL; then, after a clean shutdown uploaded everything, from the objects.
+    for (epoch, source) in [(2, "the WAL"), (3, "the data objects")] {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let node = node_on(&rt, epoch);
+        rt.block_on(async {
+            assert_eq!(
+                read_all(&node, "big", 0).await,
+                expect,
+                "read from {source}"
+            );
+            node.shutdown().await;
+        });
+    }
 }
 
 #[test]
