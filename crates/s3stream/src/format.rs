@@ -149,6 +149,8 @@ pub fn decode_wal_entry(data: &Bytes) -> Result<(u64, Vec<WalRecord>), FormatErr
         let aux_len = cur.get_u32_le() as usize;
         need(&cur, at + 36 + batch_len, aux_len)?;
         let aux = cur.split_to(aux_len);
+        // `new` checksums the batch once more (the uploader's frames extend their CRCs with
+        // it): a second pass over what recovery read, never on the append path.
         records.push(WalRecord::new(
             stream,
             epoch,

@@ -135,9 +135,9 @@ enum Run {
     Blocking,
     /// Inline on a multi-thread runtime's worker while appends are fast and another worker is
     /// left to run everything else; on a blocking thread after a slow one or with a single
-    /// worker. Going off the worker costs a thread wake on the way back (the acks then wake
-    /// handlers from a thread without a worker): measured 0.29–0.32 → 0.17–0.19 ms p50 for
-    /// one client appending in a loop, with a short `fdatasync` (0.05 ms). A slow disk must
+    /// worker. Going off the worker costs thread wakes to the blocking thread and back:
+    /// inline measured 0.29–0.32 → 0.17–0.19 ms p50 for one client appending in a loop, with
+    /// a short `fdatasync` (0.05 ms). A slow disk must
     /// not hold a worker for long, so one slow append sends the next ones off the worker until
     /// one is fast again.
     Adaptive,
