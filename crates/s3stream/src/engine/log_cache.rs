@@ -124,11 +124,14 @@ impl LogCache {
         if log.gen_id != gen_id {
             return;
         }
-        for b in log.batches.iter_mut() {
+        // Batches are in offset order: start at `start` instead of walking the uploaded prefix
+        // still cached (up to the whole cache for a stream of small appends, on every call).
+        let from = log.batches.partition_point(|b| b.base_offset < start);
+        for b in log.batches.range_mut(from..) {
             if b.base_offset >= end {
                 break;
             }
-            if !b.uploaded && b.base_offset >= start {
+            if !b.uploaded {
                 b.uploaded = true;
                 self.uploaded_bytes += b.data.len();
                 self.uploaded_batches += 1;
@@ -193,12 +196,17 @@ impl LogCache {
     fn compact_fifo(&mut self) {
         if self.fifo.len() > 2 * self.uploaded_batches + 64 {
             let logs = &self.logs;
+            // A binary search per entry: a linear one made this quadratic in a stream's cached
+            // batches (hundreds of thousands for small appends) under the state lock.
             self.fifo.retain(|(s, g, base)| {
                 logs.get(s).is_some_and(|l| {
+                    // An empty batch (a close) may share its base offset with the next one.
+                    let i = l.batches.partition_point(|b| b.base_offset < *base);
                     l.gen_id == *g
                         && l.batches
-                            .iter()
-                            .any(|b| b.uploaded && b.base_offset == *base)
+                            .range(i..)
+                            .take_while(|b| b.base_offset == *base)
+                            .any(|b| b.uploaded)
                 })
             });
         }
@@ -276,6 +284,48 @@ mod tests {
             out.iter().map(|b| b.base_offset).collect::<Vec<_>>(),
             vec![6, 8, 10]
         );
+    }
+
+    #[test]
+    fn uploads_mark_only_their_range_and_compaction_keeps_live_entries() {
+        let n = 20_000u64;
+        let mut c = LogCache::new(usize::MAX);
+        c.reset(1, 1);
+        for i in 0..n {
+            c.insert(1, 1, i, 1, data(10));
+        }
+        // An empty batch (a close) shares its base offset with the next batch.
+        c.insert(1, 1, n, 0, data(3));
+        c.insert(1, 1, n, 1, data(10));
+        // Uploads go in offset order; each marks only [start, end), and once.
+        c.mark_uploaded(1, 1, 0, 100);
+        c.mark_uploaded(1, 1, 100, 200);
+        c.mark_uploaded(1, 1, 150, 300);
+        assert_eq!(c.uploaded_bytes(), 300 * 10);
+        c.mark_uploaded(1, 1, 300, n + 1);
+        assert_eq!(c.uploaded_bytes(), (n as usize + 1) * 10 + 3);
+        // Many closed streams leave stale FIFO entries; compaction must drop those and keep
+        // every entry of the live stream, so eviction still reaches its batches.
+        for s in 2..200u64 {
+            c.reset(s, 1);
+            for i in 0..200 {
+                c.insert(s, 1, i, 1, data(1));
+            }
+            c.mark_uploaded(s, 1, 0, 200);
+        }
+        for s in 2..200u64 {
+            c.remove(s);
+        }
+        assert!(c.fifo.len() <= 2 * c.uploaded_batches + 64);
+        assert_eq!(c.uploaded_batches, n as usize + 2);
+        c.uploaded_budget = 0;
+        c.evict();
+        assert_eq!(
+            c.batch_count(1),
+            0,
+            "every uploaded batch of the live stream evictable"
+        );
+        assert_eq!((c.total_bytes(), c.uploaded_bytes()), (0, 0));
     }
 
     #[test]
