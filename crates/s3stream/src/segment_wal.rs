@@ -137,9 +137,8 @@ enum Run {
     /// left to run everything else; on a blocking thread after a slow one or with a single
     /// worker. Going off the worker costs thread wakes to the blocking thread and back:
     /// inline measured 0.29–0.32 → 0.17–0.19 ms p50 for one client appending in a loop, with
-    /// a short `fdatasync` (0.05 ms). A slow disk must
-    /// not hold a worker for long, so one slow append sends the next ones off the worker until
-    /// one is fast again.
+    /// a short `fdatasync` (0.05 ms). A slow disk must not hold a worker for long, so one slow
+    /// append sends the next ones off the worker until one is fast again.
     Adaptive,
 }
 
