@@ -552,6 +552,11 @@ for label, wl in (("HTTP/1.1", "SSE delivery p99 (append→event), 1000 subscrib
                   ("HTTP/2", "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s")):
     v = val(wl, "picomq")
     goals.append((f"SSE delivery p99 <= 5 ms with 1000 subscribers ({label})", fmt(v, " ms"), None if v is None else v <= 5))
+    # The forwarder that stores nothing, same client and listener: what this machine allows.
+    f = val(f"floor: SSE fan-out, 1000 subscribers, ~10 appends/s, {label}", "forwarder")
+    if f is not None:
+        goals.append((f"  the bare forwarder's p99 on this machine ({label}; context: a hyper server that stores nothing and only forwards, same client)",
+                      fmt(f, " ms"), "info"))
 r = ratio("acked publish, 100 B, 64 in flight", "nats-js-sync-always", None)
 goals.append(("acked publish >= NATS JetStream with fsync before ack", fmt(r), None if r is None else r >= 1))
 v = val("appends over 10k streams (16×4 in flight, 100 records/request)", "picomq")
