@@ -149,6 +149,17 @@ impl Default for State {
 }
 
 impl State {
+    /// Entries of every map and set: what a snapshot encodes, in O(1) (the persistent maps
+    /// keep their sizes).
+    pub fn entry_count(&self) -> u64 {
+        (self.nodes.len()
+            + self.streams.len()
+            + self.registry.len()
+            + self.objects.len()
+            + self.destroyed.len()
+            + self.kv.len()) as u64
+    }
+
     pub fn new() -> State {
         State {
             applied_index: 0,

@@ -23,9 +23,13 @@ const TAIL_PAGE: u32 = 256;
 /// Snapshots kept; log rows are truncated below the oldest kept one so each stays replayable.
 const KEEP_SNAPSHOTS: u32 = 2;
 
+/// A snapshot waits for at least one command per this many state entries since the last one.
+const ENTRIES_PER_SNAPSHOT_COMMAND: u64 = 8;
+
 #[derive(Debug, Clone)]
 pub struct MetaLogOptions {
-    /// Write a snapshot every this many applied commands.
+    /// Write a snapshot every this many applied commands, or, in a larger state, once the
+    /// commands since the last one reach an eighth of its entries (see [`snapshot_due`]).
     pub snapshot_every: u64,
     /// Backstop tail interval (other writers' rows are also read after every own commit).
     pub poll_interval: Duration,
@@ -386,7 +390,12 @@ impl Applier {
     }
 
     fn maybe_snapshot(&mut self) {
-        if self.state.applied_index < self.last_snapshot_index + self.snapshot_every {
+        if !snapshot_due(
+            self.state.applied_index,
+            self.last_snapshot_index,
+            self.snapshot_every,
+            self.state.entry_count(),
+        ) {
             return;
         }
         // O(1) clone; if the snapshotter is still busy, the next row triggers again.
@@ -406,6 +415,16 @@ impl Applier {
             self.applied_tx.send_replace(self.state.applied_index);
         }
     }
+}
+
+/// Whether the state at `applied` is due for a snapshot. A snapshot encodes the whole state,
+/// so with one every `every` commands, creating n streams encoded O(n²) entries (100k streams:
+/// 96 snapshots up to 16 MB, 40 % of the creation time). Waiting also for an eighth of the
+/// state's entries in commands keeps the encoding O(1) per command amortized, and a restart
+/// replays at most that many commands after the newest snapshot (a quarter halved the
+/// encoding again but doubled that replay: 0.6 s more at 100k streams).
+fn snapshot_due(applied: u64, last_snapshot: u64, every: u64, entries: u64) -> bool {
+    applied >= last_snapshot + every.max(entries / ENTRIES_PER_SNAPSHOT_COMMAND)
 }
 
 async fn run_committer(
@@ -574,5 +593,43 @@ async fn run_snapshotter(
             }
             Err(e) => tracing::warn!(error = %e, applied_index, "metadata snapshot failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_wait_for_an_eighth_of_a_large_state_in_commands() {
+        // A small state: every `every` commands.
+        assert!(!snapshot_due(1023, 0, 1024, 10));
+        assert!(snapshot_due(1024, 0, 1024, 10));
+        assert!(snapshot_due(2048, 1024, 1024, 4096));
+        // 100k entries: 12,500 commands after the last snapshot, not 1024.
+        assert!(!snapshot_due(10_000 + 12_499, 10_000, 1024, 100_000));
+        assert!(snapshot_due(10_000 + 12_500, 10_000, 1024, 100_000));
+    }
+
+    /// Creating n streams one command at a time encodes O(n) entries in snapshots, not O(n²).
+    #[test]
+    fn snapshot_work_grows_linearly_with_the_state() {
+        let encoded = |n: u64| {
+            let (mut last, mut total) = (0u64, 0u64);
+            for applied in 1..=n {
+                // One stream per command: the registry and the stream map, 2 entries each.
+                if snapshot_due(applied, last, 1024, 2 * applied) {
+                    total += 2 * applied;
+                    last = applied;
+                }
+            }
+            total
+        };
+        let (small, large) = (encoded(100_000), encoded(1_000_000));
+        assert!(large < 12 * small, "{small} -> {large}");
+        assert!(
+            large < 10 * 1_000_000,
+            "{large} entries encoded for 1M streams"
+        );
     }
 }

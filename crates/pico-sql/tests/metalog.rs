@@ -265,6 +265,49 @@ async fn restart_restores_state_after_snapshot_and_truncation() {
 }
 
 #[tokio::test]
+async fn snapshots_thin_out_as_the_state_grows_and_restart_replays_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = MetaLogOptions {
+        snapshot_every: 8,
+        ..MetaLogOptions::default()
+    };
+    let log = MetaLog::open(&url(&dir), opts.clone()).await.unwrap();
+    // 2000 streams in rows of 10 commands: with a snapshot every 8 commands that could be
+    // 200 snapshots; waiting for an eighth of the state's entries (2 per stream) leaves
+    // about 16.
+    for batch in 0..200 {
+        let cmds = (0..10)
+            .map(|i| create(&format!("s{}", batch * 10 + i)))
+            .collect();
+        log.propose_many(cmds).await.unwrap();
+    }
+    let before = log.view();
+    assert_eq!(before.applied_index, 2000);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while log.snapshot_stats().last_index < 1000 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no snapshot of the grown state: {:?}",
+            log.snapshot_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = log.snapshot_stats();
+    assert!(
+        (5..=40).contains(&stats.written),
+        "snapshots written: {stats:?}"
+    );
+    log.close().await;
+    let reopened = MetaLog::open(&url(&dir), opts).await.unwrap();
+    assert_eq!(
+        *reopened.view(),
+        *before,
+        "snapshot + replay rebuilds the state"
+    );
+    reopened.close().await;
+}
+
+#[tokio::test]
 async fn restart_without_snapshot_replays_everything() {
     let dir = tempfile::tempdir().unwrap();
     let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
