@@ -176,11 +176,20 @@ impl State {
     /// Applies one command. `applied_index` is incremented ALWAYS (rejections are log positions
     /// too); on `Err` everything else is unchanged. Pure and deterministic: no clock, no IO.
     pub fn apply(&mut self, cmd: &Command) -> Result<Outcome, ApplyError> {
-        // Work on an O(1) clone so a rejection half-way through cannot leave partial changes.
-        let mut next = self.clone();
-        let result = next.apply_inner(cmd);
-        if result.is_ok() {
-            *self = next;
+        // In place: every command checks everything that can reject it before it changes
+        // anything, so a rejection leaves the state as it was (debug builds verify that on
+        // every rejection). Applying to a clone and keeping it on success cost far more than
+        // the clone: the clone shared every node with `self`, so each change copied its whole
+        // path of 64-entry nodes, per command (75 µs per stream create at 100k streams).
+        #[cfg(debug_assertions)]
+        let before = self.clone();
+        let result = self.apply_inner(cmd);
+        #[cfg(debug_assertions)]
+        if result.is_err() {
+            debug_assert!(
+                *self == before,
+                "a rejected command changed the state: {cmd:?}"
+            );
         }
         self.applied_index += 1;
         result
