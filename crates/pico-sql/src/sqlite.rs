@@ -64,7 +64,10 @@ impl SqliteStore {
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Full);
             SqlitePoolOptions::new().max_connections(4)
-        };
+        }
+        // A connection to a local file does not go stale the way a network one does; sqlx's
+        // check on every acquire was a round trip to the connection's worker thread per query.
+        .test_before_acquire(false);
         let pool = pool_opts
             .connect_with(opts)
             .await
