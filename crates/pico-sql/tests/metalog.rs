@@ -1,7 +1,7 @@
 //! MetaLog against a real SQLite file in a temp dir.
 
 use pico_metadata::{ApplyError, Command, Outcome, StreamConfig};
-use pico_sql::{MetaError, MetaLog, MetaLogOptions};
+use pico_sql::{MetaError, MetaLog, MetaLogOptions, SnapshotStats};
 use sqlx::Row;
 use std::time::Duration;
 
@@ -34,6 +34,22 @@ async fn count(pool: &sqlx::SqlitePool, table: &str) -> i64 {
         .await
         .unwrap()
         .get("n")
+}
+
+/// Snapshots are written in the background: waits (up to 10 s) until `done` holds.
+async fn wait_for_snapshots(log: &MetaLog, done: impl Fn(&SnapshotStats) -> bool) -> SnapshotStats {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = log.snapshot_stats();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "snapshots not written: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
@@ -207,17 +223,7 @@ async fn restart_restores_state_after_snapshot_and_truncation() {
     }
     let before = log.view();
     assert_eq!(before.applied_index, 2600);
-    // Snapshots are written in the background.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while log.snapshot_stats().written < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "snapshots not written: {:?}",
-            log.snapshot_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let stats = log.snapshot_stats();
+    let stats = wait_for_snapshots(&log, |s| s.written >= 2).await;
     assert!(
         stats.last_index >= 2048 && stats.rows_truncated > 0,
         "{stats:?}"
@@ -283,16 +289,7 @@ async fn snapshots_thin_out_as_the_state_grows_and_restart_replays_the_rest() {
     }
     let before = log.view();
     assert_eq!(before.applied_index, 2000);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while log.snapshot_stats().last_index < 1000 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no snapshot of the grown state: {:?}",
-            log.snapshot_stats()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let stats = log.snapshot_stats();
+    let stats = wait_for_snapshots(&log, |s| s.last_index >= 1000).await;
     assert!(
         (5..=40).contains(&stats.written),
         "snapshots written: {stats:?}"
