@@ -10,6 +10,7 @@ use crate::command::{Command, CommitRange, ForkOrigin, ProducerMark, StreamConfi
 use crate::state::{
     NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
 };
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Current codec version (first byte of every encoded value). Version 2 added forks, soft
@@ -142,7 +143,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
     }
     for _ in 0..r.count("streams", 8)? {
         let m = r.stream()?;
-        s.streams.insert(m.id, m);
+        s.streams.insert(m.id, Arc::new(m));
     }
     for _ in 0..r.count("registry", 8)? {
         let name = r.str("registry name")?;
@@ -177,7 +178,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
         } else {
             e
         };
-        s.registry.insert(name, e);
+        s.registry.insert(name, Arc::new(e));
     }
     for _ in 0..r.count("objects", 4 + 8 + 4 + 4 + 8)? {
         let o = ObjectMeta {

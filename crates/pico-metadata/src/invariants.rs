@@ -237,6 +237,7 @@ mod tests {
     use super::*;
     use crate::command::{Command, CommitRange, StreamConfig};
     use crate::state::{Owner, Slice};
+    use std::sync::Arc;
 
     fn healthy() -> State {
         let mut s = State::new();
@@ -306,7 +307,7 @@ mod tests {
     }
 
     fn with_stream(s: &mut State, f: impl FnOnce(&mut crate::state::StreamMeta)) {
-        f(s.streams.get_mut(&0).unwrap());
+        f(Arc::make_mut(s.streams.get_mut(&0).unwrap()));
     }
 
     #[test]
@@ -393,13 +394,13 @@ mod tests {
     #[test]
     fn detects_data_past_close() {
         let mut s = healthy();
-        let e = s.registry.get_mut("a").unwrap();
+        let e = Arc::make_mut(s.registry.get_mut("a").unwrap());
         e.closed = true;
         e.closed_at = Some(5);
         assert!(sealed_tail_holds(&s).is_err());
-        s.registry.get_mut("a").unwrap().closed_at = Some(6);
+        Arc::make_mut(s.registry.get_mut("a").unwrap()).closed_at = Some(6);
         assert!(sealed_tail_holds(&s).is_ok());
-        s.registry.get_mut("a").unwrap().closed = false;
+        Arc::make_mut(s.registry.get_mut("a").unwrap()).closed = false;
         assert!(sealed_tail_holds(&s).is_err());
     }
 }

@@ -134,8 +134,8 @@ pub struct State {
     pub next_stream_id: u64,
     pub nodes: im::OrdMap<u32, NodeInfo>,
     /// Deleted streams are removed once they own no slices.
-    pub streams: im::OrdMap<u64, StreamMeta>,
-    pub registry: im::OrdMap<String, RegistryEntry>,
+    pub streams: im::OrdMap<u64, Arc<StreamMeta>>,
+    pub registry: im::OrdMap<String, Arc<RegistryEntry>>,
     pub objects: im::OrdMap<String, ObjectMeta>,
     /// Objects with `live_refs == 0` awaiting GC.
     pub destroyed: im::OrdSet<String>,
@@ -356,14 +356,14 @@ impl State {
                 let origin = entry.fork.clone();
                 if referenced {
                     if let Some(e) = self.registry.get_mut(name) {
-                        e.soft_deleted = true;
+                        Arc::make_mut(e).soft_deleted = true;
                     }
                 } else {
                     self.registry.remove(name);
                 }
-                if let Some(mut s) = self.streams.remove(stream_id) {
-                    s.deleted = true;
-                    for slice in std::mem::take(&mut s.slices) {
+                if let Some(s) = self.streams.remove(stream_id) {
+                    // The stream leaves the state: its slices' references go with it.
+                    for slice in s.slices.iter() {
                         self.release_ref(&slice.key);
                     }
                     // All refs released at once, so the stream owns no slices: forget it.
@@ -469,11 +469,11 @@ impl State {
         self.next_stream_id += 1;
         self.streams.insert(
             id,
-            StreamMeta::never_opened(id, name, 0, 0, im::Vector::new()),
+            Arc::new(StreamMeta::never_opened(id, name, 0, 0, im::Vector::new())),
         );
         self.registry.insert(
             name.to_string(),
-            RegistryEntry {
+            Arc::new(RegistryEntry {
                 stream_id: id,
                 config: config.clone(),
                 created_at_ms: now_ms,
@@ -484,7 +484,7 @@ impl State {
                 fork: None,
                 forks: 0,
                 soft_deleted: false,
-            },
+            }),
         );
         Ok(Outcome::Created {
             stream_id: id,
@@ -559,17 +559,24 @@ impl State {
             }
         }
         if let Some(e) = self.registry.get_mut(&origin.source) {
+            let e = Arc::make_mut(e);
             e.forks = e.forks.saturating_add(1);
         }
         let id = self.next_stream_id;
         self.next_stream_id += 1;
         self.streams.insert(
             id,
-            StreamMeta::never_opened(id, name, start_offset, inherit_end, slices),
+            Arc::new(StreamMeta::never_opened(
+                id,
+                name,
+                start_offset,
+                inherit_end,
+                slices,
+            )),
         );
         self.registry.insert(
             name.to_string(),
-            RegistryEntry {
+            Arc::new(RegistryEntry {
                 stream_id: id,
                 config: config.clone(),
                 created_at_ms: now_ms,
@@ -580,7 +587,7 @@ impl State {
                 fork: Some(origin.clone()),
                 forks: 0,
                 soft_deleted: false,
-            },
+            }),
         );
         Ok(Outcome::Created {
             stream_id: id,
@@ -599,6 +606,7 @@ impl State {
             if e.stream_id != o.source_stream_id {
                 return;
             }
+            let e = Arc::make_mut(e);
             e.forks = e.forks.saturating_sub(1);
             if e.soft_deleted && e.forks == 0 {
                 next = e.fork.clone();
@@ -625,7 +633,7 @@ impl State {
         if closed_at.is_some_and(|at| r.end_offset > at) {
             return RangeResult::Rejected;
         }
-        let Some(s) = self.streams.get_mut(&r.stream_id) else {
+        let Some(s) = self.streams.get_mut(&r.stream_id).map(Arc::make_mut) else {
             return RangeResult::Rejected;
         };
         s.end_offset = r.end_offset;
@@ -686,14 +694,12 @@ impl State {
     }
 
     fn live_stream_mut(&mut self, stream_id: u64) -> Result<&mut StreamMeta, ApplyError> {
-        let s = self
-            .streams
+        // Checked before `make_mut`, which copies an entry a view still holds.
+        self.live_stream(stream_id)?;
+        self.streams
             .get_mut(&stream_id)
-            .ok_or(ApplyError::StreamNotFound { stream_id })?;
-        if s.deleted {
-            return Err(ApplyError::StreamDeleted { stream_id });
-        }
-        Ok(s)
+            .map(Arc::make_mut)
+            .ok_or(ApplyError::StreamNotFound { stream_id })
     }
 
     fn registry_entry_mut(
@@ -702,7 +708,7 @@ impl State {
         stream_id: u64,
     ) -> Result<&mut RegistryEntry, ApplyError> {
         match self.registry.get_mut(name) {
-            Some(e) if e.stream_id == stream_id => Ok(e),
+            Some(e) if e.stream_id == stream_id => Ok(Arc::make_mut(e)),
             _ => Err(ApplyError::StreamNotFound { stream_id }),
         }
     }
@@ -727,7 +733,7 @@ impl State {
     }
 
     pub fn stream(&self, stream_id: u64) -> Option<&StreamMeta> {
-        self.streams.get(&stream_id)
+        self.streams.get(&stream_id).map(Arc::as_ref)
     }
 
     pub fn node(&self, node_id: u32) -> Option<&NodeInfo> {
@@ -771,6 +777,7 @@ impl State {
             .take_while(|(name, _)| name.starts_with(prefix))
             .filter(|(_, e)| !e.soft_deleted)
             .take(limit)
+            .map(|(name, e)| (name, e.as_ref()))
             .collect()
     }
 }

@@ -73,8 +73,9 @@ pub enum StartError {
 /// A stream resolved from the view: its registry entry and internal state.
 struct Resolved {
     name: StreamName,
-    entry: RegistryEntry,
-    meta: StreamMeta,
+    /// Shared with the metadata view: resolving a name copies two pointers, not the entries.
+    entry: Arc<RegistryEntry>,
+    meta: Arc<StreamMeta>,
 }
 
 impl Node {
