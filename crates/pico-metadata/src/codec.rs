@@ -628,7 +628,11 @@ impl<'a> Reader<'a> {
             end_offset,
             deleted,
             slices,
-            producers: std::sync::Arc::new(producers),
+            producers: if producers.is_empty() {
+                crate::state::no_producers()
+            } else {
+                std::sync::Arc::new(producers)
+            },
             stream_seq,
         })
     }

@@ -48,6 +48,13 @@ pub struct ProducerState {
 /// Producer state of one stream (see [`StreamMeta::producers`]).
 pub type Producers = Arc<BTreeMap<String, ProducerState>>;
 
+/// The producers of a stream that has none: one shared empty map, so an idle stream allocates
+/// nothing for them (a first producer copies it through `Arc::make_mut`).
+pub fn no_producers() -> Producers {
+    static EMPTY: std::sync::LazyLock<Producers> = std::sync::LazyLock::new(Producers::default);
+    EMPTY.clone()
+}
+
 /// An internal stream (the data side; the name lives in the registry).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamMeta {
@@ -90,7 +97,7 @@ impl StreamMeta {
             end_offset,
             deleted: false,
             slices,
-            producers: Producers::default(),
+            producers: no_producers(),
             stream_seq: None,
         }
     }
