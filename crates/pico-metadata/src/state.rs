@@ -701,12 +701,15 @@ impl State {
     }
 
     fn live_stream_mut(&mut self, stream_id: u64) -> Result<&mut StreamMeta, ApplyError> {
-        // Checked before `make_mut`, which copies an entry a view still holds.
-        self.live_stream(stream_id)?;
-        self.streams
+        let s = self
+            .streams
             .get_mut(&stream_id)
-            .map(Arc::make_mut)
-            .ok_or(ApplyError::StreamNotFound { stream_id })
+            .ok_or(ApplyError::StreamNotFound { stream_id })?;
+        if s.deleted {
+            return Err(ApplyError::StreamDeleted { stream_id });
+        }
+        // Only now: `make_mut` copies an entry a view still holds.
+        Ok(Arc::make_mut(s))
     }
 
     fn registry_entry_mut(
