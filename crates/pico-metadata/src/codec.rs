@@ -103,7 +103,7 @@ pub fn encode_state(s: &State) -> Vec<u8> {
             }
         }
         w.i64(e.last_touch_ms);
-        w.fork(e.fork.as_ref());
+        w.fork(e.fork.as_deref());
         w.u32(e.forks);
         w.bool(e.soft_deleted);
     }
@@ -155,7 +155,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
             closed_at: r.opt_u64("closed_at")?,
             closed_by: match r.u8("closed_by tag")? {
                 0 => None,
-                1 => Some(r.producer()?),
+                1 => Some(Box::new(r.producer()?)),
                 tag => {
                     return Err(CodecError::BadTag {
                         what: "closed_by",
@@ -170,7 +170,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
         };
         let e = if r.version >= 2 {
             RegistryEntry {
-                fork: r.fork()?,
+                fork: r.fork()?.map(Box::new),
                 forks: r.u32("forks")?,
                 soft_deleted: r.bool("soft_deleted")?,
                 ..e
@@ -615,7 +615,7 @@ impl<'a> Reader<'a> {
             producers.insert(pid, st);
         }
         let stream_seq = if self.version >= 2 {
-            self.opt_str("stream_seq")?
+            self.opt_str("stream_seq")?.map(String::into_boxed_str)
         } else {
             None
         };

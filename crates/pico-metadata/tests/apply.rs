@@ -488,7 +488,7 @@ fn seal_is_idempotent_and_stops_commits_past_close() {
     let (e, _) = s.stream_by_name("a").unwrap();
     assert_eq!(
         (e.closed, e.closed_at, e.closed_by.clone()),
-        (true, Some(5), Some(p))
+        (true, Some(5), Some(Box::new(p)))
     );
     // WAL data up to the close point still commits; nothing beyond.
     assert_eq!(

@@ -1333,7 +1333,7 @@ impl Node {
                 let stream_seq = view
                     .streams
                     .get(&stream_id)
-                    .and_then(|m| m.stream_seq.clone());
+                    .and_then(|m| m.stream_seq.as_deref().map(str::to_string));
                 let entry = view.registry.get(r.name.as_str());
                 let closed = entry.is_some_and(|e| e.closed);
                 let closed_by = entry
