@@ -347,6 +347,20 @@ impl Node {
         let engine = &self.inner.engine;
 
         let mut w = open.writer.lock().await;
+        if let Some(p) = &req.producer {
+            // Arrived ahead of its predecessors: hold it (bounded) until they are accepted.
+            let deadline = tokio::time::Instant::now() + REORDER_WAIT;
+            while !w.broken && !w.closed && producers::early(w.producers.get(&p.id).copied(), p) {
+                // Created before the lock is released, so no move between the two is missed.
+                let moved = open.producers_moved.notified();
+                drop(w);
+                let timed_out = tokio::time::timeout_at(deadline, moved).await.is_err();
+                w = open.writer.lock().await;
+                if timed_out {
+                    break; // decided below as it stands: most likely a real gap
+                }
+            }
+        }
         if w.broken {
             drop(w);
             self.inner.open.remove_open(&open);
@@ -516,6 +530,7 @@ impl Node {
                     seq: p.seq,
                 },
             );
+            open.producers_moved.notify_waiters();
         }
         if req.close {
             w.closed = true;
@@ -1350,6 +1365,7 @@ impl Node {
                         broken: false,
                     }),
                     last_used_ms: AtomicI64::new(now_ms()),
+                    producers_moved: tokio::sync::Notify::new(),
                 }))
             })
             .await
@@ -1486,6 +1502,10 @@ pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 
 /// Longest an append waits for engine queue space before answering 503.
 const SUBMIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest an append that arrived ahead of its producer's earlier batches waits for them
+/// before it is answered as a sequence gap. Pipelined requests overtake each other by well
+/// under a millisecond here; a real gap (a lost batch, a client bug) costs this much more.
+const REORDER_WAIT: Duration = Duration::from_millis(20);
 /// Longest a duplicate or close waits for earlier appends to become durable.
 const DURABLE_WAIT: Duration = Duration::from_secs(60);
 

@@ -6,7 +6,7 @@ use crate::producers::ProducerState;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::{Mutex, Notify, OnceCell};
 
 /// One open stream.
 pub struct OpenStream {
@@ -16,6 +16,9 @@ pub struct OpenStream {
     pub writer: Mutex<Writer>,
     /// Last use (ms), for idle release.
     pub last_used_ms: AtomicI64,
+    /// Signalled whenever a producer's state moves: appends that arrived ahead of their
+    /// predecessors wait on it (bounded) instead of failing with a sequence gap.
+    pub producers_moved: Notify,
 }
 
 /// Writer state: the in-flight view of producers and closure, ahead of the committed metadata.

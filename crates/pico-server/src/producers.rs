@@ -60,6 +60,25 @@ pub fn decide(stored: Option<ProducerState>, claim: &ProducerClaim) -> Decision 
     }
 }
 
+/// How far ahead of its producer's state a claim may arrive and still be held for its
+/// predecessors (see [`early`]); a pipelining client keeps fewer than this in flight.
+pub const REORDER_WINDOW: u64 = 32;
+
+/// Whether `claim` arrived ahead of batches of the same producer that may still be on their
+/// way: it would be a gap (or a new epoch not starting at 0) now, but becomes acceptable once
+/// at most [`REORDER_WINDOW`] predecessors are accepted. Pipelined batches travel on separate
+/// requests and overtake each other; holding such a claim briefly lets them commit together
+/// instead of the early one bouncing back as `sequence_gap` and waiting for a whole round trip.
+pub fn early(stored: Option<ProducerState>, claim: &ProducerClaim) -> bool {
+    let within = |expected: u64| claim.seq > expected && claim.seq - expected <= REORDER_WINDOW;
+    match stored {
+        None => within(0),
+        Some(s) if claim.epoch > s.epoch => within(0),
+        Some(s) if claim.epoch == s.epoch => within(s.seq + 1),
+        Some(_) => false,
+    }
+}
+
 const AUX_V1: u8 = 1;
 const AUX_V2: u8 = 2;
 
@@ -190,6 +209,29 @@ mod tests {
         assert_eq!(decide(s, &claim(2, 0)), Decision::Duplicate { last_seq: 5 });
         assert_eq!(decide(s, &claim(2, 6)), Decision::Accept);
         assert_eq!(decide(s, &claim(2, 8)), Decision::Gap { expected: 6 });
+    }
+
+    #[test]
+    fn early_claims_are_those_a_predecessor_can_still_make_acceptable() {
+        assert!(!early(None, &claim(0, 0)), "acceptable now");
+        assert!(early(None, &claim(0, 1)));
+        assert!(early(None, &claim(4, REORDER_WINDOW)));
+        assert!(
+            !early(None, &claim(0, REORDER_WINDOW + 1)),
+            "too far: a real gap"
+        );
+        let s = Some(ProducerState { epoch: 2, seq: 5 });
+        assert!(!early(s, &claim(2, 5)), "duplicate");
+        assert!(!early(s, &claim(2, 6)), "acceptable now");
+        assert!(early(s, &claim(2, 7)));
+        assert!(early(s, &claim(2, 6 + REORDER_WINDOW)));
+        assert!(!early(s, &claim(2, 7 + REORDER_WINDOW)));
+        assert!(
+            early(s, &claim(3, 1)),
+            "a new epoch's seq 0 may still be on its way"
+        );
+        assert!(!early(s, &claim(3, 0)));
+        assert!(!early(s, &claim(1, 9)), "fenced stays fenced");
     }
 
     #[test]

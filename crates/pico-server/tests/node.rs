@@ -154,6 +154,61 @@ async fn producers_pipeline_dedupe_and_fence() {
 }
 
 #[tokio::test]
+async fn producer_batches_that_overtake_their_predecessors_wait_for_them() {
+    let node = start_test_node().await;
+    node.create(create_req("o")).await.unwrap();
+    let with = |epoch, seq, body: &str| AppendRequest {
+        producer: Some(ProducerClaim {
+            id: "w".into(),
+            epoch,
+            seq,
+        }),
+        ..append_req("o", &[body])
+    };
+    // Seq 2 and 1 arrive before seq 0 (and a new epoch's seq 1 before its seq 0): each is held
+    // until its predecessor is accepted, then all commit in producer order.
+    let early2 = tokio::spawn({
+        let (node, req) = (node.clone(), with(0, 2, "c"));
+        async move { node.append(req).await }
+    });
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let early1 = tokio::spawn({
+        let (node, req) = (node.clone(), with(0, 1, "b"));
+        async move { node.append(req).await }
+    });
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let first = node.append(with(0, 0, "a")).await.unwrap();
+    let (one, two) = (
+        early1.await.unwrap().unwrap(),
+        early2.await.unwrap().unwrap(),
+    );
+    assert_eq!((first.start_seq, one.start_seq, two.start_seq), (0, 1, 2));
+    assert!(!one.duplicate && !two.duplicate);
+    let next_epoch = tokio::spawn({
+        let (node, req) = (node.clone(), with(1, 1, "e"));
+        async move { node.append(req).await }
+    });
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    node.append(with(1, 0, "d")).await.unwrap();
+    assert_eq!(next_epoch.await.unwrap().unwrap().start_seq, 4);
+    let bodies: Vec<_> = read_all(&node, "o", 0)
+        .await
+        .into_iter()
+        .map(|(_, body)| body)
+        .collect();
+    assert_eq!(bodies, ["a", "b", "c", "d", "e"]);
+    // Nothing fills a real gap: it is answered once the wait runs out.
+    assert!(matches!(
+        node.append(with(1, 3, "gap")).await,
+        Err(AppendError::SequenceGap {
+            expected: 2,
+            received: 3,
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
 async fn match_seq_close_delete_trim() {
     let node = start_test_node().await;
     node.create(create_req("s")).await.unwrap();
