@@ -3,10 +3,10 @@
 //!
 //! Every batch gets the next `(id, epoch, seq)` when it is handed to [`IdempotentProducer::send`]
 //! and keeps it across retries, so the server dedupes a retry of a batch it already applied.
-//! Batches travel on independent requests and may overtake each other on the way; the server
-//! then answers `409 sequence_gap` for the one that arrived early. [`drive`] turns that into
-//! "wait until every earlier batch has finished, then resend": a gap is ordering noise, not an
-//! error. The sequencing core ([`SeqWindow`], [`drive`]) knows no protocol, so other frontends
+//! Batches travel on independent requests and may overtake each other on the way; a PicoMQ
+//! server holds one that arrived early until its predecessors are accepted (up to 20 ms), other
+//! servers answer `409 sequence_gap` at once. [`drive`] turns a gap into "wait until every
+//! earlier batch has finished, then resend": a gap is ordering noise, not an error. The sequencing core ([`SeqWindow`], [`drive`]) knows no protocol, so other frontends
 //! (the Durable Streams load generator in `pico bench`) reuse it with their own headers.
 
 use crate::client::Client;
