@@ -52,7 +52,7 @@ fn main() {
         let cmd = Command::CreateStream {
             name: format!("/bench/s{i:07}"),
             config: StreamConfig {
-                content_type: "text/plain".to_string(),
+                content_type: "text/plain".into(),
                 ttl_secs: None,
                 expires_at_ms: None,
             },

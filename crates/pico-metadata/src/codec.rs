@@ -178,6 +178,10 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
         } else {
             e
         };
+        let e = RegistryEntry {
+            config: s.content_types.config(&e.config),
+            ..e
+        };
         s.registry.insert(name, Arc::new(e));
     }
     for _ in 0..r.count("objects", 4 + 8 + 4 + 4 + 8)? {
@@ -568,7 +572,7 @@ impl<'a> Reader<'a> {
     }
     fn config(&mut self) -> Result<StreamConfig, CodecError> {
         Ok(StreamConfig {
-            content_type: self.str("content_type")?,
+            content_type: self.str("content_type")?.into(),
             ttl_secs: self.opt_u64("ttl_secs")?,
             expires_at_ms: self.opt_i64("expires_at_ms")?,
         })

@@ -6,7 +6,7 @@ use thiserror::Error;
 /// Stream configuration fixed at creation (compared by idempotent creates).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamConfig {
-    pub content_type: String,
+    pub content_type: std::sync::Arc<str>,
     pub ttl_secs: Option<u64>,
     pub expires_at_ms: Option<i64>,
 }

@@ -127,12 +127,13 @@ pub struct RegistryEntry {
 
 // Every stream, idle or not, holds one `Arc<StreamMeta>` and one `Arc<RegistryEntry>`, and the
 // allocator rounds each up to its size class (jemalloc: 128, 160, 192, 224): a field that moves an
-// entry past a boundary costs every stream the whole step. Rare fields are boxed for this reason.
+// entry past a boundary costs every stream the whole step. Rare fields are boxed for this reason,
+// and content types are shared `Arc<str>`s (see `ContentTypes`).
 // `examples/state_memory.rs` measures the state's bytes per stream.
 #[cfg(target_pointer_width = "64")]
 const _: () = {
     assert!(size_of::<StreamMeta>() + 16 <= 192);
-    assert!(size_of::<RegistryEntry>() + 16 <= 160);
+    assert!(size_of::<RegistryEntry>() + 16 <= 128);
 };
 
 /// A committed object in storage.
@@ -160,6 +161,54 @@ pub struct State {
     /// Objects with `live_refs == 0` awaiting GC.
     pub destroyed: im::OrdSet<String>,
     pub kv: im::OrdMap<String, Vec<u8>>,
+    /// Content types shared by the registry's entries (a cache: not encoded, not compared).
+    pub content_types: ContentTypes,
+}
+
+/// The content types streams were created with, so that entries share one allocation per
+/// distinct type instead of holding a copy each (a deployment uses a handful; every idle stream
+/// paid 16 B for its copy and 8 B more in its entry, which kept the entry a size class up).
+/// Capped: past [`ContentTypes::MAX`] distinct types, new ones are kept unshared, so a client
+/// inventing a type per stream cannot grow it. A cache rather than state: two states are equal
+/// whatever it holds, and snapshots rebuild it as they load.
+#[derive(Clone, Default)]
+pub struct ContentTypes(im::OrdMap<Arc<str>, Arc<str>>);
+
+impl ContentTypes {
+    pub const MAX: usize = 256;
+
+    /// The shared copy of `ct` (remembering it while there is room).
+    pub fn intern(&mut self, ct: &Arc<str>) -> Arc<str> {
+        if let Some(shared) = self.0.get(ct) {
+            return shared.clone();
+        }
+        if self.0.len() < Self::MAX {
+            self.0.insert(ct.clone(), ct.clone());
+        }
+        ct.clone()
+    }
+
+    /// `config` with its content type shared.
+    pub fn config(&mut self, config: &StreamConfig) -> StreamConfig {
+        StreamConfig {
+            content_type: self.intern(&config.content_type),
+            ..config.clone()
+        }
+    }
+}
+
+impl PartialEq for ContentTypes {
+    fn eq(&self, _: &ContentTypes) -> bool {
+        true
+    }
+}
+
+impl Eq for ContentTypes {}
+
+impl std::fmt::Debug for ContentTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ContentTypes({})", self.0.len())
+    }
 }
 
 impl Default for State {
@@ -190,6 +239,7 @@ impl State {
             objects: im::OrdMap::new(),
             destroyed: im::OrdSet::new(),
             kv: im::OrdMap::new(),
+            content_types: ContentTypes::default(),
         }
     }
 
@@ -495,7 +545,7 @@ impl State {
             name.to_string(),
             Arc::new(RegistryEntry {
                 stream_id: id,
-                config: config.clone(),
+                config: self.content_types.config(config),
                 created_at_ms: now_ms,
                 closed,
                 closed_at: None,
@@ -598,7 +648,7 @@ impl State {
             name.to_string(),
             Arc::new(RegistryEntry {
                 stream_id: id,
-                config: config.clone(),
+                config: self.content_types.config(config),
                 created_at_ms: now_ms,
                 closed: false,
                 closed_at: None,

@@ -757,3 +757,39 @@ fn stream_seq_is_committed_with_data() {
     commit(&mut s, (1, 1), "k2", vec![range(a, 0, 2, 3)]);
     assert_eq!(s.streams[&a].stream_seq.as_deref(), Some("009"));
 }
+
+#[test]
+fn streams_share_their_content_type_across_snapshots() {
+    let mut s = State::new();
+    create(&mut s, "a");
+    create(&mut s, "b");
+    let ct = |s: &State, n: &str| s.registry[n].config.content_type.clone();
+    assert!(std::sync::Arc::ptr_eq(&ct(&s, "a"), &ct(&s, "b")));
+    let restored = pico_metadata::codec::decode_state(&pico_metadata::codec::encode_state(&s))
+        .expect("snapshot decodes");
+    assert_eq!(restored, s);
+    assert!(std::sync::Arc::ptr_eq(
+        &ct(&restored, "a"),
+        &ct(&restored, "b")
+    ));
+}
+
+#[test]
+fn content_type_sharing_is_capped() {
+    use pico_metadata::state::ContentTypes;
+    use std::sync::Arc;
+    let mut c = ContentTypes::default();
+    let first: Arc<str> = "t/0".into();
+    assert!(Arc::ptr_eq(&c.intern(&first), &first));
+    assert!(Arc::ptr_eq(&c.intern(&"t/0".into()), &first), "shared");
+    for i in 1..ContentTypes::MAX + 10 {
+        c.intern(&format!("t/{i}").into());
+    }
+    let late: Arc<str> = format!("t/{}", ContentTypes::MAX + 1).into();
+    assert!(Arc::ptr_eq(&c.intern(&late), &late));
+    assert!(
+        !Arc::ptr_eq(&c.intern(&late.to_string().into()), &late),
+        "past the cap a type is not remembered"
+    );
+    assert!(Arc::ptr_eq(&c.intern(&"t/0".into()), &first), "kept");
+}

@@ -181,7 +181,7 @@ impl Node {
             }
         }
         let config = StreamConfig {
-            content_type: normalize_content_type(req.config.content_type.as_deref()),
+            content_type: normalize_content_type(req.config.content_type.as_deref()).into(),
             ttl_secs: req.config.ttl_secs,
             expires_at_ms: req.config.expires_at_ms,
         };
@@ -406,7 +406,7 @@ impl Node {
             && !content_type_matches(ct, &r.entry.config.content_type)
         {
             return Err(AppendError::ContentType {
-                stream: r.entry.config.content_type.clone(),
+                stream: r.entry.config.content_type.to_string(),
                 request: ct.clone(),
             });
         }
@@ -1257,7 +1257,7 @@ impl Node {
         StreamInfo {
             name: r.name.clone(),
             stream_id: r.meta.id,
-            content_type: r.entry.config.content_type.clone(),
+            content_type: r.entry.config.content_type.to_string(),
             start_seq: r.meta.start_offset.min(tail),
             next_seq: tail,
             closed: r.entry.closed,

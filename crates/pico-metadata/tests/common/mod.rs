@@ -24,7 +24,7 @@ pub fn config() -> impl Strategy<Value = StreamConfig> {
         proptest::option::of(-1i64..2),
     )
         .prop_map(|(content_type, ttl_secs, expires_at_ms)| StreamConfig {
-            content_type,
+            content_type: content_type.into(),
             ttl_secs,
             expires_at_ms,
         })
