@@ -6,8 +6,9 @@
 //! Batches travel on independent requests and may overtake each other on the way; a PicoMQ
 //! server holds one that arrived early until its predecessors are accepted (up to 20 ms), other
 //! servers answer `409 sequence_gap` at once. [`drive`] turns a gap into "wait until every
-//! earlier batch has finished, then resend": a gap is ordering noise, not an error. The sequencing core ([`SeqWindow`], [`drive`]) knows no protocol, so other frontends
-//! (the Durable Streams load generator in `pico bench`) reuse it with their own headers.
+//! earlier batch has finished, then resend": a gap is ordering noise, not an error. The
+//! sequencing core ([`SeqWindow`], [`drive`]) knows no protocol, so other frontends (the Durable
+//! Streams load generator in `pico bench`) reuse it with their own headers.
 
 use crate::client::Client;
 use crate::error::ClientError;
