@@ -171,6 +171,7 @@ pub struct State {
 /// Capped: past [`ContentTypes::MAX`] distinct types, new ones are kept unshared, so a client
 /// inventing a type per stream cannot grow it. A cache rather than state: two states are equal
 /// whatever it holds, and snapshots rebuild it as they load.
+/// A map to itself because `im::OrdSet` cannot hand back the stored element.
 #[derive(Clone, Default)]
 pub struct ContentTypes(im::OrdMap<Arc<str>, Arc<str>>);
 
