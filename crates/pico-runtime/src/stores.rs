@@ -69,7 +69,7 @@ pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> 
 }
 
 /// Engine settings from the WAL URI parameters (`batchInterval` ms, `maxBytesInBatch`,
-/// `maxUnflushedBytes`; `maxInflightUploadCount` is accepted for compatibility).
+/// `maxUnflushedBytes`, `maxInflightUploadCount`: object PUTs in flight).
 pub fn engine_config(uri: &BucketUri) -> Result<EngineConfig, RuntimeError> {
     let bad = |e: pico_common::UriError| RuntimeError::Config(e.to_string());
     let mut cfg = EngineConfig::default();
@@ -82,7 +82,14 @@ pub fn engine_config(uri: &BucketUri) -> Result<EngineConfig, RuntimeError> {
     if let Some(b) = uri.param_u64("maxUnflushedBytes").map_err(bad)? {
         cfg.max_unflushed_bytes = b as usize;
     }
-    uri.param_u64("maxInflightUploadCount").map_err(bad)?;
+    if let Some(n) = uri.param_u64("maxInflightUploadCount").map_err(bad)? {
+        if n == 0 {
+            return Err(RuntimeError::Config(
+                "maxInflightUploadCount must be at least 1".into(),
+            ));
+        }
+        cfg.upload_parallelism = usize::try_from(n).unwrap_or(usize::MAX);
+    }
     Ok(cfg)
 }
 
@@ -107,5 +114,20 @@ mod tests {
         let junk = format!("-3@file://{}?segmentBytes=lots", dir.path().display());
         assert!(err(&junk).contains("segmentBytes"), "{}", err(&junk));
         assert!(err("-3@memory://x?segmentBytes=65536").contains("file:// WAL only"));
+    }
+
+    #[test]
+    fn engine_parameters_are_read_from_the_wal_uri() {
+        let cfg = |uri: &str| engine_config(&BucketUri::parse(uri).unwrap());
+        let c = cfg("-3@file:///w?maxInflightUploadCount=8&maxUnflushedBytes=1048576").unwrap();
+        assert_eq!(c.upload_parallelism, 8);
+        assert_eq!(c.max_unflushed_bytes, 1 << 20);
+        assert_eq!(
+            cfg("-3@file:///w").unwrap().upload_parallelism,
+            EngineConfig::default().upload_parallelism
+        );
+        let zero = cfg("-3@file:///w?maxInflightUploadCount=0").unwrap_err();
+        assert!(zero.to_string().contains("at least 1"), "{zero}");
+        assert!(cfg("-3@file:///w?maxInflightUploadCount=many").is_err());
     }
 }

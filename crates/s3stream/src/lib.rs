@@ -9,7 +9,8 @@
 //! - `format`: sans-IO codecs of WAL entries and data objects (framed, versioned, CRC32C).
 //! - `engine`: `Engine` — append with group commit, log cache, uploader into stream-set and
 //!   stream objects committed through the host's `Catalog`, block cache, recovery.
-//! - `testing`: `MemCatalog` and `FaultWal` test doubles, also for the host's tests.
+//! - `testing`: `MemCatalog`, `FaultWal` and `SlowStorage` test doubles, also for the host's
+//!   tests.
 //!
 //! Design and invariants: docs/design/engine.md.
 

@@ -1,5 +1,6 @@
 //! Test doubles shared with the host's tests: an in-memory `Catalog` with the fencing rules the
-//! host enforces, and a `Wal` wrapper that counts writes and injects failures.
+//! host enforces, a `Wal` wrapper that counts writes and injects failures, and an object
+//! storage wrapper whose puts take time, overlap and fail on demand.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -8,6 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 
 use crate::engine::{Catalog, CatalogError, ObjectCommit, ObjectSlice};
+use crate::parts::Parts;
+use crate::storage::{ObjectStorage, StorageError};
 use crate::wal::{Wal, WalError, WalRecord};
 
 #[derive(Debug)]
@@ -146,6 +149,7 @@ pub struct FaultWal {
     appends: AtomicU64,
     records: AtomicU64,
     trims: AtomicU64,
+    trimmed: Mutex<Vec<u64>>,
 }
 
 impl FaultWal {
@@ -157,6 +161,7 @@ impl FaultWal {
             appends: AtomicU64::new(0),
             records: AtomicU64::new(0),
             trims: AtomicU64::new(0),
+            trimmed: Mutex::new(Vec::new()),
         }
     }
 
@@ -173,6 +178,14 @@ impl FaultWal {
     /// Trims performed (not skipped) so far.
     pub fn trim_count(&self) -> u64 {
         self.trims.load(Ordering::SeqCst)
+    }
+
+    /// The positions of the trims performed, in order.
+    pub fn trimmed(&self) -> Vec<u64> {
+        self.trimmed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Successful appends so far.
@@ -213,6 +226,121 @@ impl Wal for FaultWal {
         }
         self.inner.trim(upto).await?;
         self.trims.fetch_add(1, Ordering::SeqCst);
+        self.trimmed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(upto);
         Ok(())
+    }
+}
+
+/// How long the nth put (counted from 0) under the prefix takes, given its size in bytes.
+pub type PutDelay = Box<dyn Fn(u64, usize) -> std::time::Duration + Send + Sync>;
+
+/// Wraps an `ObjectStorage`: puts of keys under `prefix` sleep first (as a remote store's
+/// latency), may fail on demand, and are counted: how many overlapped at most, and the order
+/// in which they finished. Other keys (a WAL on the same storage) pass straight through.
+pub struct SlowStorage {
+    inner: Arc<dyn ObjectStorage>,
+    prefix: String,
+    delay: PutDelay,
+    fail_puts: AtomicUsize,
+    started: AtomicU64,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    finished: Mutex<Vec<String>>,
+}
+
+impl SlowStorage {
+    pub fn new(inner: Arc<dyn ObjectStorage>, prefix: &str, delay: PutDelay) -> SlowStorage {
+        SlowStorage {
+            inner,
+            prefix: prefix.to_string(),
+            delay,
+            fail_puts: AtomicUsize::new(0),
+            started: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            finished: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The next `n` puts under the prefix fail after their delay, storing nothing.
+    pub fn fail_puts(&self, n: usize) {
+        self.fail_puts.store(n, Ordering::SeqCst);
+    }
+
+    /// The most puts under the prefix that were in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Keys of the successful puts under the prefix, in the order they finished.
+    pub fn finished(&self) -> Vec<String> {
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    async fn slow_put(&self, key: &str, parts: Parts) -> Result<(), StorageError> {
+        let nth = self.started.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep((self.delay)(nth, parts.len())).await;
+        let failed = self
+            .fail_puts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let result = if failed {
+            Err(StorageError::Other(format!(
+                "injected put failure: key=`{key}`"
+            )))
+        } else {
+            self.inner.put_parts(key, parts).await
+        };
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if result.is_ok() {
+            self.finished
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(key.to_string());
+        }
+        result
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStorage for SlowStorage {
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+        if key.starts_with(&self.prefix) {
+            self.slow_put(key, Parts::from(data)).await
+        } else {
+            self.inner.put(key, data).await
+        }
+    }
+
+    async fn put_parts(&self, key: &str, parts: Parts) -> Result<(), StorageError> {
+        if key.starts_with(&self.prefix) {
+            self.slow_put(key, parts).await
+        } else {
+            self.inner.put_parts(key, parts).await
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+        self.inner.get(key).await
+    }
+
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
+        self.inner.get_range(key, start, len).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        self.inner.delete(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        self.inner.list(prefix).await
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use s3stream::testing::{FaultWal, MemCatalog};
+use s3stream::testing::{FaultWal, MemCatalog, PutDelay, SlowStorage};
 use s3stream::*;
 
 struct Env {
@@ -851,6 +851,23 @@ async fn corrupt_object_is_reported_on_read() {
 /// readable at its offset and nothing is duplicated. The same seed replays the same run.
 #[tokio::test]
 async fn seeded_crash_workload_keeps_every_acked_append_once() {
+    seeded_crash_workload(Env::memory).await;
+}
+
+/// The same with data objects that take 0–20 ms to PUT, so crashes land while several PUTs
+/// are in flight and finishing out of order.
+#[tokio::test]
+async fn seeded_crash_workload_with_slow_overlapping_puts() {
+    seeded_crash_workload(|| {
+        slow_env(Box::new(|n, _| {
+            Duration::from_millis(n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 59)
+        }))
+        .0
+    })
+    .await;
+}
+
+async fn seeded_crash_workload(make_env: fn() -> Env) {
     for seed in [1u64, 7, 42, 1234] {
         let mut rng = seed;
         let mut next = move || {
@@ -859,7 +876,7 @@ async fn seeded_crash_workload_keeps_every_acked_append_once() {
             rng ^= rng << 17;
             rng
         };
-        let env = Env::memory();
+        let env = make_env();
         let mut acked: HashMap<u64, Vec<(u64, Bytes)>> = HashMap::new();
         for epoch in 1i64..=4 {
             let env = env.restart();
@@ -884,8 +901,10 @@ async fn seeded_crash_workload_keeps_every_acked_append_once() {
                     .unwrap();
                 p.durable().await.unwrap();
                 acked.entry(s).or_default().push((base, data));
-                if next() % 10 == 0 {
-                    engine.flush().await.unwrap();
+                match next() % 10 {
+                    0 => engine.flush().await.unwrap(),
+                    1 => tokio::time::sleep(Duration::from_millis(next() % 15)).await,
+                    _ => {}
                 }
             }
             engine.abort();
@@ -896,6 +915,137 @@ async fn seeded_crash_workload_keeps_every_acked_append_once() {
             assert_batches(&read_all(&engine, s, 0).await, &want);
         }
     }
+}
+
+/// An env whose data objects take `delay(nth)` to PUT; the WAL on the same storage is not
+/// slowed.
+fn slow_env(delay: PutDelay) -> (Env, Arc<SlowStorage>) {
+    let slow = Arc::new(SlowStorage::new(
+        Arc::new(MemoryStorage::new()),
+        "data/",
+        delay,
+    ));
+    (Env::on(slow.clone(), Arc::new(MemCatalog::new())), slow)
+}
+
+/// Appends `n` 400-byte batches alternately to streams 1 and 2 (open at epoch 1).
+async fn append_alternating(engine: &Engine, n: u64) -> HashMap<u64, Vec<(u64, Bytes)>> {
+    let mut want: HashMap<u64, Vec<(u64, Bytes)>> = HashMap::new();
+    for i in 0..n {
+        let stream = 1 + i % 2;
+        let base = engine.next_offset(stream).unwrap();
+        let data = Bytes::from(vec![i as u8; 400]);
+        let p = engine
+            .append(req(stream, 1, 1, data.clone()))
+            .await
+            .unwrap();
+        p.durable().await.unwrap();
+        want.entry(stream).or_default().push((base, data));
+    }
+    want
+}
+
+/// Commits went out in plan order (object keys ascend), each object once, nothing was
+/// rejected, the WAL was trimmed in ascending steps, and every batch reads back.
+async fn assert_uploaded_in_order(
+    env: &Env,
+    engine: &Engine,
+    want: &HashMap<u64, Vec<(u64, Bytes)>>,
+) {
+    let keys: Vec<String> = env.catalog.commits().into_iter().map(|c| c.key).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(keys, sorted, "commits out of WAL order or repeated");
+    assert_eq!(engine.stats().rejected_ranges, 0);
+    let trims = env.wal.trimmed();
+    assert!(
+        trims.windows(2).all(|w| w[0] < w[1]),
+        "trims must ascend: {trims:?}"
+    );
+    for (stream, batches) in want {
+        assert_eq!(env.catalog.committed_end(*stream), batches.len() as u64);
+        assert_batches(&read_all(engine, *stream, 0).await, batches);
+    }
+}
+
+#[tokio::test]
+async fn puts_overlap_but_commits_and_trims_follow_wal_order() {
+    // The first object takes far longer than the next ones, so later PUTs finish first.
+    let (env, slow) = slow_env(Box::new(|n, _| {
+        Duration::from_millis(if n == 0 { 150 } else { 5 })
+    }));
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_threshold_bytes: 1000,
+            upload_parallelism: 4,
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    engine.open(2, 1, 0);
+    let want = append_alternating(&engine, 24).await;
+    engine.flush().await.unwrap();
+
+    assert!(
+        slow.max_in_flight() >= 2,
+        "PUTs did not overlap: {}",
+        slow.max_in_flight()
+    );
+    let finished = slow.finished();
+    let first_planned = finished.iter().min().unwrap();
+    assert_ne!(
+        finished.first(),
+        Some(first_planned),
+        "the slow first PUT should finish after later ones: {finished:?}"
+    );
+    assert!(env.catalog.commits().len() >= 4, "expected several cycles");
+    assert_uploaded_in_order(&env, &engine, &want).await;
+}
+
+#[tokio::test]
+async fn one_put_at_a_time_when_parallelism_is_one() {
+    let (env, slow) = slow_env(Box::new(|_, _| Duration::from_millis(3)));
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_threshold_bytes: 1000,
+            upload_parallelism: 1,
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    engine.open(2, 1, 0);
+    let want = append_alternating(&engine, 16).await;
+    engine.flush().await.unwrap();
+    assert_eq!(slow.max_in_flight(), 1);
+    assert_eq!(slow.finished(), {
+        let mut k = slow.finished();
+        k.sort();
+        k
+    });
+    assert_uploaded_in_order(&env, &engine, &want).await;
+}
+
+#[tokio::test]
+async fn a_failed_put_is_retried_and_later_objects_wait_for_its_commit() {
+    let (env, slow) = slow_env(Box::new(|n, _| {
+        Duration::from_millis(if n == 0 { 60 } else { 5 })
+    }));
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_threshold_bytes: 1000,
+            upload_parallelism: 3,
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    engine.open(2, 1, 0);
+    // Fails the first PUT to finish its delay, while others are still in flight.
+    slow.fail_puts(1);
+    let want = append_alternating(&engine, 24).await;
+    engine.flush().await.unwrap();
+    assert!(engine.stats().upload_failures >= 1);
+    assert_uploaded_in_order(&env, &engine, &want).await;
 }
 
 #[tokio::test]

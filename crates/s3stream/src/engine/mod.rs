@@ -59,6 +59,8 @@ pub struct EngineConfig {
     pub upload_threshold_bytes: usize,
     /// A stream with at least this many bytes in one upload gets its own object.
     pub stream_object_min_bytes: usize,
+    /// Upload cycles planned ahead, and object PUTs in flight, at most (commits stay in order).
+    pub upload_parallelism: usize,
     /// Uploaded data kept for reads (unuploaded data is always kept).
     pub log_cache_bytes: usize,
     /// Cache of object slices read from storage.
@@ -80,6 +82,7 @@ impl Default for EngineConfig {
             upload_interval: Duration::from_secs(1),
             upload_threshold_bytes: 16 << 20,
             stream_object_min_bytes: 8 << 20,
+            upload_parallelism: 4,
             log_cache_bytes: 128 << 20,
             block_cache_bytes: 64 << 20,
         }
@@ -323,7 +326,10 @@ struct Shared {
     /// Bytes of appends not yet uploaded (bounds the writer queue and the upload backlog).
     space: Semaphore,
     space_total: usize,
+    /// Upload now, however little is waiting (flush, backpressure).
     upload_kick: Notify,
+    /// Unuploaded bytes crossed the threshold: the uploader checks its backlog rules.
+    upload_check: Notify,
     progress: watch::Sender<Progress>,
     block_cache: Mutex<BlockCache>,
     object_counter: AtomicU64,
@@ -437,6 +443,7 @@ impl Engine {
             space: Semaphore::new(space_total),
             space_total,
             upload_kick: Notify::new(),
+            upload_check: Notify::new(),
             progress: watch::Sender::new(Progress::default()),
             object_counter: AtomicU64::new(next_counter),
             counters: Counters::default(),

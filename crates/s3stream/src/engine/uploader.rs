@@ -1,24 +1,35 @@
 //! The uploader: moves durable WAL data into objects and makes them visible.
 //!
-//! A cycle takes the oldest durable entries (all of WAL positions <= P), packs them into one
-//! stream-set object (plus one stream object per stream with >= `stream_object_min_bytes`),
-//! PUTs each object, commits it through the `Catalog`, and only when every object of the cycle
-//! is committed or rejected trims the WAL to P.
+//! A cycle takes the oldest unplanned durable entries (WAL positions up to its P), packs them
+//! into one stream-set object (plus one stream object per stream with >=
+//! `stream_object_min_bytes`). Up to `upload_parallelism` cycles are planned ahead and their
+//! objects PUT concurrently (at most `upload_parallelism` PUTs in flight), because a PUT's
+//! latency, not its size, bounds one PUT at a time (tens of ms on S3, one disk sync on files).
+//! Commits stay strictly ordered: the oldest cycle's objects are committed in order once their
+//! PUTs finish, then the WAL is trimmed to its P, and only then is the next cycle committed.
 //!
 //! Invariants:
-//! - The WAL is trimmed to P only after every record at positions <= P is committed or fenced.
+//! - The WAL is trimmed to P only after every record at positions <= P is committed or fenced;
+//!   trims ascend.
+//! - Commits follow WAL order, whatever order the PUTs finish in: a stream's ranges reach the
+//!   catalog in offset order.
 //! - A commit error keeps the cycle (same keys, same bytes) and retries it: the data stays in
-//!   the log cache and in the WAL meanwhile. A put is retried under the same key.
+//!   the log cache and in the WAL meanwhile. A failed put is retried under the same key.
 //! - A rejected range is dropped (never retried) and its stream marked broken if still open in
 //!   the same generation: later data of it cannot be contiguous any more.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::task::{self, JoinSet};
+use tokio::time::Instant;
+
 use super::{CommitRange, EngineError, ObjectCommit, SLICE_TARGET_BYTES, Shared};
 use crate::format::{self, DATA_HEADER_LEN};
 use crate::parts::{Parts, PartsWriter};
+use crate::storage::StorageError;
 use crate::wal::WalRecord;
 
 /// One range of one stream within a planned object, with the generation it was appended in.
@@ -34,6 +45,8 @@ pub(super) struct PlannedObject {
     pub(super) data: Parts,
     pub(super) ranges: Vec<PlannedRange>,
     pub(super) put_done: bool,
+    /// A PUT task is writing it (the pipeline only).
+    pub(super) putting: bool,
     pub(super) outcome: Option<Vec<bool>>,
 }
 
@@ -145,14 +158,16 @@ pub(super) fn plan_objects(
             data: buf.finish(),
             ranges,
             put_done: false,
+            putting: false,
             outcome: None,
         });
     }
     Ok(objects)
 }
 
-/// PUTs and commits every object not yet done. On Err the caller retries later with the same
-/// objects; completed steps are remembered in the objects.
+/// PUTs and commits every object not yet done, one at a time (recovery, before the pipeline
+/// starts). On Err the caller retries later with the same objects; completed steps are
+/// remembered in the objects.
 pub(super) async fn put_and_commit(
     shared: &Shared,
     objects: &mut [PlannedObject],
@@ -165,19 +180,25 @@ pub(super) async fn put_and_commit(
             shared.data.put_parts(&obj.key, obj.data.clone()).await?;
             obj.put_done = true;
         }
-        let outcome = shared.catalog.commit(obj.commit()).await?;
-        if outcome.len() != obj.ranges.len() {
-            return Err(EngineError::Upload(format!(
-                "catalog answered {} outcomes for {} ranges: key=`{}`",
-                outcome.len(),
-                obj.ranges.len(),
-                obj.key
-            )));
-        }
-        shared.counters.uploads.fetch_add(1, Ordering::Relaxed);
-        apply_outcome(shared, obj, &outcome);
-        obj.outcome = Some(outcome);
+        commit_object(shared, obj).await?;
     }
+    Ok(())
+}
+
+/// Commits one object whose PUT is done and applies the catalog's answer.
+async fn commit_object(shared: &Shared, obj: &mut PlannedObject) -> Result<(), EngineError> {
+    let outcome = shared.catalog.commit(obj.commit()).await?;
+    if outcome.len() != obj.ranges.len() {
+        return Err(EngineError::Upload(format!(
+            "catalog answered {} outcomes for {} ranges: key=`{}`",
+            outcome.len(),
+            obj.ranges.len(),
+            obj.key
+        )));
+    }
+    shared.counters.uploads.fetch_add(1, Ordering::Relaxed);
+    apply_outcome(shared, obj, &outcome);
+    obj.outcome = Some(outcome);
     Ok(())
 }
 
@@ -213,134 +234,289 @@ fn apply_outcome(shared: &Shared, obj: &PlannedObject, outcome: &[bool]) {
     }
 }
 
-/// A cycle in progress: the WAL position it covers and its objects.
+/// A planned cycle: the WAL entries after the previous cycle's `upto` up to its own, and their
+/// objects.
 struct Cycle {
+    id: u64,
     upto: u64,
     objects: Vec<PlannedObject>,
     trimmed: bool,
 }
 
+/// What a PUT task reports back.
+type PutResult = Result<(), StorageError>;
+
+/// The uploader's own state: planned cycles in WAL order and the PUTs in flight.
+struct Pipeline {
+    shared: Arc<Shared>,
+    cycles: VecDeque<Cycle>,
+    /// Highest WAL position planned into a cycle; entries above it are still to plan.
+    planned_upto: Option<u64>,
+    next_cycle: u64,
+    puts: JoinSet<PutResult>,
+    /// Which object each PUT task writes: (cycle id, object index).
+    put_tasks: HashMap<task::Id, (u64, usize)>,
+}
+
 pub(super) async fn run(shared: Arc<Shared>) {
-    let mut cycle: Option<Cycle> = None;
+    let interval = shared.cfg.upload_interval;
+    let mut p = Pipeline {
+        shared: shared.clone(),
+        cycles: VecDeque::new(),
+        planned_upto: None,
+        next_cycle: 0,
+        puts: JoinSet::new(),
+        put_tasks: HashMap::new(),
+    };
+    // `due`: the interval passed or someone asked (flush, backpressure, threshold), so plan
+    // whatever is waiting, however small.
+    let mut due = false;
+    let mut tick = Instant::now() + interval;
     let mut failures: u32 = 0;
+    let mut retry_at: Option<Instant> = None;
     loop {
-        if failures == 0 {
-            tokio::select! {
-                _ = tokio::time::sleep(shared.cfg.upload_interval) => {}
-                _ = shared.upload_kick.notified() => {}
-            }
-        } else {
-            let backoff = Duration::from_millis(20 * 2u64.pow(failures.min(6)));
-            tokio::time::sleep(
-                backoff.min(shared.cfg.upload_interval.max(Duration::from_millis(20))),
-            )
-            .await;
-        }
-        loop {
-            match run_cycle(&shared, &mut cycle).await {
-                Ok(more) => {
-                    failures = 0;
-                    if !more {
-                        break;
+        if retry_at.is_none_or(|t| t <= Instant::now()) {
+            retry_at = None;
+            match p.step(&mut due).await {
+                Ok(progressed) => {
+                    if progressed {
+                        failures = 0;
                     }
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
-                    shared
-                        .counters
-                        .upload_failures
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, failures, "upload cycle failed, will retry");
-                    shared.progress.send_modify(|p| p.upload_failures += 1);
-                    break;
+                    retry_at = Some(Instant::now() + backoff(&shared, failures));
+                    record_failure(&shared, &e, failures);
                 }
             }
+        }
+        tokio::select! {
+            Some(done) = p.puts.join_next_with_id(), if !p.puts.is_empty() => {
+                match p.finish_put(done) {
+                    Ok(()) => failures = 0,
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        retry_at = Some(Instant::now() + backoff(&shared, failures));
+                        record_failure(&shared, &e, failures);
+                    }
+                }
+            }
+            _ = shared.upload_kick.notified() => due = true,
+            _ = shared.upload_check.notified() => {}
+            _ = tokio::time::sleep_until(tick) => {
+                due = true;
+                tick = Instant::now() + interval;
+            }
+            _ = tokio::time::sleep_until(retry_at.unwrap_or(tick)), if retry_at.is_some() => {}
         }
     }
 }
 
-/// Runs (or resumes) one cycle. Returns whether a backlog of at least
-/// `upload_threshold_bytes` is still waiting (then the next cycle starts at once).
-async fn run_cycle(shared: &Shared, cycle: &mut Option<Cycle>) -> Result<bool, EngineError> {
-    if cycle.is_none() {
-        let max_bytes = shared.cfg.upload_threshold_bytes.saturating_mul(2).max(1);
-        let (upto, taken) = {
-            let st = shared.state();
-            if st.queue.is_empty() {
-                let durable = st.durable_pos;
-                drop(st);
-                shared
-                    .progress
-                    .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(durable));
-                return Ok(false);
-            }
-            let mut bytes = 0usize;
-            let mut upto = 0;
-            let mut taken: Vec<(u64, WalRecord)> = Vec::new();
-            for entry in &st.queue {
-                if bytes >= max_bytes {
-                    break;
-                }
-                upto = entry.pos;
-                for r in &entry.records {
-                    bytes += r.rec.batch.len();
-                    taken.push((r.gen_id, r.rec.clone()));
-                }
-            }
-            (upto, taken)
-        };
-        // Entries emptied by `forget` plan no object: the cycle only trims.
-        let refs: Vec<(u64, &WalRecord)> = taken.iter().map(|(g, r)| (*g, r)).collect();
-        let objects = if refs.is_empty() {
-            Vec::new()
-        } else {
-            plan_objects(&refs, shared.cfg.stream_object_min_bytes, || {
-                shared.next_object_key()
-            })?
-        };
-        *cycle = Some(Cycle {
-            upto,
-            objects,
-            trimmed: false,
-        });
-    }
-    let Some(c) = cycle.as_mut() else {
-        return Ok(false);
-    };
-    put_and_commit(shared, &mut c.objects).await?;
-    if !c.trimmed {
-        shared.wal.trim(c.upto).await?;
-        c.trimmed = true;
-    }
-    let upto = c.upto;
-    *cycle = None;
+fn backoff(shared: &Shared, failures: u32) -> Duration {
+    Duration::from_millis(20 * 2u64.pow(failures.min(6)))
+        .min(shared.cfg.upload_interval.max(Duration::from_millis(20)))
+}
 
-    let (freed_cost, more) = {
-        let mut st = shared.state();
-        let mut cost = 0u64;
-        let mut bytes = 0usize;
-        while st.queue.front().is_some_and(|e| e.pos <= upto) {
-            if let Some(e) = st.queue.pop_front() {
-                for r in e.records {
-                    cost += u64::from(r.cost);
-                    bytes += r.rec.batch.len() + r.rec.aux.len();
+fn record_failure(shared: &Shared, e: &EngineError, failures: u32) {
+    shared
+        .counters
+        .upload_failures
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(error = %e, failures, "upload failed, will retry");
+    shared.progress.send_modify(|p| p.upload_failures += 1);
+}
+
+impl Pipeline {
+    /// Does all the work possible now: plans cycles, starts PUTs, commits finished objects in
+    /// order and trims. Returns whether any cycle was committed and trimmed.
+    async fn step(&mut self, due: &mut bool) -> Result<bool, EngineError> {
+        let mut progressed = false;
+        loop {
+            self.plan(due)?;
+            self.start_puts();
+            if !self.commit_front().await? {
+                return Ok(progressed);
+            }
+            progressed = true;
+        }
+    }
+
+    /// Plans cycles from the unplanned entries while fewer than `upload_parallelism` cycles
+    /// are waiting: when due, whatever is there; otherwise only a backlog of at least
+    /// `upload_threshold_bytes` (a steady trickle makes one object per interval), and behind a
+    /// cycle still in flight only a full one: on a node keeping up, objects stay as large as
+    /// when one cycle ran at a time, and more PUTs overlap only once a backlog builds.
+    fn plan(&mut self, due: &mut bool) -> Result<(), EngineError> {
+        let shared = &*self.shared;
+        let threshold = shared.cfg.upload_threshold_bytes;
+        let max_bytes = threshold.saturating_mul(2).max(1);
+        while self.cycles.len() < shared.cfg.upload_parallelism.max(1) {
+            let (upto, taken) = {
+                let st = shared.state();
+                let first = self
+                    .planned_upto
+                    .map_or(0, |p| st.queue.partition_point(|e| e.pos <= p));
+                if first == st.queue.len() {
+                    if st.queue.is_empty() {
+                        let durable = st.durable_pos;
+                        drop(st);
+                        shared
+                            .progress
+                            .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(durable));
+                    }
+                    *due = false;
+                    return Ok(());
                 }
+                if !*due {
+                    let needed = if self.cycles.is_empty() {
+                        threshold
+                    } else {
+                        max_bytes
+                    };
+                    let mut waiting = 0usize;
+                    for e in st.queue.range(first..) {
+                        waiting += e.records.iter().map(|r| r.rec.batch.len()).sum::<usize>();
+                        if waiting >= needed {
+                            break;
+                        }
+                    }
+                    if waiting < needed {
+                        return Ok(());
+                    }
+                }
+                let mut bytes = 0usize;
+                let mut upto = 0;
+                let mut taken: Vec<(u64, WalRecord)> = Vec::new();
+                for entry in st.queue.range(first..) {
+                    if bytes >= max_bytes {
+                        break;
+                    }
+                    upto = entry.pos;
+                    for r in &entry.records {
+                        bytes += r.rec.batch.len();
+                        taken.push((r.gen_id, r.rec.clone()));
+                    }
+                }
+                (upto, taken)
+            };
+            // Entries emptied by `forget` plan no object: the cycle only trims.
+            let refs: Vec<(u64, &WalRecord)> = taken.iter().map(|(g, r)| (*g, r)).collect();
+            let objects = if refs.is_empty() {
+                Vec::new()
+            } else {
+                plan_objects(&refs, shared.cfg.stream_object_min_bytes, || {
+                    shared.next_object_key()
+                })?
+            };
+            self.cycles.push_back(Cycle {
+                id: self.next_cycle,
+                upto,
+                objects,
+                trimmed: false,
+            });
+            self.next_cycle += 1;
+            self.planned_upto = Some(upto);
+        }
+        Ok(())
+    }
+
+    /// Starts PUTs in WAL order while fewer than `upload_parallelism` are in flight, so the
+    /// objects the next commit waits for go first.
+    fn start_puts(&mut self) {
+        let limit = self.shared.cfg.upload_parallelism.max(1);
+        for c in &mut self.cycles {
+            for (i, obj) in c.objects.iter_mut().enumerate() {
+                if self.puts.len() >= limit {
+                    return;
+                }
+                if obj.put_done || obj.putting {
+                    continue;
+                }
+                let shared = self.shared.clone();
+                let key = obj.key.clone();
+                let data = obj.data.clone();
+                let handle = self
+                    .puts
+                    .spawn(async move { shared.data.put_parts(&key, data).await });
+                self.put_tasks.insert(handle.id(), (c.id, i));
+                obj.putting = true;
             }
         }
-        st.unuploaded_bytes -= bytes;
-        // Run another cycle at once only for a backlog worth an upload of its own; a small
-        // remainder waits for the interval (or a kick), so a steady trickle of appends makes
-        // one object and one catalog commit per interval, not one per cycle back to back.
-        (
-            cost,
-            !st.queue.is_empty() && st.unuploaded_bytes >= shared.cfg.upload_threshold_bytes,
-        )
-    };
-    shared.release_space(freed_cost);
-    shared
-        .progress
-        .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(Some(upto)));
-    Ok(more)
+    }
+
+    /// Records a finished PUT; a failed one is started again after the backoff.
+    fn finish_put(
+        &mut self,
+        done: Result<(task::Id, PutResult), task::JoinError>,
+    ) -> Result<(), EngineError> {
+        let (id, result) = match done {
+            Ok((id, r)) => (id, r.map_err(EngineError::from)),
+            Err(e) => (
+                e.id(),
+                Err(EngineError::Upload(format!("object put task failed: {e}"))),
+            ),
+        };
+        let Some((cycle, index)) = self.put_tasks.remove(&id) else {
+            return result;
+        };
+        // A cycle leaves the pipeline only once all its objects are committed, so it is here.
+        if let Some(obj) = self
+            .cycles
+            .iter_mut()
+            .find(|c| c.id == cycle)
+            .and_then(|c| c.objects.get_mut(index))
+        {
+            obj.putting = false;
+            obj.put_done = result.is_ok();
+        }
+        result
+    }
+
+    /// Commits the oldest cycle's objects in order as their PUTs finish; once all are
+    /// committed (or rejected), trims the WAL to its end and frees its queue entries and
+    /// space. Returns whether a cycle was completed.
+    async fn commit_front(&mut self) -> Result<bool, EngineError> {
+        let shared = &*self.shared;
+        let Some(c) = self.cycles.front_mut() else {
+            return Ok(false);
+        };
+        for obj in c.objects.iter_mut() {
+            if obj.outcome.is_some() {
+                continue;
+            }
+            if !obj.put_done {
+                return Ok(false);
+            }
+            commit_object(shared, obj).await?;
+        }
+        if !c.trimmed {
+            shared.wal.trim(c.upto).await?;
+            c.trimmed = true;
+        }
+        let upto = c.upto;
+        self.cycles.pop_front();
+
+        let freed_cost = {
+            let mut st = shared.state();
+            let mut cost = 0u64;
+            let mut bytes = 0usize;
+            while st.queue.front().is_some_and(|e| e.pos <= upto) {
+                if let Some(e) = st.queue.pop_front() {
+                    for r in e.records {
+                        cost += u64::from(r.cost);
+                        bytes += r.rec.batch.len() + r.rec.aux.len();
+                    }
+                }
+            }
+            st.unuploaded_bytes -= bytes;
+            cost
+        };
+        shared.release_space(freed_cost);
+        shared
+            .progress
+            .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(Some(upto)));
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

@@ -192,7 +192,7 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
         (shared.on_durable)(stream, end);
     }
     if over_threshold {
-        shared.upload_kick.notify_one();
+        shared.upload_check.notify_one();
     }
 }
 
