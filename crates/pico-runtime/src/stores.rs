@@ -68,6 +68,9 @@ pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> 
     }
 }
 
+/// Upper bound of `maxInflightUploadCount`.
+const MAX_INFLIGHT_UPLOADS: u64 = 64;
+
 /// Engine settings from the WAL URI parameters (`batchInterval` ms, `maxBytesInBatch`,
 /// `maxUnflushedBytes`, `maxInflightUploadCount`: object PUTs in flight).
 pub fn engine_config(uri: &BucketUri) -> Result<EngineConfig, RuntimeError> {
@@ -83,10 +86,12 @@ pub fn engine_config(uri: &BucketUri) -> Result<EngineConfig, RuntimeError> {
         cfg.max_unflushed_bytes = b as usize;
     }
     if let Some(n) = uri.param_u64("maxInflightUploadCount").map_err(bad)? {
-        if n == 0 {
-            return Err(RuntimeError::Config(
-                "maxInflightUploadCount must be at least 1".into(),
-            ));
+        // Each cycle planned ahead holds copies of its small batches (up to 2x the upload
+        // threshold), so the count bounds memory too.
+        if !(1..=MAX_INFLIGHT_UPLOADS).contains(&n) {
+            return Err(RuntimeError::Config(format!(
+                "maxInflightUploadCount must be between 1 and {MAX_INFLIGHT_UPLOADS}: {n}"
+            )));
         }
         cfg.upload_parallelism = usize::try_from(n).unwrap_or(usize::MAX);
     }
@@ -127,7 +132,8 @@ mod tests {
             EngineConfig::default().upload_parallelism
         );
         let zero = cfg("-3@file:///w?maxInflightUploadCount=0").unwrap_err();
-        assert!(zero.to_string().contains("at least 1"), "{zero}");
+        assert!(zero.to_string().contains("between 1 and 64"), "{zero}");
+        assert!(cfg("-3@file:///w?maxInflightUploadCount=65").is_err());
         assert!(cfg("-3@file:///w?maxInflightUploadCount=many").is_err());
     }
 }

@@ -245,6 +245,7 @@ pub struct SlowStorage {
     prefix: String,
     delay: PutDelay,
     fail_puts: AtomicUsize,
+    fail_nth: AtomicU64,
     started: AtomicU64,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
@@ -258,6 +259,7 @@ impl SlowStorage {
             prefix: prefix.to_string(),
             delay,
             fail_puts: AtomicUsize::new(0),
+            fail_nth: AtomicU64::new(u64::MAX),
             started: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
@@ -268,6 +270,11 @@ impl SlowStorage {
     /// The next `n` puts under the prefix fail after their delay, storing nothing.
     pub fn fail_puts(&self, n: usize) {
         self.fail_puts.store(n, Ordering::SeqCst);
+    }
+
+    /// The put under the prefix started `nth` (counted from 0) fails after its delay.
+    pub fn fail_put_number(&self, nth: u64) {
+        self.fail_nth.store(nth, Ordering::SeqCst);
     }
 
     /// The most puts under the prefix that were in flight at once.
@@ -288,10 +295,11 @@ impl SlowStorage {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep((self.delay)(nth, parts.len())).await;
-        let failed = self
-            .fail_puts
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
+        let failed = nth == self.fail_nth.load(Ordering::SeqCst)
+            || self
+                .fail_puts
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
         let result = if failed {
             Err(StorageError::Other(format!(
                 "injected put failure: key=`{key}`"

@@ -854,7 +854,7 @@ async fn seeded_crash_workload_keeps_every_acked_append_once() {
     seeded_crash_workload(Env::memory).await;
 }
 
-/// The same with data objects that take 0–20 ms to PUT, so crashes land while several PUTs
+/// The same with data objects that take 0–31 ms to PUT, so crashes land while several PUTs
 /// are in flight and finishing out of order.
 #[tokio::test]
 async fn seeded_crash_workload_with_slow_overlapping_puts() {
@@ -971,9 +971,10 @@ async fn assert_uploaded_in_order(
 
 #[tokio::test]
 async fn puts_overlap_but_commits_and_trims_follow_wal_order() {
-    // The first object takes far longer than the next ones, so later PUTs finish first.
+    // The first object takes far longer than the next ones (and than appending the rest),
+    // so later PUTs finish first.
     let (env, slow) = slow_env(Box::new(|n, _| {
-        Duration::from_millis(if n == 0 { 150 } else { 5 })
+        Duration::from_millis(if n == 0 { 400 } else { 5 })
     }));
     let (engine, _) = env
         .start(EngineConfig {
@@ -1028,9 +1029,11 @@ async fn one_put_at_a_time_when_parallelism_is_one() {
 
 #[tokio::test]
 async fn a_failed_put_is_retried_and_later_objects_wait_for_its_commit() {
+    // The first object is slow and then fails, while later cycles' PUTs succeed meanwhile.
     let (env, slow) = slow_env(Box::new(|n, _| {
-        Duration::from_millis(if n == 0 { 60 } else { 5 })
+        Duration::from_millis(if n == 0 { 200 } else { 5 })
     }));
+    slow.fail_put_number(0);
     let (engine, _) = env
         .start(EngineConfig {
             upload_threshold_bytes: 1000,
@@ -1040,12 +1043,74 @@ async fn a_failed_put_is_retried_and_later_objects_wait_for_its_commit() {
         .await;
     engine.open(1, 1, 0);
     engine.open(2, 1, 0);
-    // Fails the first PUT to finish its delay, while others are still in flight.
-    slow.fail_puts(1);
     let want = append_alternating(&engine, 24).await;
     engine.flush().await.unwrap();
     assert!(engine.stats().upload_failures >= 1);
+    let commits: Vec<String> = env.catalog.commits().into_iter().map(|c| c.key).collect();
+    let finished = slow.finished();
+    assert_eq!(
+        finished.iter().min(),
+        commits.first(),
+        "the failed first object was written again under its own key and committed first"
+    );
+    assert_ne!(finished.first(), commits.first(), "{finished:?}");
     assert_uploaded_in_order(&env, &engine, &want).await;
+}
+
+#[tokio::test]
+async fn a_round_of_failed_puts_counts_once_against_flush() {
+    // Eight streams, each its own object: four PUTs in flight fail together, three rounds
+    // in a row. `flush` gives up after 8 failed attempts; these are 3.
+    let (env, slow) = slow_env(Box::new(|_, _| Duration::from_millis(5)));
+    let (engine, _) = env
+        .start(EngineConfig {
+            stream_object_min_bytes: 1,
+            upload_parallelism: 4,
+            ..cfg()
+        })
+        .await;
+    let mut want = HashMap::new();
+    for stream in 1..=8 {
+        engine.open(stream, 1, 0);
+        want.insert(stream, append_n(&engine, stream, 1, 2).await);
+    }
+    slow.fail_puts(12);
+    engine.flush().await.unwrap();
+    let failures = engine.stats().upload_failures;
+    assert!((1..8).contains(&failures), "failures={failures}");
+    for (stream, batches) in &want {
+        assert_eq!(env.catalog.committed_end(*stream), 4);
+        assert_batches(&read_all(&engine, *stream, 0).await, batches);
+    }
+}
+
+#[tokio::test]
+async fn forget_while_its_data_is_planned_keeps_the_accounting() {
+    let (env, _slow) = slow_env(Box::new(|_, _| Duration::from_millis(50)));
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_threshold_bytes: 1000,
+            upload_parallelism: 4,
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    engine.open(2, 1, 0);
+    let want = append_alternating(&engine, 24).await;
+    // Some of stream 2's data is in cycles being written, some is not planned yet.
+    engine.forget(2);
+    let more = append_n(&engine, 1, 1, 3).await;
+    // Bounded: a broken count would stop the uploader (a debug assertion) and hang the flush.
+    tokio::time::timeout(Duration::from_secs(20), engine.flush())
+        .await
+        .expect("flush finished")
+        .unwrap();
+    assert_eq!(engine.stats().unuploaded_bytes, 0);
+    let mut want1 = want[&1].clone();
+    let base = want1.len() as u64;
+    want1.extend(more);
+    assert_eq!(env.catalog.committed_end(1), base + 6);
+    assert_batches(&read_all(&engine, 1, 0).await, &want1);
 }
 
 #[tokio::test]

@@ -283,6 +283,10 @@ struct State {
     /// Durable, not-yet-uploaded WAL entries, ascending by position.
     queue: VecDeque<DurableEntry>,
     unuploaded_bytes: usize,
+    /// Highest queue position the uploader has planned into a cycle (entries above it wait).
+    planned_upto: Option<u64>,
+    /// Bytes of the queued records above `planned_upto`: what the next cycle would take.
+    unplanned_bytes: usize,
     /// Sequence number of the last append handed to the writer.
     enqueued_seq: u64,
     /// Highest WAL position whose records are queued or uploaded.
@@ -426,6 +430,8 @@ impl Engine {
                 cache: LogCache::new(cfg.log_cache_bytes),
                 queue: VecDeque::new(),
                 unuploaded_bytes: 0,
+                planned_upto: None,
+                unplanned_bytes: 0,
                 enqueued_seq: 0,
                 durable_pos: None,
                 failed_gens: HashSet::new(),
@@ -665,11 +671,18 @@ impl Engine {
         st.cache.remove(stream);
         let mut freed_cost = 0u64;
         let mut freed_bytes = 0usize;
+        let mut freed_unplanned = 0usize;
+        let planned_upto = st.planned_upto;
         for entry in st.queue.iter_mut() {
+            let unplanned = planned_upto.is_none_or(|p| entry.pos > p);
             entry.records.retain(|r| {
                 if r.rec.stream == stream {
+                    let bytes = r.rec.batch.len() + r.rec.aux.len();
                     freed_cost += u64::from(r.cost);
-                    freed_bytes += r.rec.batch.len() + r.rec.aux.len();
+                    freed_bytes += bytes;
+                    if unplanned {
+                        freed_unplanned += bytes;
+                    }
                     false
                 } else {
                     true
@@ -677,6 +690,7 @@ impl Engine {
             });
         }
         st.unuploaded_bytes -= freed_bytes;
+        st.unplanned_bytes -= freed_unplanned;
         drop(st);
         shared.release_space(freed_cost);
     }

@@ -47,6 +47,8 @@ pub(super) struct PlannedObject {
     pub(super) put_done: bool,
     /// A PUT task is writing it (the pipeline only).
     pub(super) putting: bool,
+    /// Its last PUT failed; it is started again after the backoff (the pipeline only).
+    pub(super) put_failed: bool,
     pub(super) outcome: Option<Vec<bool>>,
 }
 
@@ -159,6 +161,7 @@ pub(super) fn plan_objects(
             ranges,
             put_done: false,
             putting: false,
+            put_failed: false,
             outcome: None,
         });
     }
@@ -250,12 +253,14 @@ type PutResult = Result<(), StorageError>;
 struct Pipeline {
     shared: Arc<Shared>,
     cycles: VecDeque<Cycle>,
-    /// Highest WAL position planned into a cycle; entries above it are still to plan.
-    planned_upto: Option<u64>,
     next_cycle: u64,
     puts: JoinSet<PutResult>,
     /// Which object each PUT task writes: (cycle id, object index).
     put_tasks: HashMap<task::Id, (u64, usize)>,
+    /// Failed PUTs start again at this time; the commits of objects already written go on.
+    put_retry_at: Option<Instant>,
+    /// Rounds of failed PUTs since one succeeded (sets the backoff).
+    put_failures: u32,
 }
 
 pub(super) async fn run(shared: Arc<Shared>) {
@@ -263,15 +268,17 @@ pub(super) async fn run(shared: Arc<Shared>) {
     let mut p = Pipeline {
         shared: shared.clone(),
         cycles: VecDeque::new(),
-        planned_upto: None,
         next_cycle: 0,
         puts: JoinSet::new(),
         put_tasks: HashMap::new(),
+        put_retry_at: None,
+        put_failures: 0,
     };
-    // `due`: the interval passed or someone asked (flush, backpressure, threshold), so plan
+    // `due`: the interval passed or someone asked (flush, close, backpressure), so plan
     // whatever is waiting, however small.
     let mut due = false;
     let mut tick = Instant::now() + interval;
+    // Backoff of a failed commit or trim: nothing behind it can commit meanwhile.
     let mut failures: u32 = 0;
     let mut retry_at: Option<Instant> = None;
     loop {
@@ -290,24 +297,18 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 }
             }
         }
+        let now = Instant::now();
+        let put_retry = p.put_retry_at.filter(|t| *t > now);
         tokio::select! {
-            Some(done) = p.puts.join_next_with_id(), if !p.puts.is_empty() => {
-                match p.finish_put(done) {
-                    Ok(()) => failures = 0,
-                    Err(e) => {
-                        failures = failures.saturating_add(1);
-                        retry_at = Some(Instant::now() + backoff(&shared, failures));
-                        record_failure(&shared, &e, failures);
-                    }
-                }
-            }
+            Some(done) = p.puts.join_next_with_id(), if !p.puts.is_empty() => p.finish_put(done),
             _ = shared.upload_kick.notified() => due = true,
             _ = shared.upload_check.notified() => {}
             _ = tokio::time::sleep_until(tick) => {
                 due = true;
                 tick = Instant::now() + interval;
             }
-            _ = tokio::time::sleep_until(retry_at.unwrap_or(tick)), if retry_at.is_some() => {}
+            _ = tokio::time::sleep_until(retry_at.unwrap_or(now)), if retry_at.is_some() => {}
+            _ = tokio::time::sleep_until(put_retry.unwrap_or(now)), if put_retry.is_some() => {}
         }
     }
 }
@@ -317,6 +318,8 @@ fn backoff(shared: &Shared, failures: u32) -> Duration {
         .min(shared.cfg.upload_interval.max(Duration::from_millis(20)))
 }
 
+/// One failed attempt, as `flush` counts them: a failed commit or trim, or a round of failed
+/// PUTs (those failing together while a retry is pending count once).
 fn record_failure(shared: &Shared, e: &EngineError, failures: u32) {
     shared
         .counters
@@ -352,11 +355,12 @@ impl Pipeline {
         let max_bytes = threshold.saturating_mul(2).max(1);
         while self.cycles.len() < shared.cfg.upload_parallelism.max(1) {
             let (upto, taken) = {
-                let st = shared.state();
-                let first = self
+                let mut st = shared.state();
+                let first = st
                     .planned_upto
                     .map_or(0, |p| st.queue.partition_point(|e| e.pos <= p));
                 if first == st.queue.len() {
+                    debug_assert_eq!(st.unplanned_bytes, 0, "bytes counted as unplanned");
                     if st.queue.is_empty() {
                         let durable = st.durable_pos;
                         drop(st);
@@ -367,22 +371,13 @@ impl Pipeline {
                     *due = false;
                     return Ok(());
                 }
-                if !*due {
-                    let needed = if self.cycles.is_empty() {
-                        threshold
-                    } else {
-                        max_bytes
-                    };
-                    let mut waiting = 0usize;
-                    for e in st.queue.range(first..) {
-                        waiting += e.records.iter().map(|r| r.rec.batch.len()).sum::<usize>();
-                        if waiting >= needed {
-                            break;
-                        }
-                    }
-                    if waiting < needed {
-                        return Ok(());
-                    }
+                let needed = if self.cycles.is_empty() {
+                    threshold
+                } else {
+                    max_bytes
+                };
+                if !*due && st.unplanned_bytes < needed {
+                    return Ok(());
                 }
                 let mut bytes = 0usize;
                 let mut upto = 0;
@@ -393,10 +388,12 @@ impl Pipeline {
                     }
                     upto = entry.pos;
                     for r in &entry.records {
-                        bytes += r.rec.batch.len();
+                        bytes += r.rec.batch.len() + r.rec.aux.len();
                         taken.push((r.gen_id, r.rec.clone()));
                     }
                 }
+                st.unplanned_bytes -= bytes;
+                st.planned_upto = Some(upto);
                 (upto, taken)
             };
             // Entries emptied by `forget` plan no object: the cycle only trims.
@@ -415,21 +412,24 @@ impl Pipeline {
                 trimmed: false,
             });
             self.next_cycle += 1;
-            self.planned_upto = Some(upto);
         }
         Ok(())
     }
 
     /// Starts PUTs in WAL order while fewer than `upload_parallelism` are in flight, so the
-    /// objects the next commit waits for go first.
+    /// objects the next commit waits for go first. Failed ones wait for `put_retry_at`.
     fn start_puts(&mut self) {
         let limit = self.shared.cfg.upload_parallelism.max(1);
+        let retry = self.put_retry_at.is_none_or(|t| t <= Instant::now());
+        if retry {
+            self.put_retry_at = None;
+        }
         for c in &mut self.cycles {
             for (i, obj) in c.objects.iter_mut().enumerate() {
                 if self.puts.len() >= limit {
                     return;
                 }
-                if obj.put_done || obj.putting {
+                if obj.put_done || obj.putting || (obj.put_failed && !retry) {
                     continue;
                 }
                 let shared = self.shared.clone();
@@ -440,15 +440,14 @@ impl Pipeline {
                     .spawn(async move { shared.data.put_parts(&key, data).await });
                 self.put_tasks.insert(handle.id(), (c.id, i));
                 obj.putting = true;
+                obj.put_failed = false;
             }
         }
     }
 
-    /// Records a finished PUT; a failed one is started again after the backoff.
-    fn finish_put(
-        &mut self,
-        done: Result<(task::Id, PutResult), task::JoinError>,
-    ) -> Result<(), EngineError> {
+    /// Records a finished PUT. A failed one is started again (same key, same bytes) after the
+    /// backoff; PUTs that fail while a retry is pending belong to the same round.
+    fn finish_put(&mut self, done: Result<(task::Id, PutResult), task::JoinError>) {
         let (id, result) = match done {
             Ok((id, r)) => (id, r.map_err(EngineError::from)),
             Err(e) => (
@@ -456,20 +455,35 @@ impl Pipeline {
                 Err(EngineError::Upload(format!("object put task failed: {e}"))),
             ),
         };
-        let Some((cycle, index)) = self.put_tasks.remove(&id) else {
-            return result;
-        };
         // A cycle leaves the pipeline only once all its objects are committed, so it is here.
-        if let Some(obj) = self
-            .cycles
-            .iter_mut()
-            .find(|c| c.id == cycle)
-            .and_then(|c| c.objects.get_mut(index))
+        if let Some((cycle, index)) = self.put_tasks.remove(&id)
+            && let Some(obj) = self
+                .cycles
+                .iter_mut()
+                .find(|c| c.id == cycle)
+                .and_then(|c| c.objects.get_mut(index))
         {
             obj.putting = false;
             obj.put_done = result.is_ok();
+            obj.put_failed = result.is_err();
         }
-        result
+        match result {
+            Ok(()) => {
+                let failing = self
+                    .cycles
+                    .iter()
+                    .any(|c| c.objects.iter().any(|o| o.put_failed));
+                if !failing {
+                    self.put_failures = 0;
+                }
+            }
+            Err(e) if self.put_retry_at.is_none() => {
+                self.put_failures = self.put_failures.saturating_add(1);
+                self.put_retry_at = Some(Instant::now() + backoff(&self.shared, self.put_failures));
+                record_failure(&self.shared, &e, self.put_failures);
+            }
+            Err(e) => tracing::debug!(error = %e, "object put failed in a round already retrying"),
+        }
     }
 
     /// Commits the oldest cycle's objects in order as their PUTs finish; once all are

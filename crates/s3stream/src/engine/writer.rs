@@ -159,6 +159,7 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
                 }
             }
             st.unuploaded_bytes += rec.batch.len() + rec.aux.len();
+            st.unplanned_bytes += rec.batch.len() + rec.aux.len();
             // The stream was re-opened or forgotten while this write was in flight: its data can
             // no longer be committed under this generation's epoch, so it must not be acked.
             acks.push((
@@ -180,7 +181,7 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
         }
         st.queue.push_back(DurableEntry { pos, records });
         st.durable_pos = Some(pos);
-        over_threshold = st.unuploaded_bytes >= shared.cfg.upload_threshold_bytes;
+        over_threshold = st.unplanned_bytes >= shared.cfg.upload_threshold_bytes;
     }
     // Acks first: the durable hook may wake thousands of readers (SSE fan-out), and an ack
     // queued behind them would wait for the whole fan-out. Readers need no ordering with the
