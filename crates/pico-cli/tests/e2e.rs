@@ -1254,17 +1254,29 @@ async fn limit_and_malformed_rows(c: &reqwest::Client, s: &mut Server) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_keeps_acknowledged_records() {
-    crash_keeps_acknowledged_records(None, 0).await;
+    crash_keeps_acknowledged_records(None, false, 0, false).await;
+}
+
+/// The same with 64 KiB records, so data objects are being written (several at once) when the
+/// server dies: objects PUT but not committed are orphans, their data comes back from the WAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_crash_during_overlapping_uploads_keeps_acknowledged_records() {
+    crash_keeps_acknowledged_records(Some("maxInflightUploadCount=8"), false, 64 << 10, true).await;
 }
 
 /// The same crash with WAL segments of 64 KiB, killed just after a trimmed segment was recycled
 /// as the active one: recovery must tell its old frames from the new ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_in_recycled_wal_segments_keeps_acknowledged_records() {
-    crash_keeps_acknowledged_records(Some("segmentBytes=65536"), 300).await;
+    crash_keeps_acknowledged_records(Some("segmentBytes=65536"), true, 300, false).await;
 }
 
-async fn crash_keeps_acknowledged_records(wal_params: Option<&str>, pad: usize) {
+async fn crash_keeps_acknowledged_records(
+    wal_params: Option<&str>,
+    wait_for_recycled_segment: bool,
+    pad: usize,
+    expect_uploads: bool,
+) {
     const WRITERS: usize = 8;
     const MIN_ACKS_BEFORE_KILL: usize = 1000;
     let dir = tempdir();
@@ -1294,7 +1306,7 @@ async fn crash_keeps_acknowledged_records(wal_params: Option<&str>, pad: usize) 
         }));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    // With `wal_params`, the kill comes right after a recycled segment became the active one
+    // If asked, the kill comes right after a recycled segment became the active one
     // (the spare holding old frames was seen, then taken): its new frames lie over old ones.
     let spare = dir.path().join("objects/wal/1/spare.segment");
     let mut recycled_spare = false;
@@ -1308,7 +1320,7 @@ async fn crash_keeps_acknowledged_records(wal_params: Option<&str>, pad: usize) 
         if acked.lock().unwrap().len() < MIN_ACKS_BEFORE_KILL {
             continue;
         }
-        if wal_params.is_none() {
+        if !wait_for_recycled_segment {
             break;
         }
         if !recycled_spare {
@@ -1327,6 +1339,11 @@ async fn crash_keeps_acknowledged_records(wal_params: Option<&str>, pad: usize) 
     }
     let acked = std::mem::take(&mut *acked.lock().unwrap());
     assert!(acked.len() >= MIN_ACKS_BEFORE_KILL);
+    if expect_uploads {
+        let objects = count_files(&dir.path().join("objects/data"));
+        assert!(objects >= 1, "no data object was uploaded before the crash");
+        eprintln!("crash test: {objects} data objects (or temp files) on disk at the crash");
+    }
 
     // Restart on the same metadata and storage.
     let server = Server::start(dir.path(), &extra);
@@ -1365,6 +1382,21 @@ async fn crash_keeps_acknowledged_records(wal_params: Option<&str>, pad: usize) 
         acked.len(),
         records.len()
     );
+}
+
+fn count_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| {
+                if e.path().is_dir() {
+                    count_files(&e.path())
+                } else {
+                    1
+                }
+            })
+            .sum()
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
