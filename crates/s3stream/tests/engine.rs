@@ -928,6 +928,25 @@ fn slow_env(delay: PutDelay) -> (Env, Arc<SlowStorage>) {
     (Env::on(slow.clone(), Arc::new(MemCatalog::new())), slow)
 }
 
+/// An engine on `slow_env(delay)` with a 1000-byte upload threshold and `parallelism`
+/// uploads, streams 1 and 2 open at epoch 1.
+async fn two_streams_on_slow_puts(
+    delay: PutDelay,
+    parallelism: usize,
+) -> (Env, Arc<SlowStorage>, Engine) {
+    let (env, slow) = slow_env(delay);
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_threshold_bytes: 1000,
+            upload_parallelism: parallelism,
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    engine.open(2, 1, 0);
+    (env, slow, engine)
+}
+
 /// Appends `n` 400-byte batches alternately to streams 1 and 2 (open at epoch 1).
 async fn append_alternating(engine: &Engine, n: u64) -> HashMap<u64, Vec<(u64, Bytes)>> {
     let mut want: HashMap<u64, Vec<(u64, Bytes)>> = HashMap::new();
@@ -973,18 +992,11 @@ async fn assert_uploaded_in_order(
 async fn puts_overlap_but_commits_and_trims_follow_wal_order() {
     // The first object takes far longer than the next ones (and than appending the rest),
     // so later PUTs finish first.
-    let (env, slow) = slow_env(Box::new(|n, _| {
-        Duration::from_millis(if n == 0 { 400 } else { 5 })
-    }));
-    let (engine, _) = env
-        .start(EngineConfig {
-            upload_threshold_bytes: 1000,
-            upload_parallelism: 4,
-            ..cfg()
-        })
-        .await;
-    engine.open(1, 1, 0);
-    engine.open(2, 1, 0);
+    let (env, slow, engine) = two_streams_on_slow_puts(
+        Box::new(|n, _| Duration::from_millis(if n == 0 { 400 } else { 5 })),
+        4,
+    )
+    .await;
     let want = append_alternating(&engine, 24).await;
     engine.flush().await.unwrap();
 
@@ -1006,16 +1018,8 @@ async fn puts_overlap_but_commits_and_trims_follow_wal_order() {
 
 #[tokio::test]
 async fn one_put_at_a_time_when_parallelism_is_one() {
-    let (env, slow) = slow_env(Box::new(|_, _| Duration::from_millis(3)));
-    let (engine, _) = env
-        .start(EngineConfig {
-            upload_threshold_bytes: 1000,
-            upload_parallelism: 1,
-            ..cfg()
-        })
-        .await;
-    engine.open(1, 1, 0);
-    engine.open(2, 1, 0);
+    let (env, slow, engine) =
+        two_streams_on_slow_puts(Box::new(|_, _| Duration::from_millis(3)), 1).await;
     let want = append_alternating(&engine, 16).await;
     engine.flush().await.unwrap();
     assert_eq!(slow.max_in_flight(), 1);
@@ -1030,19 +1034,12 @@ async fn one_put_at_a_time_when_parallelism_is_one() {
 #[tokio::test]
 async fn a_failed_put_is_retried_and_later_objects_wait_for_its_commit() {
     // The first object is slow and then fails, while later cycles' PUTs succeed meanwhile.
-    let (env, slow) = slow_env(Box::new(|n, _| {
-        Duration::from_millis(if n == 0 { 200 } else { 5 })
-    }));
+    let (env, slow, engine) = two_streams_on_slow_puts(
+        Box::new(|n, _| Duration::from_millis(if n == 0 { 200 } else { 5 })),
+        3,
+    )
+    .await;
     slow.fail_put_number(0);
-    let (engine, _) = env
-        .start(EngineConfig {
-            upload_threshold_bytes: 1000,
-            upload_parallelism: 3,
-            ..cfg()
-        })
-        .await;
-    engine.open(1, 1, 0);
-    engine.open(2, 1, 0);
     let want = append_alternating(&engine, 24).await;
     engine.flush().await.unwrap();
     assert!(engine.stats().upload_failures >= 1);
@@ -1086,16 +1083,8 @@ async fn a_round_of_failed_puts_counts_once_against_flush() {
 
 #[tokio::test]
 async fn forget_while_its_data_is_planned_keeps_the_accounting() {
-    let (env, _slow) = slow_env(Box::new(|_, _| Duration::from_millis(50)));
-    let (engine, _) = env
-        .start(EngineConfig {
-            upload_threshold_bytes: 1000,
-            upload_parallelism: 4,
-            ..cfg()
-        })
-        .await;
-    engine.open(1, 1, 0);
-    engine.open(2, 1, 0);
+    let (env, _slow, engine) =
+        two_streams_on_slow_puts(Box::new(|_, _| Duration::from_millis(50)), 4).await;
     let want = append_alternating(&engine, 24).await;
     // Some of stream 2's data is in cycles being written, some is not planned yet.
     engine.forget(2);
