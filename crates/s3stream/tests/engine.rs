@@ -989,6 +989,41 @@ async fn assert_uploaded_in_order(
 }
 
 #[tokio::test]
+async fn recovery_writes_its_objects_concurrently_and_commits_them_in_order() {
+    let (env, slow) = slow_env(Box::new(|_, _| Duration::from_millis(20)));
+    let big = EngineConfig {
+        stream_object_min_bytes: 1,
+        upload_parallelism: 4,
+        ..cfg()
+    };
+    let mut want = HashMap::new();
+    {
+        let (engine, _) = env.start(big.clone()).await;
+        for s in 1..=6u64 {
+            engine.open(s, 1, 0);
+            want.insert(s, append_n(&engine, s, 1, 3).await);
+        }
+        engine.abort(); // nothing uploaded: all of it is in the WAL
+    }
+    assert_eq!(slow.max_in_flight(), 0);
+    let env = env.restart();
+    let (engine, report) = env.start(big).await;
+    assert_eq!(report.records_replayed, 18);
+    assert!(
+        slow.max_in_flight() >= 2,
+        "recovery PUTs did not overlap: {}",
+        slow.max_in_flight()
+    );
+    let keys: Vec<String> = env.catalog.commits().into_iter().map(|c| c.key).collect();
+    assert_eq!(keys.len(), 6, "one object per stream");
+    assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+    for (s, batches) in &want {
+        assert_eq!(env.catalog.committed_end(*s), 6);
+        assert_batches(&read_all(&engine, *s, 0).await, batches);
+    }
+}
+
+#[tokio::test]
 async fn puts_overlap_but_commits_and_trims_follow_wal_order() {
     // The first object takes far longer than the next ones (and than appending the rest),
     // so later PUTs finish first.

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::{StreamExt, stream};
 use tokio::task::{self, JoinSet};
 use tokio::time::Instant;
 
@@ -168,22 +169,42 @@ pub(super) fn plan_objects(
     Ok(objects)
 }
 
-/// PUTs and commits every object not yet done, one at a time (recovery, before the pipeline
-/// starts). On Err the caller retries later with the same objects; completed steps are
-/// remembered in the objects.
+/// PUTs every object not yet written (at most `upload_parallelism` at once), then commits them
+/// in order: recovery, before the pipeline starts. On Err the caller retries later with the
+/// same objects; completed steps are remembered in the objects.
 pub(super) async fn put_and_commit(
     shared: &Shared,
     objects: &mut [PlannedObject],
 ) -> Result<(), EngineError> {
+    let puts: Vec<(usize, Result<(), StorageError>)> = stream::iter(
+        objects
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| !o.put_done && o.outcome.is_none())
+            .map(|(i, o)| {
+                let (key, data) = (o.key.clone(), o.data.clone());
+                async move { (i, shared.data.put_parts(&key, data).await) }
+            }),
+    )
+    .buffer_unordered(shared.cfg.upload_parallelism.max(1))
+    .collect()
+    .await;
+    let mut failed = None;
+    for (i, result) in puts {
+        match result {
+            Ok(()) => objects[i].put_done = true,
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
     for obj in objects.iter_mut() {
-        if obj.outcome.is_some() {
-            continue;
+        if obj.outcome.is_none() {
+            commit_object(shared, obj).await?;
         }
-        if !obj.put_done {
-            shared.data.put_parts(&obj.key, obj.data.clone()).await?;
-            obj.put_done = true;
-        }
-        commit_object(shared, obj).await?;
     }
     Ok(())
 }
