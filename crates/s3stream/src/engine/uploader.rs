@@ -40,16 +40,23 @@ pub(super) struct PlannedRange {
     pub(super) range: CommitRange,
 }
 
+/// Where an object's PUT stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PutState {
+    Waiting,
+    /// A PUT task is writing it (the pipeline only).
+    InFlight,
+    /// Its last PUT failed; started again after the backoff (the pipeline only).
+    Failed,
+    Done,
+}
+
 #[derive(Debug)]
 pub(super) struct PlannedObject {
     pub(super) key: String,
     pub(super) data: Parts,
     pub(super) ranges: Vec<PlannedRange>,
-    pub(super) put_done: bool,
-    /// A PUT task is writing it (the pipeline only).
-    pub(super) putting: bool,
-    /// Its last PUT failed; it is started again after the backoff (the pipeline only).
-    pub(super) put_failed: bool,
+    pub(super) put: PutState,
     pub(super) outcome: Option<Vec<bool>>,
 }
 
@@ -160,9 +167,7 @@ pub(super) fn plan_objects(
             key: next_key(),
             data: buf.finish(),
             ranges,
-            put_done: false,
-            putting: false,
-            put_failed: false,
+            put: PutState::Waiting,
             outcome: None,
         });
     }
@@ -180,7 +185,7 @@ pub(super) async fn put_and_commit(
         objects
             .iter()
             .enumerate()
-            .filter(|(_, o)| !o.put_done && o.outcome.is_none())
+            .filter(|(_, o)| o.put != PutState::Done && o.outcome.is_none())
             .map(|(i, o)| {
                 let (key, data) = (o.key.clone(), o.data.clone());
                 async move { (i, shared.data.put_parts(&key, data).await) }
@@ -192,7 +197,7 @@ pub(super) async fn put_and_commit(
     let mut failed = None;
     for (i, result) in puts {
         match result {
-            Ok(()) => objects[i].put_done = true,
+            Ok(()) => objects[i].put = PutState::Done,
             Err(e) => {
                 failed.get_or_insert(e);
             }
@@ -450,8 +455,10 @@ impl Pipeline {
                 if self.puts.len() >= limit {
                     return;
                 }
-                if obj.put_done || obj.putting || (obj.put_failed && !retry) {
-                    continue;
+                match obj.put {
+                    PutState::Waiting => {}
+                    PutState::Failed if retry => {}
+                    PutState::Failed | PutState::InFlight | PutState::Done => continue,
                 }
                 let shared = self.shared.clone();
                 let key = obj.key.clone();
@@ -460,8 +467,7 @@ impl Pipeline {
                     .puts
                     .spawn(async move { shared.data.put_parts(&key, data).await });
                 self.put_tasks.insert(handle.id(), (c.id, i));
-                obj.putting = true;
-                obj.put_failed = false;
+                obj.put = PutState::InFlight;
             }
         }
     }
@@ -484,16 +490,18 @@ impl Pipeline {
                 .find(|c| c.id == cycle)
                 .and_then(|c| c.objects.get_mut(index))
         {
-            obj.putting = false;
-            obj.put_done = result.is_ok();
-            obj.put_failed = result.is_err();
+            obj.put = if result.is_ok() {
+                PutState::Done
+            } else {
+                PutState::Failed
+            };
         }
         match result {
             Ok(()) => {
                 let failing = self
                     .cycles
                     .iter()
-                    .any(|c| c.objects.iter().any(|o| o.put_failed));
+                    .any(|c| c.objects.iter().any(|o| o.put == PutState::Failed));
                 if !failing {
                     self.put_failures = 0;
                 }
@@ -519,7 +527,7 @@ impl Pipeline {
             if obj.outcome.is_some() {
                 continue;
             }
-            if !obj.put_done {
+            if obj.put != PutState::Done {
                 return Ok(false);
             }
             commit_object(shared, obj).await?;
