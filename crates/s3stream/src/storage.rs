@@ -390,7 +390,8 @@ pub struct MemoryStorage {
     gets: AtomicU64,
 }
 
-fn take_failure(counter: &AtomicUsize) -> bool {
+/// Takes one injected failure from `counter` if any are left (test doubles' fault injection).
+pub(crate) fn take_failure(counter: &AtomicUsize) -> bool {
     counter
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
         .is_ok()

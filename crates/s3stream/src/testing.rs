@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use crate::engine::{Catalog, CatalogError, ObjectCommit, ObjectSlice};
 use crate::parts::Parts;
-use crate::storage::{ObjectStorage, StorageError};
+use crate::storage::{ObjectStorage, StorageError, take_failure};
 use crate::wal::{Wal, WalError, WalRecord};
 
 #[derive(Debug)]
@@ -107,11 +107,7 @@ impl Catalog for MemCatalog {
     }
 
     async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError> {
-        if self
-            .fail_commits
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_failure(&self.fail_commits) {
             return Err(CatalogError("injected commit failure".into()));
         }
         let mut st = self.lock();
@@ -202,11 +198,7 @@ impl FaultWal {
 #[async_trait::async_trait]
 impl Wal for FaultWal {
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
-        if self
-            .fail_appends
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
+        if take_failure(&self.fail_appends) {
             return Err(WalError::Other("injected append failure".into()));
         }
         let n = records.len() as u64;
@@ -295,11 +287,7 @@ impl SlowStorage {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep((self.delay)(nth, parts.len())).await;
-        let failed = nth == self.fail_nth.load(Ordering::SeqCst)
-            || self
-                .fail_puts
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
+        let failed = nth == self.fail_nth.load(Ordering::SeqCst) || take_failure(&self.fail_puts);
         let result = if failed {
             Err(StorageError::Other(format!(
                 "injected put failure: key=`{key}`"
