@@ -1528,6 +1528,32 @@ fn client_commands_report_one_line_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not yet supported"));
 }
 
+/// `pico bench` refuses settings that would measure nothing or cannot be met, before it
+/// touches a server, with a one-line error naming the flag.
+#[test]
+fn bench_rejects_settings_that_measure_nothing() {
+    let port = free_port(); // nothing listens here: a refusal must come first
+    let endpoint = format!("http://127.0.0.1:{port}");
+    for (args, flag) in [
+        (&["-d", "0s"][..], "--duration"),
+        (&["-b", "0"][..], "--record-size"),
+        (&["--target-mibps", "0"][..], "--target-mibps"),
+        (&["--readers", "1", "-b", "8"][..], "--readers"),
+    ] {
+        let out = pico_command()
+            .args(["bench", "--endpoint", &endpoint])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(flag) && err.trim_end().lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. HTTP/2 without TLS (h2c, prior knowledge) on the same listener
 // ---------------------------------------------------------------------------------------------

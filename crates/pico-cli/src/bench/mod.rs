@@ -207,6 +207,10 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     if args.record_size == 0 {
         bail!("--record-size must be at least 1 byte");
     }
+    // A zero-length measurement would print a report of nothing that reads like a result.
+    if args.duration.is_zero() && !args.create_only {
+        bail!("--duration must be longer than 0 (e.g. 10s)");
+    }
     if let Some(t) = args.target_mibps
         && !(t > 0.0 && t.is_finite())
     {
