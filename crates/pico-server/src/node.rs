@@ -1540,12 +1540,31 @@ pub fn is_json(ct: &str) -> bool {
 
 /// Content types match on their essence (type/subtype), case-insensitively, ignoring parameters.
 pub fn content_type_matches(a: &str, b: &str) -> bool {
-    fn essence(s: &str) -> String {
-        s.split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase()
+    // Runs twice per DS append: compare in place rather than lowercase into new strings.
+    fn essence(s: &str) -> &str {
+        s.split(';').next().unwrap_or("").trim()
     }
-    essence(a) == essence(b)
+    essence(a).eq_ignore_ascii_case(essence(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_type_matches;
+
+    #[test]
+    fn content_types_match_on_their_essence() {
+        assert!(content_type_matches("text/plain", "text/plain"));
+        assert!(content_type_matches(
+            " Text/Plain ; charset=utf-8",
+            "text/plain"
+        ));
+        assert!(content_type_matches(
+            "application/json",
+            "APPLICATION/JSON;x=1"
+        ));
+        assert!(!content_type_matches("text/plain", "text/html"));
+        assert!(!content_type_matches("text/plain", "text/plainx"));
+        assert!(!content_type_matches("", "text/plain"));
+        assert!(content_type_matches("", " ; charset=x"));
+    }
 }
