@@ -1774,6 +1774,52 @@ fn server_bench_producer_and_readers_report_real_counts() {
     assert_eq!(r["read"]["errors"], 0, "{r}");
 }
 
+/// Refused appends are counted as errors, not as throughput, on both transports of the plain
+/// loops (the bench's own HTTP/1.1 connections, which the server closes after each 413, and
+/// reqwest over HTTP/2), and the run still ends on time with a report.
+#[test]
+fn server_bench_counts_refused_appends_as_errors() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &["--max-request-size", "1KiB"]);
+    for h2 in [false, true] {
+        let mut args = vec![
+            "bench",
+            "--output",
+            "json",
+            "-d",
+            "1s",
+            "--warmup",
+            "0s",
+            "--connections",
+            "2",
+            "-b",
+            "2KiB",
+            "--prefix",
+            "refused",
+        ];
+        if h2 {
+            args.insert(0, "--http2");
+        }
+        let (out, _) = pico_ok(&server, &args, b"");
+        let r: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"));
+        assert_eq!(r["write"]["records"], 0, "h2={h2}: {r}");
+        assert!(r["write"]["errors"].as_u64().unwrap() >= 2, "h2={h2}: {r}");
+    }
+    let r = pico_ok(
+        &server,
+        &[
+            "bench", "--output", "json", "-d", "1s", "--warmup", "0s", "-b", "512", "--prefix",
+            "fine",
+        ],
+        b"",
+    )
+    .0;
+    let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+    assert!(r["write"]["records"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["write"]["errors"], 0, "{r}");
+}
+
 /// The bench's SSE tailers (their own HTTP/1.1 and HTTP/2 transports) see the records of both
 /// protocols, and reopen from their last position when the server ends a response: with
 /// `--sse-max-duration-sec 1` every tailer is cut off about three times in a 3 s run, and

@@ -4,6 +4,7 @@
 //! - [`writer`]: plain append loops and pipelined idempotent producers.
 //! - [`reader`]: tailers measuring append→delivery latency (long-poll or SSE).
 //! - [`sse_conn`]: the SSE tailers' connections (HTTP/1.1 and HTTP/2, a task per connection).
+//! - [`append_conn`]: the plain append loops' HTTP/1.1 connections (hyper, no pool).
 //! - [`payload`]: record bodies stamped with their send time.
 //! - [`stats`]: counters, HDR histograms, the report.
 //! - [`sse`]: an incremental event-stream parser.
@@ -13,6 +14,7 @@
 //! counted) and `--duration` (counted); bytes count when acknowledged. A progress line goes to
 //! stderr every second, the report to stdout.
 
+mod append_conn;
 mod machine;
 mod payload;
 mod reader;
@@ -373,11 +375,23 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         }
     } else {
         let loops = connections * ctx.in_flight;
+        // Over HTTP/1.1 each loop has a socket either way (reqwest's pool opened one per
+        // request in flight); the bench's own connections cost the server's machine less.
+        let h1 = if !global.http2 && global.endpoint.starts_with("http://") {
+            Some(Arc::new(
+                sse_conn::Endpoint::resolve(&global.endpoint, global.token.as_deref()).await?,
+            ))
+        } else {
+            None
+        };
         for k in 0..loops {
-            let http = clients[k % connections].clone();
+            let transport = match &h1 {
+                Some(ep) => writer::Transport::H1(append_conn::Appender::new(ep.clone())),
+                None => writer::Transport::Reqwest(clients[k % connections].clone()),
+            };
             writer_tasks.push(tokio::spawn(writer::plain_loop(
                 ctx.clone(),
-                http,
+                transport,
                 k,
                 loops,
             )));

@@ -1,4 +1,5 @@
-//! Connections for the SSE tailers, with as few task wake-ups per event as the protocol allows.
+//! Connections for the SSE tailers, with as few task wake-ups per event as the protocol allows
+//! ([`Endpoint`] and [`driving`] serve the append loops' connections too).
 //!
 //! The bench runs on the machine that runs the server, and with 1000 tailers the client's work
 //! per event is part of every delivery time it measures. Through reqwest each event woke the
@@ -19,8 +20,8 @@ use super::Ctx;
 use super::reader::{ERROR_PAUSE, SseTail};
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
 use hyper::header::{AUTHORIZATION, HOST, HeaderValue};
 use hyper::{Request, Uri};
@@ -79,7 +80,7 @@ impl Endpoint {
         })
     }
 
-    async fn connect(&self) -> Result<TcpStream, String> {
+    pub(super) async fn connect(&self) -> Result<TcpStream, String> {
         let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.addr))
             .await
             .map_err(|_| format!("connect {}: timed out", self.addr))?
@@ -89,9 +90,9 @@ impl Endpoint {
         Ok(tcp)
     }
 
-    /// `GET url`; over HTTP/1.1 with the path alone and a `Host` header, over HTTP/2 with the
-    /// full URL (h2 takes `:scheme` and `:authority` from it).
-    fn request<B>(&self, url: &str, body: B, h1: bool) -> Result<Request<B>, String> {
+    /// `GET url` (callers may change the method); over HTTP/1.1 with the path alone and a
+    /// `Host` header, over HTTP/2 with the full URL (h2 takes `:scheme` and `:authority`).
+    pub(super) fn request<B>(&self, url: &str, body: B, h1: bool) -> Result<Request<B>, String> {
         let uri: Uri = url.parse().map_err(|e| format!("bad url {url}: {e}"))?;
         let mut b = if h1 {
             let path = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -120,19 +121,33 @@ pub async fn h1_tailer(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tail: SseTail) {
     }
 }
 
-type H1Conn = hyper::client::conn::http1::Connection<TokioIo<TcpStream>, Empty<Bytes>>;
+type H1Conn<B> = hyper::client::conn::http1::Connection<TokioIo<TcpStream>, B>;
 
 /// Awaits `fut` while driving the connection it depends on (`done` once the connection ended).
-async fn driving<F: Future>(
-    mut conn: Pin<&mut H1Conn>,
+/// Once the connection has ended, `fut` gets one more poll and then fails: what it waits for
+/// (readiness, a response, body frames) can no longer arrive, and waiting would hang.
+pub(super) async fn driving<B, F>(
+    mut conn: Pin<&mut H1Conn<B>>,
     done: &mut bool,
     fut: F,
-) -> Result<F::Output, String> {
+) -> Result<F::Output, String>
+where
+    B: hyper::body::Body + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    F: Future,
+{
     let mut fut = std::pin::pin!(fut);
     loop {
+        if *done {
+            return fut
+                .as_mut()
+                .now_or_never()
+                .ok_or_else(|| "connection closed".to_string());
+        }
         tokio::select! {
             biased;
-            r = conn.as_mut(), if !*done => {
+            r = conn.as_mut() => {
                 *done = true;
                 r.map_err(|e| format!("connection: {e}"))?;
             }

@@ -1,5 +1,6 @@
 //! Writers: plain append loops (one request at a time each) and pipelined idempotent producers.
 
+use super::append_conn::Appender;
 use super::payload::{self, now_us};
 use super::stats::{self, histogram};
 use super::target::chain;
@@ -45,8 +46,31 @@ async fn send_time(ctx: &Ctx) -> u64 {
     }
 }
 
+/// How a plain loop sends its appends.
+pub enum Transport {
+    /// A connection of its own over HTTP/1.1 ([`Appender`]): the leanest path.
+    H1(Appender),
+    /// reqwest, for HTTP/2 (loops multiplexed on shared connections) and `https://`.
+    Reqwest(reqwest::Client),
+}
+
+impl Transport {
+    async fn append(
+        &mut self,
+        ctx: &Ctx,
+        stream: &str,
+        body: Bytes,
+        ct: &'static str,
+    ) -> Result<(), String> {
+        match self {
+            Transport::H1(a) => a.append(&ctx.target.url(stream), body, ct).await,
+            Transport::Reqwest(http) => ctx.target.append(http, stream, body, ct).await,
+        }
+    }
+}
+
 /// One request at a time; request `i` of loop `k` goes to stream `(k + i·loops) mod streams`.
-pub async fn plain_loop(ctx: Arc<Ctx>, http: reqwest::Client, k: usize, loops: usize) {
+pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops: usize) {
     let mut h = histogram();
     let n = ctx.streams.len();
     let mut i = 0usize;
@@ -60,7 +84,7 @@ pub async fn plain_loop(ctx: Arc<Ctx>, http: reqwest::Client, k: usize, loops: u
         let t0 = send_time(&ctx).await;
         let (body, ct) = ctx.target.body(ctx.batch, ctx.record_size, t0);
         let res = tokio::select! {
-            r = ctx.target.append(&http, stream, body, ct) => r,
+            r = transport.append(&ctx, stream, body, ct) => r,
             _ = stop.wait_for(|s| *s) => break,
         };
         let t1 = now_us();
