@@ -10,6 +10,7 @@
 //! Over HTTP/2 (streams multiplexed on shared connections) the loops keep reqwest.
 
 use super::sse_conn::{Endpoint, driving};
+use super::target::refused;
 use bytes::Bytes;
 use futures::FutureExt;
 use http_body_util::{BodyExt, Full};
@@ -34,9 +35,6 @@ struct Open {
     conn: Pin<Box<Conn>>,
     /// The connection future has finished (closed by the server or failed).
     done: bool,
-    /// Requests sent on it: a request refused before it was written is retried only on a
-    /// reused connection, which the server may have closed while it sat idle.
-    used: u64,
 }
 
 impl Appender {
@@ -53,40 +51,32 @@ impl Appender {
             send,
             conn: Box::pin(conn),
             done: false,
-            used: 0,
         })
     }
 
-    /// `POST url` with `body`; Ok once the server answered 2xx.
+    /// `POST url` with `body`; Ok once the server answered 2xx. Not retried: a failure is the
+    /// bench's to count, and the next request starts on a fresh connection.
     pub async fn append(
         &mut self,
         url: &str,
         body: Bytes,
         content_type: &'static str,
     ) -> Result<(), String> {
-        let ep = self.ep.clone();
-        let build = || -> Result<Request<Full<Bytes>>, String> {
-            let mut req = ep.request(url, Full::new(body.clone()), true)?;
-            *req.method_mut() = hyper::Method::POST;
-            req.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-            Ok(req)
-        };
-        let result = match self.exchange(build()?).await {
-            Err((_, true)) => self.exchange(build()?).await.map_err(|(e, _)| e),
-            other => other.map_err(|(e, _)| e),
-        };
-        // Any failure, a refusal included, starts the next request on a fresh connection: the
-        // server may have closed this one (it does after a 413) and errors are rare here.
+        let mut req = self.ep.request(url, Full::new(body), true)?;
+        *req.method_mut() = hyper::Method::POST;
+        req.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let result = self.exchange(req).await;
+        // Any failure, a refusal included, drops the connection: the server may have closed
+        // it (it does after a 413) and errors are rare here.
         if result.is_err() {
             self.conn = None;
         }
         result
     }
 
-    /// One request on the open connection (opening one first if needed). The flag on an
-    /// error says the request was not sent on a reused connection, so a retry is safe.
-    async fn exchange(&mut self, req: Request<Full<Bytes>>) -> Result<(), (String, bool)> {
+    /// One request on the open connection, opening one first if needed.
+    async fn exchange(&mut self, req: Request<Full<Bytes>>) -> Result<(), String> {
         // The connection is polled only during exchanges: one poll now sees a close the server
         // sent while it sat idle, instead of writing the request into a closed socket.
         if let Some(c) = self.conn.as_mut()
@@ -100,38 +90,26 @@ impl Appender {
             .as_ref()
             .is_none_or(|c| c.done || c.send.is_closed())
         {
-            self.conn = Some(self.open().await.map_err(|e| (e, false))?);
+            self.conn = Some(self.open().await?);
         }
         let Some(c) = self.conn.as_mut() else {
-            return Err(("no connection".into(), false));
+            return Err("no connection".into());
         };
-        let reused = c.used > 0;
-        c.used += 1;
-        let ready = driving(c.conn.as_mut(), &mut c.done, c.send.ready()).await;
-        if let Err(e) = ready.and_then(|r| r.map_err(|e| format!("connection: {e}"))) {
-            return Err((e, reused));
-        }
-        let resp = match driving(c.conn.as_mut(), &mut c.done, c.send.send_request(req)).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => return Err((format!("request: {e}"), reused && e.is_canceled())),
-            Err(e) => return Err((e, false)),
-        };
+        driving(c.conn.as_mut(), &mut c.done, c.send.ready())
+            .await?
+            .map_err(|e| format!("connection: {e}"))?;
+        let resp = driving(c.conn.as_mut(), &mut c.done, c.send.send_request(req))
+            .await?
+            .map_err(|e| format!("request: {e}"))?;
         let status = resp.status();
         let body = driving(c.conn.as_mut(), &mut c.done, resp.into_body().collect())
-            .await
-            .map_err(|e| (e, false))?
-            .map_err(|e| (format!("body: {e}"), false))?
+            .await?
+            .map_err(|e| format!("body: {e}"))?
             .to_bytes();
         if status.is_success() {
             Ok(())
         } else {
-            Err((
-                format!(
-                    "append: http {status}: {}",
-                    String::from_utf8_lossy(&body).trim()
-                ),
-                false,
-            ))
+            Err(refused(status, &body))
         }
     }
 }

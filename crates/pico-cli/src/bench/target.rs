@@ -97,8 +97,8 @@ impl Target {
             let _ = resp.bytes().await;
             Ok(())
         } else {
-            let body = resp.text().await.unwrap_or_default();
-            Err(format!("append: http {status}: {}", body.trim()))
+            let body = resp.bytes().await.unwrap_or_default();
+            Err(refused(status, &body))
         }
     }
 
@@ -163,6 +163,14 @@ fn binary_batch(count: usize, size: usize, stamp_us: u64) -> Bytes {
         b.put_slice(&rec);
     }
     b.freeze()
+}
+
+/// The error for an append the server answered with a non-2xx `status` and `body`.
+pub fn refused(status: reqwest::StatusCode, body: &[u8]) -> String {
+    format!(
+        "append: http {status}: {}",
+        String::from_utf8_lossy(body).trim()
+    )
 }
 
 /// reqwest's Display hides the cause; keep the chain.
