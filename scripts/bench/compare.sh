@@ -527,6 +527,10 @@ print(f"\nPicoMQ comparison: {sys.argv[2]} measured after {sys.argv[3]} warmup p
       "ratio = PicoMQ's advantage (x > 1: PicoMQ better), against the PicoMQ row of the same tool when there is one")
 w = [58, 20, 11, 12, 11, 8]
 hdr = ["workload", "system", "tool", "value", "unit", "ratio"]
+# The same table as Markdown, next to the TSV, for docs/performance.md.
+md = ["| " + " | ".join(hdr + ["note"]) + " |", "|" + "---|" * (len(hdr) + 1)]
+def md_cell(s):
+    return s.replace("|", "\\|")
 print("  ".join(h.ljust(n) for h, n in zip(hdr, w)) + "  note")
 print("-" * 150)
 for wl, rs in by.items():
@@ -542,6 +546,7 @@ for wl, rs in by.items():
                 ratio = f"{x:.2f}x"
         shown = f"{v:,.2f}" if v is not None and v < 100 else (f"{v:,.0f}" if v is not None else (val or "n/a"))
         print("  ".join(s.ljust(n) for s, n in zip([wl_, sysname, tool, shown, unit, ratio], w)) + "  " + note)
+        md.append("| " + " | ".join(md_cell(c) for c in [wl_, sysname, tool, shown, unit, ratio, note]) + " |")
 print()
 
 # Issue 4's goals, checked against the rows above (n/a when a section did not run).
@@ -598,9 +603,14 @@ goals.append(("acked publish >= NATS JetStream with fsync before ack", fmt(r), N
 v = val("appends over 10k streams (16×4 in flight, 100 records/request)", "picomq")
 goals.append((">= 250k appends/s over 10k streams", fmt(v, " records/s"), None if v is None else v >= 250_000))
 print("Goals of issue 4 (this run):")
+md += ["", "Goals of issue 4 (this run):", ""]
 for name, shown, ok in goals:
     print(f"  {verdict(ok):8}  {name}" + (f": {shown}" if shown else ""))
+    line = name.strip() + (f": {shown}" if shown else "")
+    md.append(f"- **{verdict(ok)}** {line}" if verdict(ok) else f"  - {line}")
 print()
+with open(sys.argv[4] + "/results.md", "w") as out:
+    out.write("\n".join(md) + "\n")
 
 # The machine during the pico bench runs: on a shared VM the host's steal and the disk's burst
 # budget move every figure, so the run says what state it was measured in.
