@@ -259,6 +259,23 @@ dd_mibps() {
   echo "$1" | awk '/copied/ {for(i=1;i<=NF;i++) if($i ~ /^[GM]B\/s$/) {v=$(i-1); if($i=="GB/s") v=v*1000; print v/1.048576}}'
 }
 
+# 256 MiB of random bytes to write with dd, in memory when /dev/shm allows (the caller removes it).
+random_src() {
+  local src="$RUN/dd.src"
+  [ -d /dev/shm ] && [ -w /dev/shm ] && src=/dev/shm/compare-dd-$$.src
+  head -c 256M /dev/urandom >"$src"
+  echo "$src"
+}
+
+# synced_writes_row SRC KIB SUFFIX: one row for SRC written in KIB-sized writes, each synced.
+synced_writes_row() {
+  log "floors: synced $2 KiB writes on this disk (dd oflag=dsync, 256 MiB)$3"
+  local o; o=$(dd if="$1" of="$RUN/dd.tmp" bs=$2K oflag=dsync 2>&1 || true)
+  rm -f "$RUN/dd.tmp"
+  local mbs; mbs=$(dd_mibps "$o")
+  [ -n "$mbs" ] && add_row "floor: disk, $2 KiB writes each synced$3" "disk" "dd" "$mbs" "MiB/s" higher "oflag=dsync, one writer: one copy of each byte at a group commit of $2 KiB"
+}
+
 section_floors() {
   log "floors: fsync latency of this disk (pg_test_fsync, 8 kB fdatasync)"
   local ptf; ptf=$(command -v pg_test_fsync || ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -1 || true)
@@ -269,9 +286,7 @@ section_floors() {
   # Every durable byte is written twice on file:// storage (WAL, then the data object), so half
   # of this is the ceiling for durable ingest on this disk. Random bytes, not /dev/zero: a
   # virtual disk may turn zeros into cheaper write-zeroes requests (measured 957 against 886 MB/s).
-  local src="$RUN/dd.src"
-  [ -d /dev/shm ] && [ -w /dev/shm ] && src=/dev/shm/compare-dd-$$.src
-  head -c 256M /dev/urandom >"$src"
+  local src; src=$(random_src)
   log "floors: sequential write bandwidth of this disk (dd 256 MiB, fdatasync at the end)"
   o=$(dd if="$src" of="$RUN/dd.tmp" bs=1M conv=fdatasync 2>&1 || true)
   rm -f "$RUN/dd.tmp"
@@ -281,14 +296,8 @@ section_floors() {
   # time: at 8 closed-loop connections of 64 KiB a group holds ≈ 3 requests (192 KiB), and at
   # most all 8 (512 KiB). Synced writes of those sizes bound durable ingest even if every byte
   # were written once.
-  local bs
-  for bs in 192 512; do
-    log "floors: synced ${bs} KiB writes on this disk (dd oflag=dsync, 256 MiB)"
-    o=$(dd if="$src" of="$RUN/dd.tmp" bs=${bs}K oflag=dsync 2>&1 || true)
-    rm -f "$RUN/dd.tmp"
-    mbs=$(dd_mibps "$o")
-    [ -n "$mbs" ] && add_row "floor: disk, ${bs} KiB writes each synced" "disk" "dd" "$mbs" "MiB/s" higher "oflag=dsync, one writer: one copy of each byte at a group commit of ${bs} KiB"
-  done
+  synced_writes_row "$src" 192 ""
+  synced_writes_row "$src" 512 ""
   rm -f "$src"
   log "floors: Postgres single-row commit on 127.0.0.1:5432 (pgbench, 1 client)"
   local tbl=compare_commit_$$
@@ -510,6 +519,13 @@ for s in "${SECTIONS[@]}"; do
     *) echo "unknown section: $s" >&2; exit 2 ;;
   esac
 done
+# A virtual disk's writes slow after sustained ingest (a burst budget): measured again at the
+# end, the run says whether its disk-bound rows ran on the disk the floors describe.
+if want floors && want ds; then
+  src=$(random_src)
+  synced_writes_row "$src" 192 ", after the run"
+  rm -f "$src"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # the table: per workload, PicoMQ's advantage over each peer (×; > 1 = PicoMQ better)
@@ -586,6 +602,10 @@ s512 = val("floor: disk, 512 KiB writes each synced", "disk")
 if ref and s192 and s512:
     goals.append((f"  context: written once, in synced groups of 192 KiB (~3 requests, what 8 connections give) "
                   f"this disk takes {s192:,.0f} MiB/s, in groups of all 8 requests (512 KiB) {s512:,.0f}", "", "info"))
+after = val("floor: disk, 192 KiB writes each synced, after the run", "disk")
+if s192 and after:
+    goals.append((f"  context: the disk's synced 192 KiB writes after the run: {after:,.0f} MiB/s, "
+                  f"{after / s192:.0%} of the rate before it", "", "info"))
 mem = val("batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)", "picomq-memory", "pico bench")
 if ref and mem:
     goals.append(("  context: PicoMQ on memory:// (no disk, not durable) against the same reference row", fmt(mem / ref), "info"))
