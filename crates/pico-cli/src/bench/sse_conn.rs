@@ -64,10 +64,12 @@ impl Endpoint {
         } else {
             format!("{authority}:80")
         };
-        let addr = tokio::net::lookup_host(&hostport)
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&hostport)
             .await
             .with_context(|| format!("resolving {hostport}"))?
-            .next()
+            .collect();
+        let addr = reachable(&addrs)
+            .await
             .with_context(|| format!("{hostport} resolves to no address"))?;
         let auth = token
             .map(|t| HeaderValue::try_from(format!("Bearer {t}")))
@@ -105,6 +107,22 @@ impl Endpoint {
         }
         b.body(body).map_err(|e| format!("request {url}: {e}"))
     }
+}
+
+/// The first of `addrs` that accepts a connection, or the first of them if none does (the run
+/// then reports the connect errors). `localhost` often resolves to `::1` first while a server
+/// listens on 127.0.0.1 only; every connection of the run goes to the address chosen here. A
+/// lone address is taken as it is, without a probe connection.
+async fn reachable(addrs: &[SocketAddr]) -> Option<SocketAddr> {
+    if addrs.len() < 2 {
+        return addrs.first().copied();
+    }
+    for &a in addrs {
+        if let Ok(Ok(_probe)) = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(a)).await {
+            return Some(a);
+        }
+    }
+    addrs.first().copied()
 }
 
 fn encoding(h: &hyper::HeaderMap) -> Option<&[u8]> {
@@ -322,5 +340,23 @@ async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> 
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_address_that_accepts_is_chosen() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live = listener.local_addr().unwrap();
+        // A port nobody listens on: bound, then released.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_addr = dead.local_addr().unwrap();
+        drop(dead);
+        assert_eq!(reachable(&[dead_addr, live]).await, Some(live));
+        assert_eq!(reachable(&[dead_addr]).await, Some(dead_addr));
+        assert_eq!(reachable(&[]).await, None);
     }
 }
