@@ -42,6 +42,11 @@ impl Parser {
             self.carry.extend_from_slice(&bytes[used..]);
         } else {
             self.carry.extend_from_slice(bytes);
+            // `carry` never holds a newline, so without one in `bytes` there is still no
+            // complete line: a long line arriving in many reads is scanned once, not per read.
+            if memchr::memchr(b'\n', bytes).is_none() {
+                return Ok(());
+            }
             let used = lines(&mut self.cur, &self.carry, &mut each)?;
             self.carry.drain(..used);
         }
@@ -154,6 +159,18 @@ mod tests {
             assert_eq!(got[1].id, None, "an id does not leak into the next event");
             assert_eq!(got[1].data, "{\"a\":1}");
             assert_eq!(got[2].data, "x");
+        }
+    }
+
+    #[test]
+    fn a_long_line_over_many_reads_is_one_event() {
+        let long = "y".repeat(100_000);
+        let raw = format!("event: data\ndata:{long}\n\nevent: control\ndata:c\n\n");
+        for piece in [999, 4096] {
+            let got = parse_in_pieces(raw.as_bytes(), piece);
+            assert_eq!(got.len(), 2, "piece {piece}");
+            assert_eq!(got[0].data, long);
+            assert_eq!(got[1].data, "c");
         }
     }
 
