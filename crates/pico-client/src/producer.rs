@@ -350,6 +350,15 @@ impl IdempotentProducer {
         Ok(InFlight { seq, handle })
     }
 
+    /// Waits until an in-flight slot is free, so that a `send` from the same task right after
+    /// starts at once (a caller timing its batches stamps them after this, not before the
+    /// wait for the window).
+    pub async fn ready(&self) {
+        // The permit is released at once: only completions add slots, so it is still free
+        // when this task calls `send`.
+        let _ = self.inner.permits.acquire().await;
+    }
+
     /// Waits until every batch sent so far finished; Err if any failed.
     pub async fn flush(&self) -> Result<(), ClientError> {
         let next = *self.inner.next_seq.lock().await;

@@ -71,7 +71,7 @@ pub struct BenchArgs {
     /// HTTP clients; over HTTP/1.1 each in-flight request uses its own socket.
     #[arg(long, env = "PICO_BENCH_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub connections: u32,
-    /// Streams written, round-robin.
+    /// Streams written, round-robin (with --producer, producer i writes stream i).
     #[arg(long, env = "PICO_BENCH_STREAMS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub streams: u32,
     /// Measured time (e.g. 10s, 500ms, 1m).
@@ -217,6 +217,15 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         && !(t > 0.0 && t.is_finite())
     {
         bail!("--target-mibps must be a positive number");
+    }
+    // A producer's sequence numbers belong to one stream: producer i writes stream i only.
+    if args.producer && args.streams > args.connections {
+        bail!(
+            "--producer runs one producer per connection, each on its own stream: \
+             --streams {} needs --connections ≥ {} (or fewer streams)",
+            args.streams,
+            args.streams
+        );
     }
     let read_mode = args.read_mode.unwrap_or(match global.protocol {
         Protocol::Pico => ReadMode::LongPoll,
@@ -464,6 +473,9 @@ fn process_cpu_secs() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
+/// Longest wait for one stream's creation.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Creates every stream (idempotent, so a fixed --prefix can be reused).
 async fn create_all(
     target: &Target,
@@ -478,7 +490,12 @@ async fn create_all(
                 let http = &clients[i % clients.len()];
                 let created = &created;
                 async move {
-                    let r = target.create(http, s).await;
+                    // A server that accepts and never answers must not hang the setup.
+                    let r = tokio::time::timeout(CREATE_TIMEOUT, target.create(http, s))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(format!("create {s}: no answer in {CREATE_TIMEOUT:?}"))
+                        });
                     let n = created.fetch_add(1, Ordering::Relaxed) + 1;
                     if total >= 1000 && n.is_multiple_of(1000) {
                         eprint!("\rbench: created {n}/{total} streams");
@@ -500,7 +517,7 @@ async fn create_all(
 async fn progress(ctx: &Ctx, start: u64, warmup_us: u64, duration_us: u64) {
     let tty = std::io::stderr().is_terminal();
     let end = start + warmup_us + duration_us;
-    let mut last = ctx.counters.snapshot();
+    let mut last = ctx.counters.snapshot_all();
     let mut last_t = now_us();
     loop {
         let now = now_us();
@@ -510,7 +527,7 @@ async fn progress(ctx: &Ctx, start: u64, warmup_us: u64, duration_us: u64) {
         let next_tick = (last_t + 1_000_000).min(end);
         tokio::time::sleep(Duration::from_micros(next_tick.saturating_sub(now))).await;
         let t = now_us();
-        let snap = ctx.counters.snapshot();
+        let snap = ctx.counters.snapshot_all();
         let d = snap.minus(&last);
         let dt = (t - last_t) as f64 / 1e6;
         let phase = if t < start + warmup_us {

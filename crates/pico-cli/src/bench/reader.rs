@@ -43,13 +43,11 @@ impl Tail {
 
     fn deliver(&mut self, body: &[u8]) {
         let t = now_us();
-        if !self.ctx.in_window(t) {
-            return;
-        }
-        if let Some(stamp) = payload::stamp_of(body) {
+        let in_window = self.ctx.in_window(t);
+        if in_window && let Some(stamp) = payload::stamp_of(body) {
             self.ctx.lat.record_e2e(self.idx, t.saturating_sub(stamp));
         }
-        self.ctx.counters.add_read(1, body.len() as u64);
+        self.ctx.counters.add_read(1, body.len() as u64, in_window);
     }
 
     fn feed_ds(&mut self, bytes: &[u8]) {
@@ -91,7 +89,9 @@ pub async fn run(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) {
             Protocol::Ds => ds_long_poll(&http, &url, &mut tail).await,
         };
         if let Err(e) = res {
-            ctx.counters.error(false, || format!("reader {idx}: {e}"));
+            ctx.counters.error(false, ctx.in_window(now_us()), || {
+                format!("reader {idx}: {e}")
+            });
             tokio::time::sleep(ERROR_PAUSE).await;
         }
     }
@@ -137,10 +137,10 @@ impl SseTail {
 
     pub fn error(&self, e: &str) {
         let idx = self.tail.idx;
-        self.tail
-            .ctx
-            .counters
-            .error(false, || format!("reader {idx}: {e}"));
+        let ctx = &self.tail.ctx;
+        ctx.counters.error(false, ctx.in_window(now_us()), || {
+            format!("reader {idx}: {e}")
+        });
     }
 
     /// Handles a piece of the response body. An error ends this response (the caller reopens

@@ -18,39 +18,76 @@ pub fn record(h: &mut Histogram<u64>, us: u64) {
     h.saturating_record(us.clamp(1, MAX_US));
 }
 
-/// Totals updated by every writer and reader (counted on ack / on delivery).
+/// One set of totals (counted on ack / on delivery).
+#[derive(Default)]
+struct Totals {
+    write_records: AtomicU64,
+    write_bytes: AtomicU64,
+    write_requests: AtomicU64,
+    write_errors: AtomicU64,
+    read_records: AtomicU64,
+    read_bytes: AtomicU64,
+    read_errors: AtomicU64,
+}
+
+impl Totals {
+    fn snapshot(&self) -> Snapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            write_records: l(&self.write_records),
+            write_bytes: l(&self.write_bytes),
+            write_requests: l(&self.write_requests),
+            write_errors: l(&self.write_errors),
+            read_records: l(&self.read_records),
+            read_bytes: l(&self.read_bytes),
+            read_errors: l(&self.read_errors),
+        }
+    }
+}
+
+/// Totals updated by every writer and reader: those of the measured window, for the report,
+/// and those of the whole run, for the progress lines (so the warmup shows its traffic, and a
+/// server that answers nothing shows as such before the measurement starts).
 #[derive(Default)]
 pub struct Counters {
-    pub write_records: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub write_requests: AtomicU64,
-    pub write_errors: AtomicU64,
-    pub read_records: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub read_errors: AtomicU64,
+    window: Totals,
+    all: Totals,
     first_error: OnceLock<String>,
 }
 
 impl Counters {
-    pub fn add_write(&self, records: u64, bytes: u64) {
-        self.write_records.fetch_add(records, Ordering::Relaxed);
-        self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.write_requests.fetch_add(1, Ordering::Relaxed);
+    fn each(&self, in_window: bool, f: impl Fn(&Totals)) {
+        f(&self.all);
+        if in_window {
+            f(&self.window);
+        }
     }
 
-    pub fn add_read(&self, records: u64, bytes: u64) {
-        self.read_records.fetch_add(records, Ordering::Relaxed);
-        self.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+    pub fn add_write(&self, records: u64, bytes: u64, in_window: bool) {
+        self.each(in_window, |t| {
+            t.write_records.fetch_add(records, Ordering::Relaxed);
+            t.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+            t.write_requests.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+
+    pub fn add_read(&self, records: u64, bytes: u64, in_window: bool) {
+        self.each(in_window, |t| {
+            t.read_records.fetch_add(records, Ordering::Relaxed);
+            t.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+        });
     }
 
     /// Counts an error; the first one is kept for the report and printed once.
-    pub fn error(&self, write: bool, msg: impl FnOnce() -> String) {
-        let c = if write {
-            &self.write_errors
-        } else {
-            &self.read_errors
-        };
-        c.fetch_add(1, Ordering::Relaxed);
+    pub fn error(&self, write: bool, in_window: bool, msg: impl FnOnce() -> String) {
+        self.each(in_window, |t| {
+            let c = if write {
+                &t.write_errors
+            } else {
+                &t.read_errors
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+        });
         if self.first_error.get().is_none() {
             let m = msg();
             if self.first_error.set(m.clone()).is_ok() {
@@ -63,17 +100,14 @@ impl Counters {
         self.first_error.get().cloned()
     }
 
+    /// Totals of the measured window.
     pub fn snapshot(&self) -> Snapshot {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Snapshot {
-            write_records: l(&self.write_records),
-            write_bytes: l(&self.write_bytes),
-            write_requests: l(&self.write_requests),
-            write_errors: l(&self.write_errors),
-            read_records: l(&self.read_records),
-            read_bytes: l(&self.read_bytes),
-            read_errors: l(&self.read_errors),
-        }
+        self.window.snapshot()
+    }
+
+    /// Totals since the run began, warmup included.
+    pub fn snapshot_all(&self) -> Snapshot {
+        self.all.snapshot()
     }
 }
 
@@ -311,6 +345,29 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_report_counts_the_window_and_progress_the_whole_run() {
+        let c = Counters::default();
+        c.add_write(10, 1000, false); // warmup
+        c.add_write(5, 500, true);
+        c.add_read(3, 30, false);
+        c.error(true, false, || "during warmup".into());
+        c.error(false, true, || "measured".into());
+        let w = c.snapshot();
+        assert_eq!(
+            (w.write_records, w.write_bytes, w.write_requests),
+            (5, 500, 1)
+        );
+        assert_eq!((w.read_records, w.write_errors, w.read_errors), (0, 0, 1));
+        let a = c.snapshot_all();
+        assert_eq!(
+            (a.write_records, a.write_bytes, a.write_requests),
+            (15, 1500, 2)
+        );
+        assert_eq!((a.read_records, a.write_errors, a.read_errors), (3, 1, 1));
+        assert_eq!(c.first_error().as_deref(), Some("during warmup"));
+    }
 
     #[test]
     fn percentiles_come_from_the_histogram() {

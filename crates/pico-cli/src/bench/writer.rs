@@ -81,23 +81,30 @@ pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops
         }
         let stream = &ctx.streams[(k + i * loops) % n];
         i += 1;
-        let t0 = send_time(&ctx).await;
+        let t0 = tokio::select! {
+            t = send_time(&ctx) => t,
+            _ = stop.wait_for(|s| *s) => break,
+        };
         let (body, ct) = ctx.target.body(ctx.batch, ctx.record_size, t0);
         let res = tokio::select! {
             r = transport.append(&ctx, stream, body, ct) => r,
             _ = stop.wait_for(|s| *s) => break,
         };
         let t1 = now_us();
+        let in_window = ctx.in_window(t1);
         match res {
             Ok(()) => {
-                if ctx.in_window(t1) {
+                if in_window {
                     stats::record(&mut h, t1.saturating_sub(t0));
-                    ctx.counters
-                        .add_write(ctx.batch as u64, (ctx.batch * ctx.record_size) as u64);
                 }
+                ctx.counters.add_write(
+                    ctx.batch as u64,
+                    (ctx.batch * ctx.record_size) as u64,
+                    in_window,
+                );
             }
             Err(e) => {
-                ctx.counters.error(true, || e);
+                ctx.counters.error(true, in_window, || e);
                 tokio::time::sleep(ERROR_PAUSE).await;
             }
         }
@@ -118,7 +125,20 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
     let mut producer = make(epoch);
     let mut stop = ctx.stop.clone();
     while !ctx.stopped() {
-        let t0 = send_time(&ctx).await;
+        if ctx.pacer.is_none() {
+            // `send` first waits for a window slot. With the window full that wait is the
+            // previous batch's round trip (the client's own limit), not this batch's latency:
+            // unpaced, the batch is stamped once the slot is free, as the DS loop takes its
+            // permit before reading the clock; paced, it keeps its scheduled time.
+            tokio::select! {
+                () = producer.ready() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+        let t0 = tokio::select! {
+            t = send_time(&ctx) => t,
+            _ = stop.wait_for(|s| *s) => break,
+        };
         let records: Vec<BatchRecord> = (0..ctx.batch)
             .map(|_| BatchRecord::new(payload::record(ctx.record_size, t0)))
             .collect();
@@ -128,31 +148,34 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
         };
         match sent {
             Ok(in_flight) => {
-                // `send` first waits for a window slot. With the window full that wait is the
-                // previous batch's round trip (the client's own limit), not this batch's
-                // latency: unpaced, measure from when the slot was free, as the DS loop does
-                // (it takes its permit before reading the clock); paced, from the slot's time.
-                let started = if ctx.pacer.is_some() { t0 } else { now_us() };
                 let ctx = ctx.clone();
                 let hist = hist.clone();
                 tokio::spawn(async move {
                     let res = in_flight.ack().await;
                     let t1 = now_us();
+                    let in_window = ctx.in_window(t1);
                     match res {
-                        Ok(_) if ctx.in_window(t1) => {
-                            let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
-                            stats::record(&mut h, t1.saturating_sub(started));
-                            ctx.counters
-                                .add_write(ctx.batch as u64, (ctx.batch * ctx.record_size) as u64);
+                        Ok(_) => {
+                            if in_window {
+                                let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
+                                stats::record(&mut h, t1.saturating_sub(t0));
+                            }
+                            ctx.counters.add_write(
+                                ctx.batch as u64,
+                                (ctx.batch * ctx.record_size) as u64,
+                                in_window,
+                            );
                         }
-                        Ok(_) => {}
-                        Err(e) => ctx.counters.error(true, || format!("producer: {e}")),
+                        Err(e) => ctx
+                            .counters
+                            .error(true, in_window, || format!("producer: {e}")),
                     }
                 });
             }
             Err(e) => {
                 // The producer is poisoned by a failed batch: continue as a new incarnation.
-                ctx.counters.error(true, || format!("producer: {e}"));
+                ctx.counters
+                    .error(true, ctx.in_window(now_us()), || format!("producer: {e}"));
                 tokio::time::sleep(ERROR_PAUSE).await;
                 epoch += 1;
                 producer = make(epoch);
@@ -188,7 +211,10 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
             window = SeqWindow::new(0);
             seq = 0;
         }
-        let t0 = send_time(&ctx).await;
+        let t0 = tokio::select! {
+            t = send_time(&ctx) => t,
+            _ = stop.wait_for(|s| *s) => break,
+        };
         let (body, ct) = ctx.target.body(ctx.batch, ctx.record_size, t0);
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(ct));
@@ -213,15 +239,22 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
             })
             .await;
             let t1 = now_us();
+            let in_window = ctx2.in_window(t1);
             match res {
-                Ok(()) if ctx2.in_window(t1) => {
-                    let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
-                    stats::record(&mut h, t1.saturating_sub(t0));
-                    ctx2.counters
-                        .add_write(ctx2.batch as u64, (ctx2.batch * ctx2.record_size) as u64);
+                Ok(()) => {
+                    if in_window {
+                        let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
+                        stats::record(&mut h, t1.saturating_sub(t0));
+                    }
+                    ctx2.counters.add_write(
+                        ctx2.batch as u64,
+                        (ctx2.batch * ctx2.record_size) as u64,
+                        in_window,
+                    );
                 }
-                Ok(()) => {}
-                Err(e) => ctx2.counters.error(true, || format!("ds producer: {e}")),
+                Err(e) => ctx2
+                    .counters
+                    .error(true, in_window, || format!("ds producer: {e}")),
             }
         });
     }
