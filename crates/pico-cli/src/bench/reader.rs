@@ -170,6 +170,8 @@ struct PicoRecord<'a> {
 struct PicoControl {
     #[serde(default)]
     next_seq: Option<u64>,
+    #[serde(default)]
+    closed: bool,
 }
 
 /// The fields of a Durable Streams `control` event the tailer follows; typed, so parsing one
@@ -284,7 +286,14 @@ fn pico_event(t: &mut Tail, ev: sse::Event<'_>) -> Result<(), String> {
             if let Some(n) = c.next_seq {
                 t.set_pos(&n.to_string());
             }
+            // As for DS: an error, so the tailer pauses before it reopens instead of
+            // reconnecting in a tight loop to a stream that will not grow.
+            if c.closed {
+                return Err("stream closed".to_string());
+            }
         }
+        // The server ends the response after it.
+        b"error" => return Err(format!("sse error: {}", String::from_utf8_lossy(ev.data))),
         _ => {}
     }
     Ok(())
@@ -319,4 +328,63 @@ fn ds_event(t: &mut Tail, base64: bool, ev: sse::Event<'_>) -> Result<(), String
         _ => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::target::Target;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
+
+    fn tail(protocol: Protocol) -> Tail {
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let ctx = Ctx {
+            target: Target::new(protocol, "http://127.0.0.1:1"),
+            streams: vec!["s".into()],
+            run_id: "t".into(),
+            batch: 1,
+            record_size: 16,
+            in_flight: 1,
+            http2: false,
+            token: None,
+            pacer: None,
+            counters: Default::default(),
+            lat: Default::default(),
+            measure_start: AtomicU64::new(0),
+            measure_end: AtomicU64::new(u64::MAX),
+            stop,
+            readers_connected: AtomicUsize::new(0),
+        };
+        Tail::new(Arc::new(ctx), 0)
+    }
+
+    fn event<'a>(event: &'a [u8], data: &'a [u8]) -> sse::Event<'a> {
+        sse::Event {
+            event,
+            id: None,
+            data,
+        }
+    }
+
+    /// A closed stream or an `error` event ends the response as an error (so the tailer pauses
+    /// before reopening), in both protocols; a plain control only moves the position.
+    #[test]
+    fn closed_streams_and_error_events_are_errors() {
+        let mut t = tail(Protocol::Pico);
+        assert_eq!(
+            pico_event(&mut t, event(b"control", br#"{"next_seq":5}"#)),
+            Ok(())
+        );
+        assert_eq!(t.pos.as_deref(), Some("5"));
+        let closed = br#"{"next_seq":7,"up_to_date":true,"closed":true}"#;
+        assert!(pico_event(&mut t, event(b"control", closed)).is_err());
+        assert_eq!(t.pos.as_deref(), Some("7"));
+        let err = pico_event(&mut t, event(b"error", br#"{"error":"gone"}"#)).unwrap_err();
+        assert!(err.contains("gone"), "{err}");
+
+        let mut t = tail(Protocol::Ds);
+        let closed = br#"{"streamNextOffset":"9","streamClosed":true}"#;
+        assert!(ds_event(&mut t, false, event(b"control", closed)).is_err());
+        assert_eq!(t.pos.as_deref(), Some("9"));
+    }
 }
