@@ -335,8 +335,18 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         let deadline = Instant::now() + READERS_CONNECT_TIMEOUT;
         while ctx.readers_connected.load(Ordering::Relaxed) < readers {
             if Instant::now() > deadline {
+                // Over HTTP/2 a server's limit on streams per connection (often 100–250) holds
+                // the streams beyond it back for as long as the others stay open.
+                let hint = if global.http2 {
+                    format!(
+                        " ({} per HTTP/2 connection: if the server allows fewer, raise --reader-connections)",
+                        readers.div_ceil(n)
+                    )
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "bench: only {}/{readers} readers connected after {}s; starting anyway",
+                    "bench: only {}/{readers} readers connected after {}s{hint}; starting anyway",
                     ctx.readers_connected.load(Ordering::Relaxed),
                     READERS_CONNECT_TIMEOUT.as_secs()
                 );
