@@ -28,6 +28,12 @@ struct Tail {
     pos: Option<String>,
     split: Splitter,
     connected: bool,
+    /// Hold deliveries until [`Tail::commit`]: a Durable Streams SSE `data` event moves the
+    /// resume offset only with the `control` event after it, so records counted at once would
+    /// be counted again when a response breaks between the two and is reopened.
+    holding: bool,
+    /// Deliveries held: (in the window, append→delivery µs if stamped, bytes).
+    held: Vec<(bool, Option<u64>, u64)>,
 }
 
 impl Tail {
@@ -38,16 +44,47 @@ impl Tail {
             pos: None,
             split: Splitter::default(),
             connected: false,
+            holding: false,
+            held: Vec::new(),
         }
     }
 
     fn deliver(&mut self, body: &[u8]) {
         let t = now_us();
         let in_window = self.ctx.in_window(t);
-        if in_window && let Some(stamp) = payload::stamp_of(body) {
-            self.ctx.lat.record_e2e(self.idx, t.saturating_sub(stamp));
+        let latency = payload::stamp_of(body)
+            .filter(|_| in_window)
+            .map(|stamp| t.saturating_sub(stamp));
+        let bytes = body.len() as u64;
+        if self.holding {
+            self.held.push((in_window, latency, bytes));
+        } else {
+            self.count(in_window, latency, bytes);
         }
-        self.ctx.counters.add_read(1, body.len() as u64, in_window);
+    }
+
+    fn count(&self, in_window: bool, latency: Option<u64>, bytes: u64) {
+        if let Some(us) = latency {
+            self.ctx.lat.record_e2e(self.idx, us);
+        }
+        self.ctx.counters.add_read(1, bytes, in_window);
+    }
+
+    /// Counts the held deliveries: the resume position has moved past them.
+    fn commit(&mut self) {
+        let mut held = std::mem::take(&mut self.held);
+        for &(in_window, latency, bytes) in &held {
+            self.count(in_window, latency, bytes);
+        }
+        held.clear();
+        self.held = held; // keeps its capacity: one data event per append per subscriber
+    }
+
+    /// Drops what a broken response delivered past the resume position (it comes again) and
+    /// any record cut at its end.
+    fn rewind(&mut self) {
+        self.held.clear();
+        self.split = Splitter::default();
     }
 
     fn feed_ds(&mut self, bytes: &[u8]) {
@@ -110,8 +147,10 @@ pub struct SseTail {
 impl SseTail {
     pub fn new(ctx: Arc<Ctx>, idx: usize) -> SseTail {
         let url = ctx.target.url(&ctx.streams[idx % ctx.streams.len()]);
+        let mut tail = Tail::new(ctx, idx);
+        tail.holding = tail.ctx.target.protocol == Protocol::Ds;
         SseTail {
-            tail: Tail::new(ctx, idx),
+            tail,
             url,
             parser: sse::Parser::default(),
             base64: false,
@@ -131,6 +170,7 @@ impl SseTail {
     /// `Stream-SSE-Data-Encoding` header.
     pub fn opened(&mut self, encoding: Option<&[u8]>) {
         self.parser = sse::Parser::default();
+        self.tail.rewind();
         self.base64 = encoding == Some(b"base64");
         self.tail.mark_connected();
     }
@@ -320,6 +360,7 @@ fn ds_event(t: &mut Tail, base64: bool, ev: sse::Event<'_>) -> Result<(), String
                 serde_json::from_slice(ev.data).map_err(|e| format!("sse control: {e}"))?;
             if let Some(n) = c.next {
                 t.set_pos(&n);
+                t.commit();
             }
             if c.closed {
                 return Err("stream closed".to_string());
@@ -364,6 +405,26 @@ mod tests {
             id: None,
             data,
         }
+    }
+
+    /// A Durable Streams data event counts once its control event moves the resume offset: a
+    /// response broken between the two is reopened from the old offset, and the records come
+    /// again, so counting them at once would count them twice.
+    #[test]
+    fn ds_records_count_when_the_offset_moves_past_them() {
+        let mut s = SseTail::new(tail(Protocol::Ds).ctx, 0);
+        let rec = payload::record(16, 1);
+        let control = br#"{"streamNextOffset":"2"}"#;
+        let feed = |s: &mut SseTail, ev: &[u8], data: &[u8]| {
+            ds_event(&mut s.tail, false, event(ev, data)).unwrap();
+            s.tail.ctx.counters.snapshot_all().read_records
+        };
+        s.opened(None);
+        assert_eq!(feed(&mut s, b"data", &rec), 0, "held until its control");
+        s.opened(None); // the response broke before the control: reopened
+        assert_eq!(feed(&mut s, b"data", &rec), 0);
+        assert_eq!(feed(&mut s, b"control", control), 1, "counted once");
+        assert_eq!(s.tail.pos.as_deref(), Some("2"));
     }
 
     /// A closed stream or an `error` event ends the response as an error (so the tailer pauses
