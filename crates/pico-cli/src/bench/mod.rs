@@ -88,7 +88,7 @@ pub struct BenchArgs {
     #[arg(long, env = "PICO_BENCH_PRODUCER", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub producer: bool,
     /// Tailers following the streams (reader i follows stream i mod --streams).
-    #[arg(long, env = "PICO_BENCH_READERS", default_value_t = 0)]
+    #[arg(long, env = "PICO_BENCH_READERS", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub readers: u32,
     /// HTTP clients the readers share [default: --connections]. Over HTTP/1.1 every reader holds
     /// its own socket anyway; over HTTP/2 each client is one connection multiplexing its readers.
@@ -127,8 +127,16 @@ pub fn parse_duration(raw: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("bad duration: `{raw}`"));
     }
+    // The run's clock is in microseconds since start; a year keeps every sum of them far
+    // from overflowing.
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!("duration too long: `{raw}` (at most 365 days)"));
+    }
     Ok(Duration::from_secs_f64(secs))
 }
+
+/// Longest --duration or --warmup.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Global rate limit shared by all writers.
 pub struct Pacer {
@@ -591,5 +599,10 @@ mod tests {
         assert!(parse_duration("3h").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("x").is_err());
+        // Huge values are refused, not a panic in Duration or an overflow of the clock.
+        let err = parse_duration("100000000000000000000s").unwrap_err();
+        assert!(err.contains("too long"), "{err}");
+        assert!(parse_duration("400000000m").is_err());
+        assert_eq!(parse_duration("525600m"), Ok(MAX_DURATION));
     }
 }
