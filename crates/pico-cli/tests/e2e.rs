@@ -1684,6 +1684,14 @@ async fn h2_connection_holds_hundreds_of_sse_tailers() {
         .unwrap();
 }
 
+/// `pico bench --output json ARGS` against `server`, its report parsed.
+fn bench_report(server: &Server, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["bench", "--output", "json"];
+    all.extend_from_slice(args);
+    let (out, _) = pico_ok(server, &all, b"");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"))
+}
+
 /// `pico bench` against the real server: pipelined producers and plain appends with tailers.
 /// Asserts the report counts acknowledged records, readers saw them with a latency, and that
 /// the data is really in the streams.
@@ -1692,10 +1700,9 @@ fn server_bench_producer_and_readers_report_real_counts() {
     let dir = tempdir();
     let server = Server::start(dir.path(), &[]);
     let json = |args: &[&str]| -> serde_json::Value {
-        let mut all = vec!["bench", "--output", "json", "-d", "1s", "--warmup", "200ms"];
+        let mut all = vec!["-d", "1s", "--warmup", "200ms"];
         all.extend_from_slice(args);
-        let (out, _) = pico_ok(&server, &all, b"");
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"))
+        bench_report(&server, &all)
     };
 
     let r = json(&[
@@ -1787,9 +1794,6 @@ fn server_bench_counts_refused_appends_as_errors() {
     let server = Server::start(dir.path(), &["--max-request-size", "1KiB"]);
     for h2 in [false, true] {
         let mut args = vec![
-            "bench",
-            "--output",
-            "json",
             "-d",
             "1s",
             "--warmup",
@@ -1802,24 +1806,18 @@ fn server_bench_counts_refused_appends_as_errors() {
             "refused",
         ];
         if h2 {
-            args.insert(0, "--http2");
+            args.push("--http2");
         }
-        let (out, _) = pico_ok(&server, &args, b"");
-        let r: serde_json::Value =
-            serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"));
+        let r = bench_report(&server, &args);
         assert_eq!(r["write"]["records"], 0, "h2={h2}: {r}");
         assert!(r["write"]["errors"].as_u64().unwrap() >= 2, "h2={h2}: {r}");
     }
-    let r = pico_ok(
+    let r = bench_report(
         &server,
         &[
-            "bench", "--output", "json", "-d", "1s", "--warmup", "0s", "-b", "512", "--prefix",
-            "fine",
+            "-d", "1s", "--warmup", "0s", "-b", "512", "--prefix", "fine",
         ],
-        b"",
-    )
-    .0;
-    let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+    );
     assert!(r["write"]["records"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["write"]["errors"], 0, "{r}");
 }
@@ -1833,12 +1831,9 @@ fn server_bench_counts_refused_appends_as_errors() {
 fn server_bench_paced_writers_hand_in_their_samples() {
     let dir = tempdir();
     let server = Server::start(dir.path(), &[]);
-    let (out, _) = pico_ok(
+    let r = bench_report(
         &server,
         &[
-            "bench",
-            "--output",
-            "json",
             "-d",
             "1s",
             "--warmup",
@@ -1854,10 +1849,7 @@ fn server_bench_paced_writers_hand_in_their_samples() {
             "--prefix",
             "paced",
         ],
-        b"",
     );
-    let r: serde_json::Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"));
     let requests = r["write"]["records"].as_u64().unwrap() / 100;
     assert!(requests >= 1, "{r}");
     assert_eq!(r["write_latency"]["count"].as_u64(), Some(requests), "{r}");
@@ -1875,9 +1867,6 @@ fn server_bench_sse_tailers_follow_across_reopened_responses() {
         for h2 in [false, true] {
             let prefix = format!("sse-{proto}-{h2}");
             let mut args = vec![
-                "bench",
-                "--output",
-                "json",
                 "-d",
                 "3s",
                 "--warmup",
@@ -1904,9 +1893,7 @@ fn server_bench_sse_tailers_follow_across_reopened_responses() {
             if h2 {
                 args.push("--http2");
             }
-            let (out, _) = pico_ok(&server, &args, b"");
-            let r: serde_json::Value =
-                serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad report {e}: {out}"));
+            let r = bench_report(&server, &args);
             let written = r["write"]["records"].as_u64().unwrap();
             let read = r["read"]["records"].as_u64().unwrap();
             assert!(written > 1000, "{proto} h2={h2}: wrote too little: {r}");

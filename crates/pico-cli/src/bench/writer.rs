@@ -112,6 +112,26 @@ pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops
     ctx.lat.merge_ack(&h);
 }
 
+/// Counts a producer's batch, sent at `t0`, once its ack or failure is in.
+fn batch_done(ctx: &Ctx, hist: &Mutex<Histogram<u64>>, t0: u64, res: Result<(), String>) {
+    let t1 = now_us();
+    let in_window = ctx.in_window(t1);
+    match res {
+        Ok(()) => {
+            if in_window {
+                let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
+                stats::record(&mut h, t1.saturating_sub(t0));
+            }
+            ctx.counters.add_write(
+                ctx.batch as u64,
+                (ctx.batch * ctx.record_size) as u64,
+                in_window,
+            );
+        }
+        Err(e) => ctx.counters.error(true, in_window, || e),
+    }
+}
+
 /// A Pico idempotent producer ([`IdempotentProducer`]) with `in_flight` batches in flight.
 pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx: usize) {
     let stream = ctx.streams[idx % ctx.streams.len()].clone();
@@ -152,24 +172,8 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
                 let hist = hist.clone();
                 tokio::spawn(async move {
                     let res = in_flight.ack().await;
-                    let t1 = now_us();
-                    let in_window = ctx.in_window(t1);
-                    match res {
-                        Ok(_) => {
-                            if in_window {
-                                let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
-                                stats::record(&mut h, t1.saturating_sub(t0));
-                            }
-                            ctx.counters.add_write(
-                                ctx.batch as u64,
-                                (ctx.batch * ctx.record_size) as u64,
-                                in_window,
-                            );
-                        }
-                        Err(e) => ctx
-                            .counters
-                            .error(true, in_window, || format!("producer: {e}")),
-                    }
+                    let res = res.map(drop).map_err(|e| format!("producer: {e}"));
+                    batch_done(&ctx, &hist, t0, res);
                 });
             }
             Err(e) => {
@@ -238,24 +242,12 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
                 ds_attempt(&ctx2, &http, &url, headers.clone(), body.clone(), this_seq)
             })
             .await;
-            let t1 = now_us();
-            let in_window = ctx2.in_window(t1);
-            match res {
-                Ok(()) => {
-                    if in_window {
-                        let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
-                        stats::record(&mut h, t1.saturating_sub(t0));
-                    }
-                    ctx2.counters.add_write(
-                        ctx2.batch as u64,
-                        (ctx2.batch * ctx2.record_size) as u64,
-                        in_window,
-                    );
-                }
-                Err(e) => ctx2
-                    .counters
-                    .error(true, in_window, || format!("ds producer: {e}")),
-            }
+            batch_done(
+                &ctx2,
+                &hist,
+                t0,
+                res.map_err(|e| format!("ds producer: {e}")),
+            );
         });
     }
     let h: Histogram<u64> = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
