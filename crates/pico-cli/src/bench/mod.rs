@@ -299,6 +299,10 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         readers_connected: AtomicUsize::new(0),
     });
 
+    // The bench's own connections (SSE readers, HTTP/1.1 append loops) share one resolution
+    // of the endpoint: with several addresses it probes for the one that accepts.
+    let own_endpoint = tokio::sync::OnceCell::<Arc<sse_conn::Endpoint>>::new();
+
     // Readers first, so they are following the tail before the first append.
     let mut reader_tasks = Vec::new();
     if readers > 0 {
@@ -318,9 +322,10 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
                 }
             }
             ReadMode::Sse => {
-                let ep = Arc::new(
-                    sse_conn::Endpoint::resolve(&global.endpoint, global.token.as_deref()).await?,
-                );
+                let ep = own_endpoint
+                    .get_or_try_init(|| resolve_own(&global))
+                    .await?
+                    .clone();
                 if global.http2 {
                     let mut groups: Vec<Vec<reader::SseTail>> =
                         (0..n).map(|_| Vec::new()).collect();
@@ -405,9 +410,12 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         // Over HTTP/1.1 each loop has a socket either way (reqwest's pool opened one per
         // request in flight); the bench's own connections cost the server's machine less.
         let h1 = if !global.http2 && global.endpoint.starts_with("http://") {
-            Some(Arc::new(
-                sse_conn::Endpoint::resolve(&global.endpoint, global.token.as_deref()).await?,
-            ))
+            Some(
+                own_endpoint
+                    .get_or_try_init(|| resolve_own(&global))
+                    .await?
+                    .clone(),
+            )
         } else {
             None
         };
@@ -489,6 +497,11 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
 fn process_cpu_secs() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+async fn resolve_own(global: &Global) -> anyhow::Result<Arc<sse_conn::Endpoint>> {
+    let ep = sse_conn::Endpoint::resolve(&global.endpoint, global.token.as_deref()).await?;
+    Ok(Arc::new(ep))
 }
 
 /// Longest wait for one stream's creation.

@@ -90,46 +90,41 @@ pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops
             r = transport.append(&ctx, stream, body, ct) => r,
             _ = stop.wait_for(|s| *s) => break,
         };
-        let t1 = now_us();
-        let in_window = ctx.in_window(t1);
-        match res {
-            Ok(()) => {
-                if in_window {
-                    stats::record(&mut h, t1.saturating_sub(t0));
-                }
-                ctx.counters.add_write(
-                    ctx.batch as u64,
-                    (ctx.batch * ctx.record_size) as u64,
-                    in_window,
-                );
-            }
-            Err(e) => {
-                ctx.counters.error(true, in_window, || e);
-                tokio::time::sleep(ERROR_PAUSE).await;
-            }
+        if !batch_done(&ctx, &mut h, t0, res) {
+            tokio::time::sleep(ERROR_PAUSE).await;
         }
     }
     ctx.lat.merge_ack(&h);
 }
 
-/// Counts a producer's batch, sent at `t0`, once its ack or failure is in.
-fn batch_done(ctx: &Ctx, hist: &Mutex<Histogram<u64>>, t0: u64, res: Result<(), String>) {
+/// Counts a request or batch sent at `t0` once its ack or failure is in (its latency into
+/// `hist` if in the window); true if it was acknowledged.
+fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Result<(), String>) -> bool {
     let t1 = now_us();
     let in_window = ctx.in_window(t1);
     match res {
         Ok(()) => {
             if in_window {
-                let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
-                stats::record(&mut h, t1.saturating_sub(t0));
+                stats::record(hist, t1.saturating_sub(t0));
             }
             ctx.counters.add_write(
                 ctx.batch as u64,
                 (ctx.batch * ctx.record_size) as u64,
                 in_window,
             );
+            true
         }
-        Err(e) => ctx.counters.error(true, in_window, || e),
+        Err(e) => {
+            ctx.counters.error(true, in_window, || e);
+            false
+        }
     }
+}
+
+/// [`batch_done`] for a producer's histogram shared with its ack tasks.
+fn shared_batch_done(ctx: &Ctx, hist: &Mutex<Histogram<u64>>, t0: u64, res: Result<(), String>) {
+    let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
+    batch_done(ctx, &mut h, t0, res);
 }
 
 /// A Pico idempotent producer ([`IdempotentProducer`]) with `in_flight` batches in flight.
@@ -173,7 +168,7 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
                 tokio::spawn(async move {
                     let res = in_flight.ack().await;
                     let res = res.map(drop).map_err(|e| format!("producer: {e}"));
-                    batch_done(&ctx, &hist, t0, res);
+                    shared_batch_done(&ctx, &hist, t0, res);
                 });
             }
             Err(e) => {
@@ -242,7 +237,7 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
                 ds_attempt(&ctx2, &http, &url, headers.clone(), body.clone(), this_seq)
             })
             .await;
-            batch_done(
+            shared_batch_done(
                 &ctx2,
                 &hist,
                 t0,
