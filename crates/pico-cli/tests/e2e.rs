@@ -1822,6 +1822,48 @@ fn server_bench_counts_refused_appends_as_errors() {
     assert_eq!(r["write"]["errors"], 0, "{r}");
 }
 
+/// A producer stops at its first batch that fails for good; the batches in flight behind it
+/// and the next one sent to it are abandoned unsent. The report counts the failure once and
+/// the abandoned batches apart (before, each of them was one more error, so one refusal read
+/// as up to `-w` + 1 of them).
+#[test]
+fn server_bench_counts_a_producer_failure_once() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &["--max-request-size", "1KiB"]);
+    for protocol in ["pico", "ds"] {
+        let r = bench_report(
+            &server,
+            &[
+                "--protocol",
+                protocol,
+                "--producer",
+                "-w",
+                "5",
+                "-d",
+                "1s",
+                "--warmup",
+                "0s",
+                "-b",
+                "2KiB",
+                "--prefix",
+                &format!("abandon-{protocol}"),
+            ],
+        );
+        let w = &r["write"];
+        let errors = w["errors"].as_u64().unwrap();
+        let abandoned = w["abandoned"].as_u64().unwrap();
+        assert_eq!(w["records"], 0, "{protocol}: {r}");
+        assert!(errors >= 1, "{protocol}: {r}");
+        // Each failure poisons its producer: the send that finds it so is abandoned, then the
+        // bench opens a new producer. Only the run's last failure may have none.
+        assert!(abandoned + 1 >= errors, "{protocol}: {r}");
+        assert!(
+            r["first_error"].as_str().unwrap().contains("413"),
+            "{protocol}: the failure itself is reported, not an abandoned batch: {r}"
+        );
+    }
+}
+
 /// A paced writer asleep until its next slot when the measurement ends still hands in the
 /// latencies of the appends it made: at 0.01 MiB/s a 100 KiB request is one slot every 10 s, so
 /// in a 1 s run the first loop appends once and then sleeps past the end (the other three loops

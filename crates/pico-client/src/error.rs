@@ -18,6 +18,14 @@ pub enum ClientError {
     /// The server answered 2xx but the response could not be understood.
     #[error("decode: {0}")]
     Decode(String),
+    /// A producer's batch that was never sent, or given up, because an earlier batch of the
+    /// same producer failed for good: sequence numbers must arrive in order, so the producer
+    /// stops at the first failure. The batch is not written; the failure itself is reported
+    /// once, by the batch `failed_seq`.
+    #[error(
+        "not sent: an earlier batch of this producer failed: failed_seq={failed_seq} seq={seq}"
+    )]
+    Abandoned { seq: u64, failed_seq: u64 },
 }
 
 impl ClientError {
@@ -27,6 +35,11 @@ impl ClientError {
             ClientError::Http { status, .. } => Some(*status),
             _ => None,
         }
+    }
+
+    /// Is this a batch abandoned after an earlier batch's failure (not a failure of its own)?
+    pub fn is_abandoned(&self) -> bool {
+        matches!(self, ClientError::Abandoned { .. })
     }
 
     pub fn is_not_found(&self) -> bool {

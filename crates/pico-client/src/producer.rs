@@ -219,9 +219,10 @@ where
 }
 
 fn predecessor_failed(seq: u64, failed: u64) -> ClientError {
-    ClientError::Transport(format!(
-        "an earlier batch of this producer failed: failed_seq={failed} seq={seq}"
-    ))
+    ClientError::Abandoned {
+        seq,
+        failed_seq: failed,
+    }
 }
 
 /// Is this error worth retrying with the same sequence number?
@@ -229,7 +230,7 @@ pub fn is_transient(e: &ClientError) -> bool {
     match e {
         ClientError::Transport(_) => true,
         ClientError::Http { status, .. } => *status == 503 || *status == 502 || *status == 500,
-        ClientError::Decode(_) => false,
+        ClientError::Decode(_) | ClientError::Abandoned { .. } => false,
     }
 }
 
@@ -593,6 +594,19 @@ mod tests {
         .await
         .unwrap_err();
         assert!(err.to_string().contains("failed_seq=1"), "{err}");
+        // Abandoned, not failed on its own: a caller counting failures counts seq 1 only, and
+        // nothing retries it (it was never sent).
+        assert!(
+            matches!(
+                err,
+                ClientError::Abandoned {
+                    seq: 2,
+                    failed_seq: 1
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!is_transient(&err));
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@ struct Totals {
     write_bytes: AtomicU64,
     write_requests: AtomicU64,
     write_errors: AtomicU64,
+    write_abandoned: AtomicU64,
     read_records: AtomicU64,
     read_bytes: AtomicU64,
     read_errors: AtomicU64,
@@ -38,6 +39,7 @@ impl Totals {
             write_bytes: l(&self.write_bytes),
             write_requests: l(&self.write_requests),
             write_errors: l(&self.write_errors),
+            write_abandoned: l(&self.write_abandoned),
             read_records: l(&self.read_records),
             read_bytes: l(&self.read_bytes),
             read_errors: l(&self.read_errors),
@@ -96,6 +98,14 @@ impl Counters {
         }
     }
 
+    /// Counts a producer batch abandoned after an earlier batch of its producer failed: not
+    /// written, but not a failure of its own (that one is counted once, as an error).
+    pub fn abandoned(&self, in_window: bool) {
+        self.each(in_window, |t| {
+            t.write_abandoned.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+
     pub fn first_error(&self) -> Option<String> {
         self.first_error.get().cloned()
     }
@@ -117,6 +127,7 @@ pub struct Snapshot {
     pub write_bytes: u64,
     pub write_requests: u64,
     pub write_errors: u64,
+    pub write_abandoned: u64,
     pub read_records: u64,
     pub read_bytes: u64,
     pub read_errors: u64,
@@ -129,6 +140,7 @@ impl Snapshot {
             write_bytes: self.write_bytes - o.write_bytes,
             write_requests: self.write_requests - o.write_requests,
             write_errors: self.write_errors - o.write_errors,
+            write_abandoned: self.write_abandoned - o.write_abandoned,
             read_records: self.read_records - o.read_records,
             read_bytes: self.read_bytes - o.read_bytes,
             read_errors: self.read_errors - o.read_errors,
@@ -225,6 +237,9 @@ pub struct Throughput {
     pub records: u64,
     pub bytes: u64,
     pub errors: u64,
+    /// Producer batches not written because an earlier batch of the same producer failed
+    /// (that failure is one of `errors`); always 0 for reads and plain appends.
+    pub abandoned: u64,
 }
 
 impl Throughput {
@@ -236,6 +251,7 @@ impl Throughput {
             records: s.write_records,
             bytes: s.write_bytes,
             errors: s.write_errors,
+            abandoned: s.write_abandoned,
         }
     }
 
@@ -247,6 +263,7 @@ impl Throughput {
             records: s.read_records,
             bytes: s.read_bytes,
             errors: s.read_errors,
+            abandoned: 0,
         }
     }
 }
@@ -311,8 +328,13 @@ impl Report {
             s.push_str(&format!("  target rate {t} MiB/s\n"));
         }
         let w = &self.write;
+        let abandoned = if w.abandoned > 0 {
+            format!(", {} batches abandoned after them", w.abandoned)
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "write: {:.2} MiB/s  {:.0} records/s  {:.0} requests/s  ({} records, {} errors)\n",
+            "write: {:.2} MiB/s  {:.0} records/s  {:.0} requests/s  ({} records, {} errors{abandoned})\n",
             w.mib_per_sec, w.records_per_sec, w.requests_per_sec, w.records, w.errors
         ));
         if let Some(p) = &self.write_latency {
@@ -367,6 +389,20 @@ mod tests {
         );
         assert_eq!((a.read_records, a.write_errors, a.read_errors), (3, 1, 1));
         assert_eq!(c.first_error().as_deref(), Some("during warmup"));
+        c.abandoned(true);
+        c.abandoned(false);
+        assert_eq!(
+            (
+                c.snapshot().write_abandoned,
+                c.snapshot_all().write_abandoned
+            ),
+            (1, 2)
+        );
+        assert_eq!(
+            c.snapshot().write_errors,
+            0,
+            "an abandoned batch is not an error"
+        );
     }
 
     #[test]

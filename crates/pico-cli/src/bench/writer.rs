@@ -8,7 +8,9 @@ use super::{Ctx, Pacer};
 use crate::cli::Protocol;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use pico_client::{BatchRecord, IdempotentProducer, ProducerConfig, RetryPolicy, SeqWindow, drive};
+use pico_client::{
+    BatchRecord, ClientError, IdempotentProducer, ProducerConfig, RetryPolicy, SeqWindow, drive,
+};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,20 +92,48 @@ pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops
             r = transport.append(&ctx, stream, body, ct) => r,
             _ = stop.wait_for(|s| *s) => break,
         };
-        if !batch_done(&ctx, &mut h, t0, res) {
+        if !batch_done(&ctx, &mut h, t0, Outcome::of_plain(res)) {
             tokio::time::sleep(ERROR_PAUSE).await;
         }
     }
     ctx.lat.merge_ack(&h);
 }
 
+/// What became of one request or producer batch.
+enum Outcome {
+    Acked,
+    Failed(String),
+    /// A producer batch given up because an earlier one of its producer failed.
+    Abandoned,
+}
+
+impl Outcome {
+    fn of_plain(res: Result<(), String>) -> Outcome {
+        match res {
+            Ok(()) => Outcome::Acked,
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// A producer batch's outcome; `what` prefixes its error.
+    fn of_producer<T>(res: Result<T, ClientError>, what: &str) -> Outcome {
+        match res {
+            Ok(_) => Outcome::Acked,
+            Err(e) if e.is_abandoned() => Outcome::Abandoned,
+            Err(e) => Outcome::Failed(format!("{what}: {e}")),
+        }
+    }
+}
+
 /// Counts a request or batch sent at `t0` once its ack or failure is in (its latency into
-/// `hist` if in the window); true if it was acknowledged.
-fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Result<(), String>) -> bool {
+/// `hist` if in the window); true if it was acknowledged. A failed producer batch is one
+/// error, and each successor abandoned after it is counted apart, so one failure does not
+/// read as `in_flight` of them.
+fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Outcome) -> bool {
     let t1 = now_us();
     let in_window = ctx.in_window(t1);
     match res {
-        Ok(()) => {
+        Outcome::Acked => {
             if in_window {
                 stats::record(hist, t1.saturating_sub(t0));
             }
@@ -114,15 +144,19 @@ fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Result<(), Str
             );
             true
         }
-        Err(e) => {
+        Outcome::Failed(e) => {
             ctx.counters.error(true, in_window, || e);
+            false
+        }
+        Outcome::Abandoned => {
+            ctx.counters.abandoned(in_window);
             false
         }
     }
 }
 
 /// [`batch_done`] for a producer's histogram shared with its ack tasks.
-fn shared_batch_done(ctx: &Ctx, hist: &Mutex<Histogram<u64>>, t0: u64, res: Result<(), String>) {
+fn shared_batch_done(ctx: &Ctx, hist: &Mutex<Histogram<u64>>, t0: u64, res: Outcome) {
     let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
     batch_done(ctx, &mut h, t0, res);
 }
@@ -167,14 +201,17 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
                 let hist = hist.clone();
                 tokio::spawn(async move {
                     let res = in_flight.ack().await;
-                    let res = res.map(drop).map_err(|e| format!("producer: {e}"));
-                    shared_batch_done(&ctx, &hist, t0, res);
+                    shared_batch_done(&ctx, &hist, t0, Outcome::of_producer(res, "producer"));
                 });
             }
             Err(e) => {
                 // The producer is poisoned by a failed batch: continue as a new incarnation.
-                ctx.counters
-                    .error(true, ctx.in_window(now_us()), || format!("producer: {e}"));
+                // This batch was never sent; the failure that poisoned it is counted already.
+                let in_window = ctx.in_window(now_us());
+                match Outcome::of_producer(Err::<(), _>(e), "producer") {
+                    Outcome::Failed(e) => ctx.counters.error(true, in_window, || e),
+                    _ => ctx.counters.abandoned(in_window),
+                }
                 tokio::time::sleep(ERROR_PAUSE).await;
                 epoch += 1;
                 producer = make(epoch);
@@ -237,12 +274,7 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
                 ds_attempt(&ctx2, &http, &url, headers.clone(), body.clone(), this_seq)
             })
             .await;
-            shared_batch_done(
-                &ctx2,
-                &hist,
-                t0,
-                res.map_err(|e| format!("ds producer: {e}")),
-            );
+            shared_batch_done(&ctx2, &hist, t0, Outcome::of_producer(res, "ds producer"));
         });
     }
     let h: Histogram<u64> = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
