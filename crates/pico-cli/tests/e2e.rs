@@ -1822,6 +1822,69 @@ fn server_bench_counts_refused_appends_as_errors() {
     assert_eq!(r["write"]["errors"], 0, "{r}");
 }
 
+/// HTTP/2 SSE readers beyond the server's stream limit would wait for the whole run: the bench
+/// stops at setup, as soon as a connection learns the limit, and names the setting that fits
+/// (it used to print a hint after waiting 30 s and measure with the readers missing).
+#[test]
+fn server_bench_refuses_more_h2_readers_than_the_server_allows() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &["--http2-max-streams", "8"]);
+    let started = std::time::Instant::now();
+    let out = pico(
+        &server,
+        &[
+            "bench",
+            "--protocol",
+            "ds",
+            "--http2",
+            "--read-mode",
+            "sse",
+            "--readers",
+            "20",
+            "--reader-connections",
+            "1",
+            "-d",
+            "2s",
+            "--prefix",
+            "h2-limit",
+        ],
+        b"",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("allows 8 concurrent streams") && err.contains("--reader-connections 3"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused only after {:?}",
+        started.elapsed()
+    );
+    // Within the limit, the same readers run.
+    let r = bench_report(
+        &server,
+        &[
+            "--protocol",
+            "ds",
+            "--http2",
+            "--read-mode",
+            "sse",
+            "--readers",
+            "20",
+            "--reader-connections",
+            "3",
+            "-d",
+            "1s",
+            "--warmup",
+            "0s",
+            "--prefix",
+            "h2-fits",
+        ],
+    );
+    assert!(r["read"]["records"].as_u64().unwrap() > 0, "{r}");
+}
+
 /// A producer stops at its first batch that fails for good; the batches in flight behind it
 /// and the next one sent to it are abandoned unsent. The report counts the failure once and
 /// the abandoned batches apart (before, each of them was one more error, so one refusal read

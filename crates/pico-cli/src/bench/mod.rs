@@ -164,6 +164,10 @@ pub struct Ctx {
     measure_end: AtomicU64,
     stop: watch::Receiver<bool>,
     readers_connected: AtomicUsize,
+    /// Set by an HTTP/2 SSE connection whose server allows fewer concurrent streams than it
+    /// has readers (0 while none has): those beyond the limit would wait for the run's whole
+    /// length, so setup stops with the limit instead.
+    h2_stream_limit: AtomicUsize,
 }
 
 impl Ctx {
@@ -297,6 +301,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         measure_end: AtomicU64::new(u64::MAX),
         stop: stop_rx,
         readers_connected: AtomicUsize::new(0),
+        h2_stream_limit: AtomicUsize::new(0),
     });
 
     // The bench's own connections (SSE readers, HTTP/1.1 append loops) share one resolution
@@ -347,6 +352,14 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         }
         let deadline = Instant::now() + READERS_CONNECT_TIMEOUT;
         while ctx.readers_connected.load(Ordering::Relaxed) < readers {
+            let limit = ctx.h2_stream_limit.load(Ordering::Relaxed);
+            if limit > 0 {
+                anyhow::bail!(
+                    "the server allows {limit} concurrent streams per HTTP/2 connection, and {} readers share each of the {n} reader connections: use --reader-connections {} or more",
+                    readers.div_ceil(n),
+                    readers.div_ceil(limit)
+                );
+            }
             if Instant::now() > deadline {
                 // Over HTTP/2 a server's limit on streams per connection (often 100–250) holds
                 // the streams beyond it back for as long as the others stay open.

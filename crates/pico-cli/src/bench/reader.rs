@@ -395,6 +395,7 @@ mod tests {
             measure_end: AtomicU64::new(u64::MAX),
             stop,
             readers_connected: AtomicUsize::new(0),
+            h2_stream_limit: AtomicUsize::new(0),
         };
         Tail::new(Arc::new(ctx), 0)
     }

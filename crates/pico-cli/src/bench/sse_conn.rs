@@ -29,6 +29,7 @@ use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::net::TcpStream;
 
@@ -214,7 +215,7 @@ async fn h1_session(ep: &Endpoint, tail: &mut SseTail) -> Result<(), String> {
 /// Tailers sharing one HTTP/2 connection, until the bench aborts them.
 pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail>) {
     while !ctx.stopped() {
-        if let Err(e) = h2_session(&ep, &mut tails).await {
+        if let Err(e) = h2_session(&ctx, &ep, &mut tails).await {
             if let Some(t) = tails.first() {
                 t.error(&e);
             }
@@ -283,7 +284,7 @@ async fn next(
 
 /// One connection's life: open every tailer's stream, then feed each data frame to its tailer.
 /// A stream that ends or fails is reopened; the connection failing ends the session.
-async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
+async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
     let tcp = ep.connect().await?;
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
@@ -298,6 +299,7 @@ async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> 
         opening.push(open(client.clone(), req(t), i, false));
     }
     let mut reading = FuturesUnordered::new();
+    let n_tails = tails.len();
     loop {
         tokio::select! {
             biased;
@@ -311,6 +313,12 @@ async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> 
                 let t = &mut tails[i];
                 match r {
                     Ok((enc, recv)) => {
+                        // A response means the server's SETTINGS are in: its stream limit is
+                        // known now.
+                        let limit = conn.max_concurrent_send_streams();
+                        if limit < n_tails {
+                            ctx.h2_stream_limit.store(limit.max(1), Ordering::Relaxed);
+                        }
                         t.opened(enc.as_deref());
                         reading.push(next(i, recv));
                     }
