@@ -269,6 +269,9 @@ pub struct ProducerAck {
     /// are the stream's tail at that time.
     pub append: AppendAck,
     pub duplicate: bool,
+    /// Transient failures (transport errors, 500/502/503) resent before this ack, with the
+    /// same sequence number; resends after an ordering gap are not counted.
+    pub retries: u32,
 }
 
 /// A batch handed to the producer; resolves when it is acknowledged.
@@ -396,19 +399,29 @@ impl ProducerInner {
         headers.insert(H_PRODUCER_EPOCH, HeaderValue::from(self.config.epoch));
         headers.insert(H_PRODUCER_SEQ, HeaderValue::from(seq));
         let path = wire::stream_path(&self.stream);
-        drive(&self.window, seq, &self.config.retry, || {
+        let retries = std::sync::atomic::AtomicU32::new(0);
+        let ack = drive(&self.window, seq, &self.config.retry, || {
             let headers = headers.clone();
             let body = body.0.clone();
             let path = path.as_str();
+            let retries = &retries;
             async move {
                 let res = self
                     .client
                     .raw_request(Method::POST, path, headers, Some(body))
                     .await;
-                classify(seq, res)
+                let attempt = classify(seq, res);
+                if matches!(attempt, Attempt::Retry(_)) {
+                    retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                attempt
             }
         })
-        .await
+        .await?;
+        Ok(ProducerAck {
+            retries: retries.into_inner(),
+            ..ack
+        })
     }
 }
 
@@ -430,6 +443,7 @@ fn classify(seq: u64, res: Result<(u16, HeaderMap, Bytes), ClientError>) -> Atte
                     next_seq,
                 },
                 duplicate: start == Some(next_seq),
+                retries: 0,
             }),
             None => Attempt::Fatal(ClientError::Decode(
                 "append response without Pico-Next-Seq".into(),
@@ -729,6 +743,8 @@ mod tests {
         for (i, p) in pending.into_iter().enumerate() {
             let ack = p.ack().await.unwrap();
             assert_eq!(ack.seq, i as u64);
+            // The 503 is one retry; resends after an ordering gap are none.
+            assert_eq!(ack.retries, u32::from(i == 7), "seq {i}");
         }
         // Every batch exactly once, in producer order, despite gaps and the retried seq 7.
         assert_eq!(*applied.lock().unwrap(), (0..40).collect::<Vec<u64>>());

@@ -26,6 +26,7 @@ struct Totals {
     write_requests: AtomicU64,
     write_errors: AtomicU64,
     write_abandoned: AtomicU64,
+    write_retries: AtomicU64,
     read_records: AtomicU64,
     read_bytes: AtomicU64,
     read_errors: AtomicU64,
@@ -40,6 +41,7 @@ impl Totals {
             write_requests: l(&self.write_requests),
             write_errors: l(&self.write_errors),
             write_abandoned: l(&self.write_abandoned),
+            write_retries: l(&self.write_retries),
             read_records: l(&self.read_records),
             read_bytes: l(&self.read_bytes),
             read_errors: l(&self.read_errors),
@@ -106,6 +108,16 @@ impl Counters {
         });
     }
 
+    /// Counts `n` transient failures a producer resent with the same sequence number (the
+    /// batch may still be acknowledged: these are not among the errors).
+    pub fn retried(&self, n: u64, in_window: bool) {
+        if n > 0 {
+            self.each(in_window, |t| {
+                t.write_retries.fetch_add(n, Ordering::Relaxed);
+            });
+        }
+    }
+
     pub fn first_error(&self) -> Option<String> {
         self.first_error.get().cloned()
     }
@@ -128,6 +140,7 @@ pub struct Snapshot {
     pub write_requests: u64,
     pub write_errors: u64,
     pub write_abandoned: u64,
+    pub write_retries: u64,
     pub read_records: u64,
     pub read_bytes: u64,
     pub read_errors: u64,
@@ -141,6 +154,7 @@ impl Snapshot {
             write_requests: self.write_requests - o.write_requests,
             write_errors: self.write_errors - o.write_errors,
             write_abandoned: self.write_abandoned - o.write_abandoned,
+            write_retries: self.write_retries - o.write_retries,
             read_records: self.read_records - o.read_records,
             read_bytes: self.read_bytes - o.read_bytes,
             read_errors: self.read_errors - o.read_errors,
@@ -240,6 +254,10 @@ pub struct Throughput {
     /// Producer batches not written because an earlier batch of the same producer failed
     /// (that failure is one of `errors`); always 0 for reads and plain appends.
     pub abandoned: u64,
+    /// Transient failures (transport errors, 500/502/503) producers resent with the same
+    /// sequence number, whether or not the batch was acknowledged in the end; always 0 for
+    /// reads and plain appends, which do not retry.
+    pub retries: u64,
 }
 
 impl Throughput {
@@ -252,6 +270,7 @@ impl Throughput {
             bytes: s.write_bytes,
             errors: s.write_errors,
             abandoned: s.write_abandoned,
+            retries: s.write_retries,
         }
     }
 
@@ -264,6 +283,7 @@ impl Throughput {
             bytes: s.read_bytes,
             errors: s.read_errors,
             abandoned: 0,
+            retries: 0,
         }
     }
 }
@@ -328,11 +348,13 @@ impl Report {
             s.push_str(&format!("  target rate {t} MiB/s\n"));
         }
         let w = &self.write;
-        let abandoned = if w.abandoned > 0 {
-            format!(", {} batches abandoned after them", w.abandoned)
-        } else {
-            String::new()
-        };
+        let mut abandoned = String::new();
+        if w.abandoned > 0 {
+            abandoned.push_str(&format!(", {} batches abandoned after them", w.abandoned));
+        }
+        if w.retries > 0 {
+            abandoned.push_str(&format!(", {} transient failures retried", w.retries));
+        }
         s.push_str(&format!(
             "write: {:.2} MiB/s  {:.0} records/s  {:.0} requests/s  ({} records, {} errors{abandoned})\n",
             w.mib_per_sec, w.records_per_sec, w.requests_per_sec, w.records, w.errors
@@ -402,6 +424,12 @@ mod tests {
             c.snapshot().write_errors,
             0,
             "an abandoned batch is not an error"
+        );
+        c.retried(2, true);
+        c.retried(1, false);
+        assert_eq!(
+            (c.snapshot().write_retries, c.snapshot_all().write_retries),
+            (2, 3)
         );
     }
 

@@ -116,9 +116,9 @@ impl Outcome {
     }
 
     /// A producer batch's outcome; `what` prefixes its error.
-    fn of_producer<T>(res: Result<T, ClientError>, what: &str) -> Outcome {
+    fn of_producer(res: Result<(), ClientError>, what: &str) -> Outcome {
         match res {
-            Ok(_) => Outcome::Acked,
+            Ok(()) => Outcome::Acked,
             Err(e) if e.is_abandoned() => Outcome::Abandoned,
             Err(e) => Outcome::Failed(format!("{what}: {e}")),
         }
@@ -200,7 +200,10 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
                 let ctx = ctx.clone();
                 let hist = hist.clone();
                 tokio::spawn(async move {
-                    let res = in_flight.ack().await;
+                    let res = in_flight.ack().await.map(|ack| {
+                        let in_window = ctx.in_window(now_us());
+                        ctx.counters.retried(u64::from(ack.retries), in_window);
+                    });
                     shared_batch_done(&ctx, &hist, t0, Outcome::of_producer(res, "producer"));
                 });
             }
@@ -208,7 +211,7 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
                 // The producer is poisoned by a failed batch: continue as a new incarnation.
                 // This batch was never sent; the failure that poisoned it is counted already.
                 let in_window = ctx.in_window(now_us());
-                match Outcome::of_producer(Err::<(), _>(e), "producer") {
+                match Outcome::of_producer(Err(e), "producer") {
                     Outcome::Failed(e) => ctx.counters.error(true, in_window, || e),
                     _ => ctx.counters.abandoned(in_window),
                 }
@@ -297,7 +300,11 @@ async fn ds_attempt(
         Ok((status, headers, body))
     }
     .await;
-    ctx.target.classify(seq, res)
+    let attempt = ctx.target.classify(seq, res);
+    if matches!(attempt, pico_client::Attempt::Retry(_)) {
+        ctx.counters.retried(1, ctx.in_window(now_us()));
+    }
+    attempt
 }
 
 /// The Pico client a producer uses (one per connection, so producers get their own sockets).
