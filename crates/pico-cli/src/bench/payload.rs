@@ -55,6 +55,17 @@ pub struct Splitter {
 }
 
 impl Splitter {
+    /// The start of a record cut at the end of what was fed so far.
+    pub fn carry(&self) -> &[u8] {
+        &self.carry
+    }
+
+    /// Starts over with `carry` as the cut record's start.
+    pub fn reset_to(&mut self, carry: &[u8]) {
+        self.carry.clear();
+        self.carry.extend_from_slice(carry);
+    }
+
     /// Feeds bytes; calls `each` with every complete record.
     pub fn feed(&mut self, data: &[u8], size: usize, mut each: impl FnMut(&[u8])) {
         if size == 0 {

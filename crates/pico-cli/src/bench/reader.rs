@@ -20,6 +20,10 @@ use std::time::Duration;
 
 pub const ERROR_PAUSE: Duration = Duration::from_millis(100);
 
+/// Most deliveries a Durable Streams SSE tailer holds waiting for a `control` event with the
+/// next offset: a server that never sends one would otherwise grow them for the whole run.
+const MAX_HELD: usize = 1 << 16;
+
 struct Tail {
     ctx: Arc<Ctx>,
     /// This reader's index (picks its latency shard).
@@ -34,6 +38,9 @@ struct Tail {
     holding: bool,
     /// Deliveries held: (in the window, append→delivery µs if stamped, bytes).
     held: Vec<(bool, Option<u64>, u64)>,
+    /// The splitter's carry at the last commit: Durable Streams offsets are byte positions, so
+    /// the resume offset may fall inside a record, whose start a reopened response then lacks.
+    committed_carry: Vec<u8>,
 }
 
 impl Tail {
@@ -46,6 +53,7 @@ impl Tail {
             connected: false,
             holding: false,
             held: Vec::new(),
+            committed_carry: Vec::new(),
         }
     }
 
@@ -78,13 +86,16 @@ impl Tail {
         }
         held.clear();
         self.held = held; // keeps its capacity: one data event per append per subscriber
+        self.committed_carry.clear();
+        self.committed_carry.extend_from_slice(self.split.carry());
     }
 
-    /// Drops what a broken response delivered past the resume position (it comes again) and
-    /// any record cut at its end.
+    /// Drops what a broken response delivered past the resume position (it comes again), and
+    /// returns the splitter to that position: the bytes of a record cut there stay, any after
+    /// it go.
     fn rewind(&mut self) {
         self.held.clear();
-        self.split = Splitter::default();
+        self.split.reset_to(&self.committed_carry);
     }
 
     fn feed_ds(&mut self, bytes: &[u8]) {
@@ -142,6 +153,8 @@ pub struct SseTail {
     parser: sse::Parser,
     /// Durable Streams data events carry base64 (`Stream-SSE-Data-Encoding`).
     base64: bool,
+    /// The current response has delivered body bytes.
+    got_bytes: bool,
 }
 
 impl SseTail {
@@ -154,7 +167,14 @@ impl SseTail {
             url,
             parser: sse::Parser::default(),
             base64: false,
+            got_bytes: false,
         }
+    }
+
+    /// The response ended without a byte: the caller waits before reopening, so a server that
+    /// answers 200 with nothing does not get reconnects in a tight loop.
+    pub fn got_nothing(&self) -> bool {
+        !self.got_bytes
     }
 
     /// The URL to open: from where the last response left off, or the tail.
@@ -172,6 +192,7 @@ impl SseTail {
         self.parser = sse::Parser::default();
         self.tail.rewind();
         self.base64 = encoding == Some(b"base64");
+        self.got_bytes = false;
         self.tail.mark_connected();
     }
 
@@ -186,6 +207,7 @@ impl SseTail {
     /// Handles a piece of the response body. An error ends this response (the caller reopens
     /// it from the last position).
     pub fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.got_bytes |= !bytes.is_empty();
         let mut parser = std::mem::take(&mut self.parser);
         let r = match self.tail.ctx.target.protocol {
             Protocol::Pico => parser.feed(bytes, |ev| pico_event(&mut self.tail, ev)),
@@ -368,36 +390,46 @@ fn ds_event(t: &mut Tail, base64: bool, ev: sse::Event<'_>) -> Result<(), String
         }
         _ => {}
     }
+    if t.held.len() > MAX_HELD {
+        return Err(format!(
+            "sse: {MAX_HELD} records without a control event giving the next offset"
+        ));
+    }
     Ok(())
+}
+
+/// A bench context for unit tests: one stream `s`, 16-byte records, the window always open.
+#[cfg(test)]
+pub(super) fn test_ctx(protocol: Protocol) -> Arc<Ctx> {
+    use crate::bench::target::Target;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    Arc::new(Ctx {
+        target: Target::new(protocol, "http://127.0.0.1:1"),
+        streams: vec!["s".into()],
+        run_id: "t".into(),
+        batch: 1,
+        record_size: 16,
+        in_flight: 1,
+        http2: false,
+        token: None,
+        pacer: None,
+        counters: Default::default(),
+        lat: Default::default(),
+        measure_start: AtomicU64::new(0),
+        measure_end: AtomicU64::new(u64::MAX),
+        stop,
+        readers_connected: AtomicUsize::new(0),
+        h2_stream_limit: AtomicUsize::new(0),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::target::Target;
-    use std::sync::atomic::{AtomicU64, AtomicUsize};
 
     fn tail(protocol: Protocol) -> Tail {
-        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-        let ctx = Ctx {
-            target: Target::new(protocol, "http://127.0.0.1:1"),
-            streams: vec!["s".into()],
-            run_id: "t".into(),
-            batch: 1,
-            record_size: 16,
-            in_flight: 1,
-            http2: false,
-            token: None,
-            pacer: None,
-            counters: Default::default(),
-            lat: Default::default(),
-            measure_start: AtomicU64::new(0),
-            measure_end: AtomicU64::new(u64::MAX),
-            stop,
-            readers_connected: AtomicUsize::new(0),
-            h2_stream_limit: AtomicUsize::new(0),
-        };
-        Tail::new(Arc::new(ctx), 0)
+        Tail::new(test_ctx(protocol), 0)
     }
 
     fn event<'a>(event: &'a [u8], data: &'a [u8]) -> sse::Event<'a> {
@@ -426,6 +458,50 @@ mod tests {
         assert_eq!(feed(&mut s, b"data", &rec), 0);
         assert_eq!(feed(&mut s, b"control", control), 1, "counted once");
         assert_eq!(s.tail.pos.as_deref(), Some("2"));
+    }
+
+    /// Durable Streams offsets are byte positions: a data event may end inside a record and its
+    /// control put the resume offset there. A response broken after that is reopened from the
+    /// offset, so the record's first bytes do not come again and must be kept; bytes delivered
+    /// past the offset are dropped. Before, the reopen cleared the cut record and every later
+    /// record was split at the wrong place (stamps lost or misread).
+    #[test]
+    fn ds_reopen_keeps_a_record_cut_at_the_resume_offset() {
+        let mut s = SseTail::new(tail(Protocol::Ds).ctx, 0);
+        let (r1, r2) = (payload::record(16, 1), payload::record(16, 2));
+        let feed = |s: &mut SseTail, ev: &[u8], data: &[u8]| {
+            ds_event(&mut s.tail, false, event(ev, data)).unwrap();
+            s.tail.ctx.counters.snapshot_all().read_records
+        };
+        s.opened(None);
+        feed(&mut s, b"data", &r1[..10]);
+        feed(&mut s, b"control", br#"{"streamNextOffset":"10"}"#);
+        feed(&mut s, b"data", &r1[10..13]); // past the offset, then the response breaks
+        s.opened(None);
+        feed(&mut s, b"data", &r1[10..]);
+        feed(&mut s, b"data", &r2);
+        assert_eq!(feed(&mut s, b"control", br#"{"streamNextOffset":"32"}"#), 2);
+        let e2e = s.tail.ctx.lat.e2e();
+        assert_eq!(e2e.len(), 2, "both records' stamps read");
+    }
+
+    /// A server that sends data but never a control event with the next offset ends the
+    /// response with an error once the tailer holds too many records, instead of holding more
+    /// for the whole run.
+    #[test]
+    fn ds_holding_is_bounded() {
+        let mut t = tail(Protocol::Ds);
+        t.holding = true;
+        let rec = payload::record(16, 1);
+        let mut res = Ok(());
+        for _ in 0..=MAX_HELD {
+            res = ds_event(&mut t, false, event(b"data", &rec));
+            if res.is_err() {
+                break;
+            }
+        }
+        assert!(res.unwrap_err().contains("control event"));
+        assert!(t.held.len() <= MAX_HELD + 1);
     }
 
     /// A closed stream or an `error` event ends the response as an error (so the tailer pauses

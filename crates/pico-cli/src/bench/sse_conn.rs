@@ -133,9 +133,13 @@ fn encoding(h: &hyper::HeaderMap) -> Option<&[u8]> {
 /// One tailer over HTTP/1.1, until the bench aborts it.
 pub async fn h1_tailer(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tail: SseTail) {
     while !ctx.stopped() {
-        if let Err(e) = h1_session(&ep, &mut tail).await {
-            tail.error(&e);
-            tokio::time::sleep(ERROR_PAUSE).await;
+        match h1_session(&ep, &mut tail).await {
+            Err(e) => {
+                tail.error(&e);
+                tokio::time::sleep(ERROR_PAUSE).await;
+            }
+            Ok(()) if tail.got_nothing() => tokio::time::sleep(ERROR_PAUSE).await,
+            Ok(()) => {}
         }
     }
 }
@@ -215,12 +219,15 @@ async fn h1_session(ep: &Endpoint, tail: &mut SseTail) -> Result<(), String> {
 /// Tailers sharing one HTTP/2 connection, until the bench aborts them.
 pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail>) {
     while !ctx.stopped() {
+        // Every reader on the connection lost its stream: one error each, as over HTTP/1.1,
+        // where each has a connection of its own. A graceful close (GOAWAY) is no error, as a
+        // response's end is not; the pause keeps a server that closes at once from a loop.
         if let Err(e) = h2_session(&ctx, &ep, &mut tails).await {
-            if let Some(t) = tails.first() {
+            for t in &tails {
                 t.error(&e);
             }
-            tokio::time::sleep(ERROR_PAUSE).await;
         }
+        tokio::time::sleep(ERROR_PAUSE).await;
     }
 }
 
@@ -283,7 +290,8 @@ async fn next(
 }
 
 /// One connection's life: open every tailer's stream, then feed each data frame to its tailer.
-/// A stream that ends or fails is reopened; the connection failing ends the session.
+/// A stream that ends or fails is reopened; the connection ending ends the session: `Ok` for a
+/// graceful close, an error otherwise.
 async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
     let tcp = ep.connect().await?;
     let (client, conn) = h2::client::Builder::new()
@@ -304,10 +312,7 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
         tokio::select! {
             biased;
             r = conn.as_mut() => {
-                return Err(match r {
-                    Ok(()) => "h2 connection closed".to_string(),
-                    Err(e) => format!("h2 connection: {e}"),
-                });
+                return r.map_err(|e| format!("h2 connection: {e}"));
             }
             Some((i, r)) = opening.next(), if !opening.is_empty() => {
                 let t = &mut tails[i];
@@ -339,8 +344,9 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
                             opening.push(open(client.clone(), req(t), i, true));
                         }
                     },
-                    // The server ended the response: reopen from the last position.
-                    None => opening.push(open(client.clone(), req(t), i, false)),
+                    // The server ended the response: reopen from the last position (after a
+                    // pause if it delivered nothing).
+                    None => opening.push(open(client.clone(), req(t), i, t.got_nothing())),
                     Some(Err(e)) => {
                         t.error(&format!("h2 body: {e}"));
                         opening.push(open(client.clone(), req(t), i, true));
@@ -354,6 +360,44 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Protocol;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server that answers every SSE request with an empty 200 gets reopened after a pause,
+    /// not in a tight loop that would take the CPU of the server under test, and an empty
+    /// response is no error.
+    #[tokio::test]
+    async fn an_empty_response_is_reopened_after_a_pause() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        let ctx = super::super::reader::test_ctx(Protocol::Ds);
+        let ep = Arc::new(
+            Endpoint::resolve(&format!("http://{addr}"), None)
+                .await
+                .unwrap(),
+        );
+        let task = tokio::spawn(h1_tailer(ctx.clone(), ep, SseTail::new(ctx.clone(), 0)));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        task.abort();
+        let n = accepted.load(Ordering::Relaxed);
+        assert!((2..=8).contains(&n), "{n} responses in 0.5 s");
+        assert_eq!(ctx.counters.snapshot_all().read_errors, 0);
+    }
 
     #[tokio::test]
     async fn the_address_that_accepts_is_chosen() {
