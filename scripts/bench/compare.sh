@@ -205,6 +205,9 @@ bench_median3() {
 p99s() { echo "p99 of 3 runs $(cat "$1.runs") ms, median shown"; }
 j() { jq -r "$1 // empty" "$2"; }
 j2() { jq -r "($1 // empty) | (. * 100 | round) / 100" "$2"; }  # rounded to 2 decimals
+# expected FILE N: a report's written records times N (the deliveries N readers owe), or n/a
+# when the run failed and the report is empty (bash arithmetic on nothing would end the script).
+expected() { local w; w=$(j .write.records "$1"); if [ -n "$w" ]; then echo $((w * $2)); else echo n/a; fi; }
 # The machine's load during a pico bench run, for its row's note: hypervisor steal and I/O stalls
 # move every figure on a shared VM, so a row carries the state it was measured in.
 mach() { jq -r 'if .machine then "; machine: steal \((.machine.steal_pct * 10 | round) / 10)%" + (if .machine.io_stall_pct then ", I/O stalled \(.machine.io_stall_pct | round)%" else "" end) else "" end' "$1"; }
@@ -262,7 +265,11 @@ dd_mibps() {
 # 256 MiB of random bytes to write with dd, in memory when /dev/shm allows (the caller removes it).
 random_src() {
   local src="$RUN/dd.src"
-  [ -d /dev/shm ] && [ -w /dev/shm ] && src=/dev/shm/compare-dd-$$.src
+  # /dev/shm only with room for it (Docker's default is 64 MiB): a short file would be
+  # measured as if it were 256 MiB.
+  if [ -d /dev/shm ] && [ -w /dev/shm ] && [ "$(df -Pk /dev/shm | awk 'NR==2 {print $4}')" -gt 300000 ]; then
+    src=/dev/shm/compare-dd-$$.src
+  fi
   head -c 256M /dev/urandom >"$src"
   # One unmeasured pass first: a VM backs guest memory on first touch, and the first buffered
   # write through page-cache pages never touched before is slow (measured 434 MB/s, then
@@ -279,7 +286,10 @@ synced_writes_row() {
   local o; o=$(dd if="$1" of="$RUN/dd.tmp" bs=$2K oflag=dsync 2>&1 || true)
   rm -f "$RUN/dd.tmp"
   local mbs; mbs=$(dd_mibps "$o")
-  [ -n "$mbs" ] && add_row "floor: disk, $2 KiB writes each synced$3" "disk" "dd" "$mbs" "MiB/s" higher "oflag=dsync, one writer: one copy of each byte at a group commit of $2 KiB"
+  # An `if`, not `[ ] &&`: a failed dd must not end the script (set -e) and lose the summary.
+  if [ -n "$mbs" ]; then
+    add_row "floor: disk, $2 KiB writes each synced$3" "disk" "dd" "$mbs" "MiB/s" higher "oflag=dsync, one writer: one copy of each byte at a group commit of $2 KiB"
+  fi
 }
 
 section_floors() {
@@ -400,13 +410,13 @@ section_ds() {
     for n in 100 1000; do
       if [ $n = 100 ]; then mibps=0.0096; rate=100; else mibps=0.00096; rate=10; fi
       f=$(bench_median3 "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps $mibps --streams 1)
-      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * n )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
+      add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(expected "$f" "$n"); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
     done
     # Over HTTP/2 the subscribers share two connections (the reference server speaks HTTP/1.1
     # only, so PicoMQ alone has this row).
     if [ "$sys" = picomq ]; then
       f=$(bench_median3 "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
-      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(( $(j .write.records "$f") * 1000 )); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
+      add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(expected "$f" 1000); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
     fi
     stop_server
   done
