@@ -1829,11 +1829,9 @@ fn server_bench_counts_refused_appends_as_errors() {
 fn server_bench_refuses_more_h2_readers_than_the_server_allows() {
     let dir = tempdir();
     let server = Server::start(dir.path(), &["--http2-max-streams", "8"]);
-    let started = std::time::Instant::now();
-    let out = pico(
-        &server,
-        &[
-            "bench",
+    // 20 SSE readers over HTTP/2, on the reader connections the caller adds.
+    let readers = |extra: &[&'static str]| {
+        let mut args = vec![
             "--protocol",
             "ds",
             "--http2",
@@ -1841,15 +1839,21 @@ fn server_bench_refuses_more_h2_readers_than_the_server_allows() {
             "sse",
             "--readers",
             "20",
-            "--reader-connections",
-            "1",
-            "-d",
-            "2s",
-            "--prefix",
-            "h2-limit",
-        ],
-        b"",
-    );
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let started = std::time::Instant::now();
+    let mut args = vec!["bench"];
+    args.extend(readers(&[
+        "--reader-connections",
+        "1",
+        "-d",
+        "2s",
+        "--prefix",
+        "h2-limit",
+    ]));
+    let out = pico(&server, &args, b"");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -1864,14 +1868,7 @@ fn server_bench_refuses_more_h2_readers_than_the_server_allows() {
     // Within the limit, the same readers run.
     let r = bench_report(
         &server,
-        &[
-            "--protocol",
-            "ds",
-            "--http2",
-            "--read-mode",
-            "sse",
-            "--readers",
-            "20",
+        &readers(&[
             "--reader-connections",
             "3",
             "-d",
@@ -1880,7 +1877,7 @@ fn server_bench_refuses_more_h2_readers_than_the_server_allows() {
             "0s",
             "--prefix",
             "h2-fits",
-        ],
+        ]),
     );
     assert!(r["read"]["records"].as_u64().unwrap() > 0, "{r}");
 }
