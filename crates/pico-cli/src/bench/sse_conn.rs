@@ -220,8 +220,8 @@ async fn h1_session(ep: &Endpoint, tail: &mut SseTail) -> Result<(), String> {
 pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail>) {
     while !ctx.stopped() {
         // Every reader on the connection lost its stream: one error each, as over HTTP/1.1,
-        // where each has a connection of its own. A graceful close (GOAWAY) is no error, as a
-        // response's end is not; the pause keeps a server that closes at once from a loop.
+        // where each has a connection of its own. A close with no stream open is no error, as
+        // a response's end is not; the pause keeps a server that closes at once from a loop.
         if let Err(e) = h2_session(&ctx, &ep, &mut tails).await {
             for t in &tails {
                 t.error(&e);
@@ -290,8 +290,8 @@ async fn next(
 }
 
 /// One connection's life: open every tailer's stream, then feed each data frame to its tailer.
-/// A stream that ends or fails is reopened; the connection ending ends the session: `Ok` for a
-/// graceful close, an error otherwise.
+/// A stream that ends or fails is reopened; the connection ending ends the session: `Ok` if no
+/// stream was open or opening, an error otherwise.
 async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
     let tcp = ep.connect().await?;
     let (client, conn) = h2::client::Builder::new()
@@ -312,7 +312,13 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
         tokio::select! {
             biased;
             r = conn.as_mut() => {
-                return r.map_err(|e| format!("h2 connection: {e}"));
+                // h2 ends the connection with `Ok` on a bare EOF too (a server that died, a
+                // reset), so only an end with no stream open or opening is a clean close.
+                return match r {
+                    Err(e) => Err(format!("h2 connection: {e}")),
+                    Ok(()) if reading.is_empty() && opening.is_empty() => Ok(()),
+                    Ok(()) => Err("h2 connection closed under open streams".to_string()),
+                };
             }
             Some((i, r)) = opening.next(), if !opening.is_empty() => {
                 let t = &mut tails[i];
@@ -397,6 +403,53 @@ mod tests {
         let n = accepted.load(Ordering::Relaxed);
         assert!((2..=8).contains(&n), "{n} responses in 0.5 s");
         assert_eq!(ctx.counters.snapshot_all().read_errors, 0);
+    }
+
+    /// A lost HTTP/2 connection costs every reader on it its stream: one error each, as over
+    /// HTTP/1.1 where each has its own connection (before, one error per connection, so the
+    /// HTTP/2 rows read `readers / connections` times fewer errors than the HTTP/1.1 ones).
+    #[tokio::test]
+    async fn a_lost_h2_connection_is_an_error_for_each_of_its_readers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    // Answer the three readers' requests, then drop the connection without a
+                    // GOAWAY, as a crashed server or a reset would.
+                    let mut held = Vec::new();
+                    for _ in 0..3 {
+                        let Some(Ok((_req, mut respond))) = conn.accept().await else {
+                            return;
+                        };
+                        let resp = hyper::Response::builder().status(200).body(()).unwrap();
+                        held.push(respond.send_response(resp, false).unwrap());
+                    }
+                    let _ = tokio::time::timeout(Duration::from_millis(20), conn.accept()).await;
+                });
+            }
+        });
+        let ctx = super::super::reader::test_ctx(Protocol::Ds);
+        let ep = Arc::new(
+            Endpoint::resolve(&format!("http://{addr}"), None)
+                .await
+                .unwrap(),
+        );
+        let tails = (0..3).map(|i| SseTail::new(ctx.clone(), i)).collect();
+        let task = tokio::spawn(h2_tailers(ctx.clone(), ep, tails));
+        let errors = || ctx.counters.snapshot_all().read_errors;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while errors() == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The next session starts only after the 100 ms pause: what is counted now is the
+        // first connection's loss.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        task.abort();
+        assert_eq!(errors(), 3, "one error per reader on the lost connection");
     }
 
     #[tokio::test]
