@@ -16,8 +16,8 @@ pub mod wire;
 pub use client::{Client, ClientOptions};
 pub use error::ClientError;
 pub use producer::{
-    Attempt, IdempotentProducer, InFlight, ProducerAck, ProducerConfig, RetryPolicy, SeqWindow,
-    drive,
+    Attempt, IdempotentProducer, InFlight, ProducerAck, ProducerConfig, RetryHook, RetryPolicy,
+    SeqWindow, drive,
 };
 pub use types::{
     AppendAck, AppendOptions, BatchRecord, Created, ListPage, Producer, ReadChunk, ReadRecord,

@@ -28,13 +28,19 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
 const GAP_PAUSE: Duration = Duration::from_micros(500);
 const GAP_PAUSE_MAX_SHIFT: u32 = 5;
 
+/// Called with each transient failure before the batch is resent.
+pub type RetryHook = Arc<dyn Fn(&ClientError) + Send + Sync>;
+
 /// How a producer retries.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RetryPolicy {
     /// Attempts per batch for transient failures (transport errors, 503, 5xx).
     pub max_attempts: u32,
     /// First backoff; doubles per attempt.
     pub backoff: Duration,
+    /// Called before each resend after a transient failure (not after ordering gaps), so a
+    /// caller can count what the retries hide: a batch acknowledged in the end looks clean.
+    pub on_retry: Option<RetryHook>,
 }
 
 impl Default for RetryPolicy {
@@ -42,7 +48,18 @@ impl Default for RetryPolicy {
         RetryPolicy {
             max_attempts: 8,
             backoff: Duration::from_millis(20),
+            on_retry: None,
         }
+    }
+}
+
+impl std::fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .field("on_retry", &self.on_retry.is_some())
+            .finish()
     }
 }
 
@@ -207,6 +224,9 @@ where
                     return Err(e);
                 }
                 tracing::debug!(seq, attempt = transient, error = %e, "producer batch retry");
+                if let Some(hook) = &policy.on_retry {
+                    hook(&e);
+                }
                 let shift = transient.saturating_sub(1).min(6);
                 tokio::time::sleep(policy.backoff * (1u32 << shift)).await;
             }
@@ -269,9 +289,6 @@ pub struct ProducerAck {
     /// are the stream's tail at that time.
     pub append: AppendAck,
     pub duplicate: bool,
-    /// Transient failures (transport errors, 500/502/503) resent before this ack, with the
-    /// same sequence number; resends after an ordering gap are not counted.
-    pub retries: u32,
 }
 
 /// A batch handed to the producer; resolves when it is acknowledged.
@@ -399,29 +416,19 @@ impl ProducerInner {
         headers.insert(H_PRODUCER_EPOCH, HeaderValue::from(self.config.epoch));
         headers.insert(H_PRODUCER_SEQ, HeaderValue::from(seq));
         let path = wire::stream_path(&self.stream);
-        let retries = std::sync::atomic::AtomicU32::new(0);
-        let ack = drive(&self.window, seq, &self.config.retry, || {
+        drive(&self.window, seq, &self.config.retry, || {
             let headers = headers.clone();
             let body = body.0.clone();
             let path = path.as_str();
-            let retries = &retries;
             async move {
                 let res = self
                     .client
                     .raw_request(Method::POST, path, headers, Some(body))
                     .await;
-                let attempt = classify(seq, res);
-                if matches!(attempt, Attempt::Retry(_)) {
-                    retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                attempt
+                classify(seq, res)
             }
         })
-        .await?;
-        Ok(ProducerAck {
-            retries: retries.into_inner(),
-            ..ack
-        })
+        .await
     }
 }
 
@@ -443,7 +450,6 @@ fn classify(seq: u64, res: Result<(u16, HeaderMap, Bytes), ClientError>) -> Atte
                     next_seq,
                 },
                 duplicate: start == Some(next_seq),
-                retries: 0,
             }),
             None => Attempt::Fatal(ClientError::Decode(
                 "append response without Pico-Next-Seq".into(),
@@ -627,9 +633,14 @@ mod tests {
     async fn drive_retries_transient_errors_with_the_same_seq() {
         let w = SeqWindow::new(0);
         let calls = AtomicU32::new(0);
+        let resends = Arc::new(AtomicU32::new(0));
+        let counted = resends.clone();
         let policy = RetryPolicy {
             max_attempts: 3,
             backoff: Duration::from_millis(1),
+            on_retry: Some(Arc::new(move |_: &ClientError| {
+                counted.fetch_add(1, Ordering::SeqCst);
+            })),
         };
         let v = drive(&w, 0, &policy, || async {
             if calls.fetch_add(1, Ordering::SeqCst) < 2 {
@@ -641,12 +652,19 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(v, 7);
+        assert_eq!(
+            resends.load(Ordering::SeqCst),
+            2,
+            "two resends before the ack"
+        );
         let err = drive(&w, 1, &policy, || async {
             Attempt::<()>::Retry(ClientError::Transport("down".into()))
         })
         .await
         .unwrap_err();
         assert!(err.to_string().contains("down"));
+        // The third failure is the error itself, not a resend.
+        assert_eq!(resends.load(Ordering::SeqCst), 4);
     }
 
     /// A stand-in server with the producer rules of the surface. Requests sleep a
@@ -733,6 +751,11 @@ mod tests {
         let client = Client::new(&base, crate::ClientOptions::default()).unwrap();
         let mut config = ProducerConfig::new("p1", 3, 5);
         config.retry.backoff = Duration::from_millis(1);
+        let retries = Arc::new(AtomicU32::new(0));
+        let counted = retries.clone();
+        config.retry.on_retry = Some(Arc::new(move |_: &ClientError| {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }));
         let producer = IdempotentProducer::new(client, "s", config);
         let mut pending = Vec::new();
         for _ in 0..40 {
@@ -743,9 +766,9 @@ mod tests {
         for (i, p) in pending.into_iter().enumerate() {
             let ack = p.ack().await.unwrap();
             assert_eq!(ack.seq, i as u64);
-            // The 503 is one retry; resends after an ordering gap are none.
-            assert_eq!(ack.retries, u32::from(i == 7), "seq {i}");
         }
+        // The 503 is one retry; resends after an ordering gap are none.
+        assert_eq!(retries.load(Ordering::SeqCst), 1);
         // Every batch exactly once, in producer order, despite gaps and the retried seq 7.
         assert_eq!(*applied.lock().unwrap(), (0..40).collect::<Vec<u64>>());
     }

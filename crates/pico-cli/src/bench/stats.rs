@@ -348,15 +348,15 @@ impl Report {
             s.push_str(&format!("  target rate {t} MiB/s\n"));
         }
         let w = &self.write;
-        let mut abandoned = String::new();
+        let mut producer_notes = String::new();
         if w.abandoned > 0 {
-            abandoned.push_str(&format!(", {} batches abandoned after them", w.abandoned));
+            producer_notes.push_str(&format!(", {} batches abandoned after them", w.abandoned));
         }
         if w.retries > 0 {
-            abandoned.push_str(&format!(", {} transient failures retried", w.retries));
+            producer_notes.push_str(&format!(", {} transient failures retried", w.retries));
         }
         s.push_str(&format!(
-            "write: {:.2} MiB/s  {:.0} records/s  {:.0} requests/s  ({} records, {} errors{abandoned})\n",
+            "write: {:.2} MiB/s  {:.0} records/s  {:.0} requests/s  ({} records, {} errors{producer_notes})\n",
             w.mib_per_sec, w.records_per_sec, w.requests_per_sec, w.records, w.errors
         ));
         if let Some(p) = &self.write_latency {

@@ -155,6 +155,18 @@ fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Outcome) -> bo
     }
 }
 
+/// The producers' retry policy: pico-client's default, with every resend after a transient
+/// failure counted (a batch acknowledged in the end would otherwise look clean).
+fn counted_retries(ctx: &Arc<Ctx>) -> RetryPolicy {
+    let ctx = ctx.clone();
+    RetryPolicy {
+        on_retry: Some(Arc::new(move |_: &ClientError| {
+            ctx.counters.retried(1, ctx.in_window(now_us()));
+        })),
+        ..RetryPolicy::default()
+    }
+}
+
 /// [`batch_done`] for a producer's histogram shared with its ack tasks.
 fn shared_batch_done(ctx: &Ctx, hist: &Mutex<Histogram<u64>>, t0: u64, res: Outcome) {
     let mut h = hist.lock().unwrap_or_else(|p| p.into_inner());
@@ -168,7 +180,7 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
     let mut epoch = 0u64;
     let make = |epoch: u64| {
         let mut cfg = ProducerConfig::new(format!("{}-p{idx}", ctx.run_id), epoch, ctx.in_flight);
-        cfg.retry = RetryPolicy::default();
+        cfg.retry = counted_retries(&ctx);
         IdempotentProducer::new(client.clone(), &stream, cfg)
     };
     let mut producer = make(epoch);
@@ -200,21 +212,14 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
                 let ctx = ctx.clone();
                 let hist = hist.clone();
                 tokio::spawn(async move {
-                    let res = in_flight.ack().await.map(|ack| {
-                        let in_window = ctx.in_window(now_us());
-                        ctx.counters.retried(u64::from(ack.retries), in_window);
-                    });
+                    let res = in_flight.ack().await.map(drop);
                     shared_batch_done(&ctx, &hist, t0, Outcome::of_producer(res, "producer"));
                 });
             }
             Err(e) => {
                 // The producer is poisoned by a failed batch: continue as a new incarnation.
                 // This batch was never sent; the failure that poisoned it is counted already.
-                let in_window = ctx.in_window(now_us());
-                match Outcome::of_producer(Err(e), "producer") {
-                    Outcome::Failed(e) => ctx.counters.error(true, in_window, || e),
-                    _ => ctx.counters.abandoned(in_window),
-                }
+                shared_batch_done(&ctx, &hist, t0, Outcome::of_producer(Err(e), "producer"));
                 tokio::time::sleep(ERROR_PAUSE).await;
                 epoch += 1;
                 producer = make(epoch);
@@ -237,6 +242,7 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
     let mut epoch = 0u64;
     let mut window = SeqWindow::new(0);
     let mut seq = 0u64;
+    let policy = counted_retries(&ctx);
     let mut stop = ctx.stop.clone();
     while !ctx.stopped() {
         let permit = tokio::select! {
@@ -264,16 +270,17 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
         headers.insert(h_seq, HeaderValue::from(seq));
         let this_seq = seq;
         seq += 1;
-        let (ctx2, http, url, window2, hist) = (
+        let (ctx2, http, url, window2, hist, policy) = (
             ctx.clone(),
             http.clone(),
             url.clone(),
             window.clone(),
             hist.clone(),
+            policy.clone(),
         );
         tokio::spawn(async move {
             let _permit = permit;
-            let res = drive(&window2, this_seq, &RetryPolicy::default(), || {
+            let res = drive(&window2, this_seq, &policy, || {
                 ds_attempt(&ctx2, &http, &url, headers.clone(), body.clone(), this_seq)
             })
             .await;
@@ -300,11 +307,7 @@ async fn ds_attempt(
         Ok((status, headers, body))
     }
     .await;
-    let attempt = ctx.target.classify(seq, res);
-    if matches!(attempt, pico_client::Attempt::Retry(_)) {
-        ctx.counters.retried(1, ctx.in_window(now_us()));
-    }
-    attempt
+    ctx.target.classify(seq, res)
 }
 
 /// The Pico client a producer uses (one per connection, so producers get their own sockets).
