@@ -220,14 +220,13 @@ async fn h1_session(ep: &Endpoint, tail: &mut SseTail) -> Result<(), String> {
 pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail>) {
     while !ctx.stopped() {
         // Every reader on the connection lost its stream: one error each, as over HTTP/1.1,
-        // where each has a connection of its own. A close with no stream open is no error, as
-        // a response's end is not; the pause keeps a server that closes at once from a loop.
+        // where each has a connection of its own.
         if let Err(e) = h2_session(&ctx, &ep, &mut tails).await {
             for t in &tails {
                 t.error(&e);
             }
+            tokio::time::sleep(ERROR_PAUSE).await;
         }
-        tokio::time::sleep(ERROR_PAUSE).await;
     }
 }
 
@@ -290,8 +289,8 @@ async fn next(
 }
 
 /// One connection's life: open every tailer's stream, then feed each data frame to its tailer.
-/// A stream that ends or fails is reopened; the connection ending ends the session: `Ok` if no
-/// stream was open or opening, an error otherwise.
+/// A stream that ends or fails is reopened; the connection ending, cleanly or not, ends the
+/// session with an error.
 async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
     let tcp = ep.connect().await?;
     let (client, conn) = h2::client::Builder::new()
@@ -312,13 +311,12 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
         tokio::select! {
             biased;
             r = conn.as_mut() => {
-                // h2 ends the connection with `Ok` on a bare EOF too (a server that died, a
-                // reset), so only an end with no stream open or opening is a clean close.
-                return match r {
-                    Err(e) => Err(format!("h2 connection: {e}")),
-                    Ok(()) if reading.is_empty() && opening.is_empty() => Ok(()),
-                    Ok(()) => Err("h2 connection closed under open streams".to_string()),
-                };
+                // Every tailer always has a stream open or opening, so the connection's end
+                // cuts them all. h2 reports a bare EOF (a server that died, a reset) as `Ok`.
+                return Err(match r {
+                    Ok(()) => "h2 connection closed".to_string(),
+                    Err(e) => format!("h2 connection: {e}"),
+                });
             }
             Some((i, r)) = opening.next(), if !opening.is_empty() => {
                 let t = &mut tails[i];
@@ -328,7 +326,7 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
                         // known now.
                         let limit = conn.max_concurrent_send_streams();
                         if limit < n_tails {
-                            ctx.h2_stream_limit.store(limit.max(1), Ordering::Relaxed);
+                            ctx.h2_stream_limit.store(limit, Ordering::Relaxed);
                         }
                         t.opened(enc.as_deref());
                         reading.push(next(i, recv));
