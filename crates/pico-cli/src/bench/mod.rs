@@ -318,6 +318,19 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
             .min(readers);
         match read_mode {
             ReadMode::LongPoll => {
+                // Over HTTP/2 the readers past the server's stream limit would wait unseen in
+                // reqwest's queue, so the limit is read first, as the SSE readers learn it.
+                if global.http2 && global.endpoint.starts_with("http://") {
+                    let ep = own_endpoint
+                        .get_or_try_init(|| resolve_own(&global))
+                        .await?;
+                    let limit = sse_conn::h2_stream_limit(ep, &global.endpoint)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("reading the server's HTTP/2 limits: {e}"))?;
+                    if readers.div_ceil(n) > limit {
+                        return Err(too_many_h2_readers(limit, readers, n));
+                    }
+                }
                 let reader_clients: Vec<reqwest::Client> = (0..n)
                     .map(|_| http_client(global.http2, global.token.as_deref()))
                     .collect::<anyhow::Result<_>>()?;
@@ -354,11 +367,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         while ctx.readers_connected.load(Ordering::Relaxed) < readers {
             let limit = ctx.h2_stream_limit.load(Ordering::Relaxed);
             if limit > 0 {
-                anyhow::bail!(
-                    "the server allows {limit} concurrent streams per HTTP/2 connection, and {} readers share each of the {n} reader connections: use --reader-connections {} or more",
-                    readers.div_ceil(n),
-                    readers.div_ceil(limit)
-                );
+                return Err(too_many_h2_readers(limit, readers, n));
             }
             if Instant::now() > deadline {
                 // Over HTTP/2 a server's limit on streams per connection (often 100–250) holds
@@ -510,6 +519,15 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
 fn process_cpu_secs() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+/// `readers` on `n` HTTP/2 connections need more streams per connection than `limit`.
+fn too_many_h2_readers(limit: usize, readers: usize, n: usize) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the server allows {limit} concurrent streams per HTTP/2 connection, and {} readers share each of the {n} reader connections: use --reader-connections {} or more",
+        readers.div_ceil(n),
+        readers.div_ceil(limit.max(1))
+    )
 }
 
 async fn resolve_own(global: &Global) -> anyhow::Result<Arc<sse_conn::Endpoint>> {

@@ -276,6 +276,37 @@ async fn open(
     (i, r.await)
 }
 
+/// The server's limit on concurrent streams per HTTP/2 connection, read from its SETTINGS on a
+/// connection of its own. Long-poll readers go through reqwest, which queues the requests past
+/// the limit without a word; a server sends its SETTINGS before any response, so one answer to
+/// a `HEAD url` (whatever its status) means the limit is known.
+pub async fn h2_stream_limit(ep: &Endpoint, url: &str) -> Result<usize, String> {
+    let tcp = ep.connect().await?;
+    let (client, conn) = h2::client::handshake(tcp)
+        .await
+        .map_err(|e| format!("h2 handshake: {e}"))?;
+    let mut conn = std::pin::pin!(conn);
+    let mut req = ep.request(url, (), false)?;
+    *req.method_mut() = hyper::Method::HEAD;
+    let ask = async {
+        let mut client = client.ready().await.map_err(|e| format!("h2: {e}"))?;
+        let (resp, _) = client
+            .send_request(req, true)
+            .map_err(|e| format!("h2 request: {e}"))?;
+        resp.await.map_err(|e| format!("h2 response: {e}"))
+    };
+    tokio::select! {
+        r = conn.as_mut() => Err(match r {
+            Ok(()) => "h2 connection closed before an answer".to_string(),
+            Err(e) => format!("h2 connection: {e}"),
+        }),
+        r = tokio::time::timeout(CONNECT_TIMEOUT, ask) => {
+            r.map_err(|_| format!("h2: no answer to HEAD {url} in {CONNECT_TIMEOUT:?}"))??;
+            Ok(conn.max_concurrent_send_streams())
+        }
+    }
+}
+
 /// The next piece of a stream's body, its flow-control credit returned at once.
 async fn next(
     i: usize,
