@@ -4,8 +4,9 @@
 This is what one durable append costs the device when appends arrive at that rate (the SSE rows
 append at 10 and 100 per second). The file is preallocated with zeros and synced first, so each
 write overwrites blocks already on disk, as PicoMQ's WAL does in its preallocated segments.
-A virtual disk can stall a single sync for hundreds of milliseconds; at 10 appends/s one such
-stall is the p99 of a 10-second run, for any server that delivers only durable data.
+A virtual disk can stall a single sync for hundreds of milliseconds; the writes due meanwhile
+wait behind it, so at 10 appends/s one such stall is the p99 of a 10-second run, for any server
+that delivers only durable data.
 Prints one JSON object: count, p50_ms, p90_ms, p99_ms, max_ms, over_20ms.
 """
 import argparse
@@ -31,14 +32,17 @@ def main():
         os.fsync(fd)
         start = time.monotonic()
         for i in range(n_max):
-            # Paced from the start time, so a slow sync is not followed by a slower schedule.
-            delay = start + i / a.rate - time.monotonic()
+            # Paced from the start time, and timed as `pico bench --target-mibps` times an
+            # append: from the scheduled time when behind it (a stalled sync delays the writes
+            # due during it, as it delays the appends queued behind it), else from waking.
+            due = start + i / a.rate
+            delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            t = time.perf_counter()
+            t = time.monotonic() if delay > 0 else due
             os.pwrite(fd, record, i * len(record))
             os.fdatasync(fd)
-            lat.append((time.perf_counter() - t) * 1000.0)
+            lat.append((time.monotonic() - t) * 1000.0)
     finally:
         os.close(fd)
         os.unlink(a.file)
