@@ -296,6 +296,24 @@ synced_writes_row() {
   fi
 }
 
+# sync_probe_rows: the disk's sync tail at the SSE rows' append rates (100 and 10 per second),
+# run right after PicoMQ's SSE rows. Events go out only once their append is durable, and this
+# VM's disk has stalled single syncs for 0.1-1.3 s at moments that come and go within minutes,
+# so only a probe next to those rows says whether the disk set their p99.
+sync_probe_rows() {
+  local rate f
+  for rate in 100 10; do
+    f=$RUN/sync-$rate
+    log "disk: 100 B write + fdatasync at $rate/s for $RUN_SECS s (sync_probe.py)"
+    if python3 "$ROOT/scripts/bench/sync_probe.py" --rate $rate --duration "$RUN_SECS" --file "$RUN/sync.tmp" >"$f.json" 2>"$f.err" \
+        && [ -n "$(j .p99_ms "$f.json")" ]; then
+      add_row "disk: 100 B write + fdatasync at $rate/s, right after PicoMQ's SSE rows" "disk" "sync_probe.py" "$(j .p99_ms "$f.json")" "ms p99" lower "p50 $(j .p50_ms "$f.json") ms, max $(j .max_ms "$f.json") ms, $(j .over_20ms "$f.json") of $(j .count "$f.json") over 20 ms; the SSE rows at this rate deliver each event after its append's sync"
+    else
+      log "sync probe failed: $(tail -3 "$f.err" | tr '\n' ' ')"
+    fi
+  done
+}
+
 section_floors() {
   log "floors: fsync latency of this disk (pg_test_fsync, 8 kB fdatasync)"
   local ptf; ptf=$(command -v pg_test_fsync || ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -1 || true)
@@ -319,19 +337,6 @@ section_floors() {
   synced_writes_row "$src" 192 ""
   synced_writes_row "$src" 512 ""
   rm -f "$src"
-  # A durable append is delivered only after its sync, so the device's worst syncs at the SSE
-  # rows' append rates are the floor of those rows' p99 (a lone sync after idle is slower, and
-  # a virtual disk stalls some for 100+ ms). Measured over the same span as one SSE run.
-  local rate
-  for rate in 10 100; do
-    log "floors: 100 B write + fdatasync at $rate/s for $((RUN_SECS)) s (sync_probe.py)"
-    if o=$(python3 "$ROOT/scripts/bench/sync_probe.py" --rate $rate --duration "$RUN_SECS" --file "$RUN/sync.tmp" 2>&1); then
-      echo "$o" >"$RUN/sync-$rate.json"
-      add_row "floor: disk, 100 B write + fdatasync at $rate/s" "disk" "sync_probe.py" "$(j .p99_ms "$RUN/sync-$rate.json")" "ms p99" lower "p50 $(j .p50_ms "$RUN/sync-$rate.json") ms, max $(j .max_ms "$RUN/sync-$rate.json") ms, $(j .over_20ms "$RUN/sync-$rate.json") of $(j .count "$RUN/sync-$rate.json") over 20 ms; the SSE rows append at this rate and deliver after the sync"
-    else
-      log "sync probe failed: $o"
-    fi
-  done
   log "floors: Postgres single-row commit on 127.0.0.1:5432 (pgbench, 1 client)"
   local tbl=compare_commit_$$
   if psql -h 127.0.0.1 -U postgres -d test -qc "create table $tbl (id bigserial primary key, v text)" >/dev/null 2>&1; then
@@ -434,6 +439,8 @@ section_ds() {
     if [ "$sys" = picomq ]; then
       f=$(bench_median3 "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
       add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(expected "$f" 1000); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
+      stop_server
+      sync_probe_rows
     fi
     stop_server
   done
@@ -651,11 +658,11 @@ for label, wl in (("HTTP/1.1", "SSE delivery p99 (append→event), 1000 subscrib
     if f is not None:
         goals.append((f"  the bare forwarder's p99 on this machine ({label}; context: a hyper server that stores nothing and only forwards, same client)",
                       fmt(f, " ms"), "info"))
-# Events go out once their append is durable, so the disk's slowest syncs at the rows' append
-# rate bound both p99s from below, whatever the transport.
-for row in by.get("floor: disk, 100 B write + fdatasync at 10/s", []):
+# Events go out once their append is durable, so where the disk stalls its syncs, the stalls
+# set both p99s whatever the transport. Measured right after the rows, not during them.
+for row in by.get("disk: 100 B write + fdatasync at 10/s, right after PicoMQ's SSE rows", []):
     goals.append(("  context (both SSE goals): each event waits for its append's sync; this disk's 100 B write + fdatasync "
-                  f"at 10/s, the rows' append rate: p99 {fmt(num(row[3]), ' ms')}, {row[6].split(';')[0]}", "", "info"))
+                  f"at 10/s, the rows' append rate, right after them: p99 {fmt(num(row[3]), ' ms')}, {row[6].split(';')[0]}", "", "info"))
 r = ratio("acked publish, 100 B, 64 in flight", "nats-js-sync-always", None)
 goals.append(("acked publish >= NATS JetStream with fsync before ack", fmt(r), None if r is None else r >= 1))
 v = val("appends over 10k streams (16×4 in flight, 100 records/request)", "picomq")

@@ -2,12 +2,13 @@
 """The disk's sync latency at a fixed rate: a 100-byte write then `fdatasync`, N times a second.
 
 This is what one durable append costs the device when appends arrive at that rate (the SSE rows
-append at 10 and 100 per second). The file is preallocated with zeros and synced first, so each
-write overwrites blocks already on disk, as PicoMQ's WAL does in its preallocated segments.
+append at 10 and 100 per second; compare.sh runs this right after PicoMQ's SSE rows). The file
+is preallocated with zeros and synced first, so each write overwrites blocks already on disk, as
+PicoMQ's WAL does in its preallocated segments.
 A virtual disk can stall a single sync for hundreds of milliseconds; the writes due meanwhile
 wait behind it, so at 10 appends/s one such stall is the p99 of a 10-second run, for any server
 that delivers only durable data.
-Prints one JSON object: count, p50_ms, p90_ms, p99_ms, max_ms, over_20ms.
+Prints one JSON object: rate, count, p50_ms, p90_ms, p99_ms, max_ms, over_20ms.
 """
 import argparse
 import json
@@ -24,6 +25,8 @@ def main():
     if a.rate <= 0 or a.duration <= 0:
         ap.error("--rate and --duration must be positive")
     n_max = int(a.rate * a.duration)
+    if n_max < 1:
+        ap.error("--rate × --duration must allow at least one write")
     record = b"x" * 100
     fd = os.open(a.file, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     lat = []

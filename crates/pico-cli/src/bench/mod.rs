@@ -523,10 +523,15 @@ fn process_cpu_secs() -> f64 {
 
 /// `readers` on `n` HTTP/2 connections need more streams per connection than `limit`.
 fn too_many_h2_readers(limit: usize, readers: usize, n: usize) -> anyhow::Error {
+    if limit == 0 {
+        return anyhow::anyhow!(
+            "the server allows no concurrent streams on an HTTP/2 connection: run the readers without --http2"
+        );
+    }
     anyhow::anyhow!(
         "the server allows {limit} concurrent streams per HTTP/2 connection, and {} readers share each of the {n} reader connections: use --reader-connections {} or more",
         readers.div_ceil(n),
-        readers.div_ceil(limit.max(1))
+        readers.div_ceil(limit)
     )
 }
 

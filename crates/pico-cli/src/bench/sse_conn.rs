@@ -295,15 +295,17 @@ pub async fn h2_stream_limit(ep: &Endpoint, url: &str) -> Result<usize, String> 
             .map_err(|e| format!("h2 request: {e}"))?;
         resp.await.map_err(|e| format!("h2 response: {e}"))
     };
+    // The answer first: a server that answers and closes in the same read has answered.
     tokio::select! {
-        r = conn.as_mut() => Err(match r {
-            Ok(()) => "h2 connection closed before an answer".to_string(),
-            Err(e) => format!("h2 connection: {e}"),
-        }),
+        biased;
         r = tokio::time::timeout(CONNECT_TIMEOUT, ask) => {
             r.map_err(|_| format!("h2: no answer to HEAD {url} in {CONNECT_TIMEOUT:?}"))??;
             Ok(conn.max_concurrent_send_streams())
         }
+        r = conn.as_mut() => Err(match r {
+            Ok(()) => "h2 connection closed before an answer".to_string(),
+            Err(e) => format!("h2 connection: {e}"),
+        }),
     }
 }
 
