@@ -1829,8 +1829,8 @@ fn server_bench_counts_refused_appends_as_errors() {
 fn server_bench_refuses_more_h2_readers_than_the_server_allows() {
     let dir = tempdir();
     let server = Server::start(dir.path(), &["--http2-max-streams", "8"]);
-    // SSE readers learn the limit on their own connections; long-poll readers go through
-    // reqwest, which would queue the requests past it, so the bench reads it first.
+    // Both read modes: SSE streams past the limit would stay unopened, long-poll requests would
+    // wait in reqwest's queue.
     for mode in ["sse", "long-poll"] {
         // 20 readers over HTTP/2, on the reader connections the caller adds.
         let readers = |extra: &[&'static str]| {

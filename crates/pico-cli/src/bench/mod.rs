@@ -164,10 +164,6 @@ pub struct Ctx {
     measure_end: AtomicU64,
     stop: watch::Receiver<bool>,
     readers_connected: AtomicUsize,
-    /// Set by an HTTP/2 SSE connection whose server allows fewer concurrent streams than it
-    /// has readers (0 while none has): those beyond the limit would wait for the run's whole
-    /// length, so setup stops with the limit instead.
-    h2_stream_limit: AtomicUsize,
 }
 
 impl Ctx {
@@ -301,7 +297,6 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         measure_end: AtomicU64::new(u64::MAX),
         stop: stop_rx,
         readers_connected: AtomicUsize::new(0),
-        h2_stream_limit: AtomicUsize::new(0),
     });
 
     // The bench's own connections (SSE readers, HTTP/1.1 append loops) share one resolution
@@ -316,21 +311,22 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
             .reader_connections
             .map_or(connections, |n| n as usize)
             .min(readers);
+        // Over HTTP/2 the readers past the server's per-connection stream limit would wait for
+        // the whole run (in reqwest's queue for long-poll, unopened for SSE) and the run would
+        // measure without them, so the limit is read first and setup stops if it is too low.
+        if global.http2 && global.endpoint.starts_with("http://") {
+            let ep = own_endpoint
+                .get_or_try_init(|| resolve_own(&global))
+                .await?;
+            let limit = sse_conn::h2_stream_limit(ep, &global.endpoint)
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the server's HTTP/2 limits: {e}"))?;
+            if readers.div_ceil(n) > limit {
+                return Err(too_many_h2_readers(limit, readers, n));
+            }
+        }
         match read_mode {
             ReadMode::LongPoll => {
-                // Over HTTP/2 the readers past the server's stream limit would wait unseen in
-                // reqwest's queue, so the limit is read first, as the SSE readers learn it.
-                if global.http2 && global.endpoint.starts_with("http://") {
-                    let ep = own_endpoint
-                        .get_or_try_init(|| resolve_own(&global))
-                        .await?;
-                    let limit = sse_conn::h2_stream_limit(ep, &global.endpoint)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("reading the server's HTTP/2 limits: {e}"))?;
-                    if readers.div_ceil(n) > limit {
-                        return Err(too_many_h2_readers(limit, readers, n));
-                    }
-                }
                 let reader_clients: Vec<reqwest::Client> = (0..n)
                     .map(|_| http_client(global.http2, global.token.as_deref()))
                     .collect::<anyhow::Result<_>>()?;
@@ -365,10 +361,6 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         }
         let deadline = Instant::now() + READERS_CONNECT_TIMEOUT;
         while ctx.readers_connected.load(Ordering::Relaxed) < readers {
-            let limit = ctx.h2_stream_limit.load(Ordering::Relaxed);
-            if limit > 0 {
-                return Err(too_many_h2_readers(limit, readers, n));
-            }
             if Instant::now() > deadline {
                 // Over HTTP/2 a server's limit on streams per connection (often 100–250) holds
                 // the streams beyond it back for as long as the others stay open.

@@ -420,7 +420,6 @@ pub(super) fn test_ctx(protocol: Protocol) -> Arc<Ctx> {
         measure_end: AtomicU64::new(u64::MAX),
         stop,
         readers_connected: AtomicUsize::new(0),
-        h2_stream_limit: AtomicUsize::new(0),
     })
 }
 

@@ -29,7 +29,6 @@ use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::net::TcpStream;
 
@@ -221,7 +220,7 @@ pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail
     while !ctx.stopped() {
         // Every reader on the connection lost its stream: one error each, as over HTTP/1.1,
         // where each has a connection of its own.
-        if let Err(e) = h2_session(&ctx, &ep, &mut tails).await {
+        if let Err(e) = h2_session(&ep, &mut tails).await {
             for t in &tails {
                 t.error(&e);
             }
@@ -277,9 +276,9 @@ async fn open(
 }
 
 /// The server's limit on concurrent streams per HTTP/2 connection, read from its SETTINGS on a
-/// connection of its own. Long-poll readers go through reqwest, which queues the requests past
-/// the limit without a word; a server sends its SETTINGS before any response, so one answer to
-/// a `HEAD url` (whatever its status) means the limit is known.
+/// connection of its own before any reader starts (reqwest, which carries the long-poll
+/// readers, does not expose it). A server sends its SETTINGS before any response, so one
+/// answer to a `HEAD url` (whatever its status) means the limit is known.
 pub async fn h2_stream_limit(ep: &Endpoint, url: &str) -> Result<usize, String> {
     let tcp = ep.connect().await?;
     let (client, conn) = h2::client::handshake(tcp)
@@ -324,7 +323,7 @@ async fn next(
 /// One connection's life: open every tailer's stream, then feed each data frame to its tailer.
 /// A stream that ends or fails is reopened; the connection ending, cleanly or not, ends the
 /// session with an error.
-async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
+async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
     let tcp = ep.connect().await?;
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
@@ -339,7 +338,6 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
         opening.push(open(client.clone(), req(t), i, false));
     }
     let mut reading = FuturesUnordered::new();
-    let n_tails = tails.len();
     loop {
         tokio::select! {
             biased;
@@ -355,12 +353,6 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
                 let t = &mut tails[i];
                 match r {
                     Ok((enc, recv)) => {
-                        // A response means the server's SETTINGS are in: its stream limit is
-                        // known now.
-                        let limit = conn.max_concurrent_send_streams();
-                        if limit < n_tails {
-                            ctx.h2_stream_limit.store(limit, Ordering::Relaxed);
-                        }
                         t.opened(enc.as_deref());
                         reading.push(next(i, recv));
                     }
@@ -398,7 +390,7 @@ async fn h2_session(ctx: &Ctx, ep: &Endpoint, tails: &mut [SseTail]) -> Result<(
 mod tests {
     use super::*;
     use crate::cli::Protocol;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A server that answers every SSE request with an empty 200 gets reopened after a pause,

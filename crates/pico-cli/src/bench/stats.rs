@@ -108,14 +108,12 @@ impl Counters {
         });
     }
 
-    /// Counts `n` transient failures a producer resent with the same sequence number (the
-    /// batch may still be acknowledged: these are not among the errors).
-    pub fn retried(&self, n: u64, in_window: bool) {
-        if n > 0 {
-            self.each(in_window, |t| {
-                t.write_retries.fetch_add(n, Ordering::Relaxed);
-            });
-        }
+    /// Counts a transient failure a producer resent with the same sequence number (the batch
+    /// may still be acknowledged: it is not among the errors).
+    pub fn retried(&self, in_window: bool) {
+        self.each(in_window, |t| {
+            t.write_retries.fetch_add(1, Ordering::Relaxed);
+        });
     }
 
     pub fn first_error(&self) -> Option<String> {
@@ -425,8 +423,9 @@ mod tests {
             0,
             "an abandoned batch is not an error"
         );
-        c.retried(2, true);
-        c.retried(1, false);
+        c.retried(true);
+        c.retried(true);
+        c.retried(false);
         assert_eq!(
             (c.snapshot().write_retries, c.snapshot_all().write_retries),
             (2, 3)

@@ -161,7 +161,7 @@ fn counted_retries(ctx: &Arc<Ctx>) -> RetryPolicy {
     let ctx = ctx.clone();
     RetryPolicy {
         on_retry: Some(Arc::new(move |_: &ClientError| {
-            ctx.counters.retried(1, ctx.in_window(now_us()));
+            ctx.counters.retried(ctx.in_window(now_us()));
         })),
         ..RetryPolicy::default()
     }
