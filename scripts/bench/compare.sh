@@ -12,6 +12,8 @@
 #   PICO_BIN        use this pico binary instead of building target/release/pico
 #   BENCH_WORK      work directory (default target/bench); npm/venv installs are cached there
 #   BENCH_KEEP=1    keep the per-run data directories
+#   BENCH_IDLE_STREAMS (100000) / BENCH_APPEND_RECORDS (1000000)   sizes of the issue-2 rows
+#                   (scripts/bench/smoke.sh makes them small to run every section in CI)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -35,6 +37,10 @@ elif v.endswith("s"): v=v[:-1]
 print(math.ceil(float(v)*u))' "$1"
 }
 RUN_SECS=$(( $(secs "$DUR") + $(secs "$WARM") ))
+IDLE_STREAMS=${BENCH_IDLE_STREAMS:-100000}
+APPEND_RECORDS=${BENCH_APPEND_RECORDS:-1000000}
+# 100000 → 100k, for row names
+kilo() { if [ $(( $1 % 1000 )) = 0 ]; then echo "$(( $1 / 1000 ))k"; else echo "$1"; fi; }
 
 # ---------------------------------------------------------------------------------------------
 # processes: started in the background, recorded by pid, stopped by pid (TERM, then KILL)
@@ -83,6 +89,12 @@ fi
 HELLO=$(dirname "$PICO")/examples/hello_hyper
 SSE_FLOOR=$(dirname "$PICO")/examples/sse_floor
 [ -x "$PICO" ] || { echo "no pico binary at $PICO" >&2; exit 1; }
+# jq reads every report; Debian images do not always carry it.
+if ! command -v jq >/dev/null; then
+  log "installing jq (apt-get)"
+  { apt-get install -y jq || { apt-get update && apt-get install -y jq; }; } >/dev/null 2>&1
+  command -v jq >/dev/null || { echo "compare.sh needs jq" >&2; exit 1; }
+fi
 
 ensure_ds_ref() {
   local d=$WORK/ds-ref
@@ -534,22 +546,24 @@ section_issue2() {
   f=$(bench "$SRV_URL" pico --connections 32 --streams 32 -n 1 -b 100)
   add_row "single append ack latency, 32 clients on 32 streams" "picomq" "pico bench" "$(j .write_latency.p50_ms "$f")" "ms p50" lower "p99 $(j .write_latency.p99_ms "$f") ms; $(j .write.records_per_sec "$f") appends/s$(mach "$f")"
   "$PICO" --endpoint "$SRV_URL" create /x >/dev/null 2>&1
-  log "seq 1 1000000 | pico append /x --batch 1000"
-  local t0 t1
+  log "seq 1 $APPEND_RECORDS | pico append /x --batch 1000"
+  local t0 t1 next
   t0=$(date +%s.%N)
-  seq 1 1000000 | "$PICO" --endpoint "$SRV_URL" append /x --batch 1000 2>"$RUN/append.err"
+  seq 1 "$APPEND_RECORDS" | "$PICO" --endpoint "$SRV_URL" append /x --batch 1000 2>"$RUN/append.err"
   t1=$(date +%s.%N)
-  add_row "seq 1 1000000 | pico append /x --batch 1000" "picomq" "pico append" "$(python3 -c "print(round(1e6/($t1-$t0)))")" "records/s" higher "$(python3 -c "print(round($t1-$t0,2))") s total"
+  # What the stream holds afterwards, so the row cannot count records that were not stored.
+  next=$("$PICO" --endpoint "$SRV_URL" head /x 2>/dev/null | tr ' ' '\n' | sed -n 's/^next=//p')
+  add_row "seq 1 $APPEND_RECORDS | pico append /x --batch 1000" "picomq" "pico append" "$(python3 -c "print(round($APPEND_RECORDS/($t1-$t0)))")" "records/s" higher "$(python3 -c "print(round($t1-$t0,2))") s total; the stream's next offset after it: ${next:-unknown}"
   stop_server
   start_pico idle-picomq
   local before after
   before=$(rss_kib "$SRV_PID")
-  log "creating 100k idle streams"
-  "$PICO" bench --endpoint "$SRV_URL" --streams 100000 --connections 16 --create-only --output json \
+  log "creating $(kilo "$IDLE_STREAMS") idle streams"
+  "$PICO" bench --endpoint "$SRV_URL" --streams "$IDLE_STREAMS" --connections 16 --create-only --output json \
     >"$RUN/idle.json" 2>"$RUN/idle.err" || log "create failed: $(tail -2 "$RUN/idle.err")"
   sleep 5
   after=$(rss_kib "$SRV_PID")
-  add_row "server RSS with 100k idle streams" "picomq" "/proc/pid/status" "$(python3 -c "print(round($after/1024,1))")" "MiB" lower "$(python3 -c "print(round($before/1024,1))") MiB before; created in $(j .setup_secs "$RUN/idle.json") s"
+  add_row "server RSS with $(kilo "$IDLE_STREAMS") idle streams" "picomq" "/proc/pid/status" "$(python3 -c "print(round($after/1024,1))")" "MiB" lower "$(python3 -c "print(round($before/1024,1))") MiB before; created in $(j .setup_secs "$RUN/idle.json") s"
   stop_server
 }
 

