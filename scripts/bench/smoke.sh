@@ -25,6 +25,8 @@ if ! bash "$ROOT/scripts/bench/compare.sh" >"$log" 2>&1; then
   exit 1
 fi
 run=$(sed -n 's/.*raw results: \(.*\)\/results.tsv$/\1/p' "$log" | tail -1)
+# Keep the last five runs' reports; every CI run adds one.
+ls -1dt "$BENCH_WORK"/run-* 2>/dev/null | tail -n +6 | xargs -r rm -rf
 [ -f "$run/results.tsv" ] || { tail -20 "$log" >&2; echo "smoke: no results.tsv" >&2; exit 1; }
 
 python3 - "$run/results.tsv" "$log" "$BENCH_APPEND_RECORDS" <<'EOF'
