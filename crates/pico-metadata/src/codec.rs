@@ -182,7 +182,12 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
             config: s.content_types.config(&e.config),
             ..e
         };
-        s.registry.insert(name, Arc::new(e));
+        // One allocation per name: the key is the stream's own `name` when it is this entry's.
+        let key: Arc<str> = match s.streams.get(&e.stream_id) {
+            Some(m) if *m.name == *name => m.name.clone(),
+            _ => Arc::from(name),
+        };
+        s.registry.insert(key, Arc::new(e));
     }
     for _ in 0..r.count("objects", 4 + 8 + 4 + 4 + 8)? {
         let o = ObjectMeta {
@@ -625,7 +630,7 @@ impl<'a> Reader<'a> {
         };
         Ok(StreamMeta {
             id,
-            name,
+            name: name.into(),
             epoch,
             owner,
             start_offset,

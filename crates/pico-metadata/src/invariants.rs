@@ -213,14 +213,14 @@ pub fn fork_counts_match(s: &State) -> Result<(), String> {
     for e in s.registry.values() {
         if let Some(f) = &e.fork
             && s.registry
-                .get(&f.source)
+                .get(f.source.as_str())
                 .is_some_and(|src| src.stream_id == f.source_stream_id)
         {
             *counts.entry(f.source.as_str()).or_default() += 1;
         }
     }
     for (name, e) in s.registry.iter() {
-        let n = counts.get(name.as_str()).copied().unwrap_or(0);
+        let n = counts.get(&**name).copied().unwrap_or(0);
         if e.forks != n {
             return Err(format!(
                 "fork count mismatch: name=`{name}` forks={} referencing={n}",

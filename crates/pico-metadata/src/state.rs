@@ -59,7 +59,8 @@ pub fn no_producers() -> Producers {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamMeta {
     pub id: u64,
-    pub name: String,
+    /// The same allocation as the stream's registry key (one copy of each name in memory).
+    pub name: Arc<str>,
     /// -1 = created, never opened; bumped by every open, never reset.
     pub epoch: i64,
     pub owner: Option<Owner>,
@@ -85,14 +86,14 @@ impl StreamMeta {
     /// never opened, no owner, no producers.
     fn never_opened(
         id: u64,
-        name: &str,
+        name: Arc<str>,
         start_offset: u64,
         end_offset: u64,
         slices: im::Vector<Slice>,
     ) -> StreamMeta {
         StreamMeta {
             id,
-            name: name.to_string(),
+            name,
             epoch: pico_common::ids::NEVER_OPENED,
             owner: None,
             start_offset,
@@ -156,7 +157,8 @@ pub struct State {
     pub nodes: im::OrdMap<u32, NodeInfo>,
     /// Deleted streams are removed once they own no slices.
     pub streams: im::OrdMap<u64, Arc<StreamMeta>>,
-    pub registry: im::OrdMap<String, Arc<RegistryEntry>>,
+    /// Keyed by the same `Arc<str>` as each stream's `StreamMeta::name`.
+    pub registry: im::OrdMap<Arc<str>, Arc<RegistryEntry>>,
     pub objects: im::OrdMap<String, ObjectMeta>,
     /// Objects with `live_refs == 0` awaiting GC.
     pub destroyed: im::OrdSet<String>,
@@ -407,7 +409,7 @@ impl State {
             Command::DeleteStream { name, stream_id } => {
                 let entry = self
                     .registry
-                    .get(name)
+                    .get(name.as_str())
                     .ok_or_else(|| ApplyError::NameNotFound { name: name.clone() })?;
                 if entry.stream_id != *stream_id {
                     return Err(ApplyError::Conflict {
@@ -426,11 +428,11 @@ impl State {
                 let referenced = entry.forks > 0;
                 let origin = entry.fork.clone();
                 if referenced {
-                    if let Some(e) = self.registry.get_mut(name) {
+                    if let Some(e) = self.registry.get_mut(name.as_str()) {
                         Arc::make_mut(e).soft_deleted = true;
                     }
                 } else {
-                    self.registry.remove(name);
+                    self.registry.remove(name.as_str());
                 }
                 if let Some(s) = self.streams.remove(stream_id) {
                     // The stream leaves the state: its slices' references go with it.
@@ -538,12 +540,19 @@ impl State {
         }
         let id = self.next_stream_id;
         self.next_stream_id += 1;
+        let key: Arc<str> = Arc::from(name);
         self.streams.insert(
             id,
-            Arc::new(StreamMeta::never_opened(id, name, 0, 0, im::Vector::new())),
+            Arc::new(StreamMeta::never_opened(
+                id,
+                key.clone(),
+                0,
+                0,
+                im::Vector::new(),
+            )),
         );
         self.registry.insert(
-            name.to_string(),
+            key,
             Arc::new(RegistryEntry {
                 stream_id: id,
                 config: self.content_types.config(config),
@@ -589,7 +598,7 @@ impl State {
             };
             return existing_outcome(name, existing, reason);
         }
-        let source_entry = match self.registry.get(&origin.source) {
+        let source_entry = match self.registry.get(origin.source.as_str()) {
             Some(e) if e.stream_id == origin.source_stream_id => e,
             _ => {
                 return Err(ApplyError::NameNotFound {
@@ -629,24 +638,25 @@ impl State {
                 o.live_refs = o.live_refs.saturating_add(1);
             }
         }
-        if let Some(e) = self.registry.get_mut(&origin.source) {
+        if let Some(e) = self.registry.get_mut(origin.source.as_str()) {
             let e = Arc::make_mut(e);
             e.forks = e.forks.saturating_add(1);
         }
         let id = self.next_stream_id;
         self.next_stream_id += 1;
+        let key: Arc<str> = Arc::from(name);
         self.streams.insert(
             id,
             Arc::new(StreamMeta::never_opened(
                 id,
-                name,
+                key.clone(),
                 start_offset,
                 inherit_end,
                 slices,
             )),
         );
         self.registry.insert(
-            name.to_string(),
+            key,
             Arc::new(RegistryEntry {
                 stream_id: id,
                 config: self.content_types.config(config),
@@ -671,7 +681,7 @@ impl State {
     fn release_fork(&mut self, origin: &ForkOrigin) {
         let mut next = Some(Box::new(origin.clone()));
         while let Some(o) = next.take() {
-            let Some(e) = self.registry.get_mut(&o.source) else {
+            let Some(e) = self.registry.get_mut(o.source.as_str()) else {
                 return;
             };
             if e.stream_id != o.source_stream_id {
@@ -681,7 +691,7 @@ impl State {
             e.forks = e.forks.saturating_sub(1);
             if e.soft_deleted && e.forks == 0 {
                 next = e.fork.clone();
-                self.registry.remove(&o.source);
+                self.registry.remove(o.source.as_str());
             }
         }
     }
@@ -840,18 +850,18 @@ impl State {
         prefix: &str,
         start_after: Option<&str>,
         limit: usize,
-    ) -> Vec<(&String, &RegistryEntry)> {
+    ) -> Vec<(&str, &RegistryEntry)> {
         use std::ops::Bound;
-        let lower = match start_after {
-            Some(after) if after >= prefix => Bound::Excluded(after.to_string()),
-            _ => Bound::Included(prefix.to_string()),
+        let lower: Bound<&str> = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
         };
         self.registry
-            .range((lower, Bound::Unbounded))
+            .range::<_, str>((lower, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
             .filter(|(_, e)| !e.soft_deleted)
             .take(limit)
-            .map(|(name, e)| (name, e.as_ref()))
+            .map(|(name, e)| (&**name, e.as_ref()))
             .collect()
     }
 }

@@ -145,7 +145,7 @@ pub(crate) async fn touch_pass(node: Node) {
 pub(crate) async fn expiry_pass(node: Node) {
     let now = now_ms();
     let view = node.inner.meta.view();
-    let expired: Vec<(String, u64)> = view
+    let expired: Vec<(std::sync::Arc<str>, u64)> = view
         .registry
         .iter()
         .filter(|(_, e)| e.config.ttl_secs.is_some() || e.config.expires_at_ms.is_some())

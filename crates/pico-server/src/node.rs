@@ -1013,11 +1013,14 @@ impl Node {
         let limit = req.limit.max(1);
         let mut streams = Vec::new();
         let mut has_more = false;
-        let lower = match &after {
-            Some(a) if a.as_str() >= prefix => std::ops::Bound::Excluded(a.clone()),
-            _ => std::ops::Bound::Included(prefix.to_string()),
+        let lower: std::ops::Bound<&str> = match &after {
+            Some(a) if a.as_str() >= prefix => std::ops::Bound::Excluded(a.as_str()),
+            _ => std::ops::Bound::Included(prefix),
         };
-        for (name, entry) in view.registry.range((lower, std::ops::Bound::Unbounded)) {
+        for (name, entry) in view
+            .registry
+            .range::<_, str>((lower, std::ops::Bound::Unbounded))
+        {
             if !name.starts_with(prefix) {
                 break;
             }

@@ -305,7 +305,7 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                 Command::ForkStream {
                     name: name.clone(),
                     origin: ForkOrigin {
-                        source: m.name.clone(),
+                        source: m.name.to_string(),
                         source_stream_id: id,
                         offset: at,
                         sub_offset: 0,
@@ -321,7 +321,7 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                 }
             }),
             Step::Delete(idx) => pick(*idx).map(|id| Command::DeleteStream {
-                name: s.streams[&id].name.clone(),
+                name: s.streams[&id].name.to_string(),
                 stream_id: id,
             }),
             Step::Forget(idx) => {
