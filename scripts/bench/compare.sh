@@ -83,11 +83,12 @@ if [ -n "${PICO_BIN:-}" ]; then
   PICO=$PICO_BIN
 else
   log "building the release binary (cargo build --release -p pico-cli)"
-  (cd "$ROOT" && cargo build --release -p pico-cli --example hello_hyper --example sse_floor --bin pico) >&2
+  (cd "$ROOT" && cargo build --release -p pico-cli --example hello_hyper --example sse_floor --example nats_bench --bin pico) >&2
   PICO=$ROOT/target/release/pico
 fi
 HELLO=$(dirname "$PICO")/examples/hello_hyper
 SSE_FLOOR=$(dirname "$PICO")/examples/sse_floor
+NATS_BENCH=$(dirname "$PICO")/examples/nats_bench
 [ -x "$PICO" ] || { echo "no pico binary at $PICO" >&2; exit 1; }
 # jq reads every report; Debian images do not always carry it.
 if ! command -v jq >/dev/null; then
@@ -508,6 +509,24 @@ section_nats() {
     timeout $((RUN_SECS + 120)) "$WORK/venv/bin/python" "$ROOT/scripts/bench/nats_bench.py" --url "$SRV_URL" \
       --in-flight 1 --size 100 --duration "$(secs "$DUR")" --warmup "$(secs "$WARM")" >"$f" || echo '{}' >"$f"
     add_row "acked publish latency p50, 1 in flight" "$sys" "nats-py" "$(j .write_latency.p50_ms "$f")" "ms" lower "p99 $(j .write_latency.p99_ms "$f") ms; $note"
+    # The same publishes from a Rust client (examples/nats_bench.rs): nats-py spends a core of
+    # its own at these rates, so the client, not the server, could set the rows above.
+    if [ -x "$NATS_BENCH" ]; then
+      local n
+      for n in 64 1; do
+        log "nats_bench (async-nats) --in-flight $n against $sys"
+        f=$RUN/$sys-rs-$n.json
+        timeout $((RUN_SECS + 120)) "$NATS_BENCH" --url "$SRV_URL" --stream BENCHRS \
+          --in-flight $n --size 100 --duration "$(secs "$DUR")" --warmup "$(secs "$WARM")" >"$f" 2>"$f.err" || echo '{}' >"$f"
+        if [ $n = 64 ]; then
+          add_row "acked publish, 100 B, 64 in flight" "$sys" "async-nats" "$(j .write.records_per_sec "$f")" "msgs/s" higher "p50 $(j .write_latency.p50_ms "$f") ms, p99 $(j .write_latency.p99_ms "$f") ms; errors $(j .write.errors "$f"); client CPU $(j2 .client_cpu_secs "$f") s of $(secs "$DUR") s"
+        else
+          add_row "acked publish latency p50, 1 in flight" "$sys" "async-nats" "$(j .write_latency.p50_ms "$f")" "ms" lower "p99 $(j .write_latency.p99_ms "$f") ms; $note"
+        fi
+      done
+    else
+      log "no $NATS_BENCH: the async-nats rows are left out"
+    fi
     stop_server
   done
 }
@@ -677,8 +696,12 @@ for label, wl in (("HTTP/1.1", "SSE delivery p99 (append→event), 1000 subscrib
 for row in by.get("disk: 100 B write + fdatasync at 10/s, right after PicoMQ's SSE rows", []):
     goals.append(("  context (both SSE goals): each event waits for its append's sync; this disk's 100 B write + fdatasync "
                   f"at 10/s, the rows' append rate, right after them: p99 {fmt(num(row[3]), ' ms')}, {row[6].split(';')[0]}", "", "info"))
-r = ratio("acked publish, 100 B, 64 in flight", "nats-js-sync-always", None)
-goals.append(("acked publish >= NATS JetStream with fsync before ack", fmt(r), None if r is None else r >= 1))
+# Judged against the faster of the two NATS clients: the comparison must not rest on a slow client.
+wl = "acked publish, 100 B, 64 in flight"
+nats = [num(r[3]) for r in by.get(wl, []) if r[1] == "nats-js-sync-always" and num(r[3])]
+p = val(wl, "picomq")
+r = p / max(nats) if p and nats else None
+goals.append(("acked publish >= NATS JetStream with fsync before ack (its faster client)", fmt(r), None if r is None else r >= 1))
 v = val("appends over 10k streams (16×4 in flight, 100 records/request)", "picomq")
 goals.append((">= 250k appends/s over 10k streams", fmt(v, " records/s"), None if v is None else v >= 250_000))
 print("Goals of issue 4 (this run):")

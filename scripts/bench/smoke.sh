@@ -10,7 +10,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 export PICO_BIN=$TARGET/debug/pico
-for b in "$PICO_BIN" "$TARGET/debug/examples/sse_floor" "$TARGET/debug/examples/hello_hyper"; do
+for b in "$PICO_BIN" "$TARGET/debug/examples/sse_floor" "$TARGET/debug/examples/hello_hyper" "$TARGET/debug/examples/nats_bench"; do
   [ -x "$b" ] || { echo "smoke: $b is missing; build it first (cargo build -p pico-cli --bin pico --examples)" >&2; exit 1; }
 done
 export BENCH_DURATION=1s BENCH_WARMUP=1s BENCH_IDLE_STREAMS=2000 BENCH_APPEND_RECORDS=20000
@@ -63,6 +63,8 @@ want = [(w, s, t) for w, syss, t in [
     (r"acked publish, 100 B, 64 in flight", ["nats-js-sync-always", "nats-js-sync-default"], "nats-py"),
     (r"acked publish latency p50, 1 in flight", ["picomq"], "pico bench"),
     (r"acked publish latency p50, 1 in flight", ["nats-js-sync-always", "nats-js-sync-default"], "nats-py"),
+    (r"acked publish, 100 B, 64 in flight", ["nats-js-sync-always", "nats-js-sync-default"], "async-nats"),
+    (r"acked publish latency p50, 1 in flight", ["nats-js-sync-always", "nats-js-sync-default"], "async-nats"),
     (r"appends over 10k streams \(16", ["picomq"], "pico bench"),
     (r"appends over 10k streams \(64", ["picomq"], "pico bench"),
     (r"idempotent producer, 1 producer, 1 in flight", ["picomq", "ds-ref-mem"], "pico bench"),
