@@ -119,7 +119,7 @@ ensure_venv() {
 # ---------------------------------------------------------------------------------------------
 # servers
 # ---------------------------------------------------------------------------------------------
-SRV_PID=""; SRV_URL=""; SRV_DIR=""
+SRV_PID=""; SRV_URL=""; SRV_DIR=""; SRV_ADMIN=""
 start_pico() { # name [serve args...]
   local name=$1; shift
   SRV_DIR=$RUN/$name; mkdir -p "$SRV_DIR"
@@ -128,7 +128,7 @@ start_pico() { # name [serve args...]
     --meta-url "sqlite:$SRV_DIR/meta.db" --storage="${BENCH_PICO_STORAGE:--2@file://$SRV_DIR/objects}" "$@" \
     >"$SRV_DIR/server.log" 2>&1 &
   SRV_PID=$!; PIDS+=("$SRV_PID")
-  SRV_URL=http://127.0.0.1:$port
+  SRV_URL=http://127.0.0.1:$port; SRV_ADMIN=$admin
   local i
   for i in $(seq 1 300); do
     curl -fs "http://127.0.0.1:$admin/health" >/dev/null 2>&1 && return 0
@@ -205,6 +205,42 @@ median_of() {
   f=$(for i in "$@"; do echo "$(jq -r "$field // $worst" "$i") $i"; done | sort -g | sed -n "$(( ($# + 1) / 2 ))p" | cut -d' ' -f2-)
   for i in "$@"; do jq -r "$field // \"n/a\" | if type == \"number\" then (. * 1000 | round) / 1000 else . end" "$i"; done | paste -sd/ >"$f.runs"
   echo "$f"
+}
+# wal_note REPORT: scrapes the running PicoMQ server's /metrics into REPORT.metrics and prints
+# "; server: ..." with its WAL group commits and object puts over the server's life so far
+# (the run and its warmup, on a fresh server). Empty if the scrape fails: it is context only.
+wal_note() {
+  local m=${1%.json}.metrics
+  curl -fs --max-time 5 "http://127.0.0.1:$SRV_ADMIN/metrics" >"$m" 2>/dev/null || return 0
+  python3 - "$m" "$RUN_SECS" <<'PY' || true
+import sys
+vals = {}
+for line in open(sys.argv[1]):
+    if line.startswith("#") or " " not in line:
+        continue
+    k, v = line.rsplit(" ", 1)
+    try:
+        vals[k] = float(v)
+    except ValueError:
+        pass
+def g(k):
+    return vals.get(k)
+n = g("pico_wal_commit_seconds_count")
+if not n:
+    sys.exit(0)
+secs = float(sys.argv[2])
+q = lambda name, p: (g(f'{name}{{quantile="{p}"}}') or 0) * 1000
+parts = [f"{n / secs:,.0f} WAL groups/s of {g('pico_wal_group_appends_sum') / n:.1f} requests "
+         f"({g('pico_wal_group_bytes_sum') / n / 1024:,.0f} KiB)"]
+if g("pico_wal_sync_seconds_count"):
+    parts.append(f"write p50 {q('pico_wal_write_seconds', 0.5):.2f} ms, fdatasync p50 "
+                 f"{q('pico_wal_sync_seconds', 0.5):.2f} / p99 {q('pico_wal_sync_seconds', 0.99):.2f} ms")
+puts = g("pico_object_put_seconds_count")
+if puts:
+    parts.append(f"{puts:,.0f} objects put ({g('pico_object_put_bytes_sum') / puts / 1048576:,.1f} MiB avg, "
+                 f"p50 {q('pico_object_put_seconds', 0.5):.1f} ms)")
+print("; server: " + ", ".join(parts) + " (its /metrics, warmup included)", end="")
+PY
 }
 # SSE delivery rows: three runs against the same server, and the report of the run whose
 # end-to-end p99 is the median. A 12-second run's p99 moves with one burst of hypervisor steal
@@ -437,7 +473,8 @@ section_ds() {
     # latency (a durable ack waits for a WAL sync) rather than the server's capacity.
     ds_start $sys batched16
     f=$(bench "$SRV_URL" $proto --connections 16 -n 64 -b 1KiB --streams 1)
-    add_row "batched 1 KiB ingest (16 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")"
+    local srv=""; [ $sys = picomq ] && srv=$(wal_note "$f")
+    add_row "batched 1 KiB ingest (16 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")$srv"
     ds_start $sys sse
     # Same delivery load (~10k events/s) for both: 100 subscribers at ~100 appends/s, 1000 at
     # ~10/s. Client and server share 2 cores, so more would measure the client's backlog.
@@ -467,14 +504,16 @@ section_ds() {
     for sys in picomq ds-ref-mem; do
       ds_start $sys batched8-$round
       notes[$sys]=$note
-      runs[$sys]+="$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1) "
+      f=$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1)
+      [ $sys = picomq ] && wal_note "$f" >"${f%.json}.srv"
+      runs[$sys]+="$f "
     done
   done
   stop_server
   for sys in picomq ds-ref-mem; do
     # shellcheck disable=SC2086 # the three report paths
     f=$(median_of .write.mib_per_sec 0 ${runs[$sys]})
-    add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$(cat "$f.runs") MiB/s in 3 interleaved fresh-server runs, median shown; ${notes[$sys]}; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")"
+    add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$(cat "$f.runs") MiB/s in 3 interleaved fresh-server runs, median shown; ${notes[$sys]}; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")$(cat "${f%.json}.srv" 2>/dev/null || true)"
   done
   ds_start picomq-memory small
   f=$(bench "$SRV_URL" $proto --connections 64 -n 1 -b 100 --streams 1)
@@ -682,6 +721,12 @@ if s192 and after:
 mem = val("batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)", "picomq-memory", "pico bench")
 if ref and mem:
     goals.append(("  context: PicoMQ on memory:// (no disk, not durable) against the same reference row", fmt(mem / ref), "info"))
+# The server's own account of its median 8-connection run (its /metrics): how big each WAL group
+# commit was and how long its fdatasync took while the data objects were written to the same disk.
+for r in by.get("batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)", []):
+    note = (r + [""] * 7)[6]
+    if r[1] == "picomq" and "; server: " in note:
+        goals.append(("  context: PicoMQ's server in its median run: " + note.split("; server: ", 1)[1], "", "info"))
 for label, wl in (("HTTP/1.1", "SSE delivery p99 (append→event), 1000 subscribers, ~10 appends/s"),
                   ("HTTP/2", "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s")):
     v = val(wl, "picomq")

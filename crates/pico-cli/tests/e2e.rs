@@ -463,6 +463,66 @@ fn server_cli_trim_ls_and_json_format() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// One sample's value in Prometheus text (`name` with its labels, exactly as rendered).
+fn prom_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn server_metrics_report_the_wal_and_the_uploads() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &[]);
+    let c = http();
+    let r = c.put(server.url("/metrics/s")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    const APPENDS: usize = 20;
+    for i in 0..APPENDS {
+        let r = c
+            .post(server.url("/metrics/s"))
+            .body(format!("record {i}"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "append {i}: {}", r.status());
+    }
+    // Objects are put on the upload interval (1 s): wait for the first one to be counted.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let (code, text) = admin_get(server.admin, "/metrics").expect("admin listener answers");
+        assert_eq!(code, 200, "{text}");
+        if prom_value(&text, "pico_object_uploads_total").is_some_and(|v| v >= 1.0) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no upload counted in 20 s:\n{text}\n{}",
+            server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let v = |name: &str| {
+        prom_value(&text, name).unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+    };
+    assert_eq!(v("pico_streams"), 1.0);
+    assert!(v("pico_appends_total") >= APPENDS as f64);
+    // Every acknowledged append went through a group commit: a write and an fdatasync each.
+    let commits = v("pico_wal_commits_total");
+    assert!(commits >= 1.0 && commits <= APPENDS as f64, "{commits}");
+    assert_eq!(v("pico_wal_commit_seconds_count"), commits);
+    assert_eq!(v("pico_wal_sync_seconds_count"), commits);
+    assert_eq!(v("pico_wal_group_appends_sum"), v("pico_appends_total"));
+    assert!(v("pico_wal_group_bytes_sum") >= (APPENDS * "record 0".len()) as f64);
+    assert!(v("pico_wal_sync_seconds{quantile=\"0.5\"}") > 0.0);
+    assert!(v("pico_object_put_seconds_count") >= 1.0);
+    assert!(v("pico_object_put_bytes_sum") > 0.0);
+    assert!(
+        text.contains("# TYPE pico_wal_sync_seconds summary"),
+        "{text}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Raw HTTP against each protocol row
 // ---------------------------------------------------------------------------------------------

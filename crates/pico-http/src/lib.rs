@@ -2,14 +2,14 @@
 //!
 //! - [`protocol_router`]: the protocol listener (Pico protocol on stream paths, the Durable
 //!   Streams mount under `/v1/stream`).
-//! - [`admin_router`]: the admin listener (`/health`, `/ready`).
+//! - [`admin_router`]: the admin listener (`/health`, `/ready`, `/metrics`).
 //! - [`pico`]: Pico protocol handlers, one file per request kind.
 //! - [`ds`]: the Durable Streams protocol under `/v1/stream` (and at `/` with `--protocol ds`).
 //! - [`headers`]: strict request-header parsing (TTL, Expires-At, producer triple, integers).
 //! - [`error`]: the one mapping of service errors to status, JSON body and headers.
 //! - [`cors`]: CORS preflight and the headers every response carries.
 //! - [`routing`]: 307 to the owning node for streams open elsewhere.
-//! - [`admin`]: probe handlers.
+//! - [`admin`]: probe handlers and the Prometheus scrape.
 
 pub mod admin;
 pub mod cors;
@@ -54,7 +54,10 @@ pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
     r.layer(from_fn(cors::cors))
 }
 
-/// The admin listener's router.
-pub fn admin_router(node: Node) -> Router {
-    admin::router(node).layer(from_fn(cors::cors))
+/// The admin listener's router; `metrics` is the handle of the process's Prometheus recorder.
+pub fn admin_router(
+    node: Node,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+) -> Router {
+    admin::router(node, metrics).layer(from_fn(cors::cors))
 }

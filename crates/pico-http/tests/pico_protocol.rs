@@ -772,7 +772,11 @@ async fn cors_preflight_and_method_not_allowed() {
 #[tokio::test]
 async fn admin_health_and_ready() {
     let node = start_test_node().await;
-    let admin = admin_router(node);
+    let admin = admin_router(node, None);
+    // No recorder handed over (this test process installs none): a clear 503, not an empty 200.
+    let r = send(&admin, req(Method::GET, "/metrics", &[], Body::empty())).await;
+    assert_eq!(r.status, 503);
+    assert!(r.text().contains("no metrics recorder"), "{}", r.text());
     let r = send(&admin, req(Method::GET, "/health", &[], Body::empty())).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "ok");

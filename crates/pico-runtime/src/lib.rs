@@ -6,6 +6,7 @@
 //! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task.
 //! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY, HTTP/2 stream limit).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
+//! - [`metrics_handle`]: the process's Prometheus recorder, installed once, drained on a timer.
 
 pub mod coalesce;
 pub mod config;
@@ -30,6 +31,46 @@ pub enum RuntimeError {
     Startup(String),
     #[error("listener: {0}")]
     Listen(String),
+}
+
+/// How often the recorder's histogram samples are folded into its summaries. Without it they
+/// pile up between scrapes, so memory would grow with load on a node nobody scrapes.
+const METRICS_UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The process-wide Prometheus recorder behind the admin listener's `/metrics`: installed by the
+/// first node this process runs (several in one test process share it), with a thread that does
+/// its upkeep. `None` if another recorder was installed first (then there is nothing to render).
+pub fn metrics_handle() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
+                Ok(handle) => {
+                    s3stream::telemetry::describe();
+                    let h = handle.clone();
+                    // A plain thread: the recorder outlives any one runtime in the process.
+                    let spawned = std::thread::Builder::new()
+                        .name("pico-metrics-upkeep".into())
+                        .spawn(move || {
+                            loop {
+                                std::thread::sleep(METRICS_UPKEEP);
+                                h.run_upkeep();
+                            }
+                        });
+                    if let Err(e) = spawned {
+                        tracing::warn!(error = %e, "metrics upkeep thread did not start; /metrics is off");
+                        return None;
+                    }
+                    Some(handle)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed; /metrics is off");
+                    None
+                }
+            }
+        })
+        .clone()
 }
 
 /// Checks the settings that must hold before anything is opened.
@@ -133,7 +174,7 @@ pub async fn run(
             .map_err(|e| RuntimeError::Listen(e.to_string()))?;
         servers.push(tokio::spawn(listener::serve(
             admin,
-            pico_http::admin_router(node.clone()),
+            pico_http::admin_router(node.clone(), metrics_handle()),
             listen,
             stop_rx,
         )));

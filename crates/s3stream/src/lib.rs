@@ -9,6 +9,7 @@
 //! - `format`: sans-IO codecs of WAL entries and data objects (framed, versioned, CRC32C).
 //! - `engine`: `Engine` — append with group commit, log cache, uploader into stream-set and
 //!   stream objects committed through the host's `Catalog`, block cache, recovery.
+//! - `telemetry`: metric names and the timings recorded per WAL group and object put.
 //! - `testing`: `MemCatalog`, `FaultWal` and `SlowStorage` test doubles, also for the host's
 //!   tests.
 //!
@@ -20,6 +21,7 @@ pub mod format;
 pub mod parts;
 pub mod segment_wal;
 pub mod storage;
+pub mod telemetry;
 pub mod testing;
 pub mod wal;
 

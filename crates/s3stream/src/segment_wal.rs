@@ -63,6 +63,7 @@ use tokio::sync::Mutex;
 
 use crate::format;
 use crate::storage::write_all_at;
+use crate::telemetry;
 use crate::wal::{Wal, WalError, WalRecord};
 
 /// Default size after which the next append starts a new segment.
@@ -599,8 +600,14 @@ fn append_blocking(
     slices.push(IoSlice::new(&END_MARKER));
     // At `active.len`, not the file's cursor: the end marker after a frame is simply
     // overwritten by the next one.
-    let result =
-        write_all_at(&active.file, &mut slices, active.len).and_then(|()| active.file.sync_data());
+    let t0 = std::time::Instant::now();
+    let result = write_all_at(&active.file, &mut slices, active.len).and_then(|()| {
+        let t1 = std::time::Instant::now();
+        telemetry::seconds(telemetry::WAL_WRITE_SECONDS, t1 - t0);
+        let synced = active.file.sync_data();
+        telemetry::seconds(telemetry::WAL_SYNC_SECONDS, t1.elapsed());
+        synced
+    });
     match result {
         Ok(()) => {
             active.len += (FRAME_HEADER as u64) + u64::from(len);

@@ -31,6 +31,7 @@ use super::{CommitRange, EngineError, ObjectCommit, SLICE_TARGET_BYTES, Shared};
 use crate::format::{self, DATA_HEADER_LEN};
 use crate::parts::{Parts, PartsWriter};
 use crate::storage::StorageError;
+use crate::telemetry;
 use crate::wal::WalRecord;
 
 /// One range of one stream within a planned object, with the generation it was appended in.
@@ -177,6 +178,18 @@ pub(super) fn plan_objects(
 /// PUTs every object not yet written (at most `upload_parallelism` at once), then commits them
 /// in order: recovery, before the pipeline starts. On Err the caller retries later with the
 /// same objects; completed steps are remembered in the objects.
+/// One object's put, its time and (when it succeeds) its size reported to the metrics.
+async fn timed_put(shared: &Shared, key: &str, data: Parts) -> Result<(), StorageError> {
+    let bytes = data.len();
+    let started = Instant::now();
+    let r = shared.data.put_parts(key, data).await;
+    telemetry::seconds(telemetry::OBJECT_PUT_SECONDS, started.elapsed());
+    if r.is_ok() {
+        telemetry::value(telemetry::OBJECT_PUT_BYTES, bytes);
+    }
+    r
+}
+
 pub(super) async fn put_and_commit(
     shared: &Shared,
     objects: &mut [PlannedObject],
@@ -188,7 +201,7 @@ pub(super) async fn put_and_commit(
             .filter(|(_, o)| o.put != PutState::Done && o.outcome.is_none())
             .map(|(i, o)| {
                 let (key, data) = (o.key.clone(), o.data.clone());
-                async move { (i, shared.data.put_parts(&key, data).await) }
+                async move { (i, timed_put(shared, &key, data).await) }
             }),
     )
     .buffer_unordered(shared.cfg.upload_parallelism.max(1))
@@ -465,7 +478,7 @@ impl Pipeline {
                 let data = obj.data.clone();
                 let handle = self
                     .puts
-                    .spawn(async move { shared.data.put_parts(&key, data).await });
+                    .spawn(async move { timed_put(&shared, &key, data).await });
                 self.put_tasks.insert(handle.id(), (c.id, i));
                 obj.put = PutState::InFlight;
             }
