@@ -102,6 +102,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RuntimeError> {
     validate(&config)?;
+    // Before the engine exists, so recovery's WAL reads and first commits are recorded too.
+    let metrics = metrics_handle();
     let node_epoch = config.node_epoch.unwrap_or_else(|| now_ms().max(1) as u64);
     let meta = MetaLog::open(&config.meta_url, MetaLogOptions::default())
         .await
@@ -174,7 +176,7 @@ pub async fn run(
             .map_err(|e| RuntimeError::Listen(e.to_string()))?;
         servers.push(tokio::spawn(listener::serve(
             admin,
-            pico_http::admin_router(node.clone(), metrics_handle()),
+            pico_http::admin_router(node.clone(), metrics),
             listen,
             stop_rx,
         )));
