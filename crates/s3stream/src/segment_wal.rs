@@ -104,6 +104,7 @@ struct State {
     /// Ascending by `first`; the last one is the active segment when `active` is set.
     segments: Vec<Segment>,
     active: Option<Active>,
+    timings: telemetry::WalTimings,
 }
 
 pub struct SegmentWal {
@@ -603,9 +604,9 @@ fn append_blocking(
     let t0 = std::time::Instant::now();
     let result = write_all_at(&active.file, &mut slices, active.len).and_then(|()| {
         let t1 = std::time::Instant::now();
-        telemetry::seconds(telemetry::WAL_WRITE_SECONDS, t1 - t0);
+        st.timings.write.record(t1 - t0);
         let synced = active.file.sync_data();
-        telemetry::seconds(telemetry::WAL_SYNC_SECONDS, t1.elapsed());
+        st.timings.sync.record(t1.elapsed());
         synced
     });
     match result {

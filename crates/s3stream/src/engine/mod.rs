@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use crate::format::FormatError;
 pub use crate::format::StoredBatch;
 use crate::storage::{ObjectStorage, StorageError};
+use crate::telemetry;
 use crate::wal::{Wal, WalError, WalRecord};
 
 use block_cache::BlockCache;
@@ -332,6 +333,8 @@ struct Shared {
     space_total: usize,
     /// Upload now, however little is waiting (flush, backpressure).
     upload_kick: Notify,
+    /// Latency and size distributions for the metrics recorder (`crate::telemetry`).
+    timings: telemetry::EngineTimings,
     /// Unuploaded bytes crossed the threshold: the uploader checks its backlog rules.
     upload_check: Notify,
     progress: watch::Sender<Progress>,
@@ -453,6 +456,7 @@ impl Engine {
             progress: watch::Sender::new(Progress::default()),
             object_counter: AtomicU64::new(next_counter),
             counters: Counters::default(),
+            timings: telemetry::EngineTimings::default(),
         });
 
         let report = recovery::recover(&shared).await?;

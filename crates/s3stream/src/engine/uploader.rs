@@ -31,7 +31,6 @@ use super::{CommitRange, EngineError, ObjectCommit, SLICE_TARGET_BYTES, Shared};
 use crate::format::{self, DATA_HEADER_LEN};
 use crate::parts::{Parts, PartsWriter};
 use crate::storage::StorageError;
-use crate::telemetry;
 use crate::wal::WalRecord;
 
 /// One range of one stream within a planned object, with the generation it was appended in.
@@ -183,9 +182,9 @@ async fn timed_put(shared: &Shared, key: &str, data: Parts) -> Result<(), Storag
     let bytes = data.len();
     let started = Instant::now();
     let r = shared.data.put_parts(key, data).await;
-    telemetry::seconds(telemetry::OBJECT_PUT_SECONDS, started.elapsed());
+    shared.timings.put_seconds.record(started.elapsed());
     if r.is_ok() {
-        telemetry::value(telemetry::OBJECT_PUT_BYTES, bytes);
+        shared.timings.put_bytes.record(bytes as f64);
     }
     r
 }

@@ -16,8 +16,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::telemetry;
-
 use super::{Appended, DurableEntry, EngineError, QueuedRecord, Shared, WriteItem};
 
 /// Attempts per WAL write before the appends in it fail.
@@ -86,17 +84,16 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
 
     if !items.is_empty() {
         let records: Vec<_> = items.iter().map(|i| i.rec.clone()).collect();
-        telemetry::value(telemetry::WAL_GROUP_APPENDS, items.len());
-        telemetry::value(
-            telemetry::WAL_GROUP_BYTES,
-            items.iter().map(item_bytes).sum(),
-        );
+        let t = &shared.timings;
+        t.group_appends.record(items.len() as f64);
+        t.group_bytes
+            .record(items.iter().map(item_bytes).sum::<usize>() as f64);
         let mut result = Err(String::new());
         for attempt in 0..WAL_ATTEMPTS {
             let started = std::time::Instant::now();
             match shared.wal.append(records.clone()).await {
                 Ok(pos) => {
-                    telemetry::seconds(telemetry::WAL_COMMIT_SECONDS, started.elapsed());
+                    t.commit.record(started.elapsed());
                     result = Ok(pos);
                     break;
                 }
