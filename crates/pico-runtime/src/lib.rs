@@ -45,30 +45,30 @@ pub fn metrics_handle() -> Option<metrics_exporter_prometheus::PrometheusHandle>
         std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            match metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder() {
-                Ok(handle) => {
-                    s3stream::telemetry::describe();
-                    let h = handle.clone();
-                    // A plain thread: the recorder outlives any one runtime in the process.
-                    let spawned = std::thread::Builder::new()
-                        .name("pico-metrics-upkeep".into())
-                        .spawn(move || {
-                            loop {
-                                std::thread::sleep(METRICS_UPKEEP);
-                                h.run_upkeep();
-                            }
-                        });
-                    if let Err(e) = spawned {
-                        tracing::warn!(error = %e, "metrics upkeep thread did not start; /metrics is off");
-                        return None;
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // The upkeep thread first: a recorder installed without it would hold every sample
+            // of an unscraped node. A plain thread: the recorder outlives any one runtime.
+            let h = handle.clone();
+            let spawned = std::thread::Builder::new()
+                .name("pico-metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(METRICS_UPKEEP);
+                        h.run_upkeep();
                     }
-                    Some(handle)
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics recorder not installed; /metrics is off");
-                    None
-                }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "metrics upkeep thread did not start; /metrics is off");
+                return None;
             }
+            if let Err(e) = metrics::set_global_recorder(recorder) {
+                // The thread then only tidies an empty recorder every few seconds.
+                tracing::warn!(error = %e, "metrics recorder not installed; /metrics is off");
+                return None;
+            }
+            s3stream::telemetry::describe();
+            Some(handle)
         })
         .clone()
 }

@@ -8,8 +8,8 @@
 
 use metrics::Histogram;
 
-/// One group commit through the `Wal`, from the call to its return (all attempts' time is not
-/// included: only the successful one).
+/// One group commit through the `Wal`, from the call to its return; only successful attempts
+/// are recorded (failures are counted in `EngineStats::wal_write_failures`).
 pub const WAL_COMMIT_SECONDS: &str = "pico_wal_commit_seconds";
 /// Appends (batches, any streams) sharing one group commit.
 pub const WAL_GROUP_APPENDS: &str = "pico_wal_group_appends";

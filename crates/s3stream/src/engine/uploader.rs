@@ -174,9 +174,6 @@ pub(super) fn plan_objects(
     Ok(objects)
 }
 
-/// PUTs every object not yet written (at most `upload_parallelism` at once), then commits them
-/// in order: recovery, before the pipeline starts. On Err the caller retries later with the
-/// same objects; completed steps are remembered in the objects.
 /// One object's put, its time and (when it succeeds) its size reported to the metrics.
 async fn timed_put(shared: &Shared, key: &str, data: Parts) -> Result<(), StorageError> {
     let bytes = data.len();
@@ -189,6 +186,9 @@ async fn timed_put(shared: &Shared, key: &str, data: Parts) -> Result<(), Storag
     r
 }
 
+/// PUTs every object not yet written (at most `upload_parallelism` at once), then commits them
+/// in order: recovery, before the pipeline starts. On Err the caller retries later with the
+/// same objects; completed steps are remembered in the objects.
 pub(super) async fn put_and_commit(
     shared: &Shared,
     objects: &mut [PlannedObject],
