@@ -523,6 +523,111 @@ async fn server_metrics_report_the_wal_and_the_uploads() {
     );
 }
 
+/// Polls `/metrics` until `name` reads `want`; panics with the page after 20 s.
+async fn await_metric(server: &Server, name: &str, want: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, text) = admin_get(server.admin, "/metrics").expect("admin listener answers");
+        assert_eq!(code, 200, "{text}");
+        if prom_value(&text, name) == Some(want) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never read {want}:\n{text}\n{}",
+            server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn server_metrics_count_requests_and_open_sse_streams() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &["--long-poll-timeout-sec", "20"]);
+    let c = http();
+    let s = server.url("/v1/stream/m/s");
+    let r = c
+        .put(&s)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for i in 0..5 {
+        let r = c
+            .post(&s)
+            .header("content-type", "text/plain")
+            .body(format!("r{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "append {i}: {}", r.status());
+    }
+    let r = c.get(server.url("/v1/stream/m/none")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+
+    let text = await_metric(&server, "pico_http_sse_streams{protocol=\"ds\"}", 0.0).await;
+    let v = |name: &str| prom_value(&text, name).unwrap_or_else(|| panic!("{name}:\n{text}"));
+    assert_eq!(
+        v(r#"pico_http_requests_total{method="PUT",status="2xx"}"#),
+        1.0
+    );
+    assert_eq!(
+        v(r#"pico_http_requests_total{method="POST",status="2xx"}"#),
+        5.0
+    );
+    assert_eq!(
+        v(r#"pico_http_requests_total{method="GET",status="4xx"}"#),
+        1.0
+    );
+    assert_eq!(v("pico_http_requests_in_flight"), 0.0);
+
+    // An open SSE response is counted until the client goes away.
+    let mut sse = c
+        .get(format!("{s}?offset=-1&live=sse"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), StatusCode::OK);
+    let first = sse.chunk().await.unwrap().expect("the first events");
+    assert!(
+        String::from_utf8_lossy(&first).contains("event:"),
+        "{first:?}"
+    );
+    await_metric(&server, "pico_http_sse_streams{protocol=\"ds\"}", 1.0).await;
+    drop(sse);
+    await_metric(&server, "pico_http_sse_streams{protocol=\"ds\"}", 0.0).await;
+
+    // A long-poll at the tail is in flight until an append answers it.
+    let head = c.head(&s).send().await.unwrap();
+    let tail = header(&head, "stream-next-offset").unwrap().to_string();
+    let poll = tokio::spawn({
+        let c = c.clone();
+        let url = format!("{s}?offset={tail}&live=long-poll");
+        async move { c.get(url).send().await.map(|r| r.status()) }
+    });
+    await_metric(&server, "pico_http_requests_in_flight", 1.0).await;
+    let r = c
+        .post(&s)
+        .header("content-type", "text/plain")
+        .body("wake")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    assert_eq!(poll.await.unwrap().unwrap(), StatusCode::OK);
+    let text = await_metric(&server, "pico_http_requests_in_flight", 0.0).await;
+    assert_eq!(
+        prom_value(
+            &text,
+            r#"pico_http_requests_total{method="GET",status="2xx"}"#
+        ),
+        Some(2.0),
+        "the SSE response and the long-poll:\n{text}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Raw HTTP against each protocol row
 // ---------------------------------------------------------------------------------------------

@@ -1,11 +1,16 @@
 //! Permissive CORS and browser-safety headers on every response (errors included), and the
-//! answer to every `OPTIONS` preflight (204) before routing.
+//! answer to every `OPTIONS` preflight (204) before routing. Being the outermost layer, it also
+//! counts each request for `/metrics` (one layer per request, not two).
 
-use axum::extract::Request;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use pico_protocol::headers::{ALL_DS_HEADERS, ALL_PICO_HEADERS};
+
+use crate::telemetry::HttpMetrics;
 
 const ALLOW_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS";
 const PREFLIGHT_MAX_AGE_SECS: &str = "86400";
@@ -47,8 +52,22 @@ fn add_common(headers: &mut HeaderMap) {
     );
 }
 
-/// The middleware: `axum::middleware::from_fn(cors)`.
-pub async fn cors(req: Request, next: Next) -> Response {
+/// The middleware: `axum::middleware::from_fn_with_state(metrics, cors)`; `None` counts nothing
+/// (the admin listener).
+pub async fn cors(
+    State(metrics): State<Option<Arc<HttpMetrics>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let flight = metrics.as_deref().map(|m| m.start(req.method()));
+    let resp = answer(req, next).await;
+    if let Some(f) = flight {
+        f.finish(resp.status());
+    }
+    resp
+}
+
+async fn answer(req: Request, next: Next) -> Response {
     if req.method() == Method::OPTIONS {
         let mut resp = StatusCode::NO_CONTENT.into_response();
         let h = resp.headers_mut();

@@ -10,6 +10,7 @@
 //! - [`cors`]: CORS preflight and the headers every response carries.
 //! - [`routing`]: 307 to the owning node for streams open elsewhere.
 //! - [`admin`]: probe handlers and the Prometheus scrape.
+//! - [`telemetry`]: the listener's request and SSE figures on `/metrics`.
 
 pub mod admin;
 pub mod cors;
@@ -18,9 +19,12 @@ pub mod error;
 pub mod headers;
 pub mod pico;
 pub mod routing;
+pub mod telemetry;
+
+use std::sync::Arc;
 
 use axum::Router;
-use axum::middleware::{from_fn, from_fn_with_state};
+use axum::middleware::from_fn_with_state;
 use pico_server::Node;
 
 pub use error::HttpError;
@@ -35,7 +39,8 @@ pub struct HttpOptions {
     pub ds_at_root: bool,
 }
 
-/// The protocol listener's router.
+/// The protocol listener's router. Its request counters are taken from the metrics recorder
+/// installed when it is built.
 pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
     let HttpOptions {
         routing_local,
@@ -51,7 +56,8 @@ pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
             routing::redirect_to_owner,
         ));
     }
-    r.layer(from_fn(cors::cors))
+    let metrics = Some(Arc::new(telemetry::HttpMetrics::new()));
+    r.layer(from_fn_with_state(metrics, cors::cors))
 }
 
 /// The admin listener's router; `metrics` is the handle of the process's Prometheus recorder.
@@ -59,5 +65,5 @@ pub fn admin_router(
     node: Node,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 ) -> Router {
-    admin::router(node, metrics).layer(from_fn(cors::cors))
+    admin::router(node, metrics).layer(from_fn_with_state(None, cors::cors))
 }

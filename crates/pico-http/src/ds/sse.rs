@@ -29,6 +29,8 @@ use pico_server::{ReadOutcome, is_json};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, Sleep};
 
+use crate::telemetry::SseOpen;
+
 use super::error::DsError;
 use super::headers::ReadQuery;
 use super::hub::{Follow, Frame, Render, Subscription};
@@ -137,6 +139,8 @@ struct SseState {
     keepalive_waker: Option<Waker>,
     /// Frames ready to send; at most two per step, so bounded.
     pending: VecDeque<Bytes>,
+    /// Counts this response in `pico_http_sse_streams` until the body is dropped.
+    _open: SseOpen,
 }
 
 impl SseState {
@@ -320,6 +324,7 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
         keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
         keepalive_waker: None,
         pending: VecDeque::new(),
+        _open: SseOpen::new("ds"),
     };
     st.absorb(&first, true);
     let stream = futures::stream::unfold(st, |mut st| async move {

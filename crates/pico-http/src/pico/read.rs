@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use super::{Params, no_store, set, set_true, stream_name, text_value};
 use crate::error::HttpError;
 use crate::headers::{Live, header_str};
+use crate::telemetry::SseOpen;
 
 const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
 const SPURIOUS_WAKE_BACKOFF: Duration = Duration::from_millis(50);
@@ -306,6 +307,7 @@ fn sse(node: Node, name: StreamName, q: ReadQuery, first: ReadOutcome) -> Respon
         pending: VecDeque::new(),
         next: 0,
         done: false,
+        _open: SseOpen::new("pico"),
     };
     let caught_up = st.absorb(first, true);
     let mut resp = Sse::new(sse_events(st, caught_up))
@@ -329,6 +331,8 @@ struct SseState {
     pending: VecDeque<Event>,
     next: u64,
     done: bool,
+    /// Counts this response in `pico_http_sse_streams` until the body is dropped.
+    _open: SseOpen,
 }
 
 fn control(next_seq: u64, up_to_date: bool, closed: bool) -> Event {
