@@ -2,9 +2,9 @@
 //! class), requests in flight (long-polls waiting included) and open SSE responses.
 //!
 //! The request counters are handles taken once, when the router is built (`pico serve`
-//! installs its recorder before that), so a request costs three atomic updates (the in-flight gauge up
-//! and down, one counter), never a registry lookup. Labels are bounded: seven methods times five classes, whatever
-//! clients send.
+//! installs its recorder before that), so a request costs three atomic updates (the in-flight
+//! gauge up and down, one counter), never a registry lookup. Labels are bounded: seven methods
+//! times five classes, whatever clients send.
 
 use axum::http::{Method, StatusCode};
 use metrics::{Counter, Gauge};
