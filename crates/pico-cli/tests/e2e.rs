@@ -626,6 +626,17 @@ async fn server_metrics_count_requests_and_open_sse_streams() {
         Some(2.0),
         "the SSE response and the long-poll:\n{text}"
     );
+    // Timed: the appends and the 404; not the two live reads, whose answers wait by design.
+    assert_eq!(
+        prom_value(&text, r#"pico_http_request_seconds_count{method="POST"}"#),
+        Some(6.0),
+        "{text}"
+    );
+    assert_eq!(
+        prom_value(&text, r#"pico_http_request_seconds_count{method="GET"}"#),
+        Some(1.0),
+        "{text}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ pub async fn cors(
     req: Request,
     next: Next,
 ) -> Response {
-    let flight = metrics.as_deref().map(|m| m.start(req.method()));
+    let flight = metrics.as_deref().map(|m| m.start(req.method(), req.uri()));
     let resp = answer(req, next).await;
     if let Some(f) = flight {
         f.finish(resp.status());

@@ -1,13 +1,15 @@
 //! The protocol listener's own figures on `/metrics`: requests answered (by method and status
-//! class), requests in flight (long-polls waiting included) and open SSE responses.
+//! class), how long they took to answer (live reads excepted), requests in flight (long-polls
+//! waiting included) and open SSE responses.
 //!
-//! The request counters are handles taken once, when the router is built (`pico serve`
-//! installs its recorder before that), so a request costs three atomic updates (the in-flight
-//! gauge up and down, one counter), never a registry lookup. Labels are bounded: seven methods
-//! times five classes, whatever clients send.
+//! The handles are taken once, when the router is built (`pico serve` installs its recorder
+//! before that), so a request costs a few atomic updates and two clock reads, never a registry
+//! lookup. Labels are bounded: seven methods times five classes, whatever clients send.
 
-use axum::http::{Method, StatusCode};
-use metrics::{Counter, Gauge};
+use std::time::Instant;
+
+use axum::http::{Method, StatusCode, Uri};
+use metrics::{Counter, Gauge, Histogram};
 
 const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "other"];
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -17,6 +19,8 @@ const SSE_PROTOCOLS: [&str; 2] = ["ds", "pico"];
 pub struct HttpMetrics {
     /// `[method][class]`, indexed as [`METHODS`] and [`CLASSES`].
     requests: [[Counter; CLASSES.len()]; METHODS.len()],
+    /// Seconds to the response's headers, by method.
+    latency: [Histogram; METHODS.len()],
     in_flight: Gauge,
 }
 
@@ -39,17 +43,23 @@ impl HttpMetrics {
                     |c| metrics::counter!("pico_http_requests_total", "method" => m, "status" => c),
                 )
             }),
+            latency: METHODS
+                .map(|m| metrics::histogram!("pico_http_request_seconds", "method" => m)),
             in_flight: metrics::gauge!("pico_http_requests_in_flight"),
         }
     }
 
     /// Marks a request as in flight until the returned guard is finished or dropped (a client
     /// that goes away mid-request is no longer in flight, and is not counted as answered).
-    pub fn start(&self, method: &Method) -> InFlight<'_> {
+    /// A live read (`live=` in the query: long-poll or SSE) is not timed: its answer waits for
+    /// data by design and would hide the latency of everything else.
+    pub fn start(&self, method: &Method, uri: &Uri) -> InFlight<'_> {
         self.in_flight.increment(1.0);
+        let live = uri.query().is_some_and(|q| q.contains("live="));
         InFlight {
             m: self,
             method: method_index(method),
+            started: (!live).then(Instant::now),
         }
     }
 }
@@ -85,13 +95,18 @@ fn class_index(s: StatusCode) -> Option<usize> {
 pub struct InFlight<'a> {
     m: &'a HttpMetrics,
     method: usize,
+    /// `None` for live reads, which are counted but not timed.
+    started: Option<Instant>,
 }
 
 impl InFlight<'_> {
-    /// The response's headers are ready: count it under its status class.
+    /// The response's headers are ready: count it under its status class, and time it.
     pub fn finish(self, status: StatusCode) {
         if let Some(c) = class_index(status) {
             self.m.requests[self.method][c].increment(1);
+        }
+        if let Some(t0) = self.started {
+            self.m.latency[self.method].record(t0.elapsed().as_secs_f64());
         }
     }
 }
@@ -154,8 +169,10 @@ mod tests {
             text.contains(r#"pico_http_sse_streams{protocol="pico"} 0"#),
             "{text}"
         );
-        let answered = m.start(&Method::POST);
-        let abandoned = m.start(&Method::GET);
+        let plain: Uri = "/s".parse().unwrap();
+        let live: Uri = "/s?offset=-1&live=sse".parse().unwrap();
+        let answered = m.start(&Method::POST, &plain);
+        let abandoned = m.start(&Method::GET, &plain);
         let text = handle.render();
         assert!(text.contains("pico_http_requests_in_flight 2"), "{text}");
         answered.finish(StatusCode::NO_CONTENT);
@@ -169,6 +186,20 @@ mod tests {
         assert!(
             text.contains(r#"pico_http_requests_total{method="GET",status="2xx"} 0"#),
             "{text}"
+        );
+        assert!(
+            text.contains(r#"pico_http_request_seconds_count{method="POST"} 1"#),
+            "{text}"
+        );
+        m.start(&Method::GET, &live).finish(StatusCode::OK);
+        let text = handle.render();
+        assert!(
+            text.contains(r#"pico_http_requests_total{method="GET",status="2xx"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"pico_http_request_seconds_count{method="GET"} 1"#),
+            "a live read is not timed:\n{text}"
         );
         let sse = metrics::with_local_recorder(&rec, || SseOpen::new("ds"));
         let text = handle.render();
