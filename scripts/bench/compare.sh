@@ -239,6 +239,12 @@ puts = g("pico_object_put_seconds_count")
 if puts:
     parts.append(f"{puts:,.0f} objects put ({g('pico_object_put_bytes_sum') / puts / 1048576:,.1f} MiB avg, "
                  f"p50 {q('pico_object_put_seconds', 0.5):.1f} ms)")
+# The server's own time to answer each append (body read and durability wait included): the
+# rest of what the client sees is the client, the loopback and the scheduler.
+post = 'pico_http_request_seconds{method="POST",quantile="%s"}'
+if g(post % 0.5) is not None:
+    parts.append(f"appends answered in p50 {g(post % 0.5) * 1000:.2f} / p99 {g(post % 0.99) * 1000:.2f} ms "
+                 "inside the server")
 print("; server: " + ", ".join(parts) + " (its /metrics, warmup included)", end="")
 PY
 }
