@@ -51,11 +51,11 @@ impl HttpMetrics {
 
     /// Marks a request as in flight until the returned guard is finished or dropped (a client
     /// that goes away mid-request is no longer in flight, and is not counted as answered).
-    /// A live read (`live=` in the query: long-poll or SSE) is not timed: its answer waits for
+    /// A live read (`live=long-poll` or `live=sse`) is not timed: its answer waits for
     /// data by design and would hide the latency of everything else.
     pub fn start(&self, method: &Method, uri: &Uri) -> InFlight<'_> {
         self.in_flight.increment(1.0);
-        let live = uri.query().is_some_and(|q| q.contains("live="));
+        let live = uri.query().is_some_and(is_live);
         InFlight {
             m: self,
             method: method_index(method),
@@ -68,6 +68,14 @@ impl Default for HttpMetrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// `live=long-poll` or `live=sse` among the query's parameters (the two values both protocols
+/// accept; anything else is a 400 answered at once, which is timed).
+fn is_live(query: &str) -> bool {
+    query
+        .split('&')
+        .any(|p| p == "live=long-poll" || p == "live=sse")
 }
 
 fn method_index(m: &Method) -> usize {
@@ -157,6 +165,10 @@ mod tests {
         assert_eq!(CLASSES[class_index(StatusCode::CONFLICT).unwrap()], "4xx");
         assert_eq!(METHODS[method_index(&Method::DELETE)], "DELETE");
         assert_eq!(METHODS[method_index(&Method::PATCH)], "other");
+        assert!(is_live("offset=-1&live=sse"));
+        assert!(is_live("live=long-poll&offset=5"));
+        assert!(!is_live("offset=5"));
+        assert!(!is_live("olive=sse&live=bogus"));
     }
 
     #[test]
