@@ -207,8 +207,9 @@ median_of() {
   echo "$f"
 }
 # wal_note REPORT: scrapes the running PicoMQ server's /metrics into REPORT.metrics and prints
-# "; server: ..." with its WAL group commits and object puts over the server's life so far
-# (the run and its warmup, on a fresh server). Empty if the scrape fails: it is context only.
+# "; server: ..." with its WAL group commits, object puts and the appends' time inside the
+# server, over the server's life so far (the run and its warmup, on a fresh server; quantiles
+# over its last 40-60 s, so the whole of a default run). Empty if the scrape fails: context only.
 wal_note() {
   local m=${1%.json}.metrics
   curl -fs --max-time 5 "http://127.0.0.1:$SRV_ADMIN/metrics" >"$m" 2>/dev/null || return 0
@@ -242,9 +243,9 @@ if puts:
 # The server's own time to answer each append (body read and durability wait included): the
 # rest of what the client sees is the client, the loopback and the scheduler.
 post = 'pico_http_request_seconds{method="POST",quantile="%s"}'
-if g(post % 0.5) is not None:
-    parts.append(f"appends answered in p50 {g(post % 0.5) * 1000:.2f} / p99 {g(post % 0.99) * 1000:.2f} ms "
-                 "inside the server")
+p50, p99 = g(post % 0.5), g(post % 0.99)
+if p50 is not None and p99 is not None:
+    parts.append(f"appends answered in p50 {p50 * 1000:.2f} / p99 {p99 * 1000:.2f} ms inside the server")
 print("; server: " + ", ".join(parts) + " (its /metrics, warmup included)", end="")
 PY
 }
@@ -744,7 +745,7 @@ for label, wl in (("HTTP/1.1", "SSE delivery p99 (append→event), 1000 subscrib
                       fmt(f, " ms"), "info"))
     # An event goes out once its append is durable, so the appends' own acks bound it from below.
     for r in by.get(wl, []):
-        m = re.search(r"acks p99 ([0-9./]+) ms", (r + [""] * 7)[6])
+        m = re.search(r"acks p99 (\S+) ms", (r + [""] * 7)[6])
         if r[1] == "picomq" and m:
             goals.append((f"  context: the same runs' appends were acknowledged (durable) at p99 {m.group(1)} ms; "
                           "events go out only once their append is durable, which is what these acks wait for", "", "info"))

@@ -59,10 +59,10 @@ pub async fn cors(
     req: Request,
     next: Next,
 ) -> Response {
-    let flight = metrics.as_deref().map(|m| m.start(req.method(), req.uri()));
+    let flight = metrics.as_deref().map(|m| m.start(req.method()));
     let resp = answer(req, next).await;
     if let Some(f) = flight {
-        f.finish(resp.status());
+        f.finish(&resp);
     }
     resp
 }

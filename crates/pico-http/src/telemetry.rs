@@ -1,5 +1,5 @@
 //! The protocol listener's own figures on `/metrics`: requests answered (by method and status
-//! class), how long they took to answer (live reads excepted), requests in flight (long-polls
+//! class), how long they took to answer (live reads excepted, see [`LiveRead`]), requests in flight (long-polls
 //! waiting included) and open SSE responses.
 //!
 //! The handles are taken once, when the router is built (`pico serve` installs its recorder
@@ -8,7 +8,8 @@
 
 use std::time::Instant;
 
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{Method, StatusCode};
+use axum::response::Response;
 use metrics::{Counter, Gauge, Histogram};
 
 const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "other"];
@@ -51,15 +52,12 @@ impl HttpMetrics {
 
     /// Marks a request as in flight until the returned guard is finished or dropped (a client
     /// that goes away mid-request is no longer in flight, and is not counted as answered).
-    /// A live read (`live=long-poll` or `live=sse`) is not timed: its answer waits for
-    /// data by design and would hide the latency of everything else.
-    pub fn start(&self, method: &Method, uri: &Uri) -> InFlight<'_> {
+    pub fn start(&self, method: &Method) -> InFlight<'_> {
         self.in_flight.increment(1.0);
-        let live = uri.query().is_some_and(is_live);
         InFlight {
             m: self,
             method: method_index(method),
-            started: (!live).then(Instant::now),
+            started: Instant::now(),
         }
     }
 }
@@ -70,12 +68,16 @@ impl Default for HttpMetrics {
     }
 }
 
-/// `live=long-poll` or `live=sse` among the query's parameters (the two values both protocols
-/// accept; anything else is a 400 answered at once, which is timed).
-fn is_live(query: &str) -> bool {
-    query
-        .split('&')
-        .any(|p| p == "live=long-poll" || p == "live=sse")
+/// Marks a response as a live read's (long-poll or SSE): counted, but not timed, as its answer
+/// waits for data by design and would hide the latency of everything else. Set by the
+/// handlers, which alone know (a query's `live=` may be percent-encoded, repeated or invalid).
+#[derive(Debug, Clone, Copy)]
+pub struct LiveRead;
+
+/// Tags `resp` as a [`LiveRead`].
+pub fn live_read(mut resp: Response) -> Response {
+    resp.extensions_mut().insert(LiveRead);
+    resp
 }
 
 fn method_index(m: &Method) -> usize {
@@ -103,18 +105,19 @@ fn class_index(s: StatusCode) -> Option<usize> {
 pub struct InFlight<'a> {
     m: &'a HttpMetrics,
     method: usize,
-    /// `None` for live reads, which are counted but not timed.
-    started: Option<Instant>,
+    started: Instant,
 }
 
 impl InFlight<'_> {
-    /// The response's headers are ready: count it under its status class, and time it.
-    pub fn finish(self, status: StatusCode) {
-        if let Some(c) = class_index(status) {
+    /// The response's headers are ready: count it under its status class, and time it unless
+    /// it is a [`LiveRead`].
+    pub fn finish(self, resp: &Response) {
+        if let Some(c) = class_index(resp.status()) {
             self.m.requests[self.method][c].increment(1);
         }
-        if let Some(t0) = self.started {
-            self.m.latency[self.method].record(t0.elapsed().as_secs_f64());
+        if resp.extensions().get::<LiveRead>().is_none() {
+            let secs = self.started.elapsed().as_secs_f64();
+            self.m.latency[self.method].record(secs);
         }
     }
 }
@@ -153,6 +156,7 @@ impl std::fmt::Debug for SseOpen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::response::IntoResponse;
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     #[test]
@@ -165,10 +169,6 @@ mod tests {
         assert_eq!(CLASSES[class_index(StatusCode::CONFLICT).unwrap()], "4xx");
         assert_eq!(METHODS[method_index(&Method::DELETE)], "DELETE");
         assert_eq!(METHODS[method_index(&Method::PATCH)], "other");
-        assert!(is_live("offset=-1&live=sse"));
-        assert!(is_live("live=long-poll&offset=5"));
-        assert!(!is_live("offset=5"));
-        assert!(!is_live("olive=sse&live=bogus"));
     }
 
     #[test]
@@ -181,13 +181,11 @@ mod tests {
             text.contains(r#"pico_http_sse_streams{protocol="pico"} 0"#),
             "{text}"
         );
-        let plain: Uri = "/s".parse().unwrap();
-        let live: Uri = "/s?offset=-1&live=sse".parse().unwrap();
-        let answered = m.start(&Method::POST, &plain);
-        let abandoned = m.start(&Method::GET, &plain);
+        let answered = m.start(&Method::POST);
+        let abandoned = m.start(&Method::GET);
         let text = handle.render();
         assert!(text.contains("pico_http_requests_in_flight 2"), "{text}");
-        answered.finish(StatusCode::NO_CONTENT);
+        answered.finish(&StatusCode::NO_CONTENT.into_response());
         drop(abandoned);
         let text = handle.render();
         assert!(text.contains("pico_http_requests_in_flight 0"), "{text}");
@@ -203,7 +201,8 @@ mod tests {
             text.contains(r#"pico_http_request_seconds_count{method="POST"} 1"#),
             "{text}"
         );
-        m.start(&Method::GET, &live).finish(StatusCode::OK);
+        m.start(&Method::GET)
+            .finish(&live_read(StatusCode::OK.into_response()));
         let text = handle.render();
         assert!(
             text.contains(r#"pico_http_requests_total{method="GET",status="2xx"} 1"#),

@@ -36,13 +36,14 @@ pub enum RuntimeError {
 /// How often the recorder's histogram samples are folded into its summaries. Without it they
 /// pile up between scrapes, so memory would grow with load on a node nobody scrapes.
 ///
-/// Short, because the exporter loses samples at one moment: a summary with no live window (at
-/// start, or after a minute without samples) opens one at the first sample it is handed, and
-/// a fold hands over the newest block of 64 samples first, so every older sample of that fold
-/// is dropped from the quantiles (still counted in `_count` and `_sum`). At 5 s, a node's first
-/// five seconds of traffic, and those after each idle minute, were all but missing from its
-/// quantiles; at 100 ms at most the first tenth of a second is. A fold with nothing to do is a
-/// pointer swap per histogram.
+/// Short, because the exporter loses samples at some moments: a summary with no live window (at
+/// start, or 40–60 s after its last sample) opens one at the first sample it is handed, and a
+/// fold hands over the newest block of 64 samples first, so every older sample of that fold is
+/// dropped from the quantiles (still counted in `_count` and `_sum`); after 20 s idle, a fold
+/// that spans the start of a new 20 s window likewise drops its samples from before it. At 5 s,
+/// a node's first seconds of traffic, and those after each idle spell, were all but missing
+/// from its quantiles; at 100 ms at most a tenth of a second is. A fold costs a lock and a few
+/// small allocations per histogram, ten times a second.
 const METRICS_UPKEEP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The process-wide Prometheus recorder behind the admin listener's `/metrics`: installed by the
@@ -71,7 +72,7 @@ pub fn metrics_handle() -> Option<metrics_exporter_prometheus::PrometheusHandle>
                 return None;
             }
             if let Err(e) = metrics::set_global_recorder(recorder) {
-                // The thread then only tidies an empty recorder every few seconds.
+                // The thread then only tidies an empty recorder.
                 tracing::warn!(error = %e, "metrics recorder not installed; /metrics is off");
                 return None;
             }

@@ -21,6 +21,7 @@ use super::{Ds, content_type_value, set, set_offset, set_true};
 use crate::headers::{Live, format_rfc3339_ms, header_str};
 use crate::pico::no_store;
 use crate::pico::read::if_none_match;
+use crate::telemetry::live_read;
 
 /// Catch-up and long-poll data responses may be cached by CDNs (offsets are immutable).
 pub const CACHE_READ: &str = "public, max-age=60, stale-while-revalidate=300";
@@ -116,8 +117,8 @@ pub async fn get(
     let q = ReadQuery::parse(uri)?;
     match q.live {
         Live::CatchUp => catch_up(ds, &name, &q, headers).await,
-        Live::LongPoll => long_poll(ds, &name, &q).await,
-        Live::Sse => super::sse::sse(ds, name, &q).await,
+        Live::LongPoll => long_poll(ds, &name, &q).await.map(live_read),
+        Live::Sse => super::sse::sse(ds, name, &q).await.map(live_read),
     }
 }
 

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::{Params, no_store, set, set_true, stream_name, text_value};
 use crate::error::HttpError;
 use crate::headers::{Live, header_str};
-use crate::telemetry::SseOpen;
+use crate::telemetry::{SseOpen, live_read};
 
 const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
 const SPURIOUS_WAKE_BACKOFF: Duration = Duration::from_millis(50);
@@ -102,7 +102,7 @@ pub async fn read(
     let q = ReadQuery::parse(&Params::parse(&uri)?)?;
     match q.live {
         Live::CatchUp => catch_up(&node, &name, &q, &headers).await,
-        Live::LongPoll => long_poll(&node, &name, &q).await,
+        Live::LongPoll => long_poll(&node, &name, &q).await.map(live_read),
         Live::Sse => {
             let from = match header_str(&headers, h::LAST_EVENT_ID)? {
                 Some(id) => Some(ReadFrom::Offset(
@@ -114,7 +114,7 @@ pub async fn read(
             };
             // Surface a missing stream or a bad offset as a plain error, not an SSE event.
             let first = read_once(&node, &name, from, q.count, q.bytes).await?;
-            Ok(sse(node, name, q, first))
+            Ok(live_read(sse(node, name, q, first)))
         }
     }
 }
