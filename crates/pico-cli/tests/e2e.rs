@@ -470,6 +470,33 @@ fn prom_value(text: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// Polls `/metrics` until `ready` holds for the page, and returns it; panics with `what`, the
+/// page and the server's log after 20 s.
+async fn await_metrics(server: &Server, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, text) = admin_get(server.admin, "/metrics").expect("admin listener answers");
+        assert_eq!(code, 200, "{text}");
+        if ready(&text) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not in 20 s: {what}\n{text}\n{}",
+            server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `/metrics` until `name` reads `want`.
+async fn await_metric(server: &Server, name: &str, want: f64) -> String {
+    await_metrics(server, &format!("{name} = {want}"), |t| {
+        prom_value(t, name) == Some(want)
+    })
+    .await
+}
+
 #[tokio::test]
 async fn server_metrics_report_the_wal_and_the_uploads() {
     let dir = tempdir();
@@ -488,20 +515,10 @@ async fn server_metrics_report_the_wal_and_the_uploads() {
         assert!(r.status().is_success(), "append {i}: {}", r.status());
     }
     // Objects are put on the upload interval (1 s): wait for the first one to be counted.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let text = loop {
-        let (code, text) = admin_get(server.admin, "/metrics").expect("admin listener answers");
-        assert_eq!(code, 200, "{text}");
-        if prom_value(&text, "pico_object_uploads_total").is_some_and(|v| v >= 1.0) {
-            break text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no upload counted in 20 s:\n{text}\n{}",
-            server.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let text = await_metrics(&server, "an upload counted", |t| {
+        prom_value(t, "pico_object_uploads_total").is_some_and(|v| v >= 1.0)
+    })
+    .await;
     let v = |name: &str| {
         prom_value(&text, name).unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
     };
@@ -521,24 +538,6 @@ async fn server_metrics_report_the_wal_and_the_uploads() {
         text.contains("# TYPE pico_wal_sync_seconds summary"),
         "{text}"
     );
-}
-
-/// Polls `/metrics` until `name` reads `want`; panics with the page after 20 s.
-async fn await_metric(server: &Server, name: &str, want: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (code, text) = admin_get(server.admin, "/metrics").expect("admin listener answers");
-        assert_eq!(code, 200, "{text}");
-        if prom_value(&text, name) == Some(want) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} never read {want}:\n{text}\n{}",
-            server.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test]
