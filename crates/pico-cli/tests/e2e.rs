@@ -597,6 +597,21 @@ async fn server_metrics_count_requests_and_open_sse_streams() {
     await_metric(&server, "pico_http_sse_streams{protocol=\"ds\"}", 1.0).await;
     drop(sse);
     await_metric(&server, "pico_http_sse_streams{protocol=\"ds\"}", 0.0).await;
+    // The same stream over the Pico protocol's SSE.
+    let mut sse = c
+        .get(server.url("/m/s?seq=0&live=sse"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), StatusCode::OK);
+    let first = sse.chunk().await.unwrap().expect("the first events");
+    assert!(
+        String::from_utf8_lossy(&first).contains("event:"),
+        "{first:?}"
+    );
+    await_metric(&server, "pico_http_sse_streams{protocol=\"pico\"}", 1.0).await;
+    drop(sse);
+    await_metric(&server, "pico_http_sse_streams{protocol=\"pico\"}", 0.0).await;
 
     // A long-poll at the tail is in flight until an append answers it.
     let head = c.head(&s).send().await.unwrap();
@@ -622,10 +637,10 @@ async fn server_metrics_count_requests_and_open_sse_streams() {
             &text,
             r#"pico_http_requests_total{method="GET",status="2xx"}"#
         ),
-        Some(2.0),
-        "the SSE response and the long-poll:\n{text}"
+        Some(3.0),
+        "the two SSE responses and the long-poll:\n{text}"
     );
-    // Timed: the appends and the 404; not the two live reads, whose answers wait by design.
+    // Timed: the appends and the 404; not the three live reads, whose answers wait by design.
     assert_eq!(
         prom_value(&text, r#"pico_http_request_seconds_count{method="POST"}"#),
         Some(6.0),
