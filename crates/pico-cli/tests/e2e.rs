@@ -540,6 +540,22 @@ async fn server_metrics_report_the_wal_and_the_uploads() {
     );
 }
 
+/// Opens an SSE response at `url`, checks `pico_http_sse_streams{protocol}` reads 1 while it is
+/// open and 0 once the client drops it.
+async fn sse_counted_while_open(c: &reqwest::Client, server: &Server, url: &str, protocol: &str) {
+    let gauge = format!("pico_http_sse_streams{{protocol=\"{protocol}\"}}");
+    let mut sse = c.get(url).send().await.unwrap();
+    assert_eq!(sse.status(), StatusCode::OK, "{url}");
+    let first = sse.chunk().await.unwrap().expect("the first events");
+    assert!(
+        String::from_utf8_lossy(&first).contains("event:"),
+        "{url}: {first:?}"
+    );
+    await_metric(server, &gauge, 1.0).await;
+    drop(sse);
+    await_metric(server, &gauge, 0.0).await;
+}
+
 #[tokio::test]
 async fn server_metrics_count_requests_and_open_sse_streams() {
     let dir = tempdir();
@@ -581,37 +597,15 @@ async fn server_metrics_count_requests_and_open_sse_streams() {
         1.0
     );
     assert_eq!(v("pico_http_requests_in_flight"), 0.0);
+    assert!(
+        text.contains("# HELP pico_http_requests_total "),
+        "described:\n{text}"
+    );
 
-    // An open SSE response is counted until the client goes away.
-    let mut sse = c
-        .get(format!("{s}?offset=-1&live=sse"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(sse.status(), StatusCode::OK);
-    let first = sse.chunk().await.unwrap().expect("the first events");
-    assert!(
-        String::from_utf8_lossy(&first).contains("event:"),
-        "{first:?}"
-    );
-    await_metric(&server, "pico_http_sse_streams{protocol=\"ds\"}", 1.0).await;
-    drop(sse);
-    await_metric(&server, "pico_http_sse_streams{protocol=\"ds\"}", 0.0).await;
-    // The same stream over the Pico protocol's SSE.
-    let mut sse = c
-        .get(server.url("/m/s?seq=0&live=sse"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(sse.status(), StatusCode::OK);
-    let first = sse.chunk().await.unwrap().expect("the first events");
-    assert!(
-        String::from_utf8_lossy(&first).contains("event:"),
-        "{first:?}"
-    );
-    await_metric(&server, "pico_http_sse_streams{protocol=\"pico\"}", 1.0).await;
-    drop(sse);
-    await_metric(&server, "pico_http_sse_streams{protocol=\"pico\"}", 0.0).await;
+    // An open SSE response is counted until the client goes away, on either protocol.
+    let ds_sse = format!("{s}?offset=-1&live=sse");
+    sse_counted_while_open(&c, &server, &ds_sse, "ds").await;
+    sse_counted_while_open(&c, &server, &server.url("/m/s?seq=0&live=sse"), "pico").await;
 
     // A long-poll at the tail is in flight until an append answers it.
     let head = c.head(&s).send().await.unwrap();

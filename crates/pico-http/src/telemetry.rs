@@ -16,6 +16,31 @@ const METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "
 const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 const SSE_PROTOCOLS: [&str; 2] = ["ds", "pico"];
 
+/// Registers help texts and units with the installed recorder (call once, after installing it).
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "pico_http_requests_total",
+        Unit::Count,
+        "Protocol-listener requests answered, by method and status class."
+    );
+    describe_histogram!(
+        "pico_http_request_seconds",
+        Unit::Seconds,
+        "Protocol-listener requests, router to response headers; live reads not timed."
+    );
+    describe_gauge!(
+        "pico_http_requests_in_flight",
+        Unit::Count,
+        "Protocol-listener requests not yet answered (waiting long-polls included)."
+    );
+    describe_gauge!(
+        "pico_http_sse_streams",
+        Unit::Count,
+        "Open SSE responses, by protocol."
+    );
+}
+
 /// The handles one protocol listener records through.
 pub struct HttpMetrics {
     /// `[method][class]`, indexed as [`METHODS`] and [`CLASSES`].

@@ -77,6 +77,7 @@ pub fn metrics_handle() -> Option<metrics_exporter_prometheus::PrometheusHandle>
                 return None;
             }
             s3stream::telemetry::describe();
+            pico_http::telemetry::describe();
             Some(handle)
         })
         .clone()
