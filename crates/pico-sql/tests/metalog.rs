@@ -280,7 +280,9 @@ async fn snapshots_thin_out_as_the_state_grows_and_restart_replays_the_rest() {
     let log = MetaLog::open(&url(&dir), opts.clone()).await.unwrap();
     // 2000 streams in rows of 10 commands: with a snapshot every 8 commands that could be
     // 200 snapshots; waiting for an eighth of the state's entries (2 per stream) leaves
-    // about 16.
+    // about 16 due points. Fewer may be written: while the snapshotter is still writing one,
+    // the committer skips due points (and retries on the next row), so how many are written
+    // depends on how fast the two run; only the upper bound is the rule under test.
     for batch in 0..200 {
         let cmds = (0..10)
             .map(|i| create(&format!("s{}", batch * 10 + i)))
@@ -291,7 +293,7 @@ async fn snapshots_thin_out_as_the_state_grows_and_restart_replays_the_rest() {
     assert_eq!(before.applied_index, 2000);
     let stats = wait_for_snapshots(&log, |s| s.last_index >= 1000).await;
     assert!(
-        (5..=40).contains(&stats.written),
+        (1..=40).contains(&stats.written),
         "snapshots written: {stats:?}"
     );
     log.close().await;
