@@ -117,7 +117,7 @@ impl MetaLog {
             .store(state.applied_index, Ordering::Relaxed);
         let view = Arc::new(ArcSwap::from_pointee(state.clone()));
         let (applied_tx, applied_rx) = watch::channel(state.applied_index);
-        let (snap_tx, snap_rx) = mpsc::channel(1);
+        let (snap_tx, snap_rx) = watch::channel(None);
         let mut applier = Applier {
             store: store.clone(),
             last_snapshot_index: state.applied_index,
@@ -248,8 +248,8 @@ impl MetaLog {
             .filter(|(_, exp)| *exp > now))
     }
 
-    /// Stops the committer (queued proposals fail with `Closed`), lets a running snapshot
-    /// finish, and closes the store.
+    /// Stops the committer (queued proposals fail with `Closed`), lets a running snapshot and
+    /// the one due after it finish, and closes the store.
     pub async fn close(&self) {
         self.inner.shutdown.send_replace(true);
         let tasks: Vec<_> = match self.inner.tasks.lock() {
@@ -303,7 +303,10 @@ struct Applier {
     last_row_id: i64,
     view: Arc<ArcSwap<State>>,
     applied_tx: watch::Sender<u64>,
-    snap_tx: mpsc::Sender<(State, i64)>,
+    /// The newest state due for a snapshot. A slot, not a queue: a state that comes due while
+    /// the snapshotter is still writing replaces the one waiting, so the snapshotter always
+    /// takes the newest and a due point is never dropped for want of room.
+    snap_tx: watch::Sender<Option<(State, i64)>>,
     snapshot_every: u64,
     last_snapshot_index: u64,
     /// This node's just-written row: (row id, its commands, their outcomes once applied).
@@ -398,14 +401,10 @@ impl Applier {
         ) {
             return;
         }
-        // O(1) clone; if the snapshotter is still busy, the next row triggers again.
-        if self
-            .snap_tx
-            .try_send((self.state.clone(), self.last_row_id))
-            .is_ok()
-        {
-            self.last_snapshot_index = self.state.applied_index;
-        }
+        // O(1) clone.
+        self.snap_tx
+            .send_replace(Some((self.state.clone(), self.last_row_id)));
+        self.last_snapshot_index = self.state.applied_index;
     }
 
     fn publish(&self) {
@@ -559,10 +558,15 @@ fn is_corruption(e: &MetaError) -> bool {
 /// Writes snapshots off the committer's path (encoding a large state takes a while).
 async fn run_snapshotter(
     store: Arc<dyn LogStore>,
-    mut rx: mpsc::Receiver<(State, i64)>,
+    mut rx: watch::Receiver<Option<(State, i64)>>,
     stats: Arc<Stats>,
 ) {
-    while let Some((state, last_row_id)) = rx.recv().await {
+    // `changed` reports a state sent just before the committer ended (and dropped the
+    // sender) before it reports the end, so the last due snapshot is still written.
+    while rx.changed().await.is_ok() {
+        let Some((state, last_row_id)) = rx.borrow_and_update().clone() else {
+            continue;
+        };
         let applied_index = state.applied_index;
         let payload = match tokio::task::spawn_blocking(move || codec::encode_state(&state)).await {
             Ok(p) => p,
