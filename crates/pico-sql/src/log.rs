@@ -117,7 +117,8 @@ impl MetaLog {
             .store(state.applied_index, Ordering::Relaxed);
         let view = Arc::new(ArcSwap::from_pointee(state.clone()));
         let (applied_tx, applied_rx) = watch::channel(state.applied_index);
-        let (snap_tx, snap_rx) = watch::channel(None);
+        let due = Arc::new(DueSnapshot::default());
+        let (due_tx, due_rx) = watch::channel(());
         let mut applier = Applier {
             store: store.clone(),
             last_snapshot_index: state.applied_index,
@@ -125,7 +126,8 @@ impl MetaLog {
             last_row_id,
             view: view.clone(),
             applied_tx,
-            snap_tx,
+            due: due.clone(),
+            due_tx,
             snapshot_every: opts.snapshot_every.max(1),
             own: None,
         };
@@ -139,7 +141,7 @@ impl MetaLog {
         let (tx, rx) = mpsc::channel(QUEUE_REQUESTS);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let committer = tokio::spawn(run_committer(applier, rx, shutdown_rx, opts));
-        let snapshotter = tokio::spawn(run_snapshotter(store.clone(), snap_rx, stats.clone()));
+        let snapshotter = tokio::spawn(run_snapshotter(store.clone(), due, due_rx, stats.clone()));
         Ok(MetaLog {
             inner: Arc::new(Inner {
                 store,
@@ -303,10 +305,9 @@ struct Applier {
     last_row_id: i64,
     view: Arc<ArcSwap<State>>,
     applied_tx: watch::Sender<u64>,
-    /// The newest state due for a snapshot. A slot, not a queue: a state that comes due while
-    /// the snapshotter is still writing replaces the one waiting, so the snapshotter always
-    /// takes the newest and a due point is never dropped for want of room.
-    snap_tx: watch::Sender<Option<(State, i64)>>,
+    /// The newest state due for a snapshot, and the signal that wakes the snapshotter for it.
+    due: Arc<DueSnapshot>,
+    due_tx: watch::Sender<()>,
     snapshot_every: u64,
     last_snapshot_index: u64,
     /// This node's just-written row: (row id, its commands, their outcomes once applied).
@@ -402,8 +403,8 @@ impl Applier {
             return;
         }
         // O(1) clone.
-        self.snap_tx
-            .send_replace(Some((self.state.clone(), self.last_row_id)));
+        self.due.put(self.state.clone(), self.last_row_id);
+        self.due_tx.send_replace(());
         self.last_snapshot_index = self.state.applied_index;
     }
 
@@ -555,16 +556,38 @@ fn is_corruption(e: &MetaError) -> bool {
     )
 }
 
+/// The state due for a snapshot. A slot, not a queue: a state that comes due while the
+/// snapshotter is still writing replaces the one waiting, so the snapshotter always takes the
+/// newest and a due point is never dropped for want of room; taking it empties the slot, so no
+/// old version of the state is kept alive between snapshots.
+#[derive(Default)]
+struct DueSnapshot(Mutex<Option<(State, i64)>>);
+
+impl DueSnapshot {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(State, i64)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+    fn put(&self, state: State, last_row_id: i64) {
+        *self.slot() = Some((state, last_row_id));
+    }
+    fn take(&self) -> Option<(State, i64)> {
+        self.slot().take()
+    }
+}
+
 /// Writes snapshots off the committer's path (encoding a large state takes a while).
 async fn run_snapshotter(
     store: Arc<dyn LogStore>,
-    mut rx: watch::Receiver<Option<(State, i64)>>,
+    due: Arc<DueSnapshot>,
+    mut wake: watch::Receiver<()>,
     stats: Arc<Stats>,
 ) {
-    // `changed` reports a state sent just before the committer ended (and dropped the
-    // sender) before it reports the end, so the last due snapshot is still written.
-    while rx.changed().await.is_ok() {
-        let Some((state, last_row_id)) = rx.borrow_and_update().clone() else {
+    // `changed` reports a wake sent just before the committer ended (and dropped the sender)
+    // before it reports the end, so the last due snapshot is still written.
+    while wake.changed().await.is_ok() {
+        let Some((state, last_row_id)) = due.take() else {
             continue;
         };
         let applied_index = state.applied_index;
