@@ -3,16 +3,25 @@
 //! `ObjectWal` on files costs a create, a write, two fsyncs, a rename and a directory fsync per
 //! group commit; here a group commit is one vectored write and one `fdatasync` on an open file.
 //!
-//! Layout: `{dir}/{first_position:020}.wal`, each a sequence of frames `u32 len` `u32 crc32c(len)` + one WAL entry
-//! as `format::encode_wal_entry` writes it (magic, position, CRC32C). Files named by a bare
-//! 20-digit position are single entries of the object layout and are read as well.
+//! Layout: `{dir}/{first_position:020}-{key:016x}.wal`, each a sequence of frames `u32 len`
+//! `u32 crc32c(len)` `u64 key` + one WAL entry as `format::encode_wal_entry` writes it (magic,
+//! position, CRC32C). Earlier versions' files are read as well: `{first_position:020}.wal`
+//! (frames without the key) and a bare 20-digit position (one entry of the object layout).
 //!
 //! Invariants:
+//! - Each segment gets a random key when it starts, and only frames carrying it are its data.
+//!   Recovery searches a segment byte by byte past the end of its data (below); without the
+//!   key, record bytes shaped like a frame (a client's, or a recycled file's older frames)
+//!   would read as data there and fail recovery, or cost a checksum pass each.
 //! - Appends are serialized; an append returns only after its frame and everything before it in
 //!   the segment are on disk, so only the last frame of a segment can be torn.
 //! - A write or sync error abandons the segment: the next append starts a new segment at the
 //!   same position. A later segment starting at `q` therefore supersedes every entry `>= q` of
-//!   earlier segments (the abandoned attempt), and recovery applies exactly that rule.
+//!   earlier segments (the abandoned attempt), and recovery applies exactly that rule. A
+//!   segment that itself started at `q` holds nothing acknowledged and is deleted (durably)
+//!   before its replacement is created.
+//! - A segment followed by one starting at `q` above its own first holds every position up to
+//!   `q - 1`; recovery fails loudly when it does not (its last frames were damaged).
 //! - Every append writes [`END_MARKER`] (8 zero bytes) right after its frame, in the same
 //!   write, and the next append overwrites it. A segment's data ends at the marker, at zeros, at
 //!   the end of the file, or at a valid frame whose position is below the segment's first (left
@@ -70,7 +79,10 @@ use crate::wal::{Wal, WalError, WalRecord};
 pub const DEFAULT_SEGMENT_BYTES: u64 = 32 << 20;
 const SUFFIX: &str = ".wal";
 /// `u32 len` + `u32 crc32c(len)`: a damaged length is detected rather than read as a torn tail.
+/// The frame header of segments named without a key (written by earlier versions).
 const FRAME_HEADER: usize = 8;
+/// [`FRAME_HEADER`] + the segment's `u64` key: the frame header of keyed segments.
+const KEYED_HEADER: usize = FRAME_HEADER + 8;
 /// A file ready to become the next segment, its blocks allocated and synced: zeros written in
 /// the background, or a trimmed segment recycled (not a segment: no `.wal` suffix).
 const SPARE: &str = "spare.segment";
@@ -91,6 +103,8 @@ struct Segment {
 
 struct Active {
     file: File,
+    /// The key in this segment's name, repeated in every frame header.
+    key: u64,
     len: u64,
     /// Started from a spare (synced zeros).
     preallocated: bool,
@@ -161,14 +175,67 @@ struct Scanned {
     entries: Vec<(u64, Vec<WalRecord>)>,
 }
 
-fn parse_name(name: &str) -> Option<(u64, bool)> {
-    let (digits, legacy) = match name.strip_suffix(SUFFIX) {
-        Some(d) => (d, false),
-        None => (name, true),
+/// What a WAL file's name says about its format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// A bare 20-digit position: one entry of the object layout.
+    Legacy,
+    /// `{first}.wal`: a segment of frames with [`FRAME_HEADER`]s (earlier versions).
+    Plain,
+    /// `{first}-{key:016x}.wal`: frames with [`KEYED_HEADER`]s carrying `key`.
+    Keyed(u64),
+}
+
+impl Kind {
+    fn key(self) -> Option<u64> {
+        match self {
+            Kind::Keyed(k) => Some(k),
+            Kind::Legacy | Kind::Plain => None,
+        }
+    }
+}
+
+fn parse_name(name: &str) -> Option<(u64, Kind)> {
+    let (digits, kind) = match name.strip_suffix(SUFFIX) {
+        Some(stem) => match stem.split_once('-') {
+            Some((digits, key)) if key.len() == 16 => (
+                digits,
+                Kind::Keyed(
+                    u64::from_str_radix(key, 16)
+                        .ok()
+                        .filter(|_| key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))?,
+                ),
+            ),
+            Some(_) => return None,
+            None => (stem, Kind::Plain),
+        },
+        None => (name, Kind::Legacy),
     };
     (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok().map(|p| (p, legacy)))
+        .then(|| digits.parse().ok().map(|p| (p, kind)))
         .flatten()
+}
+
+fn segment_name(first: u64, key: u64) -> String {
+    format!("{first:020}-{key:016x}{SUFFIX}")
+}
+
+/// Whether a frame header starts `h`: its length's checksum holds and, in a keyed segment, it
+/// carries the segment's key. Returns the entry's length.
+fn header_at(h: &[u8], key: Option<u64>) -> Option<usize> {
+    let size = key.map_or(FRAME_HEADER, |_| KEYED_HEADER);
+    let h = h.get(..size)?;
+    // The key first: the cheapest test, and the one recovery's byte-by-byte search fails on.
+    if let Some(key) = key {
+        let mut k = [0u8; 8];
+        k.copy_from_slice(&h[FRAME_HEADER..KEYED_HEADER]);
+        if u64::from_le_bytes(k) != key {
+            return None;
+        }
+    }
+    let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+    let stored = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+    (crc32c::crc32c(&h[..4]) == stored).then_some(len as usize)
 }
 
 fn corrupt(path: &Path, source: format::FormatError) -> WalError {
@@ -179,7 +246,17 @@ fn corrupt(path: &Path, source: format::FormatError) -> WalError {
 }
 
 /// Reads every valid frame of one segment. Positions inside a segment are consecutive.
-fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
+///
+/// In a keyed segment a frame counts only if it carries the segment's key, which is random per
+/// segment and never leaves this process's files: record bytes that a client shaped like a
+/// frame, and the frames a recycled file held under its earlier name, never match it, so the
+/// byte-by-byte search for data after the end (below) finds only this segment's own frames.
+fn scan_segment(
+    path: &Path,
+    first: u64,
+    key: Option<u64>,
+) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
+    let header = key.map_or(FRAME_HEADER, |_| KEYED_HEADER);
     let mut data = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut data))
@@ -201,7 +278,7 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
         // earlier use. Damage in the middle of the log looks the same at this point but has
         // valid frames after it, and that fails loudly.
         let end = |why: &str| -> Result<(), WalError> {
-            if valid_frame_after(&data, at, expected) {
+            if valid_frame_after(&data, at, expected, key) {
                 return Err(corrupt(
                     path,
                     format::FormatError::Invalid("wal data after the end of a segment's frames"),
@@ -210,7 +287,7 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
             tracing::debug!(segment = %path.display(), offset = at, why, "end of wal segment data");
             Ok(())
         };
-        if rest.len() < FRAME_HEADER {
+        if rest.len() < header {
             if rest.iter().all(|&b| b == 0) {
                 end("zeros")?;
             } else {
@@ -222,12 +299,10 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
             end("end marker")?;
             break;
         }
-        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-        let stored = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        if crc32c::crc32c(&rest[..4]) != stored {
+        let Some(len) = header_at(rest, key) else {
             // A header torn by a crash (its page only partly landed) is the last frame:
             // nothing valid follows it.
-            if valid_frame_after(&data, at, expected) {
+            if valid_frame_after(&data, at, expected, key) {
                 return Err(corrupt(
                     path,
                     format::FormatError::Invalid("wal frame header checksum mismatch"),
@@ -235,13 +310,13 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
             }
             torn("damaged frame header with no valid frame after it");
             break;
-        }
-        let frame_end = FRAME_HEADER + len as usize;
+        };
+        let frame_end = header + len;
         if frame_end > rest.len() {
             torn("frame runs past the end of the file");
             break;
         }
-        match format::decode_wal_entry(&data.slice(at + FRAME_HEADER..at + frame_end)) {
+        match format::decode_wal_entry(&data.slice(at + header..at + frame_end)) {
             Ok((pos, records)) if pos == expected => out.push((pos, records)),
             // Written before this file was recycled into this segment: every earlier use held
             // positions below this segment's first.
@@ -256,7 +331,7 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
                 });
             }
             Err(e) => {
-                if valid_frame_after(&data, at, expected) {
+                if valid_frame_after(&data, at, expected, key) {
                     return Err(corrupt(path, e));
                 }
                 torn(&e.to_string());
@@ -270,19 +345,18 @@ fn scan_segment(path: &Path, first: u64) -> Result<Vec<(u64, Vec<WalRecord>)>, W
 
 /// Whether a whole, valid frame holding a position >= `expected` starts anywhere after `at`.
 /// Asked once per segment at recovery, where its data ends, so the byte-by-byte search is off
-/// the append path; the cheap length bound is checked before the header's CRC for speed.
-fn valid_frame_after(data: &Bytes, at: usize, expected: u64) -> bool {
+/// the append path. Only a header that passes [`header_at`] (in a keyed segment: carries the
+/// key) gets its entry decoded, so the search is linear in the file.
+fn valid_frame_after(data: &Bytes, at: usize, expected: u64, key: Option<u64>) -> bool {
+    let header = key.map_or(FRAME_HEADER, |_| KEYED_HEADER);
     let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
     let mut k = at + 1;
-    while k + FRAME_HEADER <= end {
-        let h = &data[k..k + FRAME_HEADER];
-        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-        let stored = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-        if len > 0
-            && k + FRAME_HEADER + len <= data.len()
-            && crc32c::crc32c(&h[..4]) == stored
+    while k + header <= end {
+        if let Some(len) = header_at(&data[k..], key)
+            && len > 0
+            && k + header + len <= data.len()
             && let Ok((pos, _)) =
-                format::decode_wal_entry(&data.slice(k + FRAME_HEADER..k + FRAME_HEADER + len))
+                format::decode_wal_entry(&data.slice(k + header..k + header + len))
             && pos >= expected
         {
             return true;
@@ -302,14 +376,17 @@ fn scan_dir(dir: &Path) -> Result<Vec<Scanned>, WalError> {
     for entry in entries {
         let entry = entry.map_err(|e| io(dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some((first, legacy)) = parse_name(&name) {
-            found.push((first, legacy, entry.path()));
+        if let Some((first, kind)) = parse_name(&name) {
+            found.push((first, kind, entry.path()));
         }
     }
-    found.sort_by_key(|(first, _, _)| *first);
+    // Of two files with one first position (a crash between starting a segment and deleting
+    // the attempt it replaces; neither holds an acknowledged entry) a keyed one, this
+    // version's, supersedes an older version's; the order is fixed either way.
+    found.sort();
     let mut out = Vec::with_capacity(found.len());
-    for (first, legacy, path) in found {
-        let entries = if legacy {
+    for (first, kind, path) in found {
+        let entries = if kind == Kind::Legacy {
             // One entry per file, written whole (temp + rename) by the object layout.
             let data = std::fs::read(&path).map_err(|e| io(&path, e))?;
             let (pos, records) =
@@ -322,7 +399,7 @@ fn scan_dir(dir: &Path) -> Result<Vec<Scanned>, WalError> {
             }
             vec![(pos, records)]
         } else {
-            scan_segment(&path, first)?
+            scan_segment(&path, first, kind.key())?
         };
         out.push(Scanned {
             first,
@@ -333,8 +410,14 @@ fn scan_dir(dir: &Path) -> Result<Vec<Scanned>, WalError> {
     Ok(out)
 }
 
-/// Applies "a later segment starting at q supersedes entries >= q of earlier ones".
-fn live_entries(scanned: Vec<Scanned>) -> (Vec<Segment>, Vec<(u64, Vec<WalRecord>)>) {
+/// Applies "a later segment starting at q supersedes entries >= q of earlier ones", and checks
+/// that a segment followed by one starting at q > its first reaches q - 1: the WAL started q's
+/// segment only once every position below q was written, so a closed segment ending short of it
+/// lost acknowledged entries (damage, or a torn frame that is not the WAL's last) and recovery
+/// fails loudly instead of dropping them.
+type Live = (Vec<Segment>, Vec<(u64, Vec<WalRecord>)>);
+
+fn live_entries(scanned: Vec<Scanned>) -> Result<Live, WalError> {
     let starts: Vec<u64> = scanned.iter().map(|s| s.first).collect();
     let mut segments = Vec::with_capacity(scanned.len());
     let mut entries = Vec::new();
@@ -342,17 +425,29 @@ fn live_entries(scanned: Vec<Scanned>) -> (Vec<Segment>, Vec<(u64, Vec<WalRecord
         let cut = starts
             .get(i + 1..)
             .and_then(|later| later.iter().min().copied());
+        let before = entries.len();
         entries.extend(
             s.entries
                 .into_iter()
                 .filter(|(p, _)| cut.is_none_or(|c| *p < c)),
         );
+        if let Some(q) = cut.filter(|q| *q > s.first) {
+            let last = entries[before..].last().map(|(p, _)| *p);
+            if last != Some(q - 1) {
+                return Err(WalError::Corrupt {
+                    key: s.path.display().to_string(),
+                    source: format::FormatError::Invalid(
+                        "a closed wal segment ends before the next one starts",
+                    ),
+                });
+            }
+        }
         segments.push(Segment {
             first: s.first,
             path: s.path,
         });
     }
-    (segments, entries)
+    Ok((segments, entries))
 }
 
 fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
@@ -381,7 +476,7 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
             }
         }
     }
-    let (segments, entries) = live_entries(scan_dir(dir)?);
+    let (segments, entries) = live_entries(scan_dir(dir)?)?;
     // A segment named `q` holds no entry when the crash came before its first frame landed;
     // positions still continue from `q`, never below it: a later segment starting at `q`
     // supersedes entries >= q of earlier ones, so an entry written at q or above into a segment
@@ -435,12 +530,13 @@ fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
     std::fs::rename(&tmp, dir.join(SPARE))
 }
 
-/// `u32 len` + `u32 crc32c(len)`, little-endian.
-fn frame_header(len: u32) -> [u8; FRAME_HEADER] {
+/// `u32 len` + `u32 crc32c(len)` + the segment's `u64 key`, little-endian.
+fn frame_header(len: u32, key: u64) -> [u8; KEYED_HEADER] {
     let len = len.to_le_bytes();
-    let mut header = [0u8; FRAME_HEADER];
+    let mut header = [0u8; KEYED_HEADER];
     header[..4].copy_from_slice(&len);
-    header[4..].copy_from_slice(&crc32c::crc32c(&len).to_le_bytes());
+    header[4..FRAME_HEADER].copy_from_slice(&crc32c::crc32c(&len).to_le_bytes());
+    header[FRAME_HEADER..].copy_from_slice(&key.to_le_bytes());
     header
 }
 
@@ -558,8 +654,37 @@ fn append_blocking(
             || (preallocate && !a.preallocated && a.len > 0 && dir.join(SPARE).exists())
     });
     if start {
-        // A same-named file can only hold superseded attempts at this position: replace it.
-        let path = dir.join(format!("{position:020}{SUFFIX}"));
+        // A segment that starts at this position holds nothing acknowledged (positions at or
+        // above it were never acknowledged): an attempt this one replaces. Its file goes first,
+        // durably, so recovery never has to choose between the two.
+        let replaced: Vec<PathBuf> = st
+            .segments
+            .iter()
+            .filter(|s| s.first == position)
+            .map(|s| s.path.clone())
+            .collect();
+        if !replaced.is_empty() {
+            st.active = None;
+            for old in &replaced {
+                match std::fs::remove_file(old) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io(old, e)),
+                }
+            }
+            fsync_dir(dir)?;
+            st.segments.retain(|s| s.first != position);
+        }
+        // A fresh random key per segment: see `scan_segment`.
+        let key: u64 = rand::random();
+        let path = dir.join(segment_name(position, key));
+        // Listed before it exists: if starting it fails after the spare was renamed, the retry
+        // finds it here and deletes it as the attempt it replaces.
+        st.active = None;
+        st.segments.push(Segment {
+            first: position,
+            path: path.clone(),
+        });
         // A ready spare (synced zeros or a recycled segment) becomes the segment; otherwise
         // start an empty file.
         let spare = preallocate && std::fs::rename(dir.join(SPARE), &path).is_ok();
@@ -573,20 +698,15 @@ fn append_blocking(
         let file = match opened {
             Ok(file) => file,
             Err(e) => {
-                // `{position}.wal` may exist now (the spare was renamed), and a later segment
+                // The segment may exist now (the spare was renamed), and a later segment
                 // starting at `position` supersedes every entry >= position of earlier ones: the
                 // retry must start that segment itself, never write `position` into the old one.
-                st.active = None;
                 return Err(e);
             }
         };
-        st.segments.retain(|s| s.first != position);
-        st.segments.push(Segment {
-            first: position,
-            path,
-        });
         st.active = Some(Active {
             file,
+            key,
             len: 0,
             preallocated: spare,
         });
@@ -594,7 +714,7 @@ fn append_blocking(
     let Some(active) = st.active.as_mut() else {
         return Err(WalError::Other("no active wal segment".into()));
     };
-    let header = frame_header(len);
+    let header = frame_header(len, active.key);
     let mut slices = Vec::with_capacity(entry.pieces().len() + 2);
     slices.push(IoSlice::new(&header));
     slices.extend(entry.pieces().iter().map(|p| IoSlice::new(p)));
@@ -611,7 +731,7 @@ fn append_blocking(
     });
     match result {
         Ok(()) => {
-            active.len += (FRAME_HEADER as u64) + u64::from(len);
+            active.len += (KEYED_HEADER as u64) + u64::from(len);
             st.next = position + 1;
             // Closed segments are recycled into the spare when trimmed; zeros are written only
             // when there is none to wait for.
@@ -752,12 +872,39 @@ mod tests {
 
     use crate::wal::tests::rec;
 
-    /// One frame as the WAL writes it (without the end marker).
+    /// One frame as earlier versions wrote it into `{first}.wal` (without the end marker).
     fn frame(pos: u64, recs: &[WalRecord]) -> Vec<u8> {
         let e = format::encode_wal_entry(pos, recs).unwrap();
-        let mut v = frame_header(e.len() as u32).to_vec();
+        let mut v = frame_header(e.len() as u32, 0)[..FRAME_HEADER].to_vec();
         v.extend_from_slice(&e);
         v
+    }
+
+    /// One frame as the WAL writes it into a segment keyed `key`.
+    fn keyed_frame(pos: u64, recs: &[WalRecord], key: u64) -> Vec<u8> {
+        let e = format::encode_wal_entry(pos, recs).unwrap();
+        let mut v = frame_header(e.len() as u32, key).to_vec();
+        v.extend_from_slice(&e);
+        v
+    }
+
+    /// Scans a segment file the way recovery does, with the first position and key its name
+    /// gives.
+    fn scan(path: &Path) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let (first, kind) = parse_name(&name).unwrap();
+        scan_segment(path, first, kind.key())
+    }
+
+    /// The segment file starting at `first`.
+    fn segment_path(dir: &Path, first: u64) -> PathBuf {
+        let prefix = format!("{first:020}");
+        let found: Vec<String> = segments(dir)
+            .into_iter()
+            .filter(|f| f.starts_with(&prefix))
+            .collect();
+        assert_eq!(found.len(), 1, "{:?}", files(dir));
+        dir.join(&found[0])
     }
 
     fn files(dir: &Path) -> Vec<String> {
@@ -979,7 +1126,6 @@ mod tests {
         wal: SegmentWal,
         /// The active segment, once a trimmed segment.
         path: PathBuf,
-        first: u64,
         /// Every entry the WAL holds (recovery must return exactly these).
         live: Vec<(u64, Vec<WalRecord>)>,
         /// How many of `live` (the last ones) are in `path`.
@@ -1031,12 +1177,10 @@ mod tests {
             append(&mut live, &mut i, 3).await;
         }
         let first = live[live.len() - n].0;
-        let path = dir.join(format!("{first:020}{SUFFIX}"));
-        assert!(path.exists(), "{:?}", files(dir));
+        let path = segment_path(dir, first);
         Recycled {
             wal,
             path,
-            first,
             live,
             in_recycled: n,
             stale,
@@ -1063,9 +1207,9 @@ mod tests {
         );
         // A recycled spare renamed into place before its first append holds only stale
         // frames: an empty segment.
-        let only_stale = dir.join(format!("{:020}{SUFFIX}", next + 1));
+        let only_stale = dir.join(segment_name(next + 1, rand::random()));
         std::fs::write(&only_stale, &r.stale).unwrap();
-        assert!(scan_segment(&only_stale, next + 1).unwrap().is_empty());
+        assert!(scan(&only_stale).unwrap().is_empty());
     }
 
     /// A spare left by an earlier process may be a recycled segment whose frames hold positions
@@ -1212,7 +1356,9 @@ mod tests {
         );
         assert_eq!(wal.append(vec![rec(1, 3, 1)]).await.unwrap(), 4);
         wal.trim(3).await.unwrap();
-        assert_eq!(files(&dir), vec![format!("{:020}.wal", 4)]);
+        let left = files(&dir);
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(parse_name(&left[0]).unwrap().0, 4, "{left:?}");
     }
 
     /// A segment abandoned at `q` may hold an attempt at `q`: recycled before the WAL is past
@@ -1241,6 +1387,125 @@ mod tests {
         spare_threads_done(wal, || true).await;
         if let Ok(spare) = std::fs::read(wal.dir.join(SPARE)) {
             assert!(spare.iter().all(|b| *b == 0), "a segment was recycled");
+        }
+    }
+
+    /// A record whose bytes are frames a client shaped to look like WAL data: one as earlier
+    /// versions framed it and one keyed with a key the client guessed, both at a position far
+    /// above any the WAL reaches.
+    fn forged(stream: u64, base: u64) -> WalRecord {
+        let mut batch = frame(1 << 60, &[rec(66, 0, 1)]);
+        batch.extend(keyed_frame(1 << 60, &[rec(66, 0, 1)], rand::random()));
+        batch.extend(keyed_frame(1 << 60, &[rec(66, 0, 1)], 0));
+        WalRecord::new(stream, 3, base, 1, batch.into(), Bytes::new())
+    }
+
+    /// Recovery searches past a torn frame for valid data after it; the torn frame's own
+    /// record bytes are not WAL data, whatever they look like.
+    #[tokio::test]
+    async fn record_bytes_shaped_like_frames_in_a_torn_frame_are_not_wal_data() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = SegmentWal::new(&dir);
+        wal.append(vec![rec(1, 0, 1)]).await.unwrap();
+        wal.append(vec![forged(1, 1)]).await.unwrap();
+        let seg = segment_path(&dir, 1);
+        let mut data = std::fs::read(&seg).unwrap();
+        // A crash mid-append: the frame's last page did not land (its checksum fails), so
+        // recovery searches the rest of the file for valid frames.
+        let at = data.len() - END_MARKER.len() - 1;
+        data[at] ^= 0x40;
+        std::fs::write(&seg, &data).unwrap();
+        let got = SegmentWal::new(&dir).recover().await.unwrap();
+        assert_eq!(got, vec![(1, vec![rec(1, 0, 1)])]);
+    }
+
+    /// A recycled segment holds the records of its earlier use after its own data; a clean
+    /// restart must not read frames a client shaped into them as data after the end (which
+    /// would fail recovery and keep the node from starting).
+    #[tokio::test]
+    async fn record_bytes_shaped_like_frames_in_a_recycled_segment_are_not_wal_data() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = SegmentWal::with_segment_bytes(&dir, 8192).with_preallocation(true);
+        assert!(wal.recover().await.unwrap().is_empty());
+        spare_ready(&wal).await;
+        let mut live = Vec::new();
+        let mut i = 0u64;
+        let append = async |live: &mut Vec<(u64, Vec<WalRecord>)>, r: WalRecord| {
+            live.push((wal.append(vec![r.clone()]).await.unwrap(), vec![r]));
+        };
+        append(&mut live, forged(1, i)).await;
+        i += 1;
+        spare_ready(&wal).await;
+        while segments(&dir).len() < 2 {
+            append(&mut live, forged(1, i)).await;
+            i += 1;
+        }
+        let closed_upto = live[live.len() - 2].0;
+        wal.trim(closed_upto).await.unwrap();
+        let stale = std::fs::read(dir.join(SPARE)).unwrap();
+        let marker = frame(1 << 60, &[rec(66, 0, 1)]);
+        assert!(
+            stale.windows(marker.len()).any(|w| w == marker),
+            "the spare holds the forged records"
+        );
+        live.drain(..live.len() - 1);
+        // Small entries: the recycled file's forged records stay after the new data.
+        while segments(&dir).len() < 2 {
+            append(&mut live, rec(2, i, 1)).await;
+            i += 1;
+        }
+        assert!(!dir.join(SPARE).exists(), "the spare became the segment");
+        append(&mut live, rec(2, i, 1)).await;
+        assert_eq!(SegmentWal::new(&dir).recover().await.unwrap(), live);
+    }
+
+    /// Only the WAL's last frame can be torn by a crash: a closed segment whose last frames are
+    /// damaged lost acknowledged entries, and recovery says so instead of dropping them.
+    #[tokio::test]
+    async fn a_closed_segment_that_ends_short_of_the_next_fails_loudly() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        // Tiny segments: every second entry rolls.
+        let wal = SegmentWal::with_segment_bytes(&dir, 100);
+        for i in 0..4u64 {
+            wal.append(vec![rec(1, i, 1)]).await.unwrap();
+        }
+        assert!(segments(&dir).len() >= 2, "{:?}", files(&dir));
+        assert_eq!(SegmentWal::new(&dir).recover().await.unwrap().len(), 4);
+        let seg = segment_path(&dir, 1);
+        let mut data = std::fs::read(&seg).unwrap();
+        // The first segment's last entry checksum, damaged: it reads as a torn tail.
+        let at = data.len() - END_MARKER.len() - 1;
+        data[at] ^= 0x40;
+        std::fs::write(&seg, &data).unwrap();
+        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+    }
+
+    /// Names: this version's keyed segments, earlier versions' plain ones and single entries,
+    /// and nothing else.
+    #[test]
+    fn segment_names_parse_back() {
+        let key = 0x0123_4567_89ab_cdef;
+        assert_eq!(
+            parse_name(&segment_name(42, key)),
+            Some((42, Kind::Keyed(key)))
+        );
+        assert_eq!(
+            parse_name(&format!("{:020}.wal", 42)),
+            Some((42, Kind::Plain))
+        );
+        assert_eq!(parse_name(&format!("{:020}", 42)), Some((42, Kind::Legacy)));
+        for bad in [
+            format!("{:020}-{:015x}.wal", 42, 1),
+            format!("{:020}-0123456789ABCDEF.wal", 42),
+            format!("{:020}-+123456789abcdef.wal", 42),
+            format!("{:019}-{key:016x}.wal", 42),
+            SPARE.to_string(),
+        ] {
+            assert_eq!(parse_name(&bad), None, "{bad}");
         }
     }
 
@@ -1277,7 +1542,7 @@ mod tests {
                 let len = std::fs::metadata(&seg).unwrap().len();
                 let keep = (len as f64 * cut) as u64;
                 std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(keep).unwrap();
-                let got = scan_segment(&seg, 1).unwrap();
+                let got = scan(&seg).unwrap();
                 prop_assert!(got.len() <= written.len());
                 prop_assert_eq!(&got[..], &written[..got.len()]);
                 if keep == len {
@@ -1300,7 +1565,7 @@ mod tests {
                 data[keep..].fill(0);
                 data.resize(len + 4096, 0);
                 std::fs::write(&seg, &data).unwrap();
-                let got = scan_segment(&seg, 1).unwrap();
+                let got = scan(&seg).unwrap();
                 prop_assert!(got.len() <= written.len());
                 prop_assert_eq!(&got[..], &written[..got.len()]);
             }
@@ -1318,10 +1583,10 @@ mod tests {
                 let mut start = 0;
                 loop {
                     let len = u32::from_le_bytes(data[start..start + 4].try_into().unwrap()) as usize;
-                    if start + FRAME_HEADER + len >= data.len() - END_MARKER.len() {
+                    if start + KEYED_HEADER + len >= data.len() - END_MARKER.len() {
                         break;
                     }
-                    start += FRAME_HEADER + len;
+                    start += KEYED_HEADER + len;
                 }
                 let mut torn = data[..start].to_vec();
                 torn.resize(data.len() + 4096, 0);
@@ -1332,7 +1597,7 @@ mod tests {
                     }
                 }
                 std::fs::write(&seg, &torn).unwrap();
-                let got = scan_segment(&seg, 1).unwrap();
+                let got = scan(&seg).unwrap();
                 prop_assert!(got.len() + 1 >= written.len());
                 prop_assert_eq!(&got[..], &written[..got.len()]);
             }
@@ -1357,10 +1622,10 @@ mod tests {
                 let mut start = 0;
                 for _ in 1..n {
                     let len = u32::from_le_bytes(new[start..start + 4].try_into().unwrap()) as usize;
-                    start += FRAME_HEADER + len;
+                    start += KEYED_HEADER + len;
                 }
                 let len = u32::from_le_bytes(new[start..start + 4].try_into().unwrap()) as usize;
-                let end = start + FRAME_HEADER + len + END_MARKER.len();
+                let end = start + KEYED_HEADER + len + END_MARKER.len();
                 let mut torn = new.clone();
                 for (j, at) in (start..end).step_by(8).enumerate() {
                     if keep_mask >> (j % 64) & 1 == 0 {
@@ -1370,7 +1635,7 @@ mod tests {
                     }
                 }
                 std::fs::write(&r.path, &torn).unwrap();
-                let got = scan_segment(&r.path, r.first).unwrap();
+                let got = scan(&r.path).unwrap();
                 let mine = &r.live[r.live.len() - r.in_recycled..];
                 prop_assert!(got.len() + 1 >= n);
                 prop_assert_eq!(&got[..], &mine[..got.len()]);
@@ -1385,7 +1650,7 @@ mod tests {
                 let i = ((data.len() as f64) * at) as usize % data.len();
                 data[i] ^= 1 << bit;
                 std::fs::write(&seg, &data).unwrap();
-                match scan_segment(&seg, 1) {
+                match scan(&seg) {
                     Ok(got) => {
                         prop_assert!(got.len() + 1 >= written.len(), "only the last frame may go");
                         prop_assert_eq!(&got[..], &written[..got.len()]);
