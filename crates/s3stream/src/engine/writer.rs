@@ -9,6 +9,7 @@
 //!   open generation still queued, and marks those streams broken: nothing is ever acked after a
 //!   hole.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -136,6 +137,7 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
 
 fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
     let mut hooks: Vec<(u64, u64)> = Vec::new();
+    let mut hook_at: HashMap<u64, usize> = HashMap::new();
     let mut acks = Vec::with_capacity(items.len());
     let mut records = Vec::with_capacity(items.len());
     let over_threshold;
@@ -159,9 +161,14 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
                     rec.record_count,
                     rec.batch.clone(),
                 );
-                match hooks.iter_mut().find(|(s, _)| *s == rec.stream) {
+                // Indexed, not searched: a group can hold appends to thousands of streams, and
+                // this runs under the state lock every append and read takes.
+                match hook_at.get(&rec.stream).and_then(|&i| hooks.get_mut(i)) {
                     Some(h) => h.1 = next,
-                    None => hooks.push((rec.stream, next)),
+                    None => {
+                        hook_at.insert(rec.stream, hooks.len());
+                        hooks.push((rec.stream, next));
+                    }
                 }
             }
             st.unuploaded_bytes += rec.batch.len() + rec.aux.len();
