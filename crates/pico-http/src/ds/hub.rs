@@ -77,7 +77,18 @@ pub struct Hub {
     generation: u64,
     /// Weak, so the channel closes (subscribers see `Closed`) as soon as the task ends.
     tx: broadcast::WeakSender<Arc<Frame>>,
+    /// The `next` of the last frame sent, stored before the send: a subscriber that joins
+    /// after a send sees it here (the channel's lock orders the two), since it will not get
+    /// the frame itself.
+    published: Arc<AtomicU64>,
     task: AbortHandle,
+}
+
+impl Hub {
+    /// Where the frames published so far end; one that joins behind it must read the gap.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Hub {
@@ -108,7 +119,8 @@ pub struct Follow {
 
 impl Hubs {
     /// Joins the stream's hub, starting one if there is none (or only one whose task ended).
-    /// Frames published before this call are not seen; the caller reconciles by offset.
+    /// Frames published before this call are not seen; the caller reconciles by offset
+    /// ([`Hub::published`]).
     pub fn subscribe(self: &Arc<Self>, f: Follow) -> Subscription {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         // A hub whose task ended is replaced. It must be dropped only after the lock is
@@ -126,13 +138,15 @@ impl Hubs {
         let (tx, rx) = broadcast::channel(CAPACITY);
         let weak = tx.downgrade();
         let stream_id = f.stream_id;
-        let task = tokio::spawn(run(f, tx)).abort_handle();
+        let published = Arc::new(AtomicU64::new(f.from));
+        let task = tokio::spawn(run(f, tx, published.clone())).abort_handle();
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
         let hub = Arc::new(Hub {
             hubs: self.clone(),
             stream_id,
             generation,
             tx: weak,
+            published,
             task,
         });
         map.insert(
@@ -161,7 +175,7 @@ impl Hubs {
 /// The hub task: wait for the tail, read once, render once, publish. Returning drops the only
 /// sender, which subscribers see as `Closed` (after the frames already sent) and answer by
 /// reading for themselves.
-async fn run(f: Follow, tx: broadcast::Sender<Arc<Frame>>) {
+async fn run(f: Follow, tx: broadcast::Sender<Arc<Frame>>, published: Arc<AtomicU64>) {
     let mut last = f.from;
     loop {
         match f.node.wait(&f.name, last, f.poll).await {
@@ -200,6 +214,7 @@ async fn run(f: Follow, tx: broadcast::Sender<Arc<Frame>>) {
             let frame = frame_of(last, &out, f.render);
             last = out.next_seq;
             let up_to_date = frame.up_to_date;
+            published.store(last, Ordering::SeqCst);
             // No receivers is not an error: the last subscriber is just leaving (and its
             // drop aborts this task).
             let _ = tx.send(Arc::new(frame));
@@ -412,6 +427,71 @@ mod tests {
             }
             assert!(hubs.is_empty(), "hub outlived its subscribers");
         }
+    }
+
+    /// A subscriber whose own read reached the tail just before an append, and that joins the
+    /// hub only after the hub published that append, gets it at once (the hub will not send it
+    /// again); it must not wait, reporting `upToDate` at its old offset, for the next append.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_subscriber_joining_after_a_frame_it_missed_reads_the_gap() {
+        use crate::ds::{Ds, sse::caught_up_at};
+        let node = start_test_node().await;
+        let hubs = Arc::new(Hubs::default());
+        let app = mount(node.clone(), DS_ROOT, hubs.clone());
+        let u = format!("{DS_ROOT}/late");
+        assert_eq!(
+            call(&app, Method::PUT, &u, "text/plain", "ab".into()).await,
+            201
+        );
+        // A keeps the stream's hub alive.
+        let mut a = Sub::open(&app, &u).await;
+        assert_eq!(a.event().await.unwrap().0, "control");
+        // Polled once more, it joins the hub and waits there.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), a.event())
+                .await
+                .is_err()
+        );
+        assert_eq!(hubs.len(), 1);
+        let name = StreamName::parse("/late").unwrap();
+        let before = node.head(&name).await.unwrap();
+        assert_eq!(
+            call(&app, Method::POST, &u, "text/plain", "cd".into()).await,
+            204
+        );
+        // The hub has published the append once A got it.
+        assert_eq!(a.event().await.unwrap(), ("data".into(), "cd".into()));
+        let after = node.head(&name).await.unwrap().next_seq;
+        assert!(after > before.next_seq);
+        let ds = Ds {
+            node: node.clone(),
+            root: DS_ROOT,
+            hubs: hubs.clone(),
+        };
+        let mut b = Sub {
+            body: caught_up_at(&ds, name.clone(), before.stream_id, before.next_seq)
+                .into_data_stream(),
+            buf: String::new(),
+        };
+        let (event, payload) = tokio::time::timeout(Duration::from_secs(2), b.event())
+            .await
+            .expect("an event")
+            .expect("the response goes on");
+        assert_eq!(
+            (event.as_str(), payload.as_str()),
+            ("data", "cd"),
+            "the late joiner got a keep-alive instead of the append it missed"
+        );
+        let (event, payload) = b.event().await.unwrap();
+        assert_eq!(event, "control");
+        let v: Value = serde_json::from_str(&payload).unwrap();
+        assert_eq!(v["streamNextOffset"], format_offset(after));
+        // And it follows the hub from there.
+        assert_eq!(
+            call(&app, Method::POST, &u, "text/plain", "ef".into()).await,
+            204
+        );
+        assert_eq!(b.event().await.unwrap(), ("data".into(), "ef".into()));
     }
 
     /// Creates the stream at `u` and opens three subscribers that read up to the tail.

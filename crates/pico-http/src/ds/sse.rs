@@ -197,17 +197,26 @@ impl SseState {
     async fn follow(&mut self) {
         let now = Instant::now();
         let wake = now + self.deadline.saturating_duration_since(now).min(self.poll);
-        let sub = match &mut self.hub {
-            Some(sub) => sub,
-            None => self.hub.insert(self.ds.hubs.subscribe(Follow {
+        if self.hub.is_none() {
+            let sub = self.ds.hubs.subscribe(Follow {
                 node: self.ds.node.clone(),
                 name: self.name.clone(),
                 stream_id: self.stream_id,
                 from: self.next,
                 render: self.render,
                 poll: self.poll,
-            })),
-        };
+            });
+            // A frame the hub sent between this subscriber's last read and its joining is not
+            // in its channel and would never come: read the gap instead (later frames wait in
+            // the channel meanwhile).
+            let behind = sub.hub.published() > self.next;
+            self.hub = Some(sub);
+            if behind {
+                self.caught_up = false;
+                return;
+            }
+        }
+        let Some(sub) = &mut self.hub else { return };
         let got = loop {
             tokio::select! {
                 biased;
@@ -327,18 +336,7 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
         _open: SseOpen::new("ds"),
     };
     st.absorb(&first, true);
-    let stream = futures::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), st));
-            }
-            if st.done {
-                return None;
-            }
-            st.step().await;
-        }
-    });
-    let mut resp = Response::new(Body::from_stream(stream));
+    let mut resp = Response::new(body(st));
     let hm = resp.headers_mut();
     hm.insert(
         header::CONTENT_TYPE,
@@ -353,6 +351,50 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
         );
     }
     Ok(resp)
+}
+
+/// The response body: the queued frames, then a step at a time until done.
+fn body(st: SseState) -> Body {
+    Body::from_stream(futures::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.pending.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), st));
+            }
+            if st.done {
+                return None;
+            }
+            st.step().await;
+        }
+    }))
+}
+
+/// A subscriber of a text stream whose own read just reached `next`, the tail, before it joins
+/// the hub: the state between a read and the `follow` that joins (for the hub's tests).
+#[cfg(test)]
+pub(super) fn caught_up_at(ds: &Ds, name: StreamName, stream_id: u64, next: u64) -> Body {
+    let cfg = ds.node.config();
+    body(SseState {
+        ds: ds.clone(),
+        name,
+        stream_id,
+        render: Render {
+            json: false,
+            text: true,
+        },
+        cursor: 0,
+        next,
+        caught_up: true,
+        done: false,
+        deadline: Instant::now() + cfg.sse_max_duration,
+        poll: cfg.long_poll_timeout,
+        hub: None,
+        keepalive: Box::pin(tokio::time::sleep_until(
+            Instant::now() + cfg.long_poll_timeout,
+        )),
+        keepalive_waker: None,
+        pending: VecDeque::new(),
+        _open: SseOpen::new("ds"),
+    })
 }
 
 #[cfg(test)]
