@@ -1,5 +1,7 @@
 //! Strict parsing of Pico request headers. Every malformed value is a 400 naming the header.
 
+use std::borrow::Cow;
+
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -49,6 +51,27 @@ pub fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a s
     v.to_str()
         .map(|s| Some(s.trim()))
         .map_err(|_| HttpError::bad_request(format!("header is not visible ASCII: header={name}")))
+}
+
+/// A list header (`If-None-Match`, …) as one comma-separated value: RFC 9110 lets a client
+/// split the list over several field lines, which mean the same as one line joined with ", ".
+/// `None` when absent; non-visible-ASCII values are rejected.
+pub fn header_list<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<Cow<'a, str>>, HttpError> {
+    let mut joined: Option<Cow<'a, str>> = None;
+    for v in headers.get_all(name) {
+        let s = v.to_str().map_err(|_| {
+            HttpError::bad_request(format!("header is not visible ASCII: header={name}"))
+        })?;
+        let s = s.trim();
+        joined = Some(match joined {
+            None => Cow::Borrowed(s),
+            Some(prev) => Cow::Owned(format!("{prev}, {s}")),
+        });
+    }
+    Ok(joined)
 }
 
 /// A strict decimal u64 header (no sign, no leading zeros, no decimal point).
@@ -219,6 +242,30 @@ mod tests {
             m.append(*k, HeaderValue::from_str(v).unwrap());
         }
         m
+    }
+
+    #[test]
+    fn list_headers_join_their_lines() {
+        assert_eq!(header_list(&map(&[]), "if-none-match").unwrap(), None);
+        let one = map(&[("if-none-match", " \"a\" ")]);
+        assert_eq!(
+            header_list(&one, "if-none-match").unwrap().as_deref(),
+            Some("\"a\"")
+        );
+        let two = map(&[
+            ("if-none-match", "\"a\", \"b\""),
+            ("if-none-match", "W/\"c\""),
+        ]);
+        assert_eq!(
+            header_list(&two, "if-none-match").unwrap().as_deref(),
+            Some("\"a\", \"b\", W/\"c\"")
+        );
+        let mut bad = map(&[("if-none-match", "\"a\"")]);
+        bad.append(
+            "if-none-match",
+            HeaderValue::from_bytes(b"\"\xff\"").unwrap(),
+        );
+        assert_eq!(header_list(&bad, "if-none-match").unwrap_err().status, 400);
     }
 
     #[test]

@@ -594,3 +594,45 @@ async fn protocol_ds_serves_ds_at_the_root_too() {
     // And the Pico protocol is not served there: no Pico headers.
     assert!(r.h("pico-next-seq").is_none());
 }
+
+#[tokio::test]
+async fn json_arrays_past_the_record_limit_are_413() {
+    let (app, _) = app().await;
+    let u = format!("{S}/j");
+    assert_eq!(put(&app, &u, &[JSON], Body::empty()).await.code(), 201);
+    let max = pico_server::node::MAX_RECORDS_PER_APPEND;
+    let array = |n: usize| format!("[{}]", vec!["1"; n].join(","));
+    let r = post(&app, &u, &[JSON], array(max + 1)).await;
+    assert_eq!(r.code(), 413);
+    assert_eq!(
+        r.text(),
+        format!("too many messages in one append: max={max}")
+    );
+    // Also as a create's initial body, refused before the stream is created.
+    let r = put(&app, &format!("{S}/j2"), &[JSON], array(max + 1)).await;
+    assert_eq!(r.code(), 413);
+    assert_eq!(head(&app, &format!("{S}/j2")).await.code(), 404);
+    assert_eq!(post(&app, &u, &[JSON], array(max)).await.code(), 204);
+}
+
+#[tokio::test]
+async fn if_none_match_may_be_split_over_several_lines() {
+    let (app, _) = app().await;
+    let u = format!("{S}/n");
+    put(&app, &u, &[TEXT], "data").await;
+    let etag = get(&app, &u).await.h("etag").unwrap().to_string();
+    let r = get_with(
+        &app,
+        &u,
+        &[("if-none-match", "\"other\""), ("if-none-match", &etag)],
+    )
+    .await;
+    assert_eq!(r.code(), 304);
+    let r = get_with(
+        &app,
+        &u,
+        &[("if-none-match", "\"x\""), ("if-none-match", "\"y\"")],
+    )
+    .await;
+    assert_eq!(r.code(), 200);
+}

@@ -789,3 +789,134 @@ async fn admin_health_and_ready() {
     assert_eq!(v["nodeId"], 1);
     assert!(v["appliedIndex"].as_u64().is_some());
 }
+
+#[tokio::test]
+async fn reads_are_capped_by_the_chunk_size_whatever_the_query_asks() {
+    let app = app_with(NodeConfig {
+        max_chunk_size: 100,
+        ..NodeConfig::default()
+    })
+    .await;
+    put(&app, "/big", &[]).await;
+    let rec = format!(r#"{{"body":"{}"}}"#, "x".repeat(30));
+    let batch = format!(r#"{{"records":[{}]}}"#, vec![rec; 10].join(","));
+    let r = post(
+        &app,
+        "/big",
+        &[("content-type", "application/vnd.picomq.batch+json")],
+        batch,
+    )
+    .await;
+    assert_eq!(r.h("pico-next-seq"), Some("10"));
+    let max = u64::MAX;
+    let mut seq = 0;
+    let mut seen = 0;
+    loop {
+        let r = get(&app, &format!("/big?seq={seq}&count={max}&bytes={max}")).await;
+        assert_eq!(r.status, 200);
+        let n = r.json().as_array().unwrap().len();
+        // Three 30-byte records fit in 100 bytes; a fourth would not.
+        assert!((1..=3).contains(&n), "read returned {n} records");
+        seen += n;
+        let next: u64 = r.h("pico-next-seq").unwrap().parse().unwrap();
+        assert_eq!(
+            next,
+            seq + n as u64,
+            "next_seq continues where the read stopped"
+        );
+        seq = next;
+        if r.h("pico-up-to-date").is_some() {
+            break;
+        }
+    }
+    assert_eq!(seen, 10);
+    // A smaller client limit still narrows the read.
+    let r = get(&app, "/big?count=2&bytes=1000").await;
+    assert_eq!(r.json().as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn header_keys_too_long_for_binary_reads_are_400() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    let batch = |key: &str| json!({"records": [{"body": "a", "headers": {key: "v"}}]}).to_string();
+    let ct = [("content-type", "application/vnd.picomq.batch+json")];
+    let r = post(&app, "/s", &ct, batch(&"k".repeat(70_000))).await;
+    assert_error(&r, 400, "bad_request");
+    let msg = r.json()["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("header key too long"), "{msg}");
+    assert!(msg.contains("index=0"), "{msg}");
+    assert_eq!(post(&app, "/s", &ct, batch("k")).await.status, 200);
+    let r = get(&app, "/s?format=binary").await;
+    assert_eq!(r.status, 200, "body: {}", String::from_utf8_lossy(&r.body));
+    let got = decode_binary(&r.body).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].1.headers,
+        vec![("k".to_string(), Bytes::from_static(b"v"))]
+    );
+}
+
+#[tokio::test]
+async fn batches_past_the_record_limit_are_413_before_parsing_them_whole() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    let max = pico_server::node::MAX_RECORDS_PER_APPEND;
+    let recs = vec![r#"{"body":""}"#; max + 1].join(",");
+    // The record past the limit is not even valid: parsing stopped before it.
+    let body = format!(r#"{{"records":[{recs},{{"body": !!!"#);
+    let ct = [("content-type", "application/vnd.picomq.batch+json")];
+    let r = post(&app, "/s", &ct, body).await;
+    assert_error(&r, 413, "too_large");
+    assert_eq!(
+        r.json()["message"],
+        format!("too many records in one batch: max={max}")
+    );
+    let rec = Record::from_value(Bytes::new());
+    let body = encode_binary((0..=max as u64).map(|i| (i, &rec))).unwrap();
+    let r = post(
+        &app,
+        "/s",
+        &[("content-type", "application/vnd.picomq.batch")],
+        body,
+    )
+    .await;
+    assert_error(&r, 413, "too_large");
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("max={max}"))
+    );
+    assert_eq!(get(&app, "/s").await.h("pico-next-seq"), Some("0"));
+}
+
+#[tokio::test]
+async fn if_none_match_may_be_split_over_several_lines() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    post(&app, "/s", &[], "a").await;
+    let etag = get(&app, "/s?seq=0").await.h("etag").unwrap().to_string();
+    let r = send(
+        &app,
+        req(
+            Method::GET,
+            "/s?seq=0",
+            &[("if-none-match", "\"other\""), ("if-none-match", &etag)],
+            Body::empty(),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 304);
+    let r = send(
+        &app,
+        req(
+            Method::GET,
+            "/s?seq=0",
+            &[("if-none-match", "\"x\""), ("if-none-match", "\"y\"")],
+            Body::empty(),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}

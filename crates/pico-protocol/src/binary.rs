@@ -10,6 +10,10 @@ use crate::reader::ByteReader;
 use crate::record::Record;
 
 pub const VERSION: u8 = 1;
+/// Most headers one record may carry: the framing counts them in a u16.
+pub const MAX_HEADERS: usize = u16::MAX as usize;
+/// Longest header key: the framing prefixes it with a u16 length.
+pub const MAX_HEADER_KEY_LEN: usize = u16::MAX as usize;
 /// seq + timestamp + header count + body len.
 const MIN_RECORD_LEN: usize = 8 + 8 + 2 + 4;
 
@@ -27,6 +31,29 @@ pub enum BinaryError {
     HeaderKey(usize),
     #[error("field too long for the framing: field={field} len={len}")]
     TooLong { field: &'static str, len: usize },
+    #[error("too many records in one batch: count={count} max={max}")]
+    TooMany { count: u32, max: usize },
+}
+
+/// Checks that `r` can be framed by [`encode_binary`]. Appends check it so that every stored
+/// record stays readable with `format=binary`.
+pub fn check_framable(r: &Record) -> Result<(), BinaryError> {
+    let too_long = |field, len| BinaryError::TooLong { field, len };
+    if r.headers.len() > MAX_HEADERS {
+        return Err(too_long("header count", r.headers.len()));
+    }
+    for (k, v) in &r.headers {
+        if k.len() > MAX_HEADER_KEY_LEN {
+            return Err(too_long("header key", k.len()));
+        }
+        if u32::try_from(v.len()).is_err() {
+            return Err(too_long("header value", v.len()));
+        }
+    }
+    if u32::try_from(r.value.len()).is_err() {
+        return Err(too_long("body", r.value.len()));
+    }
+    Ok(())
 }
 
 /// Encodes `(seq, record)` pairs.
@@ -74,6 +101,12 @@ fn put_u32_len(buf: &mut BytesMut, field: &'static str, len: usize) -> Result<()
 
 /// Decodes a binary batch into `(seq, record)` pairs.
 pub fn decode_binary(data: &[u8]) -> Result<Vec<(u64, Record)>, BinaryError> {
+    decode(data, usize::MAX)
+}
+
+/// Decodes a batch of at most `max_records` records; a larger count is refused before any
+/// record is decoded.
+fn decode(data: &[u8], max_records: usize) -> Result<Vec<(u64, Record)>, BinaryError> {
     let mut c = ByteReader::new(data);
     let version = c.u8().ok_or(BinaryError::Truncated {
         field: "version",
@@ -86,6 +119,12 @@ pub fn decode_binary(data: &[u8]) -> Result<Vec<(u64, Record)>, BinaryError> {
         field: "count",
         index: 0,
     })?;
+    if count as usize > max_records {
+        return Err(BinaryError::TooMany {
+            count,
+            max: max_records,
+        });
+    }
     if (count as usize).saturating_mul(MIN_RECORD_LEN) > c.remaining() {
         return Err(BinaryError::Count {
             count,
@@ -131,7 +170,13 @@ pub fn decode_binary(data: &[u8]) -> Result<Vec<(u64, Record)>, BinaryError> {
 
 /// Decodes a POST body: seqs are dropped, timestamps reset to 0 (the server assigns them).
 pub fn decode_binary_records(data: &[u8]) -> Result<Vec<Record>, BinaryError> {
-    Ok(decode_binary(data)?
+    decode_binary_append(data, usize::MAX)
+}
+
+/// [`decode_binary_records`] for a body of at most `max_records` records (an append's limit):
+/// a larger count is refused from the batch header, before anything is allocated for it.
+pub fn decode_binary_append(data: &[u8], max_records: usize) -> Result<Vec<Record>, BinaryError> {
+    Ok(decode(data, max_records)?
         .into_iter()
         .map(|(_, mut r)| {
             r.timestamp_ms = 0;
@@ -200,6 +245,50 @@ mod tests {
             Err(BinaryError::Truncated { field: "body", .. })
         ));
         assert_eq!(decode_binary(&[1, 0, 0, 0, 0]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn append_limit_is_checked_from_the_header() {
+        let rec = Record::from_value("x");
+        let three = encode_binary([(0, &rec), (1, &rec), (2, &rec)]).unwrap();
+        assert_eq!(decode_binary_append(&three, 3).unwrap().len(), 3);
+        assert_eq!(
+            decode_binary_append(&three, 2),
+            Err(BinaryError::TooMany { count: 3, max: 2 })
+        );
+        // Refused from the count alone: the records themselves are never looked at.
+        assert_eq!(
+            decode_binary_append(&[1, 0, 0, 0, 3], 2),
+            Err(BinaryError::TooMany { count: 3, max: 2 })
+        );
+        let e = decode_binary_append(&three, 2).unwrap_err().to_string();
+        assert!(e.contains("max=2"), "{e}");
+    }
+
+    #[test]
+    fn framable_records_fit_the_u16_fields() {
+        let mut r = Record::from_value("x");
+        r.headers = vec![("k".repeat(MAX_HEADER_KEY_LEN), Bytes::new())];
+        assert_eq!(check_framable(&r), Ok(()));
+        assert!(encode_binary([(0, &r)]).is_ok());
+        r.headers = vec![("k".repeat(MAX_HEADER_KEY_LEN + 1), Bytes::new())];
+        assert_eq!(
+            check_framable(&r),
+            Err(BinaryError::TooLong {
+                field: "header key",
+                len: MAX_HEADER_KEY_LEN + 1
+            })
+        );
+        assert!(encode_binary([(0, &r)]).is_err());
+        r.headers = vec![(String::new(), Bytes::new()); MAX_HEADERS + 1];
+        assert!(matches!(
+            check_framable(&r),
+            Err(BinaryError::TooLong {
+                field: "header count",
+                ..
+            })
+        ));
+        assert!(encode_binary([(0, &r)]).is_err());
     }
 
     fn arb_record() -> impl Strategy<Value = Record> {

@@ -9,6 +9,8 @@ use thiserror::Error;
 pub enum DsJsonError {
     #[error("invalid JSON: {0}")]
     Invalid(String),
+    #[error("too many messages in one append: max={max}")]
+    TooMany { max: usize },
 }
 
 fn is_ws(b: u8) -> bool {
@@ -29,9 +31,11 @@ fn trim(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// The messages of a JSON-mode body. An empty array yields no messages (the caller decides:
-/// `[]` is an error on append and an empty stream on create).
-pub fn split_messages(body: &Bytes) -> Result<Vec<Bytes>, DsJsonError> {
+/// The messages of a JSON-mode body, at most `max` (the scan stops at the first one past it, so
+/// a huge array never becomes as many messages). An empty array yields no messages (the caller
+/// decides: `[]` is an error on append and an empty stream on create).
+pub fn split_messages(body: &Bytes, max: usize) -> Result<Vec<Bytes>, DsJsonError> {
+    // Validation allocates nothing per element.
     serde_json::from_slice::<serde::de::IgnoredAny>(body)
         .map_err(|e| DsJsonError::Invalid(e.to_string()))?;
     let value = trim(body);
@@ -63,11 +67,11 @@ pub fn split_messages(body: &Bytes) -> Result<Vec<Bytes>, DsJsonError> {
             b']' | b'}' => {
                 depth -= 1;
                 if depth == 0 {
-                    push_element(body, elem_start, at, &mut out);
+                    push_element(body, elem_start, at, &mut out, max)?;
                 }
             }
             b',' if depth == 1 => {
-                push_element(body, elem_start, at, &mut out);
+                push_element(body, elem_start, at, &mut out, max)?;
                 elem_start = at + 1;
             }
             _ => {}
@@ -76,14 +80,24 @@ pub fn split_messages(body: &Bytes) -> Result<Vec<Bytes>, DsJsonError> {
     Ok(out)
 }
 
-fn push_element(body: &Bytes, from: usize, to: usize, out: &mut Vec<Bytes>) {
+fn push_element(
+    body: &Bytes,
+    from: usize,
+    to: usize,
+    out: &mut Vec<Bytes>,
+    max: usize,
+) -> Result<(), DsJsonError> {
     let raw = &body[from..to];
     let t = trim(raw);
     if t.is_empty() {
-        return; // `[]`: no element
+        return Ok(()); // `[]`: no element
+    }
+    if out.len() >= max {
+        return Err(DsJsonError::TooMany { max });
     }
     let off = from + (t.as_ptr() as usize - raw.as_ptr() as usize);
     out.push(body.slice(off..off + t.len()));
+    Ok(())
 }
 
 /// A JSON array of stored messages (`[]` when empty).
@@ -104,7 +118,11 @@ mod tests {
     use super::*;
 
     fn split(s: &str) -> Result<Vec<String>, DsJsonError> {
-        split_messages(&Bytes::copy_from_slice(s.as_bytes())).map(|v| {
+        split_at_most(s, usize::MAX)
+    }
+
+    fn split_at_most(s: &str, max: usize) -> Result<Vec<String>, DsJsonError> {
+        split_messages(&Bytes::copy_from_slice(s.as_bytes()), max).map(|v| {
             v.into_iter()
                 .map(|b| String::from_utf8(b.to_vec()).unwrap())
                 .collect()
@@ -127,6 +145,21 @@ mod tests {
         );
         assert!(split("[]").unwrap().is_empty());
         assert!(split(" [ ] ").unwrap().is_empty());
+    }
+
+    #[test]
+    fn message_count_is_bounded() {
+        assert_eq!(split_at_most("[1,2,3]", 3).unwrap(), vec!["1", "2", "3"]);
+        let e = split_at_most("[1,2,3,4]", 3).unwrap_err();
+        assert_eq!(e, DsJsonError::TooMany { max: 3 });
+        assert!(e.to_string().contains("max=3"), "{e}");
+        // Nested arrays count as one message each; a single value is one message.
+        assert_eq!(split_at_most("[[1,2,3,4]]", 1).unwrap().len(), 1);
+        assert_eq!(
+            split_at_most("[1,2,3,4,5]", 1),
+            Err(DsJsonError::TooMany { max: 1 })
+        );
+        assert!(split_at_most("[]", 0).unwrap().is_empty());
     }
 
     #[test]

@@ -5,12 +5,20 @@
 //! Read: `[{"seq":0,"timestamp":1700000000000,"key":"k","headers":{"k":"v"},"body":"text"}]`,
 //! with `body_b64` (and `key_b64`) when the bytes are not valid UTF-8.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::fmt;
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::error::Category;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+use crate::binary::{MAX_HEADER_KEY_LEN, MAX_HEADERS};
 use crate::record::Record;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -21,81 +29,237 @@ pub enum JsonBatchError {
     Shape,
     #[error("bad record: index={index} reason={reason}")]
     Record { index: usize, reason: String },
+    #[error("too many records in one batch: max={max}")]
+    TooMany { max: usize },
 }
 
-/// Parses a JSON batch body into records (timestamp 0: the server assigns it).
-pub fn parse_json_batch(body: &[u8]) -> Result<Vec<Record>, JsonBatchError> {
-    let doc: Value =
-        serde_json::from_slice(body).map_err(|e| JsonBatchError::Syntax(e.to_string()))?;
-    let Value::Object(mut doc) = doc else {
-        return Err(JsonBatchError::Shape);
+/// Parses a JSON batch body of at most `max_records` records (timestamp 0: the server assigns
+/// it). Records are built as the body streams by, with no intermediate JSON tree, and parsing
+/// stops at the first record past the limit.
+pub fn parse_json_batch(body: &[u8], max_records: usize) -> Result<Vec<Record>, JsonBatchError> {
+    let blame = Blame::new(Some(JsonBatchError::Shape));
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let doc = Doc {
+        max_records,
+        blame: &blame,
     };
-    let Some(Value::Array(items)) = doc.remove("records") else {
-        return Err(JsonBatchError::Shape);
-    };
-    items
-        .into_iter()
-        .enumerate()
-        .map(|(index, item)| {
-            parse_record(item).map_err(|reason| JsonBatchError::Record { index, reason })
+    doc.deserialize(&mut de)
+        .and_then(|records| de.end().map(|()| records))
+        .map_err(|e| match e.classify() {
+            // Shape and record errors: serde only carries text, the typed cause is in `blame`.
+            Category::Data => blame
+                .take()
+                .unwrap_or_else(|| JsonBatchError::Syntax(e.to_string())),
+            _ => JsonBatchError::Syntax(e.to_string()),
         })
-        .collect()
 }
 
-fn parse_record(item: Value) -> Result<Record, String> {
-    let Value::Object(obj) = item else {
-        return Err("record must be a JSON object".to_string());
-    };
-    let mut value = None;
-    let mut key = None;
-    let mut headers = Vec::new();
-    for (field, v) in obj {
-        match field.as_str() {
-            "body" | "body_b64" if value.is_some() => {
-                return Err("record has both `body` and `body_b64`".to_string());
+/// What a data error at the current step means; set before every step that can fail.
+type Blame = RefCell<Option<JsonBatchError>>;
+
+fn blame_as<E: de::Error>(blame: &Blame, err: JsonBatchError) -> E {
+    let msg = err.to_string();
+    *blame.borrow_mut() = Some(err);
+    E::custom(msg)
+}
+
+/// The top-level object; fields other than `records` are ignored.
+#[derive(Clone, Copy)]
+struct Doc<'a> {
+    max_records: usize,
+    blame: &'a Blame,
+}
+
+impl<'de> DeserializeSeed<'de> for Doc<'_> {
+    type Value = Vec<Record>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<Record>, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Doc<'_> {
+    type Value = Vec<Record>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object with a `records` array")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<Record>, A::Error> {
+        let mut records = None;
+        while let Some(field) = map.next_key::<String>()? {
+            if field == "records" {
+                *self.blame.borrow_mut() = Some(JsonBatchError::Shape);
+                records = Some(map.next_value_seed(Records(self))?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
             }
-            "body" => value = Some(Bytes::from(string_field(&field, v)?.into_bytes())),
-            "body_b64" => value = Some(b64_field(&field, v)?),
-            "key" | "key_b64" if key.is_some() => {
-                return Err("record has both `key` and `key_b64`".to_string());
-            }
-            "key" => key = Some(Bytes::from(string_field(&field, v)?.into_bytes())),
-            "key_b64" => key = Some(b64_field(&field, v)?),
-            "headers" => {
-                let Value::Object(map) = v else {
-                    return Err("`headers` must be an object of strings".to_string());
+        }
+        records.ok_or_else(|| blame_as(self.blame, JsonBatchError::Shape))
+    }
+}
+
+/// The `records` array.
+struct Records<'a>(Doc<'a>);
+
+impl<'de> DeserializeSeed<'de> for Records<'_> {
+    type Value = Vec<Record>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<Record>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Records<'_> {
+    type Value = Vec<Record>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of records")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Record>, A::Error> {
+        let Doc { max_records, blame } = self.0;
+        let mut out = Vec::new();
+        loop {
+            let index = out.len();
+            if index == max_records {
+                // Whether one more follows, without parsing it.
+                *blame.borrow_mut() = Some(JsonBatchError::TooMany { max: max_records });
+                return match seq.next_element_seed(Refuse)? {
+                    None => Ok(out),
+                    Some(never) => match never {},
                 };
-                for (k, hv) in map {
-                    let Value::String(s) = hv else {
-                        return Err(format!("header `{k}` must be a string"));
-                    };
-                    headers.push((k, Bytes::from(s.into_bytes())));
-                }
             }
-            other => return Err(format!("unknown field `{other}`")),
+            let rec = RecordSeed { index, blame };
+            rec.blame("record must be a JSON object");
+            match seq.next_element_seed(rec)? {
+                Some(r) => out.push(r),
+                None => return Ok(out),
+            }
         }
     }
-    let value = value.ok_or_else(|| "record has neither `body` nor `body_b64`".to_string())?;
-    Ok(Record {
-        timestamp_ms: 0,
-        key,
-        value,
-        headers,
-    })
 }
 
-fn string_field(field: &str, v: Value) -> Result<String, String> {
-    match v {
-        Value::String(s) => Ok(s),
-        _ => Err(format!("`{field}` must be a string")),
+/// Fails on any element: marks the first record past the limit.
+struct Refuse;
+
+impl<'de> DeserializeSeed<'de> for Refuse {
+    type Value = Infallible;
+    fn deserialize<D: Deserializer<'de>>(self, _: D) -> Result<Infallible, D::Error> {
+        Err(de::Error::custom("too many records"))
     }
 }
 
-fn b64_field(field: &str, v: Value) -> Result<Bytes, String> {
-    let s = string_field(field, v)?;
-    B64.decode(s.as_bytes())
-        .map(Bytes::from)
-        .map_err(|e| format!("`{field}` is not valid base64: {e}"))
+#[derive(Clone, Copy)]
+struct RecordSeed<'a> {
+    index: usize,
+    blame: &'a Blame,
+}
+
+impl RecordSeed<'_> {
+    fn blame(&self, reason: impl Into<String>) {
+        *self.blame.borrow_mut() = Some(JsonBatchError::Record {
+            index: self.index,
+            reason: reason.into(),
+        });
+    }
+
+    fn fail<E: de::Error>(&self, reason: impl Into<String>) -> E {
+        self.blame(reason);
+        E::custom("bad record")
+    }
+
+    /// The next value as a string; anything else blames `field`.
+    fn text<'de, A: MapAccess<'de>>(&self, map: &mut A, field: &str) -> Result<String, A::Error> {
+        self.blame(format!("`{field}` must be a string"));
+        map.next_value()
+    }
+
+    fn b64<'de, A: MapAccess<'de>>(&self, map: &mut A, field: &str) -> Result<Bytes, A::Error> {
+        let s = self.text(map, field)?;
+        B64.decode(s.as_bytes())
+            .map(Bytes::from)
+            .map_err(|e| self.fail(format!("`{field}` is not valid base64: {e}")))
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for RecordSeed<'_> {
+    type Value = Record;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Record, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RecordSeed<'_> {
+    type Value = Record;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a record object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Record, A::Error> {
+        let mut value = None;
+        let mut key = None;
+        let mut headers = Vec::new();
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "body" | "body_b64" if value.is_some() => {
+                    return Err(self.fail("record has more than one of `body` and `body_b64`"));
+                }
+                "body" => value = Some(Bytes::from(self.text(&mut map, &field)?.into_bytes())),
+                "body_b64" => value = Some(self.b64(&mut map, &field)?),
+                "key" | "key_b64" if key.is_some() => {
+                    return Err(self.fail("record has more than one of `key` and `key_b64`"));
+                }
+                "key" => key = Some(Bytes::from(self.text(&mut map, &field)?.into_bytes())),
+                "key_b64" => key = Some(self.b64(&mut map, &field)?),
+                "headers" => {
+                    self.blame("`headers` must be an object of strings");
+                    headers = map.next_value_seed(Headers(self))?;
+                }
+                other => return Err(self.fail(format!("unknown field `{other}`"))),
+            }
+        }
+        let Some(value) = value else {
+            return Err(self.fail("record has neither `body` nor `body_b64`"));
+        };
+        Ok(Record {
+            timestamp_ms: 0,
+            key,
+            value,
+            headers,
+        })
+    }
+}
+
+/// A record's `headers` object. Bounded by the binary read format (u16 count and key length),
+/// so every accepted record can be read back in any format.
+struct Headers<'a>(RecordSeed<'a>);
+
+impl<'de> DeserializeSeed<'de> for Headers<'_> {
+    type Value = Vec<(String, Bytes)>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Headers<'_> {
+    type Value = Vec<(String, Bytes)>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of strings")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let rec = self.0;
+        // Sorted by key, a repeated key keeps its last value (as a JSON object reads).
+        let mut out = BTreeMap::new();
+        while let Some(k) = map.next_key::<String>()? {
+            if k.len() > MAX_HEADER_KEY_LEN {
+                return Err(rec.fail(format!(
+                    "header key too long: len={} max={MAX_HEADER_KEY_LEN}",
+                    k.len()
+                )));
+            }
+            rec.blame(format!("header `{k}` must be a string"));
+            let v: String = map.next_value()?;
+            out.insert(k, Bytes::from(v.into_bytes()));
+            if out.len() > MAX_HEADERS {
+                return Err(rec.fail(format!("too many headers: max={MAX_HEADERS}")));
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
 }
 
 /// One record of the `json` read format as a JSON value.
@@ -154,7 +318,7 @@ mod tests {
             {"body_b64":"AAH/"},
             {"body":""}
         ]}"#;
-        let recs = parse_json_batch(body).unwrap();
+        let recs = parse_json_batch(body, 3).unwrap();
         assert_eq!(recs.len(), 3);
         assert_eq!(recs[0].value, Bytes::from_static(b"hello"));
         assert_eq!(recs[0].key, Some(Bytes::from_static(b"k1")));
@@ -186,20 +350,94 @@ mod tests {
             (br#"{"records":[5]}"#, "index=0"),
         ];
         for (body, want) in cases {
-            let err = parse_json_batch(body).unwrap_err();
+            let err = parse_json_batch(body, 10).unwrap_err();
             assert!(
                 err.to_string().contains(want),
                 "{err} should contain {want}"
             );
         }
-        assert!(matches!(
-            parse_json_batch(b"{"),
-            Err(JsonBatchError::Syntax(_))
-        ));
-        assert_eq!(parse_json_batch(b"[]"), Err(JsonBatchError::Shape));
+        for bad in [&b"{"[..], br#"{"records":[{"body":"a"}]} x"#, b""] {
+            assert!(
+                matches!(parse_json_batch(bad, 10), Err(JsonBatchError::Syntax(_))),
+                "{bad:?}"
+            );
+        }
+        for bad in [&b"[]"[..], br#"{"records":{}}"#, br#"{"other":[]}"#, b"5"] {
+            assert_eq!(
+                parse_json_batch(bad, 10),
+                Err(JsonBatchError::Shape),
+                "{bad:?}"
+            );
+        }
+        // Other top-level fields are ignored.
+        let r = parse_json_batch(br#"{"v":[1,{}],"records":[{"body":"a"}]}"#, 10).unwrap();
+        assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn record_count_is_bounded_while_parsing() {
+        let body = br#"{"records":[{"body":"a"},{"body":"b"}]}"#;
+        assert_eq!(parse_json_batch(body, 2).unwrap().len(), 2);
+        let e = parse_json_batch(body, 1).unwrap_err();
+        assert_eq!(e, JsonBatchError::TooMany { max: 1 });
+        assert!(e.to_string().contains("max=1"), "{e}");
+        // Parsing stops at the first record past the limit: what follows is never read, so
+        // neither a bad record nor broken JSON after it changes the answer.
+        for tail in [
+            &br#"5]}"#[..],
+            br#"{"body":1}]}"#,
+            br#"{"body": !!! not json"#,
+        ] {
+            let body = [&br#"{"records":[{"body":"a"},{"body":"b"},"#[..], tail].concat();
+            assert_eq!(
+                parse_json_batch(&body, 2),
+                Err(JsonBatchError::TooMany { max: 2 }),
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
+
+    #[test]
+    fn headers_must_fit_the_binary_format() {
+        let body = |key: &str, n: usize| {
+            let hs: Vec<String> = (0..n).map(|i| format!("\"{key}{i}\":\"v\"")).collect();
+            format!(
+                r#"{{"records":[{{"body":"a"}},{{"body":"b","headers":{{{}}}}}]}}"#,
+                hs.join(",")
+            )
+        };
+        let ok = parse_json_batch(body("k", 3).as_bytes(), 10).unwrap();
+        assert_eq!(ok[1].headers.len(), 3);
+        let long = "k".repeat(MAX_HEADER_KEY_LEN);
+        let e = parse_json_batch(body(&long, 1).as_bytes(), 10).unwrap_err();
+        assert!(
+            matches!(&e, JsonBatchError::Record { index: 1, reason } if reason.contains("header key too long")),
+            "{e}"
+        );
+        let e = parse_json_batch(body("", MAX_HEADERS + 1).as_bytes(), 10).unwrap_err();
+        assert!(
+            matches!(&e, JsonBatchError::Record { index: 1, reason } if reason.contains("too many headers")),
+            "{e}"
+        );
         assert_eq!(
-            parse_json_batch(br#"{"records":{}}"#),
-            Err(JsonBatchError::Shape)
+            parse_json_batch(body("", MAX_HEADERS).as_bytes(), 10).unwrap()[1]
+                .headers
+                .len(),
+            MAX_HEADERS
+        );
+        // A repeated key keeps its last value, as before.
+        let r = parse_json_batch(
+            br#"{"records":[{"body":"a","headers":{"b":"1","a":"2","b":"3"}}]}"#,
+            10,
+        )
+        .unwrap();
+        assert_eq!(
+            r[0].headers,
+            vec![
+                ("a".to_string(), Bytes::from_static(b"2")),
+                ("b".to_string(), Bytes::from_static(b"3"))
+            ]
         );
     }
 

@@ -25,7 +25,10 @@ pub mod record;
 pub use batch::{
     BatchError, DecodedBatch, crc_parts, decode_batch, encode_batch, record_count, set_base_offset,
 };
-pub use binary::{BinaryError, decode_binary, decode_binary_records, encode_binary};
+pub use binary::{
+    BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, check_framable, decode_binary,
+    decode_binary_append, decode_binary_records, encode_binary,
+};
 pub use json_batch::{JsonBatchError, parse_json_batch, record_to_json, render_json};
 pub use number::{NumberError, parse_strict_u64, push_decimal};
 pub use offset::{OffsetError, OffsetSpec, format_offset, parse_offset, push_offset};

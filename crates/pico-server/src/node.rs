@@ -14,10 +14,10 @@ use pico_common::clock::now_ms;
 use pico_metadata::{
     ApplyError, Command, ForkOrigin, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta,
 };
-use pico_protocol::{Record, crc_parts, decode_batch, encode_batch};
+use pico_protocol::{Record, check_framable, crc_parts, decode_batch, encode_batch};
 use pico_sql::MetaLog;
 use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal, crc};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
@@ -42,6 +42,37 @@ pub(crate) struct Inner {
     pub(crate) registered: AtomicBool,
     pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pub(crate) events: tokio::sync::broadcast::Sender<StreamEvent>,
+    /// Expired streams whose background removal is in flight.
+    pub(crate) removing: Arc<std::sync::Mutex<HashSet<u64>>>,
+}
+
+/// A stream id's place in [`Inner::removing`], released on drop (even if the task panics).
+struct RemovalClaim {
+    set: Arc<std::sync::Mutex<HashSet<u64>>>,
+    stream_id: u64,
+}
+
+impl RemovalClaim {
+    /// `None` when a removal of `stream_id` is already in flight.
+    fn take(set: &Arc<std::sync::Mutex<HashSet<u64>>>, stream_id: u64) -> Option<RemovalClaim> {
+        let fresh = set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(stream_id);
+        fresh.then(|| RemovalClaim {
+            set: set.clone(),
+            stream_id,
+        })
+    }
+}
+
+impl Drop for RemovalClaim {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.stream_id);
+    }
 }
 
 /// Stream changes, for listeners such as Durable Streams subscriptions.
@@ -136,6 +167,7 @@ impl Node {
                 registered: AtomicBool::new(true),
                 tasks: std::sync::Mutex::new(Vec::new()),
                 events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
+                removing: Arc::default(),
             }),
         };
         crate::maintenance::spawn_all(&node);
@@ -339,6 +371,12 @@ impl Node {
                 size: req.records.len(),
                 max: MAX_RECORDS_PER_APPEND,
             });
+        }
+        // Every stored record must stay readable in every format (binary has u16 fields).
+        for (index, rec) in req.records.iter().enumerate() {
+            check_framable(rec).map_err(|e| {
+                AppendError::BadRequest(format!("record cannot be stored: index={index} {e}"))
+            })?;
         }
         let stream_id = r.meta.id;
         self.touch(&r, now);
@@ -606,14 +644,15 @@ impl Node {
                 next_seq: tail,
             });
         }
+        // Client limits only narrow the server's: a response carries at most `max_chunk_size`
+        // bytes (or one larger record, whole) and `MAX_READ_RECORDS` records; `next_seq` says
+        // where to continue.
         let max_records = req
             .max_records
             .unwrap_or(self.inner.config.default_read_records)
-            .max(1);
-        let max_bytes = req
-            .max_bytes
-            .unwrap_or(self.inner.config.max_chunk_size)
-            .max(1);
+            .clamp(1, MAX_READ_RECORDS);
+        let chunk = self.inner.config.max_chunk_size.max(1);
+        let max_bytes = req.max_bytes.map_or(chunk, |b| b.clamp(1, chunk));
         let mut records = Vec::new();
         let mut next = from;
         let mut bytes = 0usize;
@@ -1160,12 +1199,16 @@ impl Node {
     fn resolve(&self, name: &StreamName, now: i64) -> Option<Resolved> {
         let r = self.resolve_raw(name)?;
         if self.expired(&r.entry, r.meta.id, now) {
+            // One removal per stream at a time: every request to an expired name lands here
+            // (`None` also when a removal is already in flight).
+            let claim = RemovalClaim::take(&self.inner.removing, r.meta.id)?;
             let node = self.clone();
-            let (name, id) = (r.name.clone(), r.meta.id);
+            let name = r.name.clone();
             tokio::spawn(async move {
-                if let Err(e) = node.remove_expired(&name, id).await {
+                if let Err(e) = node.remove_expired(&name, claim.stream_id).await {
                     tracing::warn!(error = %e, stream = %name, "expired stream not removed yet");
                 }
+                drop(claim);
             });
             return None;
         }
@@ -1500,6 +1543,9 @@ impl Node {
 const INITIAL_PRODUCER: &str = "\u{0}initial";
 /// Most records one append may carry (a JSON array, a batch, a Kafka batch later).
 pub const MAX_RECORDS_PER_APPEND: usize = 10_000;
+/// Most records one read returns, whatever the client asks: bounds the memory of a response
+/// of tiny records, which the byte limit alone does not.
+pub const MAX_READ_RECORDS: usize = 10_000;
 /// Largest accepted TTL (ten years): keeps every deadline computation far from overflow.
 pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 

@@ -704,3 +704,141 @@ fn uncommitted_objects_of_earlier_incarnations_are_collected() {
         assert_eq!(read_all(&node, "o", 0).await, vec![(0, "kept".to_string())]);
     });
 }
+
+fn read_req(n: &str, from: u64, max_records: usize, max_bytes: usize) -> ReadRequest {
+    ReadRequest {
+        name: name(n),
+        from: ReadFrom::Offset(from),
+        max_records: Some(max_records),
+        max_bytes: Some(max_bytes),
+        touch: true,
+    }
+}
+
+#[tokio::test]
+async fn reads_never_exceed_the_chunk_size_whatever_the_client_asks() {
+    let node = pico_server::testing::start_test_node_with(NodeConfig {
+        max_chunk_size: 100,
+        ..NodeConfig::default()
+    })
+    .await;
+    node.create(create_req("big")).await.unwrap();
+    let thirty = "x".repeat(30);
+    node.append(append_req("big", &[thirty.as_str(); 10]))
+        .await
+        .unwrap();
+    let r = node
+        .read(read_req("big", 0, usize::MAX, usize::MAX))
+        .await
+        .unwrap();
+    let bytes: usize = r.records.iter().map(|r| r.record.value.len()).sum();
+    assert_eq!(r.records.len(), 3, "three 30-byte records fit in 100 bytes");
+    assert!(bytes <= 100);
+    assert_eq!((r.next_seq, r.up_to_date), (3, false));
+    // The reader continues at next_seq and gets everything exactly once.
+    let r = node
+        .read(read_req("big", r.next_seq, usize::MAX, usize::MAX))
+        .await
+        .unwrap();
+    assert_eq!(r.records.first().map(|r| r.offset), Some(3));
+    assert_eq!(r.next_seq, 6);
+    // A smaller client limit still wins; one oversized record is still returned whole.
+    let r = node.read(read_req("big", 0, 2, 1000)).await.unwrap();
+    assert_eq!(r.records.len(), 2);
+    let r = node.read(read_req("big", 0, 10, 1)).await.unwrap();
+    assert_eq!((r.records.len(), r.next_seq), (1, 1));
+}
+
+#[tokio::test]
+async fn reads_never_exceed_the_record_cap_whatever_the_client_asks() {
+    let node = pico_server::testing::start_test_node_with(NodeConfig {
+        max_chunk_size: 1 << 20,
+        ..NodeConfig::default()
+    })
+    .await;
+    node.create(create_req("many")).await.unwrap();
+    let max = pico_server::node::MAX_RECORDS_PER_APPEND;
+    node.append(append_req("many", &vec!["x"; max]))
+        .await
+        .unwrap();
+    node.append(append_req("many", &["y"; 5])).await.unwrap();
+    let cap = pico_server::node::MAX_READ_RECORDS;
+    let r = node
+        .read(read_req("many", 0, usize::MAX, usize::MAX))
+        .await
+        .unwrap();
+    assert_eq!(r.records.len(), cap);
+    assert_eq!((r.next_seq, r.up_to_date), (cap as u64, false));
+    let rest = node
+        .read(read_req("many", r.next_seq, usize::MAX, usize::MAX))
+        .await
+        .unwrap();
+    assert_eq!(rest.next_seq, (max + 5) as u64);
+    assert!(rest.up_to_date);
+}
+
+#[tokio::test]
+async fn records_that_binary_reads_cannot_frame_are_refused() {
+    let node = start_test_node().await;
+    node.create(create_req("h")).await.unwrap();
+    let with_headers = |headers: Vec<(String, Bytes)>| AppendRequest {
+        records: vec![
+            rec("fine"),
+            Record {
+                headers,
+                ..rec("bad")
+            },
+        ],
+        ..append_req("h", &[])
+    };
+    let long_key = vec![("k".repeat(70_000), Bytes::new())];
+    match node.append(with_headers(long_key)).await {
+        Err(AppendError::BadRequest(m)) => {
+            assert!(m.contains("index=1") && m.contains("header key"), "{m}")
+        }
+        other => panic!("want BadRequest, got {other:?}"),
+    }
+    let many = vec![(String::new(), Bytes::new()); 65_536];
+    assert!(matches!(
+        node.append(with_headers(many)).await,
+        Err(AppendError::BadRequest(_))
+    ));
+    // Nothing of a refused append is stored; the limits themselves are fine.
+    let ok = vec![("k".repeat(65_535), Bytes::from_static(b"v"))];
+    let out = node.append(with_headers(ok)).await.unwrap();
+    assert_eq!((out.start_seq, out.next_seq), (0, 2));
+}
+
+#[tokio::test]
+async fn an_expired_stream_is_removed_by_one_task_however_often_it_is_asked_for() {
+    let node = start_test_node().await;
+    let mut c = create_req("exp");
+    c.config.expires_at_ms = Some(1);
+    node.create(c).await.unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    // A current-thread runtime: nothing spawned runs until this test yields.
+    let before = metrics.num_alive_tasks();
+    for _ in 0..5 {
+        assert!(matches!(
+            node.head(&name("exp")).await,
+            Err(ReadError::NotFound(_))
+        ));
+    }
+    assert_eq!(
+        metrics.num_alive_tasks() as i64 - before as i64,
+        1,
+        "one removal task per expired stream"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while node.meta().view().registry.contains_key("exp") {
+        assert!(tokio::time::Instant::now() < deadline, "never removed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Once it finished, a later expiry of the name is handled again.
+    let mut c = create_req("exp");
+    c.config.expires_at_ms = Some(1);
+    node.create(c).await.unwrap();
+    let before = metrics.num_alive_tasks();
+    assert!(node.head(&name("exp")).await.is_err());
+    assert_eq!(metrics.num_alive_tasks() as i64 - before as i64, 1);
+}

@@ -33,6 +33,10 @@ impl DsError {
         DsError::new(StatusCode::BAD_REQUEST, message)
     }
 
+    pub fn too_large(message: impl Into<String>) -> DsError {
+        DsError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
+    }
+
     pub fn conflict(message: impl Into<String>) -> DsError {
         DsError::new(StatusCode::CONFLICT, message)
     }

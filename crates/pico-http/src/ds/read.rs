@@ -18,7 +18,7 @@ use pico_server::{ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome, is
 use super::error::DsError;
 use super::headers::ReadQuery;
 use super::{Ds, content_type_value, set, set_offset, set_true};
-use crate::headers::{Live, format_rfc3339_ms, header_str};
+use crate::headers::{Live, format_rfc3339_ms, header_list};
 use crate::pico::no_store;
 use crate::pico::read::if_none_match;
 use crate::telemetry::live_read;
@@ -147,8 +147,8 @@ async fn catch_up(
     let from = out.records.first().map_or(out.next_seq, |r| r.offset);
     let tag = etag(&out, from);
     let tag_value = HeaderValue::from_str(&tag).ok();
-    if let Some(inm) = header_str(headers, "if-none-match")?
-        && if_none_match(inm, &tag)
+    if let Some(inm) = header_list(headers, "if-none-match")?
+        && if_none_match(&inm, &tag)
     {
         let mut resp = StatusCode::NOT_MODIFIED.into_response();
         let hm = resp.headers_mut();

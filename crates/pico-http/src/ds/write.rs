@@ -8,8 +8,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_protocol::Record;
-use pico_protocol::ds_json::split_messages;
+use pico_protocol::ds_json::{DsJsonError, split_messages};
 use pico_protocol::headers as h;
+use pico_server::node::MAX_RECORDS_PER_APPEND;
 use pico_server::{
     AppendError, AppendOptions, AppendRequest, CreateConfig, CreateRequest, ForkRequest,
     StreamInfo, is_json,
@@ -20,13 +21,17 @@ use super::headers as dh;
 use super::{Ds, content_type_value, set, set_offset, set_true, source_name};
 use crate::pico::{no_store, read_body};
 
-/// The records a body holds in a stream of content type `stream_ct`. `[]` yields none.
+/// The records a body holds in a stream of content type `stream_ct`. `[]` yields none; an array
+/// past the append limit is refused (413) while it is split, before its records are built.
 fn records(stream_ct: &str, body: Bytes) -> Result<Vec<Record>, DsError> {
     if body.is_empty() {
         return Ok(Vec::new());
     }
     if is_json(stream_ct) {
-        let msgs = split_messages(&body).map_err(|e| DsError::bad_request(e.to_string()))?;
+        let msgs = split_messages(&body, MAX_RECORDS_PER_APPEND).map_err(|e| match e {
+            DsJsonError::TooMany { .. } => DsError::too_large(e.to_string()),
+            DsJsonError::Invalid(_) => DsError::bad_request(e.to_string()),
+        })?;
         return Ok(msgs.into_iter().map(Record::from_value).collect());
     }
     Ok(vec![Record::from_value(body)])
@@ -242,5 +247,20 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn json_arrays_past_the_append_limit_are_413() {
+        let max = MAX_RECORDS_PER_APPEND;
+        let array = |n: usize| Bytes::from(format!("[{}]", vec!["1"; n].join(",")));
+        assert_eq!(records("application/json", array(max)).unwrap().len(), max);
+        let e = records("application/json", array(max + 1)).unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            e.message,
+            format!("too many messages in one append: max={max}")
+        );
+        // A byte stream's body is one record whatever it holds.
+        assert_eq!(records("text/plain", array(max + 1)).unwrap().len(), 1);
     }
 }

@@ -8,7 +8,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_protocol::headers as h;
-use pico_protocol::{Record, decode_binary_records, parse_json_batch};
+use pico_protocol::{BinaryError, JsonBatchError, Record, decode_binary_append, parse_json_batch};
+use pico_server::node::MAX_RECORDS_PER_APPEND;
 use pico_server::{AppendRequest, Node};
 
 use super::{info_headers, no_store, read_body, set, set_true, stream_name};
@@ -67,13 +68,21 @@ pub async fn append(
     Ok(resp)
 }
 
-/// The records a POST body holds, by its media type.
+/// The records a POST body holds, by its media type. A batch past the append limit is refused
+/// (413) while it is parsed, before its records are built.
 pub fn body_records(media_type: &str, body: Bytes) -> Result<Vec<Record>, HttpError> {
     match media_type {
-        h::CONTENT_TYPE_JSON_BATCH => parse_json_batch(&body)
-            .map_err(|e| HttpError::bad_request(format!("bad JSON batch: {e}"))),
-        h::CONTENT_TYPE_BINARY_BATCH => decode_binary_records(&body)
-            .map_err(|e| HttpError::bad_request(format!("bad binary batch: {e}"))),
+        h::CONTENT_TYPE_JSON_BATCH => {
+            parse_json_batch(&body, MAX_RECORDS_PER_APPEND).map_err(|e| match e {
+                JsonBatchError::TooMany { .. } => HttpError::too_large(e.to_string()),
+                _ => HttpError::bad_request(format!("bad JSON batch: {e}")),
+            })
+        }
+        h::CONTENT_TYPE_BINARY_BATCH => decode_binary_append(&body, MAX_RECORDS_PER_APPEND)
+            .map_err(|e| match e {
+                BinaryError::TooMany { .. } => HttpError::too_large(e.to_string()),
+                _ => HttpError::bad_request(format!("bad binary batch: {e}")),
+            }),
         _ if body.is_empty() => Ok(Vec::new()),
         _ => Ok(vec![Record::from_value(body)]),
     }
@@ -131,5 +140,41 @@ mod tests {
             body_records(h::CONTENT_TYPE_BINARY_BATCH, Bytes::from_static(b"\x01")).unwrap_err();
         assert_eq!(e.status, 400);
         assert!(e.message.contains("binary"));
+    }
+
+    #[test]
+    fn batches_past_the_append_limit_are_413() {
+        let max = MAX_RECORDS_PER_APPEND;
+        let json = |n: usize| {
+            let recs = vec![r#"{"body":""}"#; n].join(",");
+            Bytes::from(format!(r#"{{"records":[{recs}]}}"#))
+        };
+        assert_eq!(
+            body_records(h::CONTENT_TYPE_JSON_BATCH, json(max))
+                .unwrap()
+                .len(),
+            max
+        );
+        let e = body_records(h::CONTENT_TYPE_JSON_BATCH, json(max + 1)).unwrap_err();
+        assert_eq!(e.status, 413);
+        assert_eq!(
+            e.message,
+            format!("too many records in one batch: max={max}")
+        );
+
+        let rec = Record::from_value(Bytes::new());
+        let binary = |n: usize| pico_protocol::encode_binary((0..n as u64).map(|i| (i, &rec)));
+        assert_eq!(
+            body_records(h::CONTENT_TYPE_BINARY_BATCH, binary(max).unwrap())
+                .unwrap()
+                .len(),
+            max
+        );
+        let e = body_records(h::CONTENT_TYPE_BINARY_BATCH, binary(max + 1).unwrap()).unwrap_err();
+        assert_eq!(e.status, 413);
+        assert_eq!(
+            e.message,
+            format!("too many records in one batch: count={} max={max}", max + 1)
+        );
     }
 }

@@ -11,6 +11,8 @@ pub mod head;
 pub mod list;
 pub mod read;
 
+use std::collections::HashSet;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Uri, header};
@@ -145,6 +147,7 @@ pub fn info_headers(headers: &mut HeaderMap, info: &StreamInfo) {
 }
 
 /// Query parameters, each at most once. Unknown names are ignored (cache busters).
+#[derive(Debug)]
 pub struct Params(Vec<(String, String)>);
 
 impl Params {
@@ -152,8 +155,10 @@ impl Params {
         let axum::extract::Query(pairs) =
             axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri)
                 .map_err(|e| HttpError::bad_request(format!("bad query string: {e}")))?;
-        for (i, (k, _)) in pairs.iter().enumerate() {
-            if pairs[..i].iter().any(|(prev, _)| prev == k) {
+        // A set, not pairwise comparison: a long URI can hold thousands of names.
+        let mut seen = HashSet::with_capacity(pairs.len());
+        for (k, _) in &pairs {
+            if !seen.insert(k.as_str()) {
                 return Err(HttpError::bad_request(format!(
                     "query parameter repeated: name={k}"
                 )));
@@ -210,6 +215,33 @@ mod tests {
         assert_eq!(name("/v1/streams").unwrap().as_str(), "v1/streams");
         assert_eq!(name("/a/../b").unwrap_err().status, 400);
         assert_eq!(name("/a/./b").unwrap_err().status, 400);
+    }
+
+    fn params(query: &str) -> Result<Params, HttpError> {
+        Params::parse(&format!("/s?{query}").parse::<Uri>().unwrap())
+    }
+
+    #[test]
+    fn query_parameters_appear_at_most_once() {
+        let p = params("a=1&b=2&x=").unwrap();
+        assert_eq!(
+            (p.get("a"), p.get("b"), p.get("x")),
+            (Some("1"), Some("2"), Some(""))
+        );
+        assert_eq!(p.get("c"), None);
+        for dup in ["a=1&a=1", "a=1&b=2&a=3", "b=&c=1&b="] {
+            let e = params(dup).unwrap_err();
+            assert_eq!(e.status, 400, "{dup}");
+            assert!(e.message.contains("query parameter repeated"), "{dup}");
+        }
+        // As many distinct names as a ~60 KiB URI holds are accepted; a repeat after all of
+        // them is still found.
+        let many: Vec<String> = (0..12_000).map(|i| format!("{i:x}")).collect();
+        let q = many.join("&");
+        let p = params(&q).unwrap();
+        assert_eq!(p.get("2edf"), Some(""));
+        let e = params(&format!("{q}&7")).unwrap_err();
+        assert!(e.message.ends_with("name=7"), "{}", e.message);
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::{Params, no_store, set, set_true, stream_name, text_value};
 use crate::error::HttpError;
-use crate::headers::{Live, header_str};
+use crate::headers::{Live, header_list, header_str};
 use crate::telemetry::{SseOpen, live_read};
 
 const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
@@ -214,8 +214,8 @@ async fn catch_up(
         out.closed,
     );
     if cacheable
-        && let Some(inm) = header_str(headers, "if-none-match")?
-        && if_none_match(inm, &tag)
+        && let Some(inm) = header_list(headers, "if-none-match")?
+        && if_none_match(&inm, &tag)
     {
         let mut resp = StatusCode::NOT_MODIFIED.into_response();
         let hm = resp.headers_mut();
