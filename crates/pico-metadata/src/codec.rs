@@ -7,6 +7,7 @@
 //! keep decoding so old log rows and snapshots stay readable.
 
 use crate::command::{Command, CommitRange, ForkOrigin, ProducerMark, StreamConfig};
+use crate::invariants;
 use crate::state::{
     NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
 };
@@ -33,6 +34,9 @@ pub enum CodecError {
     BadUtf8,
     #[error("trailing bytes after value: count={0}")]
     Trailing(usize),
+    /// A snapshot that decodes but breaks a state invariant (see [`crate::invariants`]).
+    #[error("decoded state breaks an invariant: {0}")]
+    Invariant(String),
 }
 
 // ---------------------------------------------------------------- public entry points
@@ -127,6 +131,10 @@ pub fn encode_state(s: &State) -> Vec<u8> {
     w.0
 }
 
+/// A snapshot of the whole state. The decoded state must also pass
+/// [`invariants::check_snapshot`]: a snapshot is trusted in place of the log it replaces, and a
+/// bad value in it (say a `next_stream_id` at or below a live stream's id) would otherwise
+/// corrupt later commands.
 pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
     let mut r = Reader::versioned(bytes)?;
     let mut s = State::new();
@@ -208,6 +216,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
         s.kv.insert(k, v);
     }
     r.finish()?;
+    invariants::check_snapshot(&s).map_err(CodecError::Invariant)?;
     Ok(s)
 }
 
@@ -813,6 +822,75 @@ mod tests {
         assert_eq!(
             decode_command(&[3, 10]),
             Err(CodecError::UnsupportedVersion(3))
+        );
+    }
+
+    #[test]
+    fn a_snapshot_breaking_an_invariant_is_rejected() {
+        let config = StreamConfig {
+            content_type: "t".into(),
+            ttl_secs: None,
+            expires_at_ms: None,
+        };
+        let create = |name: &str| Command::CreateStream {
+            name: name.into(),
+            config: config.clone(),
+            closed: false,
+            now_ms: 0,
+        };
+        let cmds = [
+            Command::RegisterNode {
+                node_id: 1,
+                node_epoch: 1,
+                address: "x".into(),
+                now_ms: 0,
+            },
+            create("a"),
+            create("b"),
+            Command::OpenStream {
+                stream_id: 1,
+                node_id: 1,
+                node_epoch: 1,
+            },
+            Command::CommitObject {
+                node_id: 1,
+                node_epoch: 1,
+                key: "k".into(),
+                size: 4,
+                ranges: vec![CommitRange {
+                    stream_id: 1,
+                    epoch: 0,
+                    start_offset: 0,
+                    end_offset: 4,
+                    position: 0,
+                    len: 4,
+                    producers: vec![],
+                    stream_seq: None,
+                }],
+                now_ms: 0,
+            },
+        ];
+        let mut s = State::new();
+        for c in &cmds {
+            s.apply(c).unwrap();
+        }
+        assert_eq!(decode_state(&encode_state(&s)).unwrap(), s);
+
+        // Stream 1 is live: the next CreateStream would overwrite it.
+        let mut bad = s.clone();
+        bad.next_stream_id = 1;
+        let err = decode_state(&encode_state(&bad)).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Invariant(m) if m.contains("id=1 next=1")),
+            "{err:?}"
+        );
+        // One slice reads object `k`: a count of 0 would let GC delete it.
+        let mut bad = s.clone();
+        bad.objects.get_mut("k").unwrap().live_refs = 0;
+        let err = decode_state(&encode_state(&bad)).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Invariant(m) if m.contains("live_refs")),
+            "{err:?}"
         );
     }
 }

@@ -8,7 +8,7 @@ use crate::sqlite::SqliteStore;
 use crate::store::{LogStore, SnapshotMeta};
 use arc_swap::ArcSwap;
 use pico_metadata::codec;
-use pico_metadata::{ApplyError, Command, Outcome, State};
+use pico_metadata::{ApplyError, CodecError, Command, Outcome, State};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -269,28 +269,48 @@ fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Newest readable snapshot (falling back to older kept ones), or the empty state.
+/// Newest readable snapshot (falling back to older kept ones), or the empty state. Unreadable
+/// snapshots newer than the one loaded are deleted: left in place, one counts as a kept
+/// snapshot when pruning, and truncating the log below it leaves a single readable snapshot.
 async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> {
     let snaps = store.snapshots().await?;
     if snaps.is_empty() {
         return Ok((State::new(), 0));
     }
     let mut last_err = String::new();
+    let mut unreadable: Vec<(u64, Vec<u8>)> = Vec::new();
     for meta in snaps {
-        match store.load_snapshot(meta.applied_index).await {
+        let index = meta.applied_index;
+        match store.load_snapshot(index).await {
             Ok(Some(bytes)) => match codec::decode_state(&bytes) {
-                Ok(state) if state.applied_index == meta.applied_index => {
+                Ok(state) if state.applied_index == index => {
+                    for (index, bytes) in unreadable {
+                        if store.discard_snapshot(index, &bytes).await? {
+                            tracing::warn!(
+                                applied_index = index,
+                                "unreadable metadata snapshot deleted"
+                            );
+                        }
+                    }
                     return Ok((state, meta.last_row_id));
                 }
                 Ok(state) => {
                     last_err = format!(
-                        "applied_index={} payload_index={}",
-                        meta.applied_index, state.applied_index
-                    )
+                        "applied_index={index} payload_index={}",
+                        state.applied_index
+                    );
+                    unreadable.push((index, bytes));
                 }
-                Err(e) => last_err = format!("applied_index={} error={e}", meta.applied_index),
+                Err(e) => {
+                    last_err = format!("applied_index={index} error={e}");
+                    // A newer codec's snapshot is not damaged: leave it to the nodes that read it.
+                    if !matches!(e, CodecError::UnsupportedVersion(v) if v > codec::VERSION) {
+                        unreadable.push((index, bytes));
+                    }
+                }
             },
-            Ok(None) => last_err = format!("applied_index={} vanished", meta.applied_index),
+            Ok(None) => last_err = format!("applied_index={index} vanished"),
+            // A store failure says nothing about the row: keep it.
             Err(e) => last_err = e.to_string(),
         }
         tracing::warn!(error = %last_err, "unreadable metadata snapshot, trying an older one");
@@ -318,19 +338,17 @@ impl Applier {
     /// Applies every row after `last_row_id`. On error, what was applied stays applied (and
     /// published); the failing row is retried by the next call.
     async fn catch_up(&mut self) -> Result<(), MetaError> {
-        let mut checked_gap = false;
         loop {
             let rows = self.store.read_after(self.last_row_id, TAIL_PAGE).await?;
             let Some(first) = rows.first() else {
                 return Ok(());
             };
-            if first.id != self.last_row_id + 1 && !checked_gap {
-                // Rows may be gone (another node snapshotted and truncated): jump if a newer
-                // snapshot covers them. Sequence gaps (Postgres) land here too, harmlessly.
-                checked_gap = true;
-                if self.jump_to_newer_snapshot().await? {
-                    continue;
-                }
+            // Rows may be gone (another node snapshotted and truncated): jump if a newer snapshot
+            // covers them. Checked at every gap, not once per call: that node can truncate again
+            // while this one pages through. A jump moves `last_row_id` forward, so this ends.
+            // Sequence gaps (Postgres) land here too, harmlessly.
+            if first.id != self.last_row_id + 1 && self.jump_to_newer_snapshot().await? {
+                continue;
             }
             let result = self.apply_rows(rows);
             self.publish();

@@ -150,14 +150,34 @@ impl LogStore for SqliteStore {
     }
 
     async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError> {
-        let row = sqlx::query("SELECT payload FROM meta_snapshot WHERE applied_index = ?")
-            .bind(applied_index as i64)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(MetaError::store("load snapshot"))?;
+        // As a blob whatever its SQL type, so any damage is the decoder's to find and the
+        // loader can discard the row by these bytes.
+        let row = sqlx::query(
+            "SELECT CAST(payload AS BLOB) AS payload FROM meta_snapshot WHERE applied_index = ?",
+        )
+        .bind(applied_index as i64)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(MetaError::store("load snapshot"))?;
         row.map(|r| r.try_get::<Vec<u8>, _>("payload"))
             .transpose()
             .map_err(|e| MetaError::CorruptSnapshot(format!("applied_index={applied_index}: {e}")))
+    }
+
+    async fn discard_snapshot(
+        &self,
+        applied_index: u64,
+        payload: &[u8],
+    ) -> Result<bool, MetaError> {
+        let r = sqlx::query(
+            "DELETE FROM meta_snapshot WHERE applied_index = ? AND CAST(payload AS BLOB) = ?",
+        )
+        .bind(applied_index as i64)
+        .bind(payload)
+        .execute(&self.pool)
+        .await
+        .map_err(MetaError::store("discard snapshot"))?;
+        Ok(r.rows_affected() == 1)
     }
 
     async fn write_snapshot(
@@ -174,7 +194,8 @@ impl LogStore for SqliteStore {
             .map_err(MetaError::store("begin snapshot"))?;
         sqlx::query(
             "INSERT INTO meta_snapshot (applied_index, last_row_id, payload, created_at_ms) VALUES (?, ?, ?, ?)
-             ON CONFLICT (applied_index) DO NOTHING",
+             ON CONFLICT (applied_index) DO UPDATE SET last_row_id = excluded.last_row_id,
+               payload = excluded.payload, created_at_ms = excluded.created_at_ms",
         )
         .bind(meta.applied_index as i64)
         .bind(meta.last_row_id)

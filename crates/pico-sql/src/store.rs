@@ -29,8 +29,15 @@ pub trait LogStore: Send + Sync + 'static {
     /// Snapshots present, newest first.
     async fn snapshots(&self) -> Result<Vec<SnapshotMeta>, MetaError>;
     async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError>;
-    /// Writes a snapshot, keeps the newest `keep`, and deletes the log rows the oldest kept one
-    /// already covers (so every kept snapshot stays replayable). Returns rows deleted.
+    /// Deletes the snapshot at `applied_index` if it still holds `payload` (the unreadable bytes
+    /// the caller loaded; a row another writer has rewritten since is kept). Returns whether a
+    /// row was deleted.
+    async fn discard_snapshot(&self, applied_index: u64, payload: &[u8])
+    -> Result<bool, MetaError>;
+    /// Writes a snapshot (replacing a row at the same index: states at one index are equal, and
+    /// the row there may be a damaged copy), keeps the newest `keep`, and deletes the log rows
+    /// the oldest kept one already covers (so every kept snapshot stays replayable). Returns
+    /// rows deleted.
     async fn write_snapshot(
         &self,
         meta: SnapshotMeta,

@@ -270,6 +270,179 @@ async fn restart_restores_state_after_snapshot_and_truncation() {
     fallback.close().await;
 }
 
+fn every(snapshot_every: u64) -> MetaLogOptions {
+    MetaLogOptions {
+        snapshot_every,
+        ..MetaLogOptions::default()
+    }
+}
+
+fn put(n: u64) -> Command {
+    Command::KvPut {
+        key: format!("k{}", n % 3),
+        value: n.to_le_bytes().to_vec(),
+    }
+}
+
+/// Proposes `rows` rows of 5 commands, `cmd(n)` for each next applied index n.
+async fn propose_rows(log: &MetaLog, rows: u64, cmd: fn(u64) -> Command) {
+    for _ in 0..rows {
+        let at = log.applied_index();
+        log.propose_many((at..at + 5).map(cmd).collect())
+            .await
+            .unwrap();
+    }
+}
+
+/// Snapshots at 10 and 20 (a snapshot every 10 commands), log rows up to the first truncated.
+async fn snapshots_at_10_and_20(dir: &tempfile::TempDir, cmd: fn(u64) -> Command) -> MetaLog {
+    let log = MetaLog::open(&url(dir), every(10)).await.unwrap();
+    // Two rows at a time so that both due points are written (a busy snapshotter merges them).
+    propose_rows(&log, 2, cmd).await;
+    wait_for_snapshots(&log, |s| s.last_index == 10).await;
+    propose_rows(&log, 2, cmd).await;
+    wait_for_snapshots(&log, |s| s.last_index == 20).await;
+    assert_eq!(snapshot_indexes(dir).await, [10, 20]);
+    log
+}
+
+async fn snapshot_indexes(dir: &tempfile::TempDir) -> Vec<i64> {
+    let pool = raw_pool(dir).await;
+    let rows = sqlx::query("SELECT applied_index FROM meta_snapshot ORDER BY applied_index")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    rows.iter().map(|r| r.get("applied_index")).collect()
+}
+
+async fn snapshot_payload(dir: &tempfile::TempDir, index: i64) -> Vec<u8> {
+    let pool = raw_pool(dir).await;
+    let payload = sqlx::query("SELECT payload FROM meta_snapshot WHERE applied_index = ?")
+        .bind(index)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get("payload");
+    pool.close().await;
+    payload
+}
+
+async fn set_snapshot_payload(dir: &tempfile::TempDir, index: i64, payload: &[u8]) {
+    let pool = raw_pool(dir).await;
+    let r = sqlx::query("UPDATE meta_snapshot SET payload = ? WHERE applied_index = ?")
+        .bind(payload)
+        .bind(index)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(r.rows_affected(), 1);
+    pool.close().await;
+}
+
+/// Replay from the older snapshot comes due at the damaged one's index again: the snapshot it
+/// writes takes the damaged one's place, so the next prune keeps two readable snapshots and a
+/// second damage of the newest still costs only a longer replay.
+#[tokio::test]
+async fn a_damaged_snapshot_is_replaced_and_two_readable_ones_stay_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    snapshots_at_10_and_20(&dir, put).await.close().await;
+    let good = snapshot_payload(&dir, 20).await;
+    set_snapshot_payload(&dir, 20, &[1, 0xff]).await;
+
+    let log = MetaLog::open(&url(&dir), every(10)).await.unwrap();
+    assert_eq!(log.applied_index(), 20);
+    wait_for_snapshots(&log, |s| s.written == 1).await;
+    assert_eq!(snapshot_payload(&dir, 20).await, good);
+    propose_rows(&log, 2, put).await;
+    wait_for_snapshots(&log, |s| s.last_index == 30).await;
+    let before = log.view();
+    log.close().await;
+    assert_eq!(
+        snapshot_indexes(&dir).await,
+        [20, 30],
+        "the one at 10 pruned"
+    );
+
+    set_snapshot_payload(&dir, 30, &[1, 0xff]).await;
+    let log = MetaLog::open(&url(&dir), every(10)).await.unwrap();
+    assert_eq!(*log.view(), *before, "the older kept snapshot loads");
+    log.close().await;
+}
+
+/// A damaged snapshot whose index replay does not come due at again (here: another cadence) is
+/// deleted once an older one loads, instead of counting as one of the two kept.
+#[tokio::test]
+async fn an_unreadable_snapshot_is_deleted_when_an_older_one_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    snapshots_at_10_and_20(&dir, put).await.close().await;
+    set_snapshot_payload(&dir, 20, &[1, 0xff]).await;
+
+    let log = MetaLog::open(&url(&dir), every(15)).await.unwrap();
+    assert_eq!(log.applied_index(), 20);
+    assert_eq!(snapshot_indexes(&dir).await, [10]);
+    propose_rows(&log, 1, put).await;
+    wait_for_snapshots(&log, |s| s.last_index == 25).await;
+    let before = log.view();
+    log.close().await;
+    assert_eq!(snapshot_indexes(&dir).await, [10, 25]);
+
+    set_snapshot_payload(&dir, 25, &[1, 0xff]).await;
+    let log = MetaLog::open(&url(&dir), every(15)).await.unwrap();
+    assert_eq!(
+        *log.view(),
+        *before,
+        "the snapshot at 10 and its rows are kept"
+    );
+    log.close().await;
+}
+
+#[tokio::test]
+async fn a_snapshot_write_replaces_the_row_at_its_index() {
+    use pico_sql::LogStore as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = pico_sql::SqliteStore::open(&url(&dir)).await.unwrap();
+    let meta = pico_sql::SnapshotMeta {
+        applied_index: 5,
+        last_row_id: 1,
+    };
+    store.write_snapshot(meta, &[1, 0xff], 2, 0).await.unwrap();
+    store.write_snapshot(meta, b"good", 2, 0).await.unwrap();
+    assert_eq!(
+        store.load_snapshot(5).await.unwrap().as_deref(),
+        Some(&b"good"[..])
+    );
+    store.close().await;
+}
+
+/// A snapshot that decodes but breaks an invariant is not trusted: here a `next_stream_id` that
+/// would hand a live stream's id to the next create.
+#[tokio::test]
+async fn a_snapshot_with_bad_values_is_skipped_on_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = snapshots_at_10_and_20(&dir, |n| create(&format!("s{n}"))).await;
+    let before = log.view();
+    log.close().await;
+    let mut bad = before.as_ref().clone();
+    bad.next_stream_id = 3;
+    set_snapshot_payload(&dir, 20, &pico_metadata::codec::encode_state(&bad)).await;
+
+    let log = MetaLog::open(&url(&dir), every(10)).await.unwrap();
+    assert_eq!(
+        *log.view(),
+        *before,
+        "loaded the snapshot at 10 and replayed"
+    );
+    assert_eq!(
+        log.propose(create("next")).await.unwrap(),
+        Ok(Outcome::Created {
+            stream_id: 20,
+            created: true
+        })
+    );
+    log.close().await;
+}
+
 #[tokio::test]
 async fn snapshots_thin_out_as_the_state_grows_and_restart_replays_the_rest() {
     let dir = tempfile::tempdir().unwrap();
@@ -306,14 +479,34 @@ async fn snapshots_thin_out_as_the_state_grows_and_restart_replays_the_rest() {
     reopened.close().await;
 }
 
-/// A SQLite store whose snapshot writes wait until the test opens the gate.
-struct GatedStore {
+/// Another writer's snapshot at `index` (covering rows up to the same id) and its truncation of
+/// the log below it, run just before the first read of rows after `after_row`.
+struct Truncation {
+    after_row: i64,
+    index: u64,
+    payload: Vec<u8>,
+}
+
+/// A SQLite store with test hooks: snapshot writes wait until the test opens `gate`, and reads
+/// run the pending `truncations` whose time has come.
+struct HookedStore {
     inner: pico_sql::SqliteStore,
     gate: tokio::sync::Semaphore,
+    truncations: std::sync::Mutex<Vec<Truncation>>,
+}
+
+impl HookedStore {
+    async fn open(dir: &tempfile::TempDir, permits: usize) -> HookedStore {
+        HookedStore {
+            inner: pico_sql::SqliteStore::open(&url(dir)).await.unwrap(),
+            gate: tokio::sync::Semaphore::new(permits),
+            truncations: std::sync::Mutex::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
-impl pico_sql::LogStore for GatedStore {
+impl pico_sql::LogStore for HookedStore {
     async fn append(&self, payload: &[u8], count: u32, now_ms: i64) -> Result<i64, MetaError> {
         self.inner.append(payload, count, now_ms).await
     }
@@ -322,6 +515,27 @@ impl pico_sql::LogStore for GatedStore {
         after_id: i64,
         limit: u32,
     ) -> Result<Vec<pico_sql::LogRow>, MetaError> {
+        let due: Vec<Truncation> = {
+            let mut pending = self.truncations.lock().unwrap();
+            let (due, later) = pending.drain(..).partition(|t| t.after_row <= after_id);
+            *pending = later;
+            due
+        };
+        for t in due {
+            let pool = self.inner.pool();
+            sqlx::query("INSERT INTO meta_snapshot VALUES (?, ?, ?, 0)")
+                .bind(t.index as i64)
+                .bind(t.index as i64)
+                .bind(t.payload)
+                .execute(pool)
+                .await
+                .unwrap();
+            sqlx::query("DELETE FROM meta_log WHERE id <= ?")
+                .bind(t.index as i64)
+                .execute(pool)
+                .await
+                .unwrap();
+        }
         self.inner.read_after(after_id, limit).await
     }
     async fn snapshots(&self) -> Result<Vec<pico_sql::SnapshotMeta>, MetaError> {
@@ -329,6 +543,13 @@ impl pico_sql::LogStore for GatedStore {
     }
     async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError> {
         self.inner.load_snapshot(applied_index).await
+    }
+    async fn discard_snapshot(
+        &self,
+        applied_index: u64,
+        payload: &[u8],
+    ) -> Result<bool, MetaError> {
+        self.inner.discard_snapshot(applied_index, payload).await
     }
     async fn write_snapshot(
         &self,
@@ -374,10 +595,7 @@ impl pico_sql::LogStore for GatedStore {
 #[tokio::test]
 async fn a_snapshot_due_while_the_snapshotter_is_busy_is_written_once_it_is_free() {
     let dir = tempfile::tempdir().unwrap();
-    let store = std::sync::Arc::new(GatedStore {
-        inner: pico_sql::SqliteStore::open(&url(&dir)).await.unwrap(),
-        gate: tokio::sync::Semaphore::new(0),
-    });
+    let store = std::sync::Arc::new(HookedStore::open(&dir, 0).await);
     let opts = MetaLogOptions {
         snapshot_every: 8,
         ..MetaLogOptions::default()
@@ -403,6 +621,68 @@ async fn a_snapshot_due_while_the_snapshotter_is_busy_is_written_once_it_is_free
     // room while the snapshotter was busy.
     let stats = wait_for_snapshots(&log, |s| s.last_index == 24).await;
     assert!((1..=3).contains(&stats.written), "{stats:?}");
+    log.close().await;
+}
+
+/// A reader far behind pages through the log while another writer snapshots and truncates
+/// twice: it must jump over each gap, not only the first, or it silently skips commands.
+#[tokio::test]
+async fn a_lagging_reader_jumps_over_every_truncation_it_meets() {
+    use pico_metadata::{State, codec};
+    let dir = tempfile::tempdir().unwrap();
+    let store = HookedStore::open(&dir, 100).await;
+    // One command per row, so row id n holds the state at applied index n.
+    let cmds: Vec<Command> = (0..600)
+        .map(|n| Command::KvPut {
+            key: format!("k{n}"),
+            value: vec![],
+        })
+        .collect();
+    let mut tx = store.inner.pool().begin().await.unwrap();
+    for c in &cmds {
+        sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
+            .bind(codec::encode_commands(std::slice::from_ref(c)))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let state_at = |n: usize| {
+        let mut s = State::new();
+        for c in &cmds[..n] {
+            s.apply(c).unwrap();
+        }
+        s
+    };
+    // The first truncation comes before the reader's first read; the second after its first
+    // page (256 rows), so it meets it on the way.
+    *store.truncations.lock().unwrap() = vec![
+        Truncation {
+            after_row: 0,
+            index: 100,
+            payload: codec::encode_state(&state_at(100)),
+        },
+        Truncation {
+            after_row: 300,
+            index: 400,
+            payload: codec::encode_state(&state_at(400)),
+        },
+    ];
+    let store = std::sync::Arc::new(store);
+    let log = MetaLog::with_store(store.clone(), MetaLogOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        store.truncations.lock().unwrap().is_empty(),
+        "both truncations ran"
+    );
+    let view = log.view();
+    assert_eq!(
+        (view.applied_index, view.kv.len()),
+        (600, 600),
+        "no command skipped"
+    );
+    assert_eq!(*view, state_at(600));
     log.close().await;
 }
 
