@@ -29,7 +29,8 @@ pub enum AuthMode {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub node_id: u32,
-    /// None = the start time in ms (grows across restarts).
+    /// None = the start time in ms, or one above the epoch this node id last registered if
+    /// the clock is behind it (grows across restarts).
     pub node_epoch: Option<u64>,
     pub listen: SocketAddr,
     /// None = no admin listener (`--no-admin`).

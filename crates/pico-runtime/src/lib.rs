@@ -114,10 +114,12 @@ pub async fn run(
     validate(&config)?;
     // Before the engine exists, so recovery's WAL reads and first commits are recorded too.
     let metrics = metrics_handle();
-    let node_epoch = config.node_epoch.unwrap_or_else(|| now_ms().max(1) as u64);
     let meta = MetaLog::open(&config.meta_url, MetaLogOptions::default())
         .await
         .map_err(|e| RuntimeError::Startup(format!("metadata log `{}`: {e}", config.meta_url)))?;
+    let node_epoch = config
+        .node_epoch
+        .unwrap_or_else(|| next_node_epoch(&meta, config.node_id, now_ms()));
     check_cluster_id(&meta, &config.cluster_id).await?;
     let data = stores::object_storage(&config.storage)?;
     let wal_uri = config
@@ -210,6 +212,17 @@ pub async fn run(
     node.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// This incarnation's node epoch: the clock, but always above the epoch this node id last
+/// registered, so a clock stepped back between restarts (NTP, VM restore) cannot make the
+/// registration stale and the node refuse to start.
+fn next_node_epoch(meta: &MetaLog, node_id: u32, now_ms: i64) -> u64 {
+    let now = now_ms.max(1) as u64;
+    match meta.view().nodes.get(&node_id) {
+        Some(n) => now.max(n.epoch.saturating_add(1)),
+        None => now,
+    }
 }
 
 /// The first node to start records the cluster id in the metadata log; every later start must

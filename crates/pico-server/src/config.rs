@@ -5,7 +5,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
     pub node_id: u32,
-    /// This incarnation's node epoch; must grow across restarts (default: start time in ms).
+    /// This incarnation's node epoch; must grow across restarts (the runtime's default: start
+    /// time in ms, kept above the last registered epoch).
     pub node_epoch: u64,
     /// Advertised base URL of the protocol listener (for 307 redirects).
     pub advertised_url: String,

@@ -102,42 +102,53 @@ pub(crate) async fn orphan_pass(node: Node) {
     }
 }
 
-/// Persists pending TTL touches.
+/// Persists pending TTL touches, and drops those of streams that are gone (a read or append that
+/// resolved the stream before its delete can touch it after the delete's cleanup).
 pub(crate) async fn touch_pass(node: Node) {
     let pending = node.inner.touches.pending();
-    if !pending.is_empty() {
-        let view = node.inner.meta.view();
-        // Persist only touches that moved the persisted time by a quarter of the TTL or more.
-        let due: Vec<(u64, i64)> = pending
-            .into_iter()
-            .filter(|(id, at)| {
-                view.streams
-                    .get(id)
-                    .and_then(|m| view.registry.get(&m.name))
-                    .and_then(|e| e.config.ttl_secs.map(|ttl| (e.last_touch_ms, ttl)))
-                    .is_some_and(|(last, ttl)| {
-                        at.saturating_sub(last)
-                            >= ((ttl.min(MAX_TTL_SECS) as i64) * 1000 / 4).max(1)
-                    })
-            })
-            .collect();
-        if !due.is_empty() {
-            let cmds = due
-                .iter()
-                .map(|(id, at)| Command::Touch {
-                    stream_id: *id,
-                    now_ms: *at,
-                })
-                .collect();
-            match node.inner.meta.propose_many(cmds).await {
-                Ok(_) => {
-                    for (id, at) in due {
-                        node.inner.touches.persisted(id, at);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "ttl: persisting touches failed"),
+    if pending.is_empty() {
+        return;
+    }
+    let view = node.inner.meta.view();
+    let mut due = Vec::new();
+    for (id, at) in pending {
+        let persisted = view
+            .streams
+            .get(&id)
+            .filter(|m| !m.deleted)
+            .and_then(|m| view.registry.get(&m.name))
+            .filter(|e| e.stream_id == id)
+            .and_then(|e| e.config.ttl_secs.map(|ttl| (e.last_touch_ms, ttl)));
+        match persisted {
+            // Deleted (or without a TTL): the view only moves forward, so this never changes.
+            None => node.inner.touches.remove(id),
+            // Persist only touches that moved the persisted time by a quarter of the TTL or more.
+            Some((last, ttl))
+                if at.saturating_sub(last)
+                    >= ((ttl.min(MAX_TTL_SECS) as i64) * 1000 / 4).max(1) =>
+            {
+                due.push((id, at))
+            }
+            Some(_) => {}
+        }
+    }
+    if due.is_empty() {
+        return;
+    }
+    let cmds = due
+        .iter()
+        .map(|(id, at)| Command::Touch {
+            stream_id: *id,
+            now_ms: *at,
+        })
+        .collect();
+    match node.inner.meta.propose_many(cmds).await {
+        Ok(_) => {
+            for (id, at) in due {
+                node.inner.touches.persisted(id, at);
             }
         }
+        Err(e) => tracing::warn!(error = %e, "ttl: persisting touches failed"),
     }
 }
 
@@ -214,3 +225,42 @@ pub(crate) async fn idle_pass(node: Node) {
 
 /// Streams released per idle pass (bounds one pass's work and its metadata row).
 const IDLE_BATCH: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::touch_pass;
+    use crate::api::{CreateConfig, CreateRequest};
+    use crate::testing::start_test_node;
+    use pico_common::StreamName;
+    use pico_common::clock::now_ms;
+
+    #[tokio::test]
+    async fn touch_pass_drops_touches_of_deleted_streams() {
+        let node = start_test_node().await;
+        let create = |n: &str| CreateRequest {
+            name: StreamName::parse(n).unwrap(),
+            config: CreateConfig {
+                ttl_secs: Some(3600),
+                ..CreateConfig::default()
+            },
+            initial: vec![],
+        };
+        let gone = node.create(create("gone")).await.unwrap().info.stream_id;
+        let live = node.create(create("live")).await.unwrap().info.stream_id;
+        node.delete(&StreamName::parse("gone").unwrap())
+            .await
+            .unwrap();
+        // A read that resolved `gone` before the delete touches it after the delete's cleanup;
+        // `live` is touched too recently to be persisted yet.
+        let now = now_ms();
+        node.inner.touches.touch(gone, now);
+        node.inner.touches.touch(live, now);
+        touch_pass(node.clone()).await;
+        assert_eq!(
+            node.inner.touches.get(gone),
+            None,
+            "touch of a deleted stream kept"
+        );
+        assert_eq!(node.inner.touches.get(live), Some(now));
+    }
+}

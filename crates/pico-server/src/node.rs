@@ -915,6 +915,30 @@ impl Node {
                 }
             }
         }
+        let config = StreamConfig {
+            content_type: source_ct.clone(),
+            ttl_secs,
+            expires_at_ms,
+        };
+        // A retry of a completed create-closed fork: the fork command creates the stream open
+        // (the close comes after), so it would see the stored closed fork as a conflict.
+        if req.config.closed
+            && let Some(r) = self.resolve(&req.name, now)
+            && r.entry.closed
+            && !r.entry.soft_deleted
+            && r.entry.fork.as_ref().is_some_and(|f| {
+                f.source == src.name.as_str()
+                    && f.source_stream_id == src.meta.id
+                    && f.sub_offset == req.sub_offset
+                    && req.offset.is_none_or(|o| o == f.offset)
+            })
+            && r.entry.config == config
+        {
+            return Ok(CreateOutcome {
+                created: false,
+                info: self.info(&r),
+            });
+        }
         let cmd = |inherit_end| Command::ForkStream {
             name: req.name.as_str().to_string(),
             origin: ForkOrigin {
@@ -925,11 +949,7 @@ impl Node {
             },
             inherit_end,
             offset_given: req.offset.is_some(),
-            config: StreamConfig {
-                content_type: source_ct.clone(),
-                ttl_secs,
-                expires_at_ms,
-            },
+            config: config.clone(),
             now_ms: now,
         };
         let exists = self
@@ -1259,6 +1279,21 @@ impl Node {
     }
 
     async fn remove_stream(&self, name: &StreamName, stream_id: u64) -> Result<(), DeleteError> {
+        // In a task of its own, as appends finish theirs: a caller cancelled (client gone) after
+        // the command applied would otherwise skip the cleanup, leaving the open slot, engine
+        // state and touch behind and long-pollers waiting until their timeout.
+        let node = self.clone();
+        let name = name.clone();
+        tokio::spawn(async move { node.remove_stream_now(&name, stream_id).await })
+            .await
+            .map_err(|e| DeleteError::Internal(format!("delete task failed: {e}")))?
+    }
+
+    async fn remove_stream_now(
+        &self,
+        name: &StreamName,
+        stream_id: u64,
+    ) -> Result<(), DeleteError> {
         let outcome = self
             .propose(Command::DeleteStream {
                 name: name.as_str().to_string(),
@@ -1328,6 +1363,7 @@ impl Node {
         }
         let slot = self.inner.open.slot(stream_id);
         let result = slot
+            .cell()
             .get_or_try_init(|| async {
                 if !self.inner.serving.load(Ordering::Relaxed) {
                     return Err(AppendError::Unavailable("node is shutting down".into()));
@@ -1416,11 +1452,8 @@ impl Node {
             })
             .await
             .cloned();
-        // A stream that is gone leaves no empty slot behind; other failures keep the slot so
-        // that callers queued on it retry the open on the same cell (never two opens at once).
-        if matches!(result, Err(AppendError::NotFound(_))) {
-            self.inner.open.remove_cell(stream_id, &slot);
-        }
+        // Dropping `slot` removes it if the open failed (or is cancelled before this point)
+        // and nobody else waits on it.
         result
     }
 
@@ -1598,7 +1631,66 @@ pub fn content_type_matches(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::content_type_matches;
+    use super::{Record, content_type_matches};
+    use crate::api::{AppendRequest, CreateRequest};
+    use crate::testing::start_test_node;
+    use pico_common::StreamName;
+    use std::time::{Duration, Instant};
+
+    #[tokio::test]
+    async fn a_delete_cancelled_after_it_applied_still_cleans_up() {
+        let node = start_test_node().await;
+        let name = StreamName::parse("d").unwrap();
+        node.create(CreateRequest {
+            name: name.clone(),
+            config: Default::default(),
+            initial: vec![],
+        })
+        .await
+        .unwrap();
+        node.append(AppendRequest {
+            name: name.clone(),
+            records: vec![Record {
+                timestamp_ms: 0,
+                key: None,
+                value: bytes::Bytes::from_static(b"x"),
+                headers: vec![],
+            }],
+            producer: None,
+            match_seq: None,
+            close: false,
+            content_type: None,
+        })
+        .await
+        .unwrap();
+        let id = node.head(&name).await.unwrap().stream_id;
+        let open = node
+            .inner
+            .open
+            .get(id)
+            .expect("stream open after an append");
+        // A busy writer holds the delete at its cleanup; the client goes away meanwhile.
+        let busy = open.writer.lock().await;
+        let mut delete = Box::pin(node.delete(&name));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while node.meta().view().registry.contains_key("d") {
+            assert!(Instant::now() < deadline, "delete never applied");
+            tokio::select! {
+                r = &mut delete => panic!("delete finished with the writer locked: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        drop(delete);
+        drop(busy);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while node.open_streams() > 0 || node.inner.engine.is_open(id).is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "the cancelled delete left the stream open"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 
     #[test]
     fn content_types_match_on_their_essence() {

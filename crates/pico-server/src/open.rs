@@ -39,6 +39,27 @@ impl OpenStream {
     }
 }
 
+/// A request's hold on a slot of the [`OpenTable`].
+pub struct Slot<'a> {
+    table: &'a OpenTable,
+    stream_id: u64,
+    cell: Arc<OnceCell<Arc<OpenStream>>>,
+}
+
+impl Slot<'_> {
+    pub fn cell(&self) -> &OnceCell<Arc<OpenStream>> {
+        &self.cell
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if !self.cell.initialized() {
+            self.table.remove_unused_cell(self.stream_id, &self.cell);
+        }
+    }
+}
+
 /// The table of open streams; a slot's `OnceCell` makes concurrent first requests share one open.
 #[derive(Default)]
 pub struct OpenTable {
@@ -46,9 +67,16 @@ pub struct OpenTable {
 }
 
 impl OpenTable {
-    pub fn slot(&self, stream_id: u64) -> Arc<OnceCell<Arc<OpenStream>>> {
+    /// The stream's slot, created empty if absent. Dropping the returned handle before the
+    /// cell is filled (the open failed or its request was cancelled) removes the empty slot
+    /// unless another request still waits on it.
+    pub fn slot(&self, stream_id: u64) -> Slot<'_> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.entry(stream_id).or_default().clone()
+        Slot {
+            table: self,
+            stream_id,
+            cell: slots.entry(stream_id).or_default().clone(),
+        }
     }
 
     pub fn get(&self, stream_id: u64) -> Option<Arc<OpenStream>> {
@@ -70,13 +98,16 @@ impl OpenTable {
         }
     }
 
-    /// Removes the slot if it is still this (uninitialised) cell: an open that failed because
-    /// the stream is gone must not leave an empty slot behind.
-    pub fn remove_cell(&self, stream_id: u64, cell: &Arc<OnceCell<Arc<OpenStream>>>) {
+    /// Removes the slot if it is still this cell, its open never completed, and nobody but the
+    /// table and the caller holds it: an empty slot counts against `--slots`, and the idle pass
+    /// only releases filled ones. A caller queued on the cell keeps it alive, so that caller
+    /// retries on the same cell (never two opens at once).
+    fn remove_unused_cell(&self, stream_id: u64, cell: &Arc<OnceCell<Arc<OpenStream>>>) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        // New holders clone the cell only under this lock, so the count cannot grow meanwhile.
         if slots
             .get(&stream_id)
-            .is_some_and(|c| Arc::ptr_eq(c, cell) && !c.initialized())
+            .is_some_and(|c| Arc::ptr_eq(c, cell) && !c.initialized() && Arc::strong_count(c) == 2)
         {
             slots.remove(&stream_id);
         }
@@ -112,5 +143,38 @@ impl OpenTable {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{OpenStream, OpenTable};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn an_unfilled_slot_goes_with_its_last_holder() {
+        let table = OpenTable::default();
+        let first = table.slot(7);
+        let queued = table.slot(7);
+        drop(first);
+        assert_eq!(table.len(), 1, "a request still waits on the slot");
+        drop(queued);
+        assert_eq!(table.len(), 0, "a failed open left an empty slot");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_open_leaves_no_slot_behind() {
+        let table = OpenTable::default();
+        let open = async {
+            let slot = table.slot(7);
+            slot.cell()
+                .get_or_try_init(std::future::pending::<Result<Arc<OpenStream>, ()>>)
+                .await
+                .is_ok()
+        };
+        // Polled once (the open in flight), then dropped, as when its client goes away.
+        assert!(tokio::time::timeout(Duration::ZERO, open).await.is_err());
+        assert_eq!(table.len(), 0, "a cancelled open left an empty slot");
     }
 }

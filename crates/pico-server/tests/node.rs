@@ -666,6 +666,78 @@ async fn slots_bound_the_open_streams() {
     node.append(append_req("one", &["c"])).await.unwrap();
 }
 
+#[tokio::test]
+async fn a_failed_open_does_not_keep_counting_against_the_slots() {
+    let node = pico_server::testing::start_test_node_with(NodeConfig {
+        slots: Some(1),
+        ..NodeConfig::default()
+    })
+    .await;
+    node.create(create_req("one")).await.unwrap();
+    node.create(create_req("two")).await.unwrap();
+    // A newer incarnation of this node id registers: every open of this one is now rejected.
+    node.meta()
+        .propose(pico_metadata::Command::RegisterNode {
+            node_id: node.config().node_id,
+            node_epoch: node.config().node_epoch + 1,
+            address: "http://127.0.0.1:1".into(),
+            now_ms: 0,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let first = node.append(append_req("one", &["a"])).await;
+    assert!(
+        matches!(&first, Err(AppendError::Unavailable(m)) if m.contains("open rejected")),
+        "got {first:?}"
+    );
+    assert_eq!(
+        node.open_streams(),
+        0,
+        "a failed open leaves no slot behind"
+    );
+    let second = node.append(append_req("two", &["b"])).await;
+    assert!(
+        matches!(&second, Err(AppendError::Unavailable(m)) if !m.contains("open-stream limit")),
+        "the failed open still counts against the limit: {second:?}"
+    );
+}
+
+#[tokio::test]
+async fn retrying_a_fork_created_closed_is_idempotent() {
+    let node = start_test_node().await;
+    node.create(create_req("src")).await.unwrap();
+    node.append(append_req("src", &["0", "1"])).await.unwrap();
+    let fork = |n: &str, initial: &[&str]| ForkRequest {
+        name: name(n),
+        source: name("src"),
+        offset: None,
+        sub_offset: 0,
+        config: CreateConfig {
+            closed: true,
+            ..CreateConfig::default()
+        },
+        initial: initial.iter().map(|b| rec(b)).collect(),
+    };
+    for (n, body) in [("empty", &[][..]), ("body", &["own"][..])] {
+        let first = node.fork(fork(n, body)).await.unwrap();
+        assert!(first.created && first.info.closed);
+        let again = node.fork(fork(n, body)).await;
+        let again = again.unwrap_or_else(|e| panic!("retry of closed fork `{n}` failed: {e:?}"));
+        assert!(!again.created);
+        assert!(again.info.closed);
+        assert_eq!(again.info.stream_id, first.info.stream_id);
+        assert_eq!(read_all(&node, n, 0).await.len(), 2 + body.len());
+    }
+    // Still a conflict when the retry asks for an open fork.
+    let mut open = fork("empty", &[]);
+    open.config.closed = false;
+    assert!(matches!(
+        node.fork(open).await,
+        Err(ForkError::Conflict { .. })
+    ));
+}
+
 #[test]
 fn uncommitted_objects_of_earlier_incarnations_are_collected() {
     let dir = tempfile::tempdir().unwrap();
