@@ -3,11 +3,11 @@
 //! `FileStorage` maps keys onto a directory tree with crash-atomic puts; `MemoryStorage` is the
 //! in-process double used by tests, with fault injection.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{IoSlice, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -63,6 +63,9 @@ fn range_error(key: &str, start: u64, len: u64, size: u64) -> StorageError {
 pub struct FileStorage {
     root: PathBuf,
     tmp_counter: AtomicU64,
+    /// Directories whose entries up to `root` this process has synced (see
+    /// `create_dirs_durably`).
+    synced_dirs: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 const TMP_MARKER: &str = ".tmp-";
@@ -80,6 +83,7 @@ impl FileStorage {
         Ok(FileStorage {
             root,
             tmp_counter: AtomicU64::new(0),
+            synced_dirs: Arc::default(),
         })
     }
 
@@ -121,10 +125,18 @@ fn fsync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// Creates the missing directories between `root` and `dir`, fsyncing each parent after a
-/// creation so the new directory entry itself is durable.
-fn create_dirs_durably(root: &Path, dir: &Path) -> std::io::Result<()> {
-    if dir.is_dir() {
+/// Creates the missing directories between `root` and `dir` and makes every entry on the way
+/// durable (each parent fsynced), once per directory and process. An existing directory is
+/// not proof of a durable entry: its creator may have failed its fsync, or still be before it
+/// (concurrent puts into a new directory), so the first put into each directory syncs the
+/// chain itself.
+fn create_dirs_durably(
+    root: &Path,
+    dir: &Path,
+    synced: &Mutex<HashSet<PathBuf>>,
+) -> std::io::Result<()> {
+    let known = |d: &Path| synced.lock().unwrap_or_else(|p| p.into_inner()).contains(d);
+    if known(dir) {
         return Ok(());
     }
     let mut missing = Vec::new();
@@ -139,13 +151,24 @@ fn create_dirs_durably(root: &Path, dir: &Path) -> std::io::Result<()> {
     for d in missing.iter().rev() {
         match std::fs::create_dir(d) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        if let Some(parent) = d.parent() {
-            fsync_dir(parent)?;
-        }
     }
+    // Up to `root` or a directory whose chain is known durable; recorded only once the whole
+    // walk succeeded, so a known directory always has a durable chain above it.
+    let mut walked = Vec::new();
+    let mut cur = dir;
+    while cur.starts_with(root) && cur != root && !known(cur) {
+        let Some(parent) = cur.parent() else { break };
+        fsync_dir(parent)?;
+        walked.push(cur.to_path_buf());
+        cur = parent;
+    }
+    synced
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(walked);
     Ok(())
 }
 
@@ -277,6 +300,7 @@ impl ObjectStorage for FileStorage {
     async fn put_parts(&self, key: &str, data: Parts) -> Result<(), StorageError> {
         let path = self.path_of(key)?;
         let root = self.root.clone();
+        let synced = self.synced_dirs.clone();
         let key = key.to_string();
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         blocking(move || {
@@ -288,7 +312,7 @@ impl ObjectStorage for FileStorage {
                 .parent()
                 .ok_or_else(|| StorageError::Other(format!("key has no parent: key=`{key}`")))?
                 .to_path_buf();
-            create_dirs_durably(&root, &dir).map_err(wrap)?;
+            create_dirs_durably(&root, &dir, &synced).map_err(wrap)?;
             let file_name = path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())

@@ -146,6 +146,7 @@ pub struct FaultWal {
     records: AtomicU64,
     trims: AtomicU64,
     trimmed: Mutex<Vec<u64>>,
+    hold: tokio::sync::watch::Sender<bool>,
 }
 
 impl FaultWal {
@@ -158,7 +159,13 @@ impl FaultWal {
             records: AtomicU64::new(0),
             trims: AtomicU64::new(0),
             trimmed: Mutex::new(Vec::new()),
+            hold: tokio::sync::watch::channel(false).0,
         }
+    }
+
+    /// While set, appends wait before they start (a stalled disk).
+    pub fn hold_appends(&self, hold: bool) {
+        self.hold.send_replace(hold);
     }
 
     /// The next `n` appends fail without writing.
@@ -198,6 +205,8 @@ impl FaultWal {
 #[async_trait::async_trait]
 impl Wal for FaultWal {
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
+        // The sender lives in `self`, so the wait ends only when the hold is lifted.
+        let _ = self.hold.subscribe().wait_for(|held| !*held).await;
         if take_failure(&self.fail_appends) {
             return Err(WalError::Other("injected append failure".into()));
         }

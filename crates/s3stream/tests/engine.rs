@@ -669,6 +669,49 @@ async fn rejected_range_is_dropped_and_breaks_the_stream() {
     );
 }
 
+/// An append that passed the broken check before its stream broke (the catalog rejected an
+/// earlier range) and reached the WAL after must not be acknowledged, nor read: its range can
+/// never commit after the hole.
+#[tokio::test]
+async fn an_append_written_after_its_stream_broke_is_not_acknowledged() {
+    let storage: Arc<dyn ObjectStorage> = Arc::new(SlowStorage::new(
+        Arc::new(MemoryStorage::new()),
+        "data",
+        Box::new(|_, _| Duration::from_millis(300)),
+    ));
+    let env = Env::on(storage, Arc::new(MemCatalog::new()));
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_threshold_bytes: 1,
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    env.catalog.fence(1, 2); // another owner opened stream 1 at epoch 2
+    // Acknowledged before anyone knows; its upload (300 ms) will be rejected.
+    let a = append_n(&engine, 1, 1, 1).await;
+    env.wal.hold_appends(true);
+    let b = engine
+        .append(req(1, 1, 2, payload(1, 2)))
+        .await
+        .expect("queued while the stream is not yet broken");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.stats().rejected_ranges == 0 {
+        assert!(std::time::Instant::now() < deadline, "range never rejected");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    env.wal.hold_appends(false);
+    let got = b.durable().await;
+    assert!(
+        matches!(got, Err(EngineError::Broken { stream: 1 })),
+        "acknowledged after the hole: {got:?}"
+    );
+    assert!(
+        engine.read(1, a[0].0, 1 << 20).await.unwrap().is_empty(),
+        "data after the hole is readable"
+    );
+}
+
 #[tokio::test]
 async fn backpressure_bounds_unuploaded_bytes() {
     let env = Env::memory();

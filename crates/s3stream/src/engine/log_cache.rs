@@ -234,8 +234,10 @@ impl LogCache {
             if !out.is_empty() && *bytes >= max_bytes {
                 break;
             }
-            if b.base_offset > cur && !out.is_empty() {
-                break; // a hole (dropped range): stop at contiguous data
+            if b.base_offset > cur {
+                // A hole (a dropped range): only contiguous data, and nothing for a read that
+                // starts inside it (the batches after it will be dropped too).
+                break;
             }
             out.push(StoredBatch {
                 base_offset: b.base_offset,
@@ -283,6 +285,28 @@ mod tests {
         assert_eq!(
             out.iter().map(|b| b.base_offset).collect::<Vec<_>>(),
             vec![6, 8, 10]
+        );
+    }
+
+    /// A dropped range leaves a hole: reads stop before it, and a read starting inside it gets
+    /// nothing (the batches after it are doomed too), never the batch after the hole.
+    #[test]
+    fn reads_never_cross_a_dropped_range() {
+        let mut c = LogCache::new(usize::MAX);
+        c.reset(1, 1);
+        for i in 0..3 {
+            c.insert(1, 1, i * 5, 5, data(10));
+        }
+        c.drop_range(1, 1, 5, 10);
+        let (mut out, mut bytes) = (Vec::new(), 0);
+        assert_eq!(c.read(1, 3, 1000, &mut out, &mut bytes), Some(5));
+        assert_eq!(out.len(), 1);
+        let (mut out, mut bytes) = (Vec::new(), 0);
+        assert_eq!(c.read(1, 7, 1000, &mut out, &mut bytes), Some(7));
+        assert!(
+            out.is_empty(),
+            "{:?}",
+            out.iter().map(|b| b.base_offset).collect::<Vec<_>>()
         );
     }
 

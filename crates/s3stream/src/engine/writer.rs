@@ -146,13 +146,13 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
         for item in items {
             let rec = item.rec;
             let next = rec.next_offset();
+            // A stream broken meanwhile (a failed write, or the catalog rejected one of its
+            // ranges) can never commit this range after the hole: no ack, and no reader sees it.
             let current = st
                 .streams
                 .get(&rec.stream)
-                .is_some_and(|s| s.gen_id == item.gen_id);
-            if let Some(s) = st.streams.get_mut(&rec.stream)
-                && s.gen_id == item.gen_id
-            {
+                .is_some_and(|s| s.gen_id == item.gen_id && !s.broken);
+            if current && let Some(s) = st.streams.get_mut(&rec.stream) {
                 s.durable_end = next;
                 st.cache.insert(
                     rec.stream,
@@ -173,8 +173,8 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
             }
             st.unuploaded_bytes += rec.batch.len() + rec.aux.len();
             st.unplanned_bytes += rec.batch.len() + rec.aux.len();
-            // The stream was re-opened or forgotten while this write was in flight: its data can
-            // no longer be committed under this generation's epoch, so it must not be acked.
+            // The stream was re-opened, forgotten or broken while this write was in flight: its
+            // data can no longer be committed under this generation's epoch, so no ack.
             acks.push((
                 item.ack,
                 if current {
