@@ -712,6 +712,30 @@ async fn an_append_written_after_its_stream_broke_is_not_acknowledged() {
     );
 }
 
+/// A flush waiting when the engine is aborted returns an error instead of waiting forever
+/// (the host's close of a stream, and its idle pass, wait on it).
+#[tokio::test]
+async fn a_flush_waiting_when_the_engine_stops_returns() {
+    let env = Env::memory();
+    let (engine, _) = env.start(cfg()).await;
+    let engine = Arc::new(engine);
+    engine.open(1, 1, 0);
+    env.wal.hold_appends(true);
+    let _pending = engine.append(req(1, 1, 1, payload(1, 0))).await.unwrap();
+    let flushing = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.flush().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!flushing.is_finished(), "the append is held");
+    engine.abort();
+    let got = tokio::time::timeout(Duration::from_secs(5), flushing)
+        .await
+        .expect("flush returned after the abort")
+        .unwrap();
+    assert!(matches!(got, Err(EngineError::ShuttingDown)), "{got:?}");
+}
+
 #[tokio::test]
 async fn backpressure_bounds_unuploaded_bytes() {
     let env = Env::memory();

@@ -308,6 +308,9 @@ struct Progress {
     uploaded_upto: Option<u64>,
     /// Failed upload cycles so far.
     upload_failures: u64,
+    /// The background tasks are gone (shutdown or abort): nothing above will move again, and
+    /// waiters must not wait for it (the sender lives as long as the engine).
+    stopped: bool,
 }
 
 #[derive(Debug, Default)]
@@ -716,10 +719,13 @@ impl Engine {
                 Err(EngineError::ShuttingDown)
             };
         }
-        progress
-            .wait_for(|p| p.written_seq >= seq)
+        let p = *progress
+            .wait_for(|p| p.written_seq >= seq || p.stopped)
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
+        if p.written_seq < seq {
+            return Err(EngineError::ShuttingDown);
+        }
         let target = shared.state().durable_pos;
         let start_failures = progress.borrow().upload_failures;
         shared.upload_kick.notify_one();
@@ -728,11 +734,14 @@ impl Engine {
             .wait_for(|p| {
                 p.uploaded_upto >= target
                     || p.upload_failures >= start_failures + FLUSH_MAX_UPLOAD_FAILURES
+                    || p.stopped
             })
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
         if p.uploaded_upto >= target {
             Ok(())
+        } else if p.stopped {
+            Err(EngineError::ShuttingDown)
         } else {
             Err(EngineError::Upload(format!(
                 "upload failed {FLUSH_MAX_UPLOAD_FAILURES} times while flushing"
@@ -757,6 +766,7 @@ impl Engine {
             t.abort();
             let _ = t.await;
         }
+        self.shared().progress.send_modify(|p| p.stopped = true);
         flushed
     }
 
@@ -777,6 +787,7 @@ impl Engine {
         {
             t.abort();
         }
+        self.shared().progress.send_modify(|p| p.stopped = true);
     }
 
     pub fn stats(&self) -> EngineStats {
