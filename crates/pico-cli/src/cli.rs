@@ -45,6 +45,23 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Command {
+    /// The stream a client command acts on, if it names one.
+    pub fn stream_name(&self) -> Option<&str> {
+        match self {
+            Command::Create { name, .. }
+            | Command::Head { name }
+            | Command::Append { name, .. }
+            | Command::Read { name, .. }
+            | Command::Tail { name, .. }
+            | Command::Close { name }
+            | Command::Delete { name }
+            | Command::Trim { name, .. } => Some(name),
+            Command::Serve(_) | Command::Bench(_) | Command::Ls { .. } => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Protocol {
     Pico,
@@ -109,7 +126,8 @@ pub enum Command {
     /// Print from the tail (or the last N records); `-f` keeps following.
     Tail {
         name: String,
-        /// Keep following with long-poll until the stream closes.
+        /// Keep following with long-poll until the stream closes; failures that may pass (no
+        /// connection, no answer, 5xx) are retried from the same offset.
         #[arg(short = 'f', long, env = "PICO_FOLLOW", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
         follow: bool,
         /// Start this many records before the tail.

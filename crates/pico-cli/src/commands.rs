@@ -5,9 +5,10 @@ use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
-use pico_client::{BatchRecord, Client, ReadChunk, ReadRecord};
+use pico_client::{BatchRecord, Client, ClientError, ReadChunk, ReadRecord};
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::time::Duration;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 
@@ -158,7 +159,7 @@ pub async fn tail(
     let meta = client.head(name).await?.ok_or_else(|| not_found(name))?;
     let from = meta.next.saturating_sub(lines).max(meta.start);
     let mut out = std::io::stdout();
-    let (mut seq, closed) = if from < meta.next {
+    let (seq, closed) = if from < meta.next {
         catch_up(client, name, from, format, &mut out).await?
     } else {
         (from, meta.closed)
@@ -166,14 +167,56 @@ pub async fn tail(
     if !follow || closed {
         return Ok(());
     }
+    follow_from(client, name, seq, format, &mut out, FOLLOW_RETRY_FIRST).await
+}
+
+/// First pause before a failed long-poll of `tail -f` is retried; doubles per failure in a
+/// row, up to [`FOLLOW_RETRY_MAX`].
+const FOLLOW_RETRY_FIRST: Duration = Duration::from_millis(100);
+const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Long-polls from `seq` until the stream closes. A failure that may pass (no connection, no
+/// answer, 5xx: a restarting or moving server) is retried from the same offset, so nothing
+/// is skipped or printed twice; any other (404: the stream is gone, other 4xx) ends it.
+async fn follow_from(
+    client: &Client,
+    name: &str,
+    mut seq: u64,
+    format: ReadFormat,
+    out: &mut impl Write,
+    first_pause: Duration,
+) -> anyhow::Result<()> {
+    let mut pause = first_pause;
     loop {
-        let chunk = client.long_poll(name, seq).await?;
-        print_chunk(&chunk, format, &mut out)?;
+        let chunk = match client.long_poll(name, seq).await {
+            Ok(chunk) => chunk,
+            Err(e) if e.is_not_found() => {
+                bail!("stream not found while following: name=`{name}` seq={seq}")
+            }
+            Err(e) if passing(&e) => {
+                eprintln!("note: following {name} at seq {seq}: {e}; retrying in {pause:?}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(FOLLOW_RETRY_MAX);
+                continue;
+            }
+            Err(e) => return Err(anyhow!(e).context(format!("following {name} at seq {seq}"))),
+        };
+        pause = first_pause;
+        print_chunk(&chunk, format, out)?;
         seq = chunk.next_seq.max(seq);
         if chunk.closed {
             eprintln!("stream {name} closed at seq {seq}");
             return Ok(());
         }
+    }
+}
+
+/// A failure a later attempt may not see: the request got no answer, or a 5xx one.
+fn passing(e: &ClientError) -> bool {
+    match e {
+        ClientError::Transport(_) | ClientError::Timeout(_) => true,
+        ClientError::Http { status, .. } => *status >= 500,
+        _ => false,
     }
 }
 
@@ -282,12 +325,14 @@ fn not_found(name: &str) -> anyhow::Error {
     anyhow!("stream not found: name=`{name}`")
 }
 
-/// Fails fast on arguments the server would reject anyway.
+/// Fails fast on a stream name the server would reject, or that no URL can carry as it is
+/// (the client's rule, [`pico_client::wire::stream_path`]).
 pub fn check_name(name: &str) -> anyhow::Result<()> {
-    if let Err(e) = pico_common::StreamName::parse(name) {
-        bail!("{e}");
+    match pico_client::wire::stream_path(name) {
+        Ok(_) => Ok(()),
+        Err(pico_client::ClientError::Invalid(why)) => bail!("{why}"),
+        Err(e) => bail!("{e}"),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -316,6 +361,109 @@ mod tests {
             line,
             r#"{"seq":7,"timestamp":11,"headers":{"h":"v"},"body_b64":"AP4="}"#
         );
+    }
+
+    /// A server that answers the `i`th connection's request with `answers[i]`: `Some(raw)`
+    /// writes that HTTP/1.1 response, `None` closes the connection unanswered. Returns its
+    /// endpoint and the request lines it received.
+    async fn scripted_server(
+        answers: Vec<Option<String>>,
+    ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            for answer in answers {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "request cut short");
+                    head.extend_from_slice(&buf[..n]);
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .to_string();
+                log.lock().unwrap().push(line);
+                if let Some(raw) = answer {
+                    socket.write_all(raw.as_bytes()).await.unwrap();
+                }
+            }
+        });
+        (format!("http://{addr}"), seen)
+    }
+
+    fn response(status: &str, headers: &[(&str, &str)], body: &str) -> Option<String> {
+        let mut raw = format!("HTTP/1.1 {status}\r\nconnection: close\r\n");
+        for (k, v) in headers {
+            raw.push_str(&format!("{k}: {v}\r\n"));
+        }
+        raw.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
+        Some(raw)
+    }
+
+    /// `tail -f` outlives a server that fails for a while (503, a connection closed without
+    /// an answer) and resumes from the same offset: nothing skipped, nothing twice.
+    #[tokio::test]
+    async fn follow_retries_passing_failures_from_the_same_offset() {
+        let records = r#"[{"seq":5,"timestamp":1,"body":"a"},{"seq":6,"timestamp":2,"body":"b"}]"#;
+        let (endpoint, seen) = scripted_server(vec![
+            response(
+                "503 Service Unavailable",
+                &[],
+                r#"{"error":"unavailable","message":"moving"}"#,
+            ),
+            None,
+            response(
+                "200 OK",
+                &[
+                    ("content-type", "application/json"),
+                    ("pico-next-seq", "7"),
+                    ("pico-closed", "true"),
+                ],
+                records,
+            ),
+        ])
+        .await;
+        let client = Client::new(&endpoint, Default::default()).unwrap();
+        let mut out = Vec::new();
+        let pause = Duration::from_millis(1);
+        follow_from(&client, "s", 5, ReadFormat::Text, &mut out, pause)
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out), "a\nb\n");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(
+            seen.iter().all(|l| l.starts_with("GET /s?seq=5&")),
+            "{seen:?}"
+        );
+    }
+
+    /// A stream deleted under `tail -f` ends it with a clear error, not endless retries.
+    #[tokio::test]
+    async fn follow_stops_when_the_stream_is_gone() {
+        let gone = r#"{"error":"not_found","message":"stream not found: name=`s`"}"#;
+        let (endpoint, seen) = scripted_server(vec![
+            response("404 Not Found", &[], gone),
+            response("404 Not Found", &[], gone),
+        ])
+        .await;
+        let client = Client::new(&endpoint, Default::default()).unwrap();
+        let mut out = Vec::new();
+        let err = follow_from(&client, "s", 3, ReadFormat::Text, &mut out, Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("stream not found while following"),
+            "{err:#}"
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1);
     }
 
     #[test]

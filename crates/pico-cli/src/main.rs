@@ -86,11 +86,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     if let Some(profile) = &cli.profile {
         eprintln!("note: profiles arrive with `pico config`; ignoring --profile {profile}");
     }
+    // Every command checks its name first: the server reads the name from the raw URL path,
+    // so one it would refuse (`orders?x`) could otherwise act on another stream (`orders`).
+    if let Some(name) = cli.command.stream_name() {
+        commands::check_name(name)?;
+    }
     let client = Client::new(
         &cli.endpoint,
         ClientOptions {
             http2_prior_knowledge: cli.http2,
             token: cli.token.clone(),
+            ..Default::default()
         },
     )?;
     match cli.command {
@@ -99,19 +105,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             name,
             content_type,
             ttl,
-        } => {
-            commands::check_name(&name)?;
-            commands::create(&client, &name, content_type.as_deref(), ttl).await
-        }
+        } => commands::create(&client, &name, content_type.as_deref(), ttl).await,
         Command::Head { name } => commands::head(&client, &name).await,
         Command::Append {
             name,
             batch,
             content_type,
-        } => {
-            commands::check_name(&name)?;
-            commands::append(&client, &name, batch as usize, content_type).await
-        }
+        } => commands::append(&client, &name, batch as usize, content_type).await,
         Command::Read { name, from, format } => commands::read(&client, &name, from, format).await,
         Command::Tail {
             name,

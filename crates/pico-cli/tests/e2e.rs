@@ -1712,6 +1712,129 @@ fn client_commands_report_one_line_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not yet supported"));
 }
 
+/// A name the server would refuse is refused by every command before any request: the server
+/// reads the name from the raw path, so `pico delete 'orders?x'` used to send
+/// `DELETE /orders?x` and delete stream `orders`.
+#[test]
+fn client_commands_refuse_names_no_url_carries_as_they_are() {
+    let port = free_port(); // nothing listens here: the refusal must come first
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let commands: [&[&str]; 8] = [
+        &["delete"],
+        &["head"],
+        &["close"],
+        &["read"],
+        &["tail", "-f"],
+        &["trim", "--seq", "1"],
+        &["create"],
+        &["append"],
+    ];
+    for name in ["orders?x", "orders#x", "a/%2e%2e/orders"] {
+        for cmd in commands {
+            let out = pico_command()
+                .args(&cmd[..1])
+                .arg(name)
+                .args(&cmd[1..])
+                .args(["--endpoint", &endpoint])
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{cmd:?} {name}: {err}");
+            assert!(
+                err.starts_with("error: stream name") && !err.contains("transport"),
+                "{cmd:?} {name}: {err}"
+            );
+        }
+    }
+}
+
+/// A stand-in server for `pico bench` that creates streams (201) and never answers an append,
+/// holding every connection open until the client closes it. Returns its port.
+fn server_that_stops_answering_appends() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return; // the client closed the connection
+                    }
+                    let mut len = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            len = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    reader.read_exact(&mut body).unwrap();
+                    if !line.starts_with("PUT ") {
+                        // Unanswered: wait for the client to go away.
+                        let _ = reader.read_to_end(&mut Vec::new());
+                        return;
+                    }
+                    conn.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n")
+                        .unwrap();
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Requests still unanswered when a bench run stops are reported (how many, the oldest's age)
+/// and their ages are ack latencies: before, a server that stopped answering showed no
+/// latency at all, or a clean tail from the requests answered before it stalled.
+#[test]
+fn bench_reports_requests_unanswered_at_the_stop() {
+    let port = server_that_stops_answering_appends();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    // Plain loops: one request each in flight; a producer: its window of 3 batches.
+    for (args, pending) in [
+        (&["--connections", "2"][..], 2),
+        (&["--producer", "--connections", "1", "-w", "3"][..], 3),
+    ] {
+        let out = pico_command()
+            .args(["bench", "--output", "json", "-d", "1s", "--warmup", "0s"])
+            .args(["--endpoint", &endpoint])
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        let w = &r["write"];
+        assert_eq!(w["records"], 0, "{args:?}: {r}");
+        assert_eq!(w["unfinished"], pending, "{args:?}: {r}");
+        let oldest = w["unfinished_max_ms"].as_f64().unwrap();
+        let lat = &r["write_latency"];
+        assert_eq!(lat["count"], pending, "{args:?}: {r}");
+        // The histogram keeps 3 significant digits.
+        let max = lat["max_ms"].as_f64().unwrap();
+        assert!(
+            oldest > 0.0 && (max - oldest).abs() <= oldest * 0.002,
+            "{args:?}: {r}"
+        );
+    }
+}
+
 /// `pico bench` refuses settings that would measure nothing or cannot be met, before it
 /// touches a server, with a one-line error naming the flag.
 #[test]

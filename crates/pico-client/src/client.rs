@@ -11,12 +11,36 @@ use std::time::Duration;
 /// Redirect hops followed before giving up (a 307 points at the owner, so one is normal).
 const MAX_REDIRECTS: usize = 5;
 
-#[derive(Debug, Clone, Default)]
+/// Default [`ClientOptions::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`ClientOptions::long_poll_timeout`]: the server's default long-poll wait (25 s)
+/// plus the same margin for a slow answer.
+pub const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(55);
+
+#[derive(Debug, Clone)]
 pub struct ClientOptions {
     /// Speak HTTP/2 over cleartext without negotiation (h2c).
     pub http2_prior_knowledge: bool,
     /// Sent as `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// Longest wait for the whole answer to one request (redirects included), except long-poll
+    /// reads. A producer resends a batch whose attempt ran out; a plain append fails with
+    /// [`ClientError::Timeout`], its outcome unknown.
+    pub request_timeout: Duration,
+    /// The same for long-poll reads: keep it above the server's long-poll wait
+    /// (`--long-poll-timeout-sec`), or a read at an idle tail fails instead of answering empty.
+    pub long_poll_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            http2_prior_knowledge: false,
+            token: None,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            long_poll_timeout: DEFAULT_LONG_POLL_TIMEOUT,
+        }
+    }
 }
 
 /// A Pico protocol client. Cheap to clone (the connection pool is shared).
@@ -26,7 +50,12 @@ pub struct Client {
     /// The endpoint without a trailing slash, e.g. `http://127.0.0.1:4437`.
     base: String,
     token: Option<String>,
+    request_timeout: Duration,
+    long_poll_timeout: Duration,
 }
+
+/// An answer read to its end: status, headers, body.
+type Answer = (StatusCode, HeaderMap, Bytes);
 
 impl Client {
     pub fn new(endpoint: &str, options: ClientOptions) -> Result<Client, ClientError> {
@@ -52,6 +81,8 @@ impl Client {
             http,
             base,
             token: options.token,
+            request_timeout: options.request_timeout,
+            long_poll_timeout: options.long_poll_timeout,
         })
     }
 
@@ -70,6 +101,12 @@ impl Client {
             }
         }
         Ok(url)
+    }
+
+    /// The URL of stream `name`; refuses names the server would not accept (see
+    /// [`wire::stream_path`]) before anything is sent.
+    fn stream_url(&self, name: &str, query: &[(&str, String)]) -> Result<Url, ClientError> {
+        self.url(&stream_path(name)?, query)
     }
 
     /// Sends a request, following 307/308 to `Location` with the same method, headers and body.
@@ -116,39 +153,56 @@ impl Client {
         )))
     }
 
-    /// Sends and turns any non-2xx status into [`ClientError::Http`].
-    async fn send_ok(
+    /// Sends (following redirects) and reads the whole answer, whatever its status, within
+    /// `timeout`: a server that accepts and never answers must not hold the caller forever.
+    async fn exchange(
         &self,
         method: Method,
         url: Url,
         headers: HeaderMap,
         body: Option<Bytes>,
-    ) -> Result<Response, ClientError> {
-        let resp = self.send(method, url, headers, body).await?;
-        if resp.status().is_success() {
-            Ok(resp)
-        } else {
-            let status = resp.status().as_u16();
-            let body = resp.bytes().await.unwrap_or_default();
-            Err(ClientError::from_response(status, &body))
-        }
+        timeout: Duration,
+    ) -> Result<Answer, ClientError> {
+        let answer = async {
+            let resp = self.send(method, url, headers, body).await?;
+            let status = resp.status();
+            let headers = resp.headers().clone();
+            let body = resp.bytes().await?;
+            Ok((status, headers, body))
+        };
+        tokio::time::timeout(timeout, answer)
+            .await
+            .unwrap_or(Err(ClientError::Timeout(timeout)))
     }
 
-    /// Sends one request to `path` (following redirects) and returns status, headers and body,
-    /// whatever the status. For callers that interpret error statuses themselves.
+    /// [`Client::exchange`] with the request timeout, any non-2xx status turned into
+    /// [`ClientError::Http`].
+    async fn exchange_ok(
+        &self,
+        method: Method,
+        url: Url,
+        headers: HeaderMap,
+        body: Option<Bytes>,
+    ) -> Result<Answer, ClientError> {
+        let timeout = self.request_timeout;
+        ok(self.exchange(method, url, headers, body, timeout).await?)
+    }
+
+    /// One request to stream `name` (following redirects) with the request timeout; returns
+    /// status, headers and body, whatever the status. For callers that interpret error
+    /// statuses themselves.
     pub(crate) async fn raw_request(
         &self,
         method: Method,
-        path: &str,
+        name: &str,
         headers: HeaderMap,
         body: Option<Bytes>,
     ) -> Result<(u16, HeaderMap, Bytes), ClientError> {
-        let url = self.url(path, &[])?;
-        let resp = self.send(method, url, headers, body).await?;
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = resp.bytes().await?;
-        Ok((status, headers, body))
+        let url = self.stream_url(name, &[])?;
+        let (status, headers, body) = self
+            .exchange(method, url, headers, body, self.request_timeout)
+            .await?;
+        Ok((status.as_u16(), headers, body))
     }
 
     /// Idempotent create (`PUT`): `created` is false when the same stream already existed.
@@ -165,24 +219,32 @@ impl Client {
         if let Some(ttl) = ttl_secs {
             headers.insert(H_TTL, HeaderValue::from(ttl));
         }
-        let url = self.url(&stream_path(name), &[])?;
-        let resp = self.send_ok(Method::PUT, url, headers, None).await?;
+        let url = self.stream_url(name, &[])?;
+        let (status, _, _) = self.exchange_ok(Method::PUT, url, headers, None).await?;
         Ok(Created {
-            created: resp.status() == StatusCode::CREATED,
+            created: status == StatusCode::CREATED,
         })
     }
 
     /// Stream metadata (`HEAD`); `None` if the stream does not exist.
     pub async fn head(&self, name: &str) -> Result<Option<StreamMeta>, ClientError> {
-        let url = self.url(&stream_path(name), &[])?;
-        let resp = self.send(Method::HEAD, url, HeaderMap::new(), None).await?;
-        if resp.status() == StatusCode::NOT_FOUND {
+        let url = self.stream_url(name, &[])?;
+        let (status, h, _) = self
+            .exchange(
+                Method::HEAD,
+                url,
+                HeaderMap::new(),
+                None,
+                self.request_timeout,
+            )
+            .await?;
+        if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        if !resp.status().is_success() {
-            return Err(ClientError::from_response(resp.status().as_u16(), &[]));
+        if !status.is_success() {
+            return Err(ClientError::from_response(status.as_u16(), &[]));
         }
-        let h = resp.headers();
+        let h = &h;
         Ok(Some(StreamMeta {
             start: header_u64(h, H_START_SEQ)?.unwrap_or(0),
             next: header_u64(h, H_NEXT_SEQ)?
@@ -260,11 +322,11 @@ impl Client {
     pub async fn trim(&self, name: &str, seq: u64) -> Result<u64, ClientError> {
         let mut headers = HeaderMap::new();
         headers.insert(H_TRIM_SEQ, HeaderValue::from(seq));
-        let url = self.url(&stream_path(name), &[])?;
-        let resp = self
-            .send_ok(Method::POST, url, headers, Some(Bytes::new()))
+        let url = self.stream_url(name, &[])?;
+        let (_, h, _) = self
+            .exchange_ok(Method::POST, url, headers, Some(Bytes::new()))
             .await?;
-        Ok(header_u64(resp.headers(), H_START_SEQ)?.unwrap_or(seq))
+        Ok(header_u64(&h, H_START_SEQ)?.unwrap_or(seq))
     }
 
     async fn post(
@@ -273,9 +335,11 @@ impl Client {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<AppendAck, ClientError> {
-        let url = self.url(&stream_path(name), &[])?;
-        let resp = self.send_ok(Method::POST, url, headers, Some(body)).await?;
-        let h = resp.headers();
+        let url = self.stream_url(name, &[])?;
+        let (_, h, _) = self
+            .exchange_ok(Method::POST, url, headers, Some(body))
+            .await?;
+        let h = &h;
         let next_seq = header_u64(h, H_NEXT_SEQ)?
             .ok_or_else(|| ClientError::Decode("append response without Pico-Next-Seq".into()))?;
         let start_seq = header_u64(h, H_START_SEQ)?.unwrap_or(next_seq);
@@ -296,7 +360,8 @@ impl Client {
         if let Some(count) = count {
             query.push(("count", count.to_string()));
         }
-        self.get_chunk(name, seq, &query).await
+        self.get_chunk(name, seq, &query, self.request_timeout)
+            .await
     }
 
     /// Long-poll read from `seq`: returns as soon as records exist, or an empty chunk on
@@ -307,7 +372,8 @@ impl Client {
             ("format", "json".to_string()),
             ("live", "long-poll".to_string()),
         ];
-        self.get_chunk(name, seq, &query).await
+        self.get_chunk(name, seq, &query, self.long_poll_timeout)
+            .await
     }
 
     async fn get_chunk(
@@ -315,17 +381,15 @@ impl Client {
         name: &str,
         seq: u64,
         query: &[(&str, String)],
+        timeout: Duration,
     ) -> Result<ReadChunk, ClientError> {
-        let url = self.url(&stream_path(name), query)?;
-        let resp = self
-            .send_ok(Method::GET, url, HeaderMap::new(), None)
-            .await?;
-        let status = resp.status();
-        let headers = resp.headers().clone();
+        let url = self.stream_url(name, query)?;
+        let (status, headers, body) = ok(self
+            .exchange(Method::GET, url, HeaderMap::new(), None, timeout)
+            .await?)?;
         let records = if status == StatusCode::NO_CONTENT {
             Vec::new()
         } else {
-            let body = resp.bytes().await?;
             wire::decode_read_json(&body)?
         };
         let next_seq = match header_u64(&headers, H_NEXT_SEQ)? {
@@ -358,25 +422,33 @@ impl Client {
             query.push(("limit", l.to_string()));
         }
         let url = self.url("/", &query)?;
-        let resp = self
-            .send_ok(Method::GET, url, HeaderMap::new(), None)
+        let (_, _, body) = self
+            .exchange_ok(Method::GET, url, HeaderMap::new(), None)
             .await?;
-        let body = resp.bytes().await?;
         wire::decode_list(&body)
     }
 
     /// Deletes the stream; the name is reusable at once.
     pub async fn delete(&self, name: &str) -> Result<(), ClientError> {
-        let url = self.url(&stream_path(name), &[])?;
-        self.send_ok(Method::DELETE, url, HeaderMap::new(), None)
+        let url = self.stream_url(name, &[])?;
+        self.exchange_ok(Method::DELETE, url, HeaderMap::new(), None)
             .await?;
         Ok(())
     }
 }
 
+/// The answer if its status is 2xx, else the server's error.
+fn ok(answer: Answer) -> Result<Answer, ClientError> {
+    if answer.0.is_success() {
+        Ok(answer)
+    } else {
+        Err(ClientError::from_response(answer.0.as_u16(), &answer.2))
+    }
+}
+
 fn header_value(v: &str) -> Result<HeaderValue, ClientError> {
     HeaderValue::from_str(v)
-        .map_err(|_| ClientError::Transport(format!("value not allowed in a header: value=`{v}`")))
+        .map_err(|_| ClientError::Invalid(format!("value not allowed in a header: value=`{v}`")))
 }
 
 fn header_u64(h: &HeaderMap, name: &'static str) -> Result<Option<u64>, ClientError> {
@@ -398,7 +470,7 @@ fn header_true(h: &HeaderMap, name: &'static str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use axum::Router;
     use axum::http::{HeaderMap as AxHeaders, StatusCode as AxStatus};
@@ -425,6 +497,14 @@ mod tests {
                 }),
             )
             .route(
+                "/slow",
+                get(|| async {
+                    // Slower than the tests' request timeout, far below their long-poll one.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    (AxStatus::NO_CONTENT, [("pico-next-seq", "4")])
+                }),
+            )
+            .route(
                 "/loop",
                 get(|| async { (AxStatus::TEMPORARY_REDIRECT, [("location", "/loop")], "") }),
             )
@@ -444,8 +524,8 @@ mod tests {
         Client::new(
             base,
             ClientOptions {
-                http2_prior_knowledge: false,
                 token: Some("t0k".into()),
+                ..Default::default()
             },
         )
         .unwrap()
@@ -493,6 +573,94 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(client(&base).head("nope").await.unwrap(), None);
+    }
+
+    /// Accepts connections and never answers, holding them open.
+    pub(crate) async fn silent_server() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    /// Without the timeouts these calls never return: the outer timeout is a guard that turns
+    /// a hang into a failure, not a measurement.
+    const HANG_GUARD: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn requests_without_an_answer_time_out() {
+        let options = ClientOptions {
+            request_timeout: Duration::from_millis(100),
+            long_poll_timeout: Duration::from_millis(150),
+            ..Default::default()
+        };
+        let silent = Client::new(&silent_server().await, options.clone()).unwrap();
+        let err = tokio::time::timeout(HANG_GUARD, silent.append("s", "x"))
+            .await
+            .expect("the append never returned")
+            .unwrap_err();
+        assert!(
+            matches!(err, ClientError::Timeout(d) if d == options.request_timeout),
+            "{err:?}"
+        );
+        let err = tokio::time::timeout(HANG_GUARD, silent.long_poll("s", 0))
+            .await
+            .expect("the long-poll never returned")
+            .unwrap_err();
+        assert!(
+            matches!(err, ClientError::Timeout(d) if d == options.long_poll_timeout),
+            "{err:?}"
+        );
+        // A long-poll has its own, longer bound: one answered after the request timeout is
+        // an answer, while a catch-up read that slow is not.
+        let options = ClientOptions {
+            long_poll_timeout: HANG_GUARD,
+            ..options
+        };
+        let slow = Client::new(&server().await, options).unwrap();
+        let chunk = slow.long_poll("slow", 4).await.unwrap();
+        assert!(chunk.records.is_empty() && chunk.up_to_date, "{chunk:?}");
+        let err = slow.read("slow", 4, None).await.unwrap_err();
+        assert!(matches!(err, ClientError::Timeout(_)), "{err:?}");
+    }
+
+    /// `orders?x` would go out as `/orders` with a query and act on stream `orders`: names the
+    /// server would not accept are refused before anything is sent, legal ones go unescaped.
+    #[tokio::test]
+    async fn stream_names_are_checked_before_any_request() {
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let app = {
+            let seen = seen.clone();
+            Router::new().fallback(move |uri: axum::http::Uri| {
+                seen.lock().unwrap().push(uri.to_string());
+                async { AxStatus::NO_CONTENT }
+            })
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let c = client(&format!("http://{addr}"));
+        for bad in ["orders?x", "orders#x", "a/%2e%2e/orders"] {
+            let errs = [
+                c.delete(bad).await.unwrap_err(),
+                c.head(bad).await.unwrap_err(),
+                c.trim(bad, 1).await.unwrap_err(),
+                c.close(bad).await.unwrap_err(),
+                c.read(bad, 0, None).await.unwrap_err(),
+                c.create(bad, None, None).await.unwrap_err(),
+            ];
+            for err in errs {
+                assert!(matches!(err, ClientError::Invalid(_)), "{bad}: {err:?}");
+            }
+        }
+        assert_eq!(*seen.lock().unwrap(), Vec::<String>::new());
+        c.delete("a%3Fb/c").await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["/a%3Fb/c"]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The one error type of the client.
 
+use std::time::Duration;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -15,17 +16,33 @@ pub enum ClientError {
     /// The request did not complete (connect, IO, redirect loop, bad URL).
     #[error("transport: {0}")]
     Transport(String),
+    /// No complete answer within the client's timeout for this kind of request. The request
+    /// may still have reached the server: an append's outcome is unknown.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
     /// The server answered 2xx but the response could not be understood.
     #[error("decode: {0}")]
     Decode(String),
-    /// A producer's batch that was never sent, or given up, because an earlier batch of the
-    /// same producer failed for good: sequence numbers must arrive in order, so the producer
-    /// stops at the first failure. The batch is not written; the failure itself is reported
-    /// once, by the batch `failed_seq`.
+    /// Refused before sending: an argument no request can carry (a stream name the server
+    /// would not accept, a value not allowed in a header).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// A producer's batch that was never sent, or only refused as out of order, because an
+    /// earlier batch of the same producer failed for good: sequence numbers must arrive in
+    /// order, so the producer stops at the first failure. The batch is not written; the failure
+    /// itself is reported once, by the batch `failed_seq`.
     #[error(
-        "not sent: an earlier batch of this producer failed: failed_seq={failed_seq} seq={seq}"
+        "not written: an earlier batch of this producer failed: failed_seq={failed_seq} seq={seq}"
     )]
     Abandoned { seq: u64, failed_seq: u64 },
+    /// A producer's batch given up because an earlier batch of the same producer failed for
+    /// good, after an attempt of its own went unanswered (transport error, timeout, 5xx): the
+    /// server may have applied it. Unlike [`ClientError::Abandoned`], resending it under a new
+    /// epoch may write it twice; read the stream to find out.
+    #[error(
+        "outcome unknown: sent, then given up after an earlier batch of this producer failed: failed_seq={failed_seq} seq={seq}"
+    )]
+    OutcomeUnknown { seq: u64, failed_seq: u64 },
 }
 
 impl ClientError {
@@ -40,6 +57,11 @@ impl ClientError {
     /// Is this a batch abandoned after an earlier batch's failure (not a failure of its own)?
     pub fn is_abandoned(&self) -> bool {
         matches!(self, ClientError::Abandoned { .. })
+    }
+
+    /// Is this a batch given up after an earlier batch's failure, but possibly applied?
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, ClientError::OutcomeUnknown { .. })
     }
 
     pub fn is_not_found(&self) -> bool {

@@ -24,9 +24,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, watch};
 
-/// First pause before resending a batch that overtook a predecessor; doubles per resend.
+/// First pause before resending a batch that overtook a predecessor; doubles per resend, up
+/// to 128 ms.
 const GAP_PAUSE: Duration = Duration::from_micros(500);
-const GAP_PAUSE_MAX_SHIFT: u32 = 5;
+const GAP_PAUSE_MAX_SHIFT: u32 = 8;
+/// Resends after a gap (~1 s of pauses) before a batch stops resending and waits for every
+/// predecessor to finish: a predecessor without an answer (up to `max_attempts` request
+/// timeouts) must not turn its successors into a stream of refused requests.
+const GAP_RESENDS_BEFORE_WAITING: u32 = 16;
 
 /// Called with each transient failure before the batch is resent.
 pub type RetryHook = Arc<dyn Fn(&ClientError) + Send + Sync>;
@@ -155,7 +160,8 @@ pub enum Attempt<T> {
 
 /// Sends sequenced batch `seq` with `attempt` until it is accepted, handling reordering (gap →
 /// wait for predecessors → resend) and transient failures (backoff → resend). Records the
-/// outcome in `window`.
+/// outcome in `window`, on every way out: a `drive` dropped before it finished records a
+/// failure, so the batches after it do not wait forever.
 pub async fn drive<T, F, Fut>(
     window: &SeqWindow,
     seq: u64,
@@ -166,14 +172,19 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Attempt<T>>,
 {
+    let mut outcome = Outcome {
+        window,
+        seq,
+        recorded: false,
+        maybe_applied: false,
+    };
     // The first batch of an epoch goes alone: a server that still holds an older epoch answers
     // a later seq of the new epoch with "must start at seq 0" (400), which is not a reordering
     // gap the pipeline could wait out. Pipelining starts once the epoch is established.
     if seq > window.first
         && let Err(f) = window.wait_predecessors(window.first + 1).await
     {
-        window.complete(seq, false);
-        return Err(predecessor_failed(seq, f));
+        return Err(outcome.predecessor_failed(f));
     }
     let mut transient = 0u32;
     let mut gap_resends = 0u32;
@@ -181,47 +192,50 @@ where
     let mut gap_after_predecessors = false;
     loop {
         if let Some(f) = window.failed().filter(|f| *f < seq) {
-            window.complete(seq, false);
-            return Err(predecessor_failed(seq, f));
+            return Err(outcome.predecessor_failed(f));
         }
         match attempt().await {
             Attempt::Done(v) => {
-                window.complete(seq, true);
+                outcome.record(true);
                 return Ok(v);
             }
             Attempt::Gap { expected } => {
                 if expected >= seq || gap_after_predecessors {
-                    window.complete(seq, false);
-                    return Err(ClientError::Http {
+                    return Err(outcome.fail(ClientError::Http {
                         status: 409,
                         code: "sequence_gap".into(),
                         message: format!(
                             "producer sequence gap the pipeline cannot repair: expected={expected} received={seq}"
                         ),
-                    });
+                    }));
                 }
                 // The predecessor is usually just behind on another connection: resend after a
                 // short pause, or as soon as every predecessor finished, whichever comes first.
                 // Waiting for the predecessors' acks alone would serialize the pipeline: each
-                // batch would wait a whole durable round trip behind the one before.
-                let pause = GAP_PAUSE * (1u32 << gap_resends.min(GAP_PAUSE_MAX_SHIFT));
-                gap_resends += 1;
-                tokio::select! {
-                    done = window.wait_predecessors(seq) => {
-                        if let Err(f) = done {
-                            window.complete(seq, false);
-                            return Err(predecessor_failed(seq, f));
-                        }
-                        gap_after_predecessors = true;
+                // batch would wait a whole durable round trip behind the one before. Past the
+                // bound, a predecessor is stuck: only its outcome can help.
+                let done = if gap_resends >= GAP_RESENDS_BEFORE_WAITING {
+                    Some(window.wait_predecessors(seq).await)
+                } else {
+                    let pause = GAP_PAUSE * (1u32 << gap_resends.min(GAP_PAUSE_MAX_SHIFT));
+                    tokio::select! {
+                        done = window.wait_predecessors(seq) => Some(done),
+                        _ = tokio::time::sleep(pause) => None,
                     }
-                    _ = tokio::time::sleep(pause) => {}
+                };
+                gap_resends += 1;
+                match done {
+                    Some(Err(f)) => return Err(outcome.predecessor_failed(f)),
+                    Some(Ok(())) => gap_after_predecessors = true,
+                    None => {}
                 }
             }
             Attempt::Retry(e) => {
+                // Unanswered or answered 5xx: the server may have applied it all the same.
+                outcome.maybe_applied = true;
                 transient += 1;
                 if transient >= policy.max_attempts {
-                    window.complete(seq, false);
-                    return Err(e);
+                    return Err(outcome.fail(e));
                 }
                 tracing::debug!(seq, attempt = transient, error = %e, "producer batch retry");
                 if let Some(hook) = &policy.on_retry {
@@ -230,14 +244,56 @@ where
                 let shift = transient.saturating_sub(1).min(6);
                 tokio::time::sleep(policy.backoff * (1u32 << shift)).await;
             }
-            Attempt::Fatal(e) => {
-                window.complete(seq, false);
-                return Err(e);
-            }
+            Attempt::Fatal(e) => return Err(outcome.fail(e)),
         }
     }
 }
 
+/// The outcome of one [`drive`]: recorded in the window once, and as a failure if the drive
+/// is dropped before it recorded anything.
+struct Outcome<'a> {
+    window: &'a SeqWindow,
+    seq: u64,
+    recorded: bool,
+    /// An attempt went unanswered or failed in a way that does not prove it was not applied.
+    maybe_applied: bool,
+}
+
+impl Outcome<'_> {
+    fn record(&mut self, ok: bool) {
+        if !self.recorded {
+            self.recorded = true;
+            self.window.complete(self.seq, ok);
+        }
+    }
+
+    fn fail(&mut self, e: ClientError) -> ClientError {
+        self.record(false);
+        e
+    }
+
+    /// Gives the batch up after predecessor `failed` failed: [`ClientError::Abandoned`] only
+    /// if it was certainly not written (never sent, or only refused as out of order).
+    fn predecessor_failed(&mut self, failed: u64) -> ClientError {
+        self.record(false);
+        if self.maybe_applied {
+            ClientError::OutcomeUnknown {
+                seq: self.seq,
+                failed_seq: failed,
+            }
+        } else {
+            predecessor_failed(self.seq, failed)
+        }
+    }
+}
+
+impl Drop for Outcome<'_> {
+    fn drop(&mut self) {
+        self.record(false);
+    }
+}
+
+/// The error for a batch never sent because batch `failed` failed.
 fn predecessor_failed(seq: u64, failed: u64) -> ClientError {
     ClientError::Abandoned {
         seq,
@@ -248,9 +304,12 @@ fn predecessor_failed(seq: u64, failed: u64) -> ClientError {
 /// Is this error worth retrying with the same sequence number?
 pub fn is_transient(e: &ClientError) -> bool {
     match e {
-        ClientError::Transport(_) => true,
+        ClientError::Transport(_) | ClientError::Timeout(_) => true,
         ClientError::Http { status, .. } => *status == 503 || *status == 502 || *status == 500,
-        ClientError::Decode(_) | ClientError::Abandoned { .. } => false,
+        ClientError::Decode(_)
+        | ClientError::Invalid(_)
+        | ClientError::Abandoned { .. }
+        | ClientError::OutcomeUnknown { .. } => false,
     }
 }
 
@@ -322,26 +381,75 @@ struct ProducerInner {
     client: Client,
     stream: String,
     config: ProducerConfig,
+    /// `config.id` as a header, checked once when the producer is built.
+    id_header: HeaderValue,
     window: SeqWindow,
+    /// Shared with the producers of later epochs made by [`IdempotentProducer::next_epoch`].
     permits: Arc<Semaphore>,
     /// Held while taking a permit and a seq, so seqs follow the order of `send` calls.
     next_seq: Mutex<u64>,
 }
 
 impl IdempotentProducer {
-    pub fn new(client: Client, stream: &str, config: ProducerConfig) -> IdempotentProducer {
-        let first = config.first_seq;
+    /// Fails if the id cannot be sent as a header or the server would not accept the stream
+    /// name: no batch could ever be delivered.
+    pub fn new(
+        client: Client,
+        stream: &str,
+        config: ProducerConfig,
+    ) -> Result<IdempotentProducer, ClientError> {
+        wire::stream_path(stream)?;
+        let id_header = id_header(&config.id)?;
         let permits = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+        Ok(Self::build(
+            client,
+            stream.to_string(),
+            config,
+            id_header,
+            permits,
+        ))
+    }
+
+    fn build(
+        client: Client,
+        stream: String,
+        config: ProducerConfig,
+        id_header: HeaderValue,
+        permits: Arc<Semaphore>,
+    ) -> IdempotentProducer {
+        let first = config.first_seq;
         IdempotentProducer {
             inner: Arc::new(ProducerInner {
                 client,
-                stream: stream.to_string(),
+                stream,
                 window: SeqWindow::new(first),
                 permits,
                 next_seq: Mutex::new(first),
+                id_header,
                 config,
             }),
         }
+    }
+
+    /// The same producer id and stream at the next epoch, from seq 0: what to continue with
+    /// after a failure (it fences this one). It shares this producer's in-flight slots, so
+    /// the batches of this epoch still retrying count against `max_in_flight` too.
+    pub fn next_epoch(&self) -> IdempotentProducer {
+        let mut config = self.inner.config.clone();
+        config.epoch = config.epoch.saturating_add(1);
+        config.first_seq = 0;
+        Self::build(
+            self.inner.client.clone(),
+            self.inner.stream.clone(),
+            config,
+            self.inner.id_header.clone(),
+            self.inner.permits.clone(),
+        )
+    }
+
+    /// The epoch this producer writes with.
+    pub fn epoch(&self) -> u64 {
+        self.inner.config.epoch
     }
 
     /// Waits for an in-flight slot, assigns the next sequence number and starts sending.
@@ -395,6 +503,22 @@ impl IdempotentProducer {
     }
 }
 
+/// Longest producer id the server accepts, in bytes.
+const MAX_PRODUCER_ID_LEN: usize = 256;
+
+/// The id as a header, if the server takes it as it is: 1–256 bytes of visible ASCII (it
+/// refuses anything else) without surrounding spaces (it trims them: `p ` would be `p`).
+fn id_header(id: &str) -> Result<HeaderValue, ClientError> {
+    let visible = id.bytes().all(|b| b.is_ascii_graphic() || b == b' ');
+    let ok = !id.is_empty() && id.len() <= MAX_PRODUCER_ID_LEN && visible && id.trim() == id;
+    let header = HeaderValue::from_str(id).ok().filter(|_| ok);
+    header.ok_or_else(|| {
+        ClientError::Invalid(format!(
+            "producer id must be 1-{MAX_PRODUCER_ID_LEN} bytes of visible ASCII without surrounding spaces: id=`{id}`"
+        ))
+    })
+}
+
 impl ProducerInner {
     async fn deliver(
         &self,
@@ -404,26 +528,16 @@ impl ProducerInner {
     ) -> Result<ProducerAck, ClientError> {
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(body.1));
-        headers.insert(
-            H_PRODUCER_ID,
-            HeaderValue::from_str(&self.config.id).map_err(|_| {
-                ClientError::Transport(format!(
-                    "producer id not allowed in a header: id=`{}`",
-                    self.config.id
-                ))
-            })?,
-        );
+        headers.insert(H_PRODUCER_ID, self.id_header.clone());
         headers.insert(H_PRODUCER_EPOCH, HeaderValue::from(self.config.epoch));
         headers.insert(H_PRODUCER_SEQ, HeaderValue::from(seq));
-        let path = wire::stream_path(&self.stream);
         drive(&self.window, seq, &self.config.retry, || {
             let headers = headers.clone();
             let body = body.0.clone();
-            let path = path.as_str();
             async move {
                 let res = self
                     .client
-                    .raw_request(Method::POST, path, headers, Some(body))
+                    .raw_request(Method::POST, &self.stream, headers, Some(body))
                     .await;
                 classify(seq, res)
             }
@@ -506,7 +620,225 @@ fn encode_records(records: &[BatchRecord]) -> Result<(Bytes, &'static str), Clie
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use crate::client::tests::silent_server;
+    use futures::FutureExt;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    fn quick_retries() -> RetryPolicy {
+        RetryPolicy {
+            backoff: Duration::from_millis(1),
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// An id no request can carry (`p\n1`, not a header value) would fail the first batch
+    /// and leave every later one waiting on it; one the server refuses (non-ASCII) or alters
+    /// (spaces) would fail or merge producers. All are refused when the producer is built.
+    #[test]
+    fn producers_refuse_ids_and_names_no_request_can_carry() {
+        let client = Client::new("http://127.0.0.1:9", crate::ClientOptions::default()).unwrap();
+        let long = "p".repeat(MAX_PRODUCER_ID_LEN + 1);
+        for id in ["p\n1", "producteur-é", "", " p", long.as_str()] {
+            let config = ProducerConfig::new(id, 0, 4);
+            let err = IdempotentProducer::new(client.clone(), "s", config).unwrap_err();
+            assert!(
+                matches!(err, ClientError::Invalid(ref m) if m.contains("producer id")),
+                "{id:?}: {err:?}"
+            );
+        }
+        let ok = "p".repeat(MAX_PRODUCER_ID_LEN);
+        for id in ["bench-1 p0", ok.as_str()] {
+            IdempotentProducer::new(client.clone(), "s", ProducerConfig::new(id, 0, 4)).unwrap();
+        }
+        let err = IdempotentProducer::new(client, "orders?x", ProducerConfig::new("p", 0, 4))
+            .unwrap_err();
+        assert!(matches!(err, ClientError::Invalid(_)), "{err:?}");
+    }
+
+    /// A batch whose sending stopped half-way (its task cancelled) still finishes its seq, so
+    /// its successors fail instead of waiting for it forever.
+    #[tokio::test]
+    async fn a_dropped_drive_finishes_its_seq() {
+        let w = SeqWindow::new(0);
+        let policy = RetryPolicy::default();
+        {
+            let unanswered = drive(&w, 0, &policy, std::future::pending::<Attempt<()>>);
+            let mut unanswered = std::pin::pin!(unanswered);
+            assert!(futures::poll!(unanswered.as_mut()).is_pending());
+        }
+        assert_eq!(w.wait_predecessors(1).now_or_never(), Some(Err(0)));
+    }
+
+    /// A batch sent (and unanswered) before an earlier one failed may have been applied: it is
+    /// not reported as "not written", or a caller resending abandoned batches would write it twice.
+    /// One only ever refused as out of order is.
+    #[tokio::test]
+    async fn only_batches_certainly_not_written_are_abandoned() {
+        let w = SeqWindow::new(0);
+        w.complete(0, true);
+        let err = drive(&w, 2, &quick_retries(), || {
+            // Seq 1 fails for good while seq 2's attempt goes unanswered.
+            w.complete(1, false);
+            async { Attempt::<()>::Retry(ClientError::Timeout(Duration::from_secs(30))) }
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ClientError::OutcomeUnknown {
+                    seq: 2,
+                    failed_seq: 1
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.is_outcome_unknown() && !err.is_abandoned() && !is_transient(&err));
+
+        let w = SeqWindow::new(0);
+        w.complete(0, true);
+        let err = drive(&w, 2, &quick_retries(), || {
+            w.complete(1, false);
+            async { Attempt::<()>::Gap { expected: 1 } }
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ClientError::Abandoned {
+                    seq: 2,
+                    failed_seq: 1
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    /// A predecessor that gets no answer (until its request times out, maybe several times)
+    /// must not turn its successor into a stream of refused resends: after a bounded number,
+    /// the successor waits for it. Paused time: an hour of the clock passes at once.
+    #[tokio::test(start_paused = true)]
+    async fn gap_resends_are_bounded_while_a_predecessor_is_unanswered() {
+        let w = SeqWindow::new(0);
+        w.complete(0, true);
+        let calls = Arc::new(AtomicU32::new(0));
+        let arrived = Arc::new(AtomicBool::new(false));
+        let successor = {
+            let (w, calls, arrived) = (w.clone(), calls.clone(), arrived.clone());
+            tokio::spawn(async move {
+                drive(&w, 2, &RetryPolicy::default(), || {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    let arrived = arrived.load(Ordering::SeqCst);
+                    async move {
+                        if arrived {
+                            Attempt::Done(())
+                        } else {
+                            Attempt::Gap { expected: 1 }
+                        }
+                    }
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        let sent = calls.load(Ordering::SeqCst);
+        assert!(sent <= GAP_RESENDS_BEFORE_WAITING + 1, "{sent} sends");
+        assert!(!successor.is_finished());
+        // The predecessor is accepted at last: one more send, and the successor is done.
+        arrived.store(true, Ordering::SeqCst);
+        w.complete(1, true);
+        successor.await.unwrap().unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), sent + 1);
+    }
+
+    /// A fenced producer's batches still retrying keep their in-flight slots: its successor
+    /// epoch shares them, so the two never have more than `max_in_flight` batches out.
+    #[tokio::test]
+    async fn the_next_epoch_shares_the_in_flight_slots() {
+        let client = Client::new(&silent_server().await, crate::ClientOptions::default()).unwrap();
+        let old = IdempotentProducer::new(client, "s", ProducerConfig::new("p", 4, 2)).unwrap();
+        let _a = old.send(vec![BatchRecord::new("a")]).await.unwrap();
+        let _b = old.send(vec![BatchRecord::new("b")]).await.unwrap();
+        let new = old.next_epoch();
+        assert_eq!(new.epoch(), 5);
+        assert!(
+            new.ready().now_or_never().is_none(),
+            "the new epoch got a slot while 2 batches of the old one are unanswered"
+        );
+    }
+
+    /// An attempt the server never answers times out and is resent with the same seq; the
+    /// batches behind it go through once it is acknowledged.
+    #[tokio::test]
+    async fn an_unanswered_attempt_times_out_and_is_resent() {
+        use axum::http::{HeaderMap as AxHeaders, StatusCode as AxStatus};
+        let seen: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
+        let app = {
+            let seen = seen.clone();
+            axum::Router::new().route(
+                "/s",
+                axum::routing::post(move |h: AxHeaders| {
+                    let seen = seen.clone();
+                    async move {
+                        let seq: u64 = h["pico-producer-seq"].to_str().unwrap().parse().unwrap();
+                        let first = {
+                            let mut seen = seen.lock().unwrap();
+                            seen.push(seq);
+                            seen.len() == 1
+                        };
+                        if first {
+                            std::future::pending::<()>().await;
+                        }
+                        let next = (seq + 1).to_string();
+                        (
+                            AxStatus::OK,
+                            [
+                                ("pico-next-seq", next.clone()),
+                                ("pico-start-seq", seq.to_string()),
+                            ],
+                        )
+                    }
+                }),
+            )
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let options = crate::ClientOptions {
+            request_timeout: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let client = Client::new(&format!("http://{addr}"), options).unwrap();
+        let mut config = ProducerConfig::new("p", 0, 3);
+        let timeouts = Arc::new(AtomicU32::new(0));
+        let counted = timeouts.clone();
+        config.retry = RetryPolicy {
+            on_retry: Some(Arc::new(move |e: &ClientError| {
+                if matches!(e, ClientError::Timeout(_)) {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+            })),
+            ..quick_retries()
+        };
+        let producer = IdempotentProducer::new(client, "s", config).unwrap();
+        let mut pending = Vec::new();
+        for body in ["a", "b", "c"] {
+            pending.push(producer.send(vec![BatchRecord::new(body)]).await.unwrap());
+        }
+        // A guard that turns a hang into a failure, not a measurement.
+        tokio::time::timeout(Duration::from_secs(60), producer.flush())
+            .await
+            .expect("flush never returned")
+            .unwrap();
+        for (i, p) in pending.into_iter().enumerate() {
+            assert_eq!(p.ack().await.unwrap().seq, i as u64);
+        }
+        assert_eq!(timeouts.load(Ordering::SeqCst), 1);
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, [0, 0, 1, 2]);
+    }
 
     #[tokio::test]
     async fn window_frontier_follows_out_of_order_completions() {
@@ -756,7 +1088,7 @@ mod tests {
         config.retry.on_retry = Some(Arc::new(move |_: &ClientError| {
             counted.fetch_add(1, Ordering::SeqCst);
         }));
-        let producer = IdempotentProducer::new(client, "s", config);
+        let producer = IdempotentProducer::new(client, "s", config).unwrap();
         let mut pending = Vec::new();
         for _ in 0..40 {
             let batch = vec![BatchRecord::new("a"), BatchRecord::new("b")];

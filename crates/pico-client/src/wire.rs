@@ -5,6 +5,7 @@ use crate::types::{BatchRecord, ListPage, ReadRecord};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
+use pico_common::StreamName;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
@@ -24,8 +25,24 @@ pub const H_PRODUCER_EPOCH: &str = "pico-producer-epoch";
 pub const H_PRODUCER_SEQ: &str = "pico-producer-seq";
 
 /// The URL path of a stream: one leading slash, no trailing one (`streams/a/` → `/streams/a`).
-pub fn stream_path(name: &str) -> String {
-    format!("/{}", name.trim_matches('/'))
+///
+/// Only names the server accepts ([`StreamName`]) become paths, unescaped: the server reads
+/// the name from the raw path, so a `?` or `#` would cut the name short and target another
+/// stream, and escaping them would name a third (`%` is a name character: `a%3Fb` is a
+/// legal name of its own). For the same reason a segment the URL parser resolves as `.` or
+/// `..` (`%2e`, `.%2E`, …) is refused rather than sent to the wrong stream.
+pub fn stream_path(name: &str) -> Result<String, ClientError> {
+    let name = StreamName::parse(name).map_err(|e| ClientError::Invalid(e.to_string()))?;
+    let dot_segment = |seg: &str| {
+        let decoded = seg.to_ascii_lowercase().replace("%2e", ".");
+        decoded == "." || decoded == ".."
+    };
+    if name.as_str().split('/').any(dot_segment) {
+        return Err(ClientError::Invalid(format!(
+            "stream name has a segment a URL resolves as `.` or `..`: name=`{name}`"
+        )));
+    }
+    Ok(name.to_path())
 }
 
 /// Encodes a JSON batch body: `{"records":[{"body"|"body_b64", "key"?, "headers"?}]}`.
@@ -172,8 +189,22 @@ mod tests {
 
     #[test]
     fn stream_paths_are_canonical() {
-        assert_eq!(stream_path("/streams/orders"), "/streams/orders");
-        assert_eq!(stream_path("streams/orders/"), "/streams/orders");
+        assert_eq!(stream_path("/streams/orders").unwrap(), "/streams/orders");
+        assert_eq!(stream_path("streams/orders/").unwrap(), "/streams/orders");
+        // Legal name characters go as they are: the server does not decode the path.
+        assert_eq!(stream_path("a%20b/c:d@e").unwrap(), "/a%20b/c:d@e");
+    }
+
+    /// Names the server would not accept, or that a URL would turn into another path, are
+    /// refused: `orders?x` would otherwise be sent as `/orders` with a query.
+    #[test]
+    fn stream_paths_refuse_names_a_url_would_change() {
+        for bad in [
+            "orders?x", "orders#x", "a b", "a//b", "a/../b", "a/%2e/b", "a/%2E%2e", "a/.%2e/b",
+        ] {
+            let err = stream_path(bad).unwrap_err();
+            assert!(matches!(err, ClientError::Invalid(_)), "{bad}: {err:?}");
+        }
     }
 
     #[test]

@@ -490,7 +490,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         warmup_secs: args.warmup.as_secs_f64(),
         duration_secs: secs,
         setup_secs,
-        write: Throughput::write(&measured, secs),
+        write: Throughput::write(&measured, secs, ctx.counters.unfinished_at_stop()),
         write_latency: Percentiles::of(&ctx.lat.ack.lock().unwrap_or_else(|p| p.into_inner())),
         read: (readers > 0).then(|| Throughput::read(&measured, secs)),
         e2e_latency: Percentiles::of(&ctx.lat.e2e()),

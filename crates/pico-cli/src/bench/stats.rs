@@ -26,6 +26,7 @@ struct Totals {
     write_requests: AtomicU64,
     write_errors: AtomicU64,
     write_abandoned: AtomicU64,
+    write_unknown: AtomicU64,
     write_retries: AtomicU64,
     read_records: AtomicU64,
     read_bytes: AtomicU64,
@@ -41,6 +42,7 @@ impl Totals {
             write_requests: l(&self.write_requests),
             write_errors: l(&self.write_errors),
             write_abandoned: l(&self.write_abandoned),
+            write_unknown: l(&self.write_unknown),
             write_retries: l(&self.write_retries),
             read_records: l(&self.read_records),
             read_bytes: l(&self.read_bytes),
@@ -57,6 +59,9 @@ pub struct Counters {
     window: Totals,
     all: Totals,
     first_error: OnceLock<String>,
+    /// Requests still unanswered when the run stopped, and the oldest one's age.
+    unfinished: AtomicU64,
+    unfinished_max_us: AtomicU64,
 }
 
 impl Counters {
@@ -108,6 +113,29 @@ impl Counters {
         });
     }
 
+    /// Counts a producer batch given up after an earlier batch of its producer failed, but
+    /// sent before that (unanswered or answered 5xx): maybe written, so neither written nor
+    /// abandoned.
+    pub fn outcome_unknown(&self, in_window: bool) {
+        self.each(in_window, |t| {
+            t.write_unknown.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Counts a request still unanswered when the run stopped, `age_us` after it was sent.
+    pub fn unfinished(&self, age_us: u64) {
+        self.unfinished.fetch_add(1, Ordering::Relaxed);
+        self.unfinished_max_us.fetch_max(age_us, Ordering::Relaxed);
+    }
+
+    /// Requests unanswered at the stop, and the oldest one's age in µs.
+    pub fn unfinished_at_stop(&self) -> (u64, u64) {
+        (
+            self.unfinished.load(Ordering::Relaxed),
+            self.unfinished_max_us.load(Ordering::Relaxed),
+        )
+    }
+
     /// Counts a transient failure a producer resent with the same sequence number (the batch
     /// may still be acknowledged: it is not among the errors).
     pub fn retried(&self, in_window: bool) {
@@ -138,6 +166,7 @@ pub struct Snapshot {
     pub write_requests: u64,
     pub write_errors: u64,
     pub write_abandoned: u64,
+    pub write_unknown: u64,
     pub write_retries: u64,
     pub read_records: u64,
     pub read_bytes: u64,
@@ -152,6 +181,7 @@ impl Snapshot {
             write_requests: self.write_requests - o.write_requests,
             write_errors: self.write_errors - o.write_errors,
             write_abandoned: self.write_abandoned - o.write_abandoned,
+            write_unknown: self.write_unknown - o.write_unknown,
             write_retries: self.write_retries - o.write_retries,
             read_records: self.read_records - o.read_records,
             read_bytes: self.read_bytes - o.read_bytes,
@@ -182,6 +212,11 @@ impl Default for Latencies {
 }
 
 impl Latencies {
+    /// Records one ack latency directly (the age of a request unanswered at the stop).
+    pub fn record_ack(&self, us: u64) {
+        record(&mut self.ack.lock().unwrap_or_else(|p| p.into_inner()), us);
+    }
+
     pub fn merge_ack(&self, h: &Histogram<u64>) {
         let mut t = self.ack.lock().unwrap_or_else(|p| p.into_inner());
         // Same bounds everywhere, so adding cannot fail; a failure would only lose samples.
@@ -252,14 +287,24 @@ pub struct Throughput {
     /// Producer batches not written because an earlier batch of the same producer failed
     /// (that failure is one of `errors`); always 0 for reads and plain appends.
     pub abandoned: u64,
+    /// Producer batches given up after an earlier batch failed, but sent (unanswered or
+    /// answered 5xx) before: they may have been written, so they are in neither `records` nor
+    /// `abandoned`; always 0 for reads and plain appends.
+    pub outcome_unknown: u64,
     /// Transient failures (transport errors, 500/502/503) producers resent with the same
     /// sequence number, whether or not the batch was acknowledged in the end; always 0 for
     /// reads and plain appends, which do not retry.
     pub retries: u64,
+    /// Requests (producer batches) still unanswered when the run stopped, whenever they were
+    /// sent before the window closed; each one's age is among the ack latencies. 0 for reads.
+    pub unfinished: u64,
+    /// The oldest of them: how long it had waited at the stop.
+    pub unfinished_max_ms: f64,
 }
 
 impl Throughput {
-    pub fn write(s: &Snapshot, secs: f64) -> Throughput {
+    /// `unfinished`: [`Counters::unfinished_at_stop`].
+    pub fn write(s: &Snapshot, secs: f64, unfinished: (u64, u64)) -> Throughput {
         Throughput {
             mib_per_sec: s.write_bytes as f64 / MIB / secs,
             records_per_sec: s.write_records as f64 / secs,
@@ -268,7 +313,10 @@ impl Throughput {
             bytes: s.write_bytes,
             errors: s.write_errors,
             abandoned: s.write_abandoned,
+            outcome_unknown: s.write_unknown,
             retries: s.write_retries,
+            unfinished: unfinished.0,
+            unfinished_max_ms: unfinished.1 as f64 / 1000.0,
         }
     }
 
@@ -281,7 +329,10 @@ impl Throughput {
             bytes: s.read_bytes,
             errors: s.read_errors,
             abandoned: 0,
+            outcome_unknown: 0,
             retries: 0,
+            unfinished: 0,
+            unfinished_max_ms: 0.0,
         }
     }
 }
@@ -350,6 +401,12 @@ impl Report {
         if w.abandoned > 0 {
             producer_notes.push_str(&format!(", {} batches abandoned after them", w.abandoned));
         }
+        if w.outcome_unknown > 0 {
+            producer_notes.push_str(&format!(
+                ", {} batches sent but given up after them (outcome unknown)",
+                w.outcome_unknown
+            ));
+        }
         if w.retries > 0 {
             producer_notes.push_str(&format!(", {} transient failures retried", w.retries));
         }
@@ -359,6 +416,12 @@ impl Report {
         ));
         if let Some(p) = &self.write_latency {
             s.push_str(&format!("  ack latency  {}\n", p.line()));
+        }
+        if w.unfinished > 0 {
+            s.push_str(&format!(
+                "  unfinished at stop: {} requests unanswered, oldest {:.3} ms (their ages are among the ack latencies)\n",
+                w.unfinished, w.unfinished_max_ms
+            ));
         }
         if let Some(r) = &self.read {
             s.push_str(&format!(
@@ -423,6 +486,15 @@ mod tests {
             0,
             "an abandoned batch is not an error"
         );
+        // Sent, then given up after an earlier failure: maybe written, so counted apart from
+        // both the errors and the batches certainly not written.
+        c.outcome_unknown(true);
+        let w = c.snapshot();
+        assert_eq!(
+            (w.write_unknown, w.write_abandoned, w.write_errors),
+            (1, 1, 0)
+        );
+        assert_eq!(Throughput::write(&w, 1.0, (0, 0)).outcome_unknown, 1);
         c.retried(true);
         c.retried(true);
         c.retried(false);

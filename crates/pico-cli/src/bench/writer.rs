@@ -8,6 +8,7 @@ use super::{Ctx, Pacer};
 use crate::cli::Protocol;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
+use pico_client::client::DEFAULT_REQUEST_TIMEOUT;
 use pico_client::{
     BatchRecord, ClientError, IdempotentProducer, ProducerConfig, RetryPolicy, SeqWindow, drive,
 };
@@ -15,6 +16,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 /// Pause after a failed request, so a dead server does not turn into a busy loop.
 const ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -90,7 +92,10 @@ pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops
         let (body, ct) = ctx.target.body(ctx.batch, ctx.record_size, t0);
         let res = tokio::select! {
             r = transport.append(&ctx, stream, body, ct) => r,
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stop.wait_for(|s| *s) => {
+                unfinished(&ctx, t0);
+                break;
+            }
         };
         if !batch_done(&ctx, &mut h, t0, Outcome::of_plain(res)) {
             tokio::time::sleep(ERROR_PAUSE).await;
@@ -103,8 +108,10 @@ pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops
 enum Outcome {
     Acked,
     Failed(String),
-    /// A producer batch given up because an earlier one of its producer failed.
+    /// A producer batch given up unsent because an earlier one of its producer failed.
     Abandoned,
+    /// A producer batch given up after an earlier one failed, but sent first: maybe written.
+    Unknown,
 }
 
 impl Outcome {
@@ -120,6 +127,7 @@ impl Outcome {
         match res {
             Ok(()) => Outcome::Acked,
             Err(e) if e.is_abandoned() => Outcome::Abandoned,
+            Err(e) if e.is_outcome_unknown() => Outcome::Unknown,
             Err(e) => Outcome::Failed(format!("{what}: {e}")),
         }
     }
@@ -152,7 +160,24 @@ fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Outcome) -> bo
             ctx.counters.abandoned(in_window);
             false
         }
+        Outcome::Unknown => {
+            ctx.counters.outcome_unknown(in_window);
+            false
+        }
     }
+}
+
+/// Counts a request or batch sent at `t0` and still unanswered when the run stops: its age is
+/// a latency sample (a server that stalls at the end must not show a clean tail), and the
+/// report gives how many there were and the oldest age. One sent after the window closed is
+/// not part of the measurement.
+fn unfinished(ctx: &Ctx, t0: u64) {
+    if t0 >= ctx.measure_end.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let age = now_us().saturating_sub(t0);
+    ctx.counters.unfinished(age);
+    ctx.lat.record_ack(age);
 }
 
 /// The producers' retry policy: pico-client's default, with every resend after a transient
@@ -177,15 +202,21 @@ fn shared_batch_done(ctx: &Ctx, hist: &Mutex<Histogram<u64>>, t0: u64, res: Outc
 pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx: usize) {
     let stream = ctx.streams[idx % ctx.streams.len()].clone();
     let hist = Arc::new(Mutex::new(histogram()));
-    let mut epoch = 0u64;
-    let make = |epoch: u64| {
-        let mut cfg = ProducerConfig::new(format!("{}-p{idx}", ctx.run_id), epoch, ctx.in_flight);
-        cfg.retry = counted_retries(&ctx);
-        IdempotentProducer::new(client.clone(), &stream, cfg)
+    let mut cfg = ProducerConfig::new(format!("{}-p{idx}", ctx.run_id), 0, ctx.in_flight);
+    cfg.retry = counted_retries(&ctx);
+    let mut producer = match IdempotentProducer::new(client, &stream, cfg) {
+        Ok(p) => p,
+        Err(e) => {
+            ctx.counters.error(true, false, || format!("producer: {e}"));
+            return;
+        }
     };
-    let mut producer = make(epoch);
+    // Each batch's wait for its ack, so the loop can hand in every outcome (unfinished ones
+    // included) before it merges the histogram.
+    let mut acks = JoinSet::new();
     let mut stop = ctx.stop.clone();
     while !ctx.stopped() {
+        while acks.try_join_next().is_some() {}
         if ctx.pacer.is_none() {
             // `send` first waits for a window slot. With the window full that wait is the
             // previous batch's round trip (the client's own limit), not this batch's latency:
@@ -211,21 +242,30 @@ pub async fn pico_producer_loop(ctx: Arc<Ctx>, client: pico_client::Client, idx:
             Ok(in_flight) => {
                 let ctx = ctx.clone();
                 let hist = hist.clone();
-                tokio::spawn(async move {
-                    let res = in_flight.ack().await.map(drop);
-                    shared_batch_done(&ctx, &hist, t0, Outcome::of_producer(res, "producer"));
+                acks.spawn(async move {
+                    let mut stop = ctx.stop.clone();
+                    tokio::select! {
+                        // At the stop, whatever is still pending is unfinished.
+                        biased;
+                        _ = stop.wait_for(|s| *s) => unfinished(&ctx, t0),
+                        res = in_flight.ack() => {
+                            let outcome = Outcome::of_producer(res.map(drop), "producer");
+                            shared_batch_done(&ctx, &hist, t0, outcome);
+                        }
+                    }
                 });
             }
             Err(e) => {
-                // The producer is poisoned by a failed batch: continue as a new incarnation.
+                // The producer is poisoned by a failed batch: continue as a new incarnation,
+                // which shares the in-flight slots with the old one's batches still retrying.
                 // This batch was never sent; the failure that poisoned it is counted already.
                 shared_batch_done(&ctx, &hist, t0, Outcome::of_producer(Err(e), "producer"));
                 tokio::time::sleep(ERROR_PAUSE).await;
-                epoch += 1;
-                producer = make(epoch);
+                producer = producer.next_epoch();
             }
         }
     }
+    while acks.join_next().await.is_some() {}
     let h = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
     ctx.lat.merge_ack(&h);
 }
@@ -243,8 +283,10 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
     let mut window = SeqWindow::new(0);
     let mut seq = 0u64;
     let policy = counted_retries(&ctx);
+    let mut acks = JoinSet::new();
     let mut stop = ctx.stop.clone();
     while !ctx.stopped() {
+        while acks.try_join_next().is_some() {}
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             _ = stop.wait_for(|s| *s) => break,
@@ -278,15 +320,24 @@ pub async fn ds_producer_loop(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) 
             hist.clone(),
             policy.clone(),
         );
-        tokio::spawn(async move {
+        acks.spawn(async move {
             let _permit = permit;
-            let res = drive(&window2, this_seq, &policy, || {
+            let mut stop = ctx2.stop.clone();
+            let delivered = drive(&window2, this_seq, &policy, || {
                 ds_attempt(&ctx2, &http, &url, headers.clone(), body.clone(), this_seq)
-            })
-            .await;
-            shared_batch_done(&ctx2, &hist, t0, Outcome::of_producer(res, "ds producer"));
+            });
+            tokio::select! {
+                // Stop first: a batch dropped here gives its successors up, and they must
+                // count as unfinished, not abandoned.
+                biased;
+                _ = stop.wait_for(|s| *s) => unfinished(&ctx2, t0),
+                res = delivered => {
+                    shared_batch_done(&ctx2, &hist, t0, Outcome::of_producer(res, "ds producer"));
+                }
+            }
         });
     }
+    while acks.join_next().await.is_some() {}
     let h: Histogram<u64> = hist.lock().unwrap_or_else(|p| p.into_inner()).clone();
     ctx.lat.merge_ack(&h);
 }
@@ -305,9 +356,13 @@ async fn ds_attempt(
         let headers = resp.headers().clone();
         let body = resp.bytes().await?;
         Ok((status, headers, body))
+    };
+    // As pico-client does for Pico producers: an attempt without an answer is resent, so
+    // one lost request does not stall its producer for the rest of the run.
+    match tokio::time::timeout(DEFAULT_REQUEST_TIMEOUT, res).await {
+        Ok(res) => ctx.target.classify(seq, res),
+        Err(_) => pico_client::Attempt::Retry(ClientError::Timeout(DEFAULT_REQUEST_TIMEOUT)),
     }
-    .await;
-    ctx.target.classify(seq, res)
 }
 
 /// The Pico client a producer uses (one per connection, so producers get their own sockets).
@@ -318,6 +373,7 @@ pub fn pico_client(ctx: &Ctx) -> anyhow::Result<pico_client::Client> {
         pico_client::ClientOptions {
             http2_prior_knowledge: ctx.http2,
             token: ctx.token.clone(),
+            ..Default::default()
         },
     )
     .map_err(|e| anyhow::anyhow!("{}", chain(&e)))
