@@ -190,21 +190,33 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
         f.write_str("a record object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Record, A::Error> {
-        let mut value = None;
-        let mut key = None;
+        // (bytes, the field they came from): a repeated field keeps its last value, as a JSON
+        // object reads; only the text and base64 forms together are refused.
+        let mut value: Option<(Bytes, &str)> = None;
+        let mut key: Option<(Bytes, &str)> = None;
         let mut headers = Vec::new();
         while let Some(field) = map.next_key::<String>()? {
             match field.as_str() {
-                "body" | "body_b64" if value.is_some() => {
-                    return Err(self.fail("record has more than one of `body` and `body_b64`"));
+                f @ ("body" | "body_b64") if value.as_ref().is_some_and(|(_, was)| *was != f) => {
+                    return Err(self.fail("record has both `body` and `body_b64`"));
                 }
-                "body" => value = Some(Bytes::from(self.text(&mut map, &field)?.into_bytes())),
-                "body_b64" => value = Some(self.b64(&mut map, &field)?),
-                "key" | "key_b64" if key.is_some() => {
-                    return Err(self.fail("record has more than one of `key` and `key_b64`"));
+                "body" => {
+                    value = Some((
+                        Bytes::from(self.text(&mut map, &field)?.into_bytes()),
+                        "body",
+                    ));
                 }
-                "key" => key = Some(Bytes::from(self.text(&mut map, &field)?.into_bytes())),
-                "key_b64" => key = Some(self.b64(&mut map, &field)?),
+                "body_b64" => value = Some((self.b64(&mut map, &field)?, "body_b64")),
+                f @ ("key" | "key_b64") if key.as_ref().is_some_and(|(_, was)| *was != f) => {
+                    return Err(self.fail("record has both `key` and `key_b64`"));
+                }
+                "key" => {
+                    key = Some((
+                        Bytes::from(self.text(&mut map, &field)?.into_bytes()),
+                        "key",
+                    ));
+                }
+                "key_b64" => key = Some((self.b64(&mut map, &field)?, "key_b64")),
                 "headers" => {
                     self.blame("`headers` must be an object of strings");
                     headers = map.next_value_seed(Headers(self))?;
@@ -212,12 +224,12 @@ impl<'de> Visitor<'de> for RecordSeed<'_> {
                 other => return Err(self.fail(format!("unknown field `{other}`"))),
             }
         }
-        let Some(value) = value else {
+        let Some((value, _)) = value else {
             return Err(self.fail("record has neither `body` nor `body_b64`"));
         };
         Ok(Record {
             timestamp_ms: 0,
-            key,
+            key: key.map(|(k, _)| k),
             value,
             headers,
         })
@@ -330,6 +342,25 @@ mod tests {
         assert_eq!(recs[1].key, None);
         assert_eq!(recs[2].value, Bytes::new());
         assert!(recs.iter().all(|r| r.timestamp_ms == 0));
+    }
+
+    /// A repeated field keeps its last value, as any JSON object reader does (a `Value` tree
+    /// parsed these before the streaming parser); only both forms of one field are refused.
+    #[test]
+    fn a_repeated_field_keeps_its_last_value() {
+        let recs = parse_json_batch(
+            br#"{"records":[{"body":"a","key":"k","body":"b","key":"l"}]}"#,
+            10,
+        )
+        .unwrap();
+        assert_eq!(recs[0].value, Bytes::from_static(b"b"));
+        assert_eq!(recs[0].key, Some(Bytes::from_static(b"l")));
+        let err = parse_json_batch(
+            br#"{"records":[{"key":"k","key_b64":"AA==","body":""}]}"#,
+            10,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("both"), "{err}");
     }
 
     #[test]

@@ -665,6 +665,13 @@ impl Node {
                 .await
                 .map_err(|e| self.read_failed(&req.name, stream_id, next, e))?;
             if batches.is_empty() {
+                // Below the tail but nowhere to read: a range was fenced away (the stream is
+                // being re-opened). An empty 200 would read as "no more records yet".
+                if records.is_empty() && next < tail {
+                    return Err(ReadError::Unavailable(format!(
+                        "stream data is being recovered, retry: offset={next}"
+                    )));
+                }
                 break;
             }
             let mut progressed = false;

@@ -285,11 +285,19 @@ async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> 
             Ok(Some(bytes)) => match codec::decode_state(&bytes) {
                 Ok(state) if state.applied_index == index => {
                     for (index, bytes) in unreadable {
-                        if store.discard_snapshot(index, &bytes).await? {
-                            tracing::warn!(
+                        // A failed delete only leaves the row for the next start to retry;
+                        // the state just loaded is good, so it must not stop this one.
+                        match store.discard_snapshot(index, &bytes).await {
+                            Ok(true) => tracing::warn!(
                                 applied_index = index,
                                 "unreadable metadata snapshot deleted"
-                            );
+                            ),
+                            Ok(false) => {}
+                            Err(e) => tracing::warn!(
+                                applied_index = index,
+                                error = %e,
+                                "could not delete an unreadable metadata snapshot"
+                            ),
                         }
                     }
                     return Ok((state, meta.last_row_id));

@@ -763,7 +763,6 @@ fn trim_blocking(
     if !st.loaded {
         load(dir, st)?;
     }
-    let mut removed = false;
     // Segment i holds positions [first_i, first_{i+1}); the last one up to next - 1.
     while !st.segments.is_empty() {
         let is_last = st.segments.len() == 1;
@@ -810,7 +809,11 @@ fn trim_blocking(
             std::fs::remove_file(&seg.path)
         };
         match gone {
-            Ok(()) => removed = true,
+            // Each removal durable before the next: recovery requires a closed segment to reach
+            // the next one, so a crash must never keep an older segment while a newer one is
+            // gone (a resurrected front segment only replays committed entries, which the
+            // engine skips).
+            Ok(()) => fsync_dir(dir)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 let err = io(&seg.path, e);
@@ -818,11 +821,6 @@ fn trim_blocking(
                 return Err(err);
             }
         }
-    }
-    if removed {
-        // Not needed for safety (a resurrected segment only replays committed entries, which
-        // recovery skips), but keeps a crash from bringing back much disk usage.
-        fsync_dir(dir)?;
     }
     Ok(preallocate && st.segments.len() <= 1 && !dir.join(SPARE).exists())
 }

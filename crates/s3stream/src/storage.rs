@@ -137,7 +137,12 @@ fn create_dirs_durably(
 ) -> std::io::Result<()> {
     let known = |d: &Path| synced.lock().unwrap_or_else(|p| p.into_inner()).contains(d);
     if known(dir) {
-        return Ok(());
+        if dir.is_dir() {
+            return Ok(());
+        }
+        // Removed under us (an operator's cleanup): made again below, so nothing recorded
+        // about this tree holds any more.
+        synced.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
     let mut missing = Vec::new();
     let mut cur = dir;
@@ -571,6 +576,19 @@ mod tests {
         exercise(&s).await;
         // Keys map to subdirectories.
         assert!(dir.path().join("a/b/2").is_file());
+    }
+
+    /// Directories already made durable are remembered, but one removed under the storage
+    /// (an operator's cleanup) is made again rather than failing every later put.
+    #[tokio::test]
+    async fn file_storage_remakes_a_directory_removed_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStorage::open(dir.path()).unwrap();
+        s.put("data/1/2/a", Bytes::from_static(b"a")).await.unwrap();
+        std::fs::remove_dir_all(dir.path().join("data")).unwrap();
+        s.put("data/1/2/b", Bytes::from_static(b"b")).await.unwrap();
+        assert_eq!(s.get("data/1/2/b").await.unwrap(), Bytes::from_static(b"b"));
+        assert_eq!(s.list("data/").await.unwrap(), vec!["data/1/2/b"]);
     }
 
     #[tokio::test]
