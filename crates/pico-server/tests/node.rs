@@ -6,7 +6,9 @@ use pico_protocol::Record;
 use pico_server::testing::start_test_node;
 use pico_server::*;
 use pico_sql::{MetaLog, MetaLogOptions};
-use s3stream::{EngineConfig, FileStorage, ObjectStorage, ObjectWal, SegmentWal, Wal};
+use s3stream::{
+    EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, SegmentWal, Wal,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -701,6 +703,81 @@ async fn a_failed_open_does_not_keep_counting_against_the_slots() {
         matches!(&second, Err(AppendError::Unavailable(m)) if !m.contains("open-stream limit")),
         "the failed open still counts against the limit: {second:?}"
     );
+}
+
+#[tokio::test]
+async fn a_read_inside_a_range_fenced_before_upload_is_unavailable() {
+    // Uploads happen only when asked, so the appends stay unuploaded until the fence is set up.
+    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+        .await
+        .unwrap();
+    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    let wal: Arc<dyn Wal> = Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
+    let engine = EngineConfig {
+        upload_interval: Duration::from_secs(3600),
+        ..EngineConfig::default()
+    };
+    let config = NodeConfig {
+        node_epoch: 1,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config, meta, data, wal, engine).await.unwrap();
+    node.create(create_req("f")).await.unwrap();
+    let appended = node
+        .append(append_req("f", &["a", "b", "c"]))
+        .await
+        .unwrap();
+    assert_eq!(appended.next_seq, 3);
+    assert_eq!(
+        node.engine().stats().uploads,
+        0,
+        "uploaded before the fence"
+    );
+    let stream_id = node.head(&name("f")).await.unwrap().stream_id;
+
+    // Another node takes the stream over: this node's range of it is now fenced.
+    let other = node.config().node_id + 1;
+    node.meta()
+        .propose(pico_metadata::Command::RegisterNode {
+            node_id: other,
+            node_epoch: 1,
+            address: "http://127.0.0.1:1".into(),
+            now_ms: 0,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    node.meta()
+        .propose(pico_metadata::Command::OpenStream {
+            stream_id,
+            node_id: other,
+            node_epoch: 1,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    node.engine().flush().await.unwrap();
+    assert_eq!(
+        node.engine().stats().rejected_ranges,
+        1,
+        "the catalog did not reject the fenced range"
+    );
+
+    for from in [0, 1, 2] {
+        let read = node
+            .read(ReadRequest {
+                name: name("f"),
+                from: ReadFrom::Offset(from),
+                max_records: None,
+                max_bytes: None,
+                touch: false,
+            })
+            .await;
+        assert!(
+            matches!(&read, Err(ReadError::Unavailable(m)) if m.contains("being recovered")),
+            "read from {from} inside the rejected range: {read:?}"
+        );
+    }
 }
 
 #[tokio::test]
