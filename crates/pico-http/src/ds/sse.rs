@@ -144,6 +144,37 @@ struct SseState {
 }
 
 impl SseState {
+    /// A subscriber at `next`, not yet caught up, with the node's deadline and poll interval.
+    fn new(
+        ds: &Ds,
+        name: StreamName,
+        stream_id: u64,
+        render: Render,
+        cursor: u64,
+        next: u64,
+    ) -> SseState {
+        let cfg = ds.node.config();
+        let deadline = Instant::now() + cfg.sse_max_duration;
+        let first_wake = (Instant::now() + cfg.long_poll_timeout).min(deadline);
+        SseState {
+            ds: ds.clone(),
+            name,
+            stream_id,
+            render,
+            cursor,
+            next,
+            caught_up: false,
+            done: false,
+            deadline,
+            poll: cfg.long_poll_timeout,
+            hub: None,
+            keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
+            keepalive_waker: None,
+            pending: VecDeque::new(),
+            _open: SseOpen::new("ds"),
+        }
+    }
+
     fn control(&self, next: u64, up_to_date: bool, closed: bool) -> Bytes {
         let mut out = Vec::with_capacity(CONTROL_LEN);
         control_frame(&mut out, self.cursor, next, up_to_date, closed);
@@ -312,29 +343,18 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
     let first = read_from(ds, &name, q.offset, true).await?;
     let ct = first.info.content_type.clone();
     let text = sse_is_text(&ct);
-    let cfg = ds.node.config();
-    let deadline = Instant::now() + cfg.sse_max_duration;
-    let first_wake = (Instant::now() + cfg.long_poll_timeout).min(deadline);
-    let mut st = SseState {
-        ds: ds.clone(),
-        name,
-        stream_id: first.info.stream_id,
-        render: Render {
-            json: is_json(&ct),
-            text,
-        },
-        cursor: cursor(q.cursor),
-        next: first.next_seq,
-        caught_up: false,
-        done: false,
-        deadline,
-        poll: cfg.long_poll_timeout,
-        hub: None,
-        keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
-        keepalive_waker: None,
-        pending: VecDeque::new(),
-        _open: SseOpen::new("ds"),
+    let render = Render {
+        json: is_json(&ct),
+        text,
     };
+    let mut st = SseState::new(
+        ds,
+        name,
+        first.info.stream_id,
+        render,
+        cursor(q.cursor),
+        first.next_seq,
+    );
     st.absorb(&first, true);
     let mut resp = Response::new(body(st));
     let hm = resp.headers_mut();
@@ -372,29 +392,13 @@ fn body(st: SseState) -> Body {
 /// the hub: the state between a read and the `follow` that joins (for the hub's tests).
 #[cfg(test)]
 pub(super) fn caught_up_at(ds: &Ds, name: StreamName, stream_id: u64, next: u64) -> Body {
-    let cfg = ds.node.config();
-    body(SseState {
-        ds: ds.clone(),
-        name,
-        stream_id,
-        render: Render {
-            json: false,
-            text: true,
-        },
-        cursor: 0,
-        next,
-        caught_up: true,
-        done: false,
-        deadline: Instant::now() + cfg.sse_max_duration,
-        poll: cfg.long_poll_timeout,
-        hub: None,
-        keepalive: Box::pin(tokio::time::sleep_until(
-            Instant::now() + cfg.long_poll_timeout,
-        )),
-        keepalive_waker: None,
-        pending: VecDeque::new(),
-        _open: SseOpen::new("ds"),
-    })
+    let text = Render {
+        json: false,
+        text: true,
+    };
+    let mut st = SseState::new(ds, name, stream_id, text, 0, next);
+    st.caught_up = true;
+    body(st)
 }
 
 #[cfg(test)]
