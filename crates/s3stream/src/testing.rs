@@ -47,6 +47,7 @@ struct CatalogState {
 pub struct MemCatalog {
     state: Mutex<CatalogState>,
     fail_commits: AtomicUsize,
+    hang_commits: AtomicUsize,
 }
 
 impl MemCatalog {
@@ -61,6 +62,11 @@ impl MemCatalog {
     /// The next `n` commits fail transiently (nothing is applied).
     pub fn fail_commits(&self, n: usize) {
         self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` commits never answer (nothing is applied): a hung metadata store.
+    pub fn hang_commits(&self, n: usize) {
+        self.hang_commits.store(n, Ordering::SeqCst);
     }
 
     /// Fences the stream: ranges with an epoch below `min_epoch` are rejected from now on
@@ -110,7 +116,21 @@ impl Catalog for MemCatalog {
         if take_failure(&self.fail_commits) {
             return Err(CatalogError("injected commit failure".into()));
         }
+        if take_failure(&self.hang_commits) {
+            std::future::pending::<()>().await;
+        }
         let mut st = self.lock();
+        if st.commits.iter().any(|c| c.key == commit.key) {
+            // A retry of a commit that landed: answer from what it left.
+            let landed = |r: &crate::CommitRange| {
+                st.streams.get(&r.stream).is_some_and(|m| {
+                    m.slices
+                        .iter()
+                        .any(|s| s.key == commit.key && s.start_offset == r.start_offset)
+                })
+            };
+            return Ok(commit.ranges.iter().map(landed).collect());
+        }
         let mut out = Vec::with_capacity(commit.ranges.len());
         for r in &commit.ranges {
             let m = st.streams.entry(r.stream).or_default();

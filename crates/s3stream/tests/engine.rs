@@ -613,6 +613,45 @@ async fn transient_commit_errors_are_retried_without_duplicates() {
     assert_batches(&read_all(&engine, 1, 0).await, &want);
 }
 
+/// A PUT or a commit that never answers is given up after `upload_timeout` and retried: the
+/// data lands once, instead of every upload behind it stalling forever.
+#[tokio::test]
+async fn hung_puts_and_commits_time_out_and_are_retried() {
+    let slow = Arc::new(SlowStorage::new(
+        Arc::new(MemoryStorage::new()),
+        "data",
+        Box::new(|nth, _| {
+            if nth == 0 {
+                Duration::from_secs(3600)
+            } else {
+                Duration::ZERO
+            }
+        }),
+    ));
+    let env = Env::on(slow.clone(), Arc::new(MemCatalog::new()));
+    let (engine, _) = env
+        .start(EngineConfig {
+            upload_interval: Duration::from_millis(10),
+            upload_timeout: Duration::from_millis(200),
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    let mut want = append_n(&engine, 1, 1, 2).await;
+    let flushed = tokio::time::timeout(Duration::from_secs(30), engine.flush()).await;
+    assert!(matches!(flushed, Ok(Ok(()))), "hung put: {flushed:?}");
+    assert_eq!(env.catalog.committed_end(1), 4);
+
+    want.extend(append_n(&engine, 1, 1, 1).await);
+    env.catalog.hang_commits(1);
+    let flushed = tokio::time::timeout(Duration::from_secs(30), engine.flush()).await;
+    assert!(matches!(flushed, Ok(Ok(()))), "hung commit: {flushed:?}");
+    assert_eq!(env.catalog.committed_end(1), 6);
+    assert!(engine.stats().upload_failures >= 2);
+    assert_eq!(engine.stats().rejected_ranges, 0);
+    assert_batches(&read_all(&engine, 1, 0).await, &want);
+}
+
 #[tokio::test]
 async fn failing_puts_are_retried_and_flush_gives_up_when_storage_stays_down() {
     let storage = Arc::new(MemoryStorage::new());

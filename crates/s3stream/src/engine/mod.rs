@@ -62,6 +62,10 @@ pub struct EngineConfig {
     pub stream_object_min_bytes: usize,
     /// Upload cycles planned ahead, and object PUTs in flight, at most (commits stay in order).
     pub upload_parallelism: usize,
+    /// An object PUT or catalog commit not answered within this fails and is retried (both
+    /// are idempotent: same key, same bytes), so a hung store shows as upload errors instead
+    /// of a silent stall of every upload behind it.
+    pub upload_timeout: Duration,
     /// Uploaded data kept for reads (unuploaded data is always kept).
     pub log_cache_bytes: usize,
     /// Cache of object slices read from storage.
@@ -84,6 +88,7 @@ impl Default for EngineConfig {
             upload_threshold_bytes: 16 << 20,
             stream_object_min_bytes: 8 << 20,
             upload_parallelism: 4,
+            upload_timeout: Duration::from_secs(60),
             log_cache_bytes: 128 << 20,
             block_cache_bytes: 64 << 20,
         }
@@ -165,7 +170,9 @@ pub trait Catalog: Send + Sync + 'static {
     fn committed_end(&self, stream: u64) -> u64;
     /// Make an uploaded object visible. Returns, per range, whether it was accepted (false =
     /// fenced: stale epoch or non-contiguous; that data is dropped, never retried).
-    /// Err = transient, retried later with the same object.
+    /// Err = transient, retried later with the same object. The engine may drop a call that
+    /// takes longer than `upload_timeout` and retry it, so a commit of a key that already
+    /// landed must answer what the landed one did, not reject it as non-contiguous.
     async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError>;
 }
 

@@ -178,7 +178,13 @@ pub(super) fn plan_objects(
 async fn timed_put(shared: &Shared, key: &str, data: Parts) -> Result<(), StorageError> {
     let bytes = data.len();
     let started = Instant::now();
-    let r = shared.data.put_parts(key, data).await;
+    let limit = shared.cfg.upload_timeout;
+    let r = match tokio::time::timeout(limit, shared.data.put_parts(key, data)).await {
+        Ok(r) => r,
+        Err(_) => Err(StorageError::Other(format!(
+            "put not answered within {limit:?}: key=`{key}`"
+        ))),
+    };
     shared.timings.put_seconds.record(started.elapsed());
     if r.is_ok() {
         shared.timings.put_bytes.record(bytes as f64);
@@ -228,7 +234,17 @@ pub(super) async fn put_and_commit(
 
 /// Commits one object whose PUT is done and applies the catalog's answer.
 async fn commit_object(shared: &Shared, obj: &mut PlannedObject) -> Result<(), EngineError> {
-    let outcome = shared.catalog.commit(obj.commit()).await?;
+    let limit = shared.cfg.upload_timeout;
+    // Dropping a commit that may still land is safe: the retry of a landed commit finds its
+    // key committed and answers what the catalog holds (`Catalog::commit`).
+    let outcome = tokio::time::timeout(limit, shared.catalog.commit(obj.commit()))
+        .await
+        .map_err(|_| {
+            EngineError::Upload(format!(
+                "catalog commit not answered within {limit:?}: key=`{}`",
+                obj.key
+            ))
+        })??;
     if outcome.len() != obj.ranges.len() {
         return Err(EngineError::Upload(format!(
             "catalog answered {} outcomes for {} ranges: key=`{}`",
