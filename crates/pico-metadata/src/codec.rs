@@ -15,8 +15,9 @@ use std::sync::Arc;
 use thiserror::Error;
 
 /// Current codec version (first byte of every encoded value). Version 2 added forks, soft
-/// delete and `Stream-Seq` state; version 1 values still decode (new fields take defaults).
-pub const VERSION: u8 = 2;
+/// delete and `Stream-Seq` state, version 3 each producer's last commit time and forks created
+/// closed; older values still decode (new fields take defaults).
+pub const VERSION: u8 = 3;
 /// Oldest version still decoded.
 pub const MIN_VERSION: u8 = 1;
 
@@ -328,6 +329,7 @@ impl Writer {
             self.str(id);
             self.u64(p.epoch);
             self.u64(p.seq);
+            self.i64(p.last_ms);
         }
         self.opt_str(m.stream_seq.as_deref());
     }
@@ -363,6 +365,7 @@ impl Writer {
                 inherit_end,
                 offset_given,
                 config,
+                closed,
                 now_ms,
             } => {
                 self.u8(13);
@@ -371,6 +374,7 @@ impl Writer {
                 self.u64(*inherit_end);
                 self.bool(*offset_given);
                 self.config(config);
+                self.bool(*closed);
                 self.i64(*now_ms);
             }
             Command::OpenStream {
@@ -624,11 +628,17 @@ impl<'a> Reader<'a> {
             });
         }
         let mut producers = std::collections::BTreeMap::new();
-        for _ in 0..self.count("producers", 4 + 16)? {
+        let producer_len = if self.version >= 3 { 4 + 24 } else { 4 + 16 };
+        for _ in 0..self.count("producers", producer_len)? {
             let pid = self.str("producer id")?;
             let st = ProducerState {
                 epoch: self.u64("producer epoch")?,
                 seq: self.u64("producer seq")?,
+                last_ms: if self.version >= 3 {
+                    self.i64("producer last_ms")?
+                } else {
+                    crate::state::PRODUCER_SEEN_UNKNOWN
+                },
             };
             producers.insert(pid, st);
         }
@@ -773,6 +783,7 @@ impl<'a> Reader<'a> {
                     inherit_end: self.u64("inherit_end")?,
                     offset_given: self.bool("offset_given")?,
                     config: self.config()?,
+                    closed: self.version >= 3 && self.bool("closed")?,
                     now_ms: self.i64("now_ms")?,
                 }
             }
@@ -810,8 +821,12 @@ mod tests {
             }],
             now_ms: 5,
         };
-        let v2 = encode_command(&cmd);
-        assert_eq!(v2[0], 2);
+        let v3 = encode_command(&cmd);
+        assert_eq!(v3[0], 3);
+        assert_eq!(decode_command(&v3).unwrap(), cmd);
+        // Version 3 changed no field of this command: a v2 row is the same bytes.
+        let mut v2 = v3.clone();
+        v2[0] = 2;
         assert_eq!(decode_command(&v2).unwrap(), cmd);
         let tag_at = v2.len() - 8 - 1; // the None tag sits just before now_ms
         assert_eq!(v2[tag_at], 0);
@@ -820,9 +835,82 @@ mod tests {
         v1[0] = 1;
         assert_eq!(decode_command(&v1).unwrap(), cmd);
         assert_eq!(
-            decode_command(&[3, 10]),
-            Err(CodecError::UnsupportedVersion(3))
+            decode_command(&[4, 10]),
+            Err(CodecError::UnsupportedVersion(4))
         );
+    }
+
+    #[test]
+    fn version_2_snapshots_decode_producers_of_unknown_age() {
+        let mut s = State::new();
+        let commands = [
+            Command::RegisterNode {
+                node_id: 1,
+                node_epoch: 1,
+                address: "n".into(),
+                now_ms: 1,
+            },
+            Command::CreateStream {
+                name: "a".into(),
+                config: StreamConfig {
+                    content_type: "t".into(),
+                    ttl_secs: None,
+                    expires_at_ms: None,
+                },
+                closed: false,
+                now_ms: 1,
+            },
+            Command::OpenStream {
+                stream_id: 0,
+                node_id: 1,
+                node_epoch: 1,
+            },
+        ];
+        for c in &commands {
+            s.apply(c).unwrap();
+        }
+        let seen_at: i64 = 0x1122_3344_5566_7788;
+        let accepted = s.apply(&Command::CommitObject {
+            node_id: 1,
+            node_epoch: 1,
+            key: "k".into(),
+            size: 4,
+            ranges: vec![CommitRange {
+                stream_id: 0,
+                epoch: 0,
+                start_offset: 0,
+                end_offset: 1,
+                position: 0,
+                len: 4,
+                producers: vec![ProducerMark {
+                    id: "p".into(),
+                    epoch: 2,
+                    seq: 7,
+                }],
+                stream_seq: None,
+            }],
+            now_ms: seen_at,
+        });
+        assert_eq!(
+            accepted,
+            Ok(crate::Outcome::Committed {
+                accepted: vec![true]
+            })
+        );
+        let v3 = encode_state(&s);
+        assert_eq!(decode_state(&v3).unwrap(), s);
+        // The v2 layout is the v3 one without the producer's last_ms.
+        let at = v3
+            .windows(8)
+            .position(|w| w == seen_at.to_le_bytes())
+            .unwrap();
+        let mut v2 = v3.clone();
+        v2.drain(at..at + 8);
+        v2[0] = 2;
+        let old = decode_state(&v2).unwrap();
+        let p = old.streams[&0].producers["p"];
+        assert_eq!((p.epoch, p.seq), (2, 7));
+        assert_eq!(p.last_ms, crate::state::PRODUCER_SEEN_UNKNOWN);
     }
 
     #[test]

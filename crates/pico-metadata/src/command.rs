@@ -67,13 +67,16 @@ pub enum Command {
     /// Creates `name` as a fork of `origin.source`: a new internal stream whose committed slices
     /// below `inherit_end` are the source's (object references incremented, no data copied).
     /// The source must be live and committed up to `inherit_end`. Idempotent like
-    /// `CreateStream`; the fork offset is compared only when `offset_given`.
+    /// `CreateStream`; the fork offset is compared only when `offset_given`. `closed` creates it
+    /// closed at once (a fork that gets no records of its own; one that does is closed by its
+    /// first append, so that the records land first).
     ForkStream {
         name: String,
         origin: ForkOrigin,
         inherit_end: u64,
         offset_given: bool,
         config: StreamConfig,
+        closed: bool,
         now_ms: i64,
     },
     /// Assigns the stream to a node and bumps its epoch (first open: -1 -> 0). Requires node_epoch

@@ -38,11 +38,39 @@ pub struct Slice {
     pub len: u64,
 }
 
-/// Last committed (epoch, seq) of a producer on a stream.
+/// Last committed (epoch, seq) of a producer on a stream, and when it was last committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerState {
     pub epoch: u64,
     pub seq: u64,
+    /// `now_ms` of the commit that last moved it; [`PRODUCER_SEEN_UNKNOWN`] when it came from a
+    /// snapshot older than this field (its clock starts at the next prune pass).
+    pub last_ms: i64,
+}
+
+/// How long a producer's state outlives its last commit (the Durable Streams spec suggests a
+/// 7-day TTL). Without it the map grows with every producer id a stream ever saw. A producer
+/// silent for longer is unknown again: its next append must start at seq 0.
+pub const PRODUCER_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
+
+/// `last_ms` of a producer decoded from a snapshot written before the field existed.
+pub const PRODUCER_SEEN_UNKNOWN: i64 = i64::MIN;
+
+/// Maps smaller than this are never pruned (a pass would cost more than it frees).
+pub const PRODUCER_PRUNE_MIN: usize = 64;
+
+/// Whether a producer map that grew from `before` to `after` entries is due a prune pass: when
+/// its size crosses a power of two from [`PRODUCER_PRUNE_MIN`] up. A pass is O(size), so this
+/// keeps pruning O(1) amortised per new producer, and the map within twice the producers seen
+/// in the last [`PRODUCER_TTL_MS`] (or the minimum).
+pub fn producer_prune_due(before: usize, after: usize) -> bool {
+    let bits = |n: usize| usize::BITS - n.leading_zeros();
+    after >= PRODUCER_PRUNE_MIN && bits(after) > bits(before)
+}
+
+/// Whether a producer last seen at `last_ms` is still remembered at `now_ms`.
+pub fn producer_live(last_ms: i64, now_ms: i64) -> bool {
+    last_ms == PRODUCER_SEEN_UNKNOWN || now_ms.saturating_sub(last_ms) < PRODUCER_TTL_MS
 }
 
 /// Producer state of one stream (see [`StreamMeta::producers`]).
@@ -302,14 +330,7 @@ impl State {
                 closed,
                 now_ms,
             } => self.create_stream(name, config, *closed, *now_ms),
-            Command::ForkStream {
-                name,
-                origin,
-                inherit_end,
-                offset_given,
-                config,
-                now_ms,
-            } => self.fork_stream(name, origin, *inherit_end, *offset_given, config, *now_ms),
+            Command::ForkStream { .. } => self.fork_stream(cmd),
             Command::OpenStream {
                 stream_id,
                 node_id,
@@ -469,7 +490,7 @@ impl State {
                 let mut accepted = Vec::with_capacity(ranges.len());
                 let mut live_refs: u32 = 0;
                 for range in ranges {
-                    match self.commit_range(*node_id, key, range) {
+                    match self.commit_range(*node_id, key, range, *now_ms) {
                         RangeResult::Rejected => accepted.push(false),
                         RangeResult::Dropped => accepted.push(true),
                         RangeResult::Kept => {
@@ -572,15 +593,25 @@ impl State {
         })
     }
 
-    fn fork_stream(
-        &mut self,
-        name: &str,
-        origin: &ForkOrigin,
-        inherit_end: u64,
-        offset_given: bool,
-        config: &StreamConfig,
-        now_ms: i64,
-    ) -> Result<Outcome, ApplyError> {
+    fn fork_stream(&mut self, cmd: &Command) -> Result<Outcome, ApplyError> {
+        let Command::ForkStream {
+            name,
+            origin,
+            inherit_end,
+            offset_given,
+            config,
+            closed,
+            now_ms,
+        } = cmd
+        else {
+            return Err(ApplyError::Invalid(format!(
+                "not a fork command: {}",
+                cmd.kind()
+            )));
+        };
+        let name = name.as_str();
+        let (inherit_end, offset_given, closed, now_ms) =
+            (*inherit_end, *offset_given, *closed, *now_ms);
         if name.is_empty() {
             return Err(ApplyError::Invalid("stream name is empty".to_string()));
         }
@@ -590,11 +621,10 @@ impl State {
                     && f.sub_offset == origin.sub_offset
                     && (!offset_given || f.offset == origin.offset)
             });
-            // A fork is created open: an existing closed one is a different configuration.
             let reason = if !same_fork && !existing.soft_deleted {
                 Some("fork source or offset differs")
             } else {
-                config_conflict(existing, config, false)
+                config_conflict(existing, config, closed)
             };
             return existing_outcome(name, existing, reason);
         }
@@ -661,7 +691,7 @@ impl State {
                 stream_id: id,
                 config: self.content_types.config(config),
                 created_at_ms: now_ms,
-                closed: false,
+                closed,
                 closed_at: None,
                 closed_by: None,
                 last_touch_ms: now_ms,
@@ -696,7 +726,13 @@ impl State {
         }
     }
 
-    fn commit_range(&mut self, node_id: u32, key: &str, r: &CommitRange) -> RangeResult {
+    fn commit_range(
+        &mut self,
+        node_id: u32,
+        key: &str,
+        r: &CommitRange,
+        now_ms: i64,
+    ) -> RangeResult {
         let Some(s) = self.streams.get(&r.stream_id) else {
             return RangeResult::Rejected;
         };
@@ -724,14 +760,19 @@ impl State {
         if !r.producers.is_empty() {
             // Copy-on-write: other views keep the map they had.
             let producers = Arc::make_mut(&mut s.producers);
+            let before = producers.len();
             for p in &r.producers {
                 producers.insert(
                     p.id.clone(),
                     ProducerState {
                         epoch: p.epoch,
                         seq: p.seq,
+                        last_ms: now_ms,
                     },
                 );
+            }
+            if producer_prune_due(before, producers.len()) {
+                prune_producers(producers, now_ms);
             }
         }
         if r.end_offset <= s.start_offset {
@@ -910,4 +951,14 @@ fn existing_outcome(
             created: false,
         }),
     }
+}
+
+/// Forgets producers silent for [`PRODUCER_TTL_MS`]; those of unknown age start their clock.
+fn prune_producers(producers: &mut BTreeMap<String, ProducerState>, now_ms: i64) {
+    producers.retain(|_, p| {
+        if p.last_ms == PRODUCER_SEEN_UNKNOWN {
+            p.last_ms = now_ms;
+        }
+        producer_live(p.last_ms, now_ms)
+    });
 }

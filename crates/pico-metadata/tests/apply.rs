@@ -630,6 +630,7 @@ fn fork_cmd(name: &str, source: &str, source_id: u64, at: u64) -> Command {
         inherit_end: at,
         offset_given: true,
         config: cfg("text/plain"),
+        closed: false,
         now_ms: 7,
     }
 }
@@ -813,4 +814,90 @@ fn a_stream_name_is_one_allocation_shared_by_the_registry_and_the_stream() {
         .expect("decodes");
     assert_eq!(restored, s);
     assert!(shared(&restored, a) && shared(&restored, b));
+}
+
+#[test]
+fn producers_silent_for_the_ttl_are_forgotten_once_the_map_grows() {
+    use pico_metadata::state::{PRODUCER_PRUNE_MIN, PRODUCER_TTL_MS};
+    let (mut s, id) = setup();
+    let mut end = 0;
+    let mut commit_at = |s: &mut State, key: &str, ids: Vec<String>, now_ms: i64| {
+        let mut r = range(id, 0, end, end + 1);
+        end += 1;
+        r.producers = ids
+            .into_iter()
+            .map(|id| ProducerMark {
+                id,
+                epoch: 0,
+                seq: 0,
+            })
+            .collect();
+        let c = Command::CommitObject {
+            node_id: 1,
+            node_epoch: 1,
+            key: key.into(),
+            size: 1,
+            ranges: vec![r],
+            now_ms,
+        };
+        assert_eq!(
+            ok(s, c),
+            Outcome::Committed {
+                accepted: vec![true]
+            }
+        );
+    };
+    let old: Vec<String> = (0..PRODUCER_PRUNE_MIN - 2)
+        .map(|i| format!("old{i}"))
+        .collect();
+    commit_at(&mut s, "k0", old, 10);
+    commit_at(
+        &mut s,
+        "k1",
+        vec!["recent".into()],
+        10 + PRODUCER_TTL_MS - 1,
+    );
+    // One short of the minimum: nothing is pruned, however old.
+    assert_eq!(
+        s.stream(id).unwrap().producers.len(),
+        PRODUCER_PRUNE_MIN - 1
+    );
+    commit_at(&mut s, "k2", vec!["new".into()], 10 + PRODUCER_TTL_MS);
+    let m = s.stream(id).unwrap();
+    let left: Vec<&str> = m.producers.keys().map(String::as_str).collect();
+    assert_eq!(left, ["new", "recent"]);
+    assert_eq!(m.producers["recent"].last_ms, 10 + PRODUCER_TTL_MS - 1);
+    // A known producer committing again does not grow the map, so no pass runs.
+    assert!(!pico_metadata::state::producer_prune_due(2, 2));
+}
+
+#[test]
+fn a_fork_created_closed_compares_closed_like_a_create() {
+    let (mut s, a) = setup();
+    commit(&mut s, (1, 1), "k1", vec![range(a, 0, 0, 4)]);
+    let closed = |mut c: Command| {
+        if let Command::ForkStream { closed, .. } = &mut c {
+            *closed = true;
+        }
+        c
+    };
+    let f = created_id(ok(&mut s, closed(fork_cmd("f", "a", a, 4))));
+    assert!(s.registry["f"].closed);
+    assert_eq!(
+        ok(&mut s, closed(fork_cmd("f", "a", a, 4))),
+        Outcome::Created {
+            stream_id: f,
+            created: false
+        }
+    );
+    assert!(matches!(
+        err(&mut s, fork_cmd("f", "a", a, 4)),
+        ApplyError::Conflict { .. }
+    ));
+    // And an open fork is not made closed by a closed retry.
+    created_id(ok(&mut s, fork_cmd("g", "a", a, 4)));
+    assert!(matches!(
+        err(&mut s, closed(fork_cmd("g", "a", a, 4))),
+        ApplyError::Conflict { .. }
+    ));
 }

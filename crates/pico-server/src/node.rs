@@ -561,13 +561,7 @@ impl Node {
             w.stream_seq = Some(seq.clone());
         }
         if let Some(p) = &req.producer {
-            w.producers.insert(
-                p.id.clone(),
-                ProducerState {
-                    epoch: p.epoch,
-                    seq: p.seq,
-                },
-            );
+            w.accept_producer(&p.id, p.epoch, p.seq, now);
             open.producers_moved.notify_waiters();
         }
         if req.close {
@@ -927,8 +921,10 @@ impl Node {
             ttl_secs,
             expires_at_ms,
         };
-        // A retry of a completed create-closed fork: the fork command creates the stream open
-        // (the close comes after), so it would see the stored closed fork as a conflict.
+        // Without records of its own the fork command creates the fork closed if asked; with
+        // them it creates it open and their append closes it. A retry of such a completed fork
+        // would see the stored closed fork as a conflict, hence this check.
+        let closed_by_command = req.config.closed && prefix.is_none() && req.initial.is_empty();
         if req.config.closed
             && let Some(r) = self.resolve(&req.name, now)
             && r.entry.closed
@@ -957,6 +953,7 @@ impl Node {
             inherit_end,
             offset_given: req.offset.is_some(),
             config: config.clone(),
+            closed: closed_by_command,
             now_ms: now,
         };
         let exists = self
@@ -1022,7 +1019,7 @@ impl Node {
                 r.meta.epoch == pico_common::ids::NEVER_OPENED
                     || r.meta.producers.contains_key(INITIAL_PRODUCER)
             });
-        if created || retry_of_unfinished {
+        if !records.is_empty() && (created || retry_of_unfinished) {
             self.write_initial(&req.name, records, req.config.closed, created)
                 .await?;
         }
@@ -1428,6 +1425,7 @@ impl Node {
                                     ProducerState {
                                         epoch: p.epoch,
                                         seq: p.seq,
+                                        last_ms: p.last_ms,
                                     },
                                 )
                             })

@@ -33,6 +33,30 @@ pub struct Writer {
     pub broken: bool,
 }
 
+impl Writer {
+    /// Records an accepted producer claim. The map is bounded like the committed one: producers
+    /// silent for `PRODUCER_TTL_MS` are dropped whenever it grows past a power of two.
+    pub fn accept_producer(&mut self, id: &str, epoch: u64, seq: u64, now_ms: i64) {
+        use pico_metadata::state::{producer_live, producer_prune_due};
+        let state = ProducerState {
+            epoch,
+            seq,
+            last_ms: now_ms,
+        };
+        match self.producers.get_mut(id) {
+            Some(p) => *p = state,
+            None => {
+                let before = self.producers.len();
+                self.producers.insert(id.to_string(), state);
+                if producer_prune_due(before, self.producers.len()) {
+                    self.producers
+                        .retain(|_, p| producer_live(p.last_ms, now_ms));
+                }
+            }
+        }
+    }
+}
+
 impl OpenStream {
     pub fn touch(&self, now_ms: i64) {
         self.last_used_ms.store(now_ms, Ordering::Relaxed);
@@ -148,7 +172,9 @@ impl OpenTable {
 
 #[cfg(test)]
 mod tests {
-    use super::{OpenStream, OpenTable};
+    use super::{OpenStream, OpenTable, Writer};
+    use pico_metadata::state::{PRODUCER_PRUNE_MIN, PRODUCER_TTL_MS};
+    use std::collections::HashMap;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -176,5 +202,27 @@ mod tests {
         // Polled once (the open in flight), then dropped, as when its client goes away.
         assert!(tokio::time::timeout(Duration::ZERO, open).await.is_err());
         assert_eq!(table.len(), 0, "a cancelled open left an empty slot");
+    }
+
+    #[test]
+    fn silent_producers_leave_the_writer_once_it_grows() {
+        let mut w = Writer {
+            producers: HashMap::new(),
+            closed: false,
+            closed_by: None,
+            stream_seq: None,
+            broken: false,
+        };
+        for i in 0..PRODUCER_PRUNE_MIN - 2 {
+            w.accept_producer(&format!("old{i}"), 0, 0, 10);
+        }
+        w.accept_producer("recent", 0, 0, 10 + PRODUCER_TTL_MS - 1);
+        w.accept_producer("recent", 0, 1, 10 + PRODUCER_TTL_MS - 1);
+        assert_eq!(w.producers.len(), PRODUCER_PRUNE_MIN - 1);
+        w.accept_producer("new", 1, 0, 10 + PRODUCER_TTL_MS);
+        let mut left: Vec<&str> = w.producers.keys().map(String::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["new", "recent"]);
+        assert_eq!(w.producers["recent"].seq, 1);
     }
 }

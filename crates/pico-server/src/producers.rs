@@ -6,11 +6,12 @@
 use crate::api::ProducerClaim;
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// A producer's last accepted (epoch, seq).
+/// A producer's last accepted (epoch, seq), and when (ms) it was last accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProducerState {
     pub epoch: u64,
     pub seq: u64,
+    pub last_ms: i64,
 }
 
 /// What to do with a producer append.
@@ -201,7 +202,11 @@ mod tests {
     fn rules_of_the_surface() {
         assert_eq!(decide(None, &claim(0, 0)), Decision::Accept);
         assert_eq!(decide(None, &claim(0, 3)), Decision::Gap { expected: 0 });
-        let s = Some(ProducerState { epoch: 2, seq: 5 });
+        let s = Some(ProducerState {
+            epoch: 2,
+            seq: 5,
+            last_ms: 0,
+        });
         assert_eq!(decide(s, &claim(1, 6)), Decision::Fenced { current: 2 });
         assert_eq!(decide(s, &claim(3, 0)), Decision::Accept);
         assert_eq!(decide(s, &claim(3, 1)), Decision::EpochMustStartAtZero);
@@ -220,7 +225,11 @@ mod tests {
             !early(None, &claim(0, REORDER_WINDOW + 1)),
             "too far: a real gap"
         );
-        let s = Some(ProducerState { epoch: 2, seq: 5 });
+        let s = Some(ProducerState {
+            epoch: 2,
+            seq: 5,
+            last_ms: 0,
+        });
         assert!(!early(s, &claim(2, 5)), "duplicate");
         assert!(!early(s, &claim(2, 6)), "acceptable now");
         assert!(early(s, &claim(2, 7)));

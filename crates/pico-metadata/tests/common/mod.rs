@@ -143,6 +143,7 @@ pub fn command() -> impl Strategy<Value = Command> {
             0u64..3,
             any::<bool>(),
             config(),
+            any::<bool>(),
             any::<i64>()
         )
             .prop_map(
@@ -154,6 +155,7 @@ pub fn command() -> impl Strategy<Value = Command> {
                     sub_offset,
                     offset_given,
                     config,
+                    closed,
                     now_ms,
                 )| {
                     Command::ForkStream {
@@ -167,6 +169,7 @@ pub fn command() -> impl Strategy<Value = Command> {
                         inherit_end: offset + sub_offset,
                         offset_given,
                         config,
+                        closed,
                         now_ms,
                     }
                 }
@@ -196,7 +199,7 @@ pub enum Step {
     /// Forget destroyed object #i.
     Forget(usize),
     /// Fork live stream #i into `name`, `back` records below its committed end.
-    Fork(usize, String, u64),
+    Fork(usize, String, u64, bool),
 }
 
 pub fn step() -> impl Strategy<Value = Step> {
@@ -210,7 +213,8 @@ pub fn step() -> impl Strategy<Value = Step> {
         1 => (any::<usize>(), 0u64..20).prop_map(|(i, a)| Step::Seal(i, a)),
         1 => any::<usize>().prop_map(Step::Delete),
         1 => any::<usize>().prop_map(Step::Forget),
-        2 => (any::<usize>(), name(), 0u64..4).prop_map(|(i, n, b)| Step::Fork(i, n, b)),
+        2 => (any::<usize>(), name(), 0u64..4, any::<bool>())
+            .prop_map(|(i, n, b, c)| Step::Fork(i, n, b, c)),
     ]
 }
 
@@ -299,7 +303,7 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                 closed: *closed,
                 now_ms: i as i64,
             }),
-            Step::Fork(idx, name, back) => pick(*idx).map(|id| {
+            Step::Fork(idx, name, back, closed) => pick(*idx).map(|id| {
                 let m = &s.streams[&id];
                 let at = m.end_offset.saturating_sub(*back);
                 Command::ForkStream {
@@ -317,6 +321,7 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                         ttl_secs: None,
                         expires_at_ms: None,
                     },
+                    closed: *closed,
                     now_ms: i as i64,
                 }
             }),
