@@ -29,14 +29,19 @@ pub enum BinaryError {
     Trailing(usize),
     #[error("header key is not UTF-8: index={0}")]
     HeaderKey(usize),
+    #[error("header value is not UTF-8: key=`{0}`")]
+    HeaderValue(String),
+    #[error("header key repeated: key=`{0}`")]
+    DuplicateHeader(String),
     #[error("field too long for the framing: field={field} len={len}")]
     TooLong { field: &'static str, len: usize },
     #[error("too many records in one batch: count={count} max={max}")]
     TooMany { count: u32, max: usize },
 }
 
-/// Checks that `r` can be framed by [`encode_binary`]. Appends check it so that every stored
-/// record stays readable with `format=binary`.
+/// Checks that `r` can be framed by [`encode_binary`] and rendered as JSON without loss (the
+/// JSON form's headers are an object of strings: unique keys, UTF-8 values). Appends check it so
+/// that every stored record stays readable, whole, in every format.
 pub fn check_framable(r: &Record) -> Result<(), BinaryError> {
     let too_long = |field, len| BinaryError::TooLong { field, len };
     if r.headers.len() > MAX_HEADERS {
@@ -48,6 +53,15 @@ pub fn check_framable(r: &Record) -> Result<(), BinaryError> {
         }
         if u32::try_from(v.len()).is_err() {
             return Err(too_long("header value", v.len()));
+        }
+        if std::str::from_utf8(v).is_err() {
+            return Err(BinaryError::HeaderValue(k.clone()));
+        }
+    }
+    if r.headers.len() > 1 {
+        let mut seen = std::collections::HashSet::with_capacity(r.headers.len());
+        if let Some((k, _)) = r.headers.iter().find(|(k, _)| !seen.insert(k.as_str())) {
+            return Err(BinaryError::DuplicateHeader(k.clone()));
         }
     }
     if u32::try_from(r.value.len()).is_err() {
@@ -289,6 +303,22 @@ mod tests {
             })
         ));
         assert!(encode_binary([(0, &r)]).is_err());
+    }
+
+    #[test]
+    fn framable_records_render_as_json_whole() {
+        let mut r = Record::from_value("x");
+        r.headers = vec![("a".into(), Bytes::from_static(b"1")), ("b".into(), Bytes::new())];
+        assert_eq!(check_framable(&r), Ok(()));
+        // The JSON form's headers are an object of strings: a repeated key or bytes that are
+        // not UTF-8 would be lost there.
+        r.headers.push(("a".into(), Bytes::from_static(b"2")));
+        assert_eq!(
+            check_framable(&r),
+            Err(BinaryError::DuplicateHeader("a".into()))
+        );
+        r.headers = vec![("v".into(), Bytes::from_static(&[0xff]))];
+        assert_eq!(check_framable(&r), Err(BinaryError::HeaderValue("v".into())));
     }
 
     fn arb_record() -> impl Strategy<Value = Record> {

@@ -21,4 +21,11 @@ impl Record {
             headers: Vec::new(),
         }
     }
+
+    /// Bytes of content: body, key and every header key and value (what a read's byte budget
+    /// counts; framing overhead excluded).
+    pub fn size(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.value.len() + self.key.as_ref().map_or(0, Bytes::len) + headers
+    }
 }

@@ -267,7 +267,10 @@ impl Node {
         let info = self
             .resolve_raw(&req.name)
             .map(|r| self.info(&r))
-            .ok_or_else(|| CreateError::Internal("stream vanished after create".into()))?;
+            .ok_or_else(|| CreateError::Conflict {
+                name: req.name.to_string(),
+                reason: "deleted while being created".into(),
+            })?;
         Ok(CreateOutcome { created, info })
     }
 
@@ -590,7 +593,11 @@ impl Node {
                 .await
         })
         .await
-        .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))??;
+        .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))?
+        .map_err(|e| match e {
+            AppendError::NotFound(_) => AppendError::NotFound(r.name.to_string()),
+            e => e,
+        })?;
         // Nobody listening is fine: the channel is a bounded, lossy broadcast.
         let _ = self.inner.events.send(StreamEvent::Appended {
             name: r.name.clone(),
@@ -695,12 +702,15 @@ impl Node {
                         break 'outer;
                     }
                     // Always return at least one record, however large, so readers progress.
+                    // Keys and headers count too: records of tiny bodies and big keys or
+                    // headers must not fill a response up to the record limit.
+                    let size = record.size();
                     if !records.is_empty()
-                        && (records.len() >= max_records || bytes + record.value.len() > max_bytes)
+                        && (records.len() >= max_records || bytes + size > max_bytes)
                     {
                         break 'outer;
                     }
-                    bytes += record.value.len();
+                    bytes += size;
                     records.push(ReadRecord { offset, record });
                     next = offset + 1;
                     progressed = true;
@@ -1026,7 +1036,10 @@ impl Node {
         let info = self
             .resolve(&req.name, now_ms())
             .map(|r| self.info(&r))
-            .ok_or_else(|| ForkError::Internal("stream vanished after fork".into()))?;
+            .ok_or_else(|| ForkError::Conflict {
+                name: req.name.to_string(),
+                reason: "deleted while being created".into(),
+            })?;
         Ok(CreateOutcome { created, info })
     }
 
@@ -1494,6 +1507,11 @@ impl Node {
                 .await;
             match sealed {
                 Ok(Ok(_)) => self.inner.waiters.notify_closed(open.stream_id),
+                // Deleted meanwhile (a racing DELETE): the caller names the stream.
+                Ok(Err(ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. })) => {
+                    self.break_open(&open).await;
+                    return Err(AppendError::NotFound(String::new()));
+                }
                 Ok(Err(e)) => {
                     self.break_open(&open).await;
                     return Err(AppendError::Internal(format!("close rejected: {e}")));

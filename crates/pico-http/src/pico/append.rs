@@ -71,6 +71,11 @@ pub async fn append(
 /// The records a POST body holds, by its media type. A batch past the append limit is refused
 /// (413) while it is parsed, before its records are built.
 pub fn body_records(media_type: &str, body: Bytes) -> Result<Vec<Record>, HttpError> {
+    // Empty whatever its type: a close-only request may carry the batch type its client
+    // always sends (an empty append without the close is refused later).
+    if body.is_empty() {
+        return Ok(Vec::new());
+    }
     match media_type {
         h::CONTENT_TYPE_JSON_BATCH => {
             parse_json_batch(&body, MAX_RECORDS_PER_APPEND).map_err(|e| match e {
@@ -83,7 +88,6 @@ pub fn body_records(media_type: &str, body: Bytes) -> Result<Vec<Record>, HttpEr
                 BinaryError::TooMany { .. } => HttpError::too_large(e.to_string()),
                 _ => HttpError::bad_request(format!("bad binary batch: {e}")),
             }),
-        _ if body.is_empty() => Ok(Vec::new()),
         _ => Ok(vec![Record::from_value(body)]),
     }
 }
@@ -128,6 +132,10 @@ mod tests {
         let raw = body_records("text/plain", Bytes::from_static(b"x")).unwrap();
         assert_eq!(raw, vec![Record::from_value(Bytes::from_static(b"x"))]);
         assert!(body_records("", Bytes::new()).unwrap().is_empty());
+        // A close-only request may carry its client's batch type.
+        for t in [h::CONTENT_TYPE_JSON_BATCH, h::CONTENT_TYPE_BINARY_BATCH] {
+            assert!(body_records(t, Bytes::new()).unwrap().is_empty(), "{t}");
+        }
         let json = body_records(
             h::CONTENT_TYPE_JSON_BATCH,
             Bytes::from_static(br#"{"records":[{"body":"a"},{"body":"b"}]}"#),
