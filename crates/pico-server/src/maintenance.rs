@@ -3,9 +3,13 @@
 //! TTL sweeps behind a SQL lease).
 
 use crate::node::{MAX_TTL_SECS, Node};
+use crate::open::OpenStream;
+use futures::StreamExt;
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_metadata::Command;
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) fn spawn_all(node: &Node) {
@@ -19,7 +23,10 @@ pub(crate) fn spawn_all(node: &Node) {
         Duration::from_secs(10),
         expiry_pass,
     ));
-    tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), idle_pass));
+    let idle = Arc::new(IdleRelease::default());
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), move |n| {
+        idle_pass(n, idle.clone())
+    }));
     // Lists every object this node ever wrote: rare, and once right after start.
     tasks.push(spawn_loop(
         node.clone(),
@@ -45,24 +52,77 @@ where
 
 /// Deletes destroyed objects (no live stream references them) from storage, then forgets them.
 /// Deleting before forgetting means a crash in between only repeats an idempotent delete.
+/// Batches of deletes run concurrently and each batch is forgotten in one metadata row; a pass
+/// goes on while batches make progress, so GC keeps up with deletes of many objects (one key at
+/// a time and a row per key, 256 keys per pass capped it at about 50 objects a second).
 pub(crate) async fn gc_pass(node: Node) {
-    let view = node.inner.meta.view();
-    let keys: Vec<String> = view.destroyed.iter().take(256).cloned().collect();
-    for key in keys {
-        if let Err(e) = node.inner.data.delete(&key).await {
-            tracing::warn!(error = %e, key, "gc: delete failed, will retry");
-            continue;
+    // Deletes that failed in this pass: left for the next one, not retried batch after batch.
+    let mut failed: HashSet<String> = HashSet::new();
+    for _ in 0..GC_BATCHES_PER_PASS {
+        let view = node.inner.meta.view();
+        let keys: Vec<String> = view
+            .destroyed
+            .iter()
+            .filter(|k| !failed.contains(*k))
+            .take(GC_BATCH)
+            .cloned()
+            .collect();
+        drop(view);
+        if keys.is_empty() {
+            return;
         }
-        if let Err(e) = node
-            .inner
-            .meta
-            .propose(Command::ForgetObject { key: key.clone() })
-            .await
-        {
-            tracing::warn!(error = %e, key, "gc: forget failed, will retry");
+        let data = &node.inner.data;
+        let results: Vec<(String, bool)> = futures::stream::iter(keys)
+            .map(|key| async move {
+                match data.delete(&key).await {
+                    Ok(()) => (key, true),
+                    Err(e) => {
+                        tracing::warn!(error = %e, key, "gc: delete failed, will retry");
+                        (key, false)
+                    }
+                }
+            })
+            .buffer_unordered(GC_DELETES_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut deleted = Vec::with_capacity(results.len());
+        for (key, ok) in results {
+            if ok {
+                deleted.push(key);
+            } else {
+                failed.insert(key);
+            }
+        }
+        if deleted.is_empty() {
+            return; // storage is failing: try again next pass
+        }
+        let cmds = deleted
+            .iter()
+            .map(|key| Command::ForgetObject { key: key.clone() })
+            .collect();
+        match node.inner.meta.propose_many(cmds).await {
+            Ok(outcomes) => {
+                for (key, outcome) in deleted.iter().zip(outcomes) {
+                    if let Err(e) = outcome {
+                        tracing::warn!(error = %e, key, "gc: forget rejected");
+                        failed.insert(key.clone());
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "gc: forget failed, will retry");
+                return;
+            }
         }
     }
 }
+
+/// Destroyed objects deleted, then forgotten in one metadata row, per GC batch.
+const GC_BATCH: usize = 256;
+/// Batches per GC pass at most (bounds one pass; the next starts 5 s later).
+const GC_BATCHES_PER_PASS: usize = 64;
+/// Object deletes in flight at once.
+const GC_DELETES_IN_FLIGHT: usize = 32;
 
 /// Deletes objects an earlier incarnation of this node uploaded but never committed (it crashed
 /// between upload and commit). Safe because an incarnation's commits need its node epoch to be
@@ -177,11 +237,49 @@ pub(crate) async fn expiry_pass(node: Node) {
 /// Releases streams idle for `idle_release`: flushes them into committed objects and drops their
 /// engine state, so memory follows the active set, not the number of streams ever written.
 /// One flush and one metadata row serve every stream released in a pass.
-pub(crate) async fn idle_pass(node: Node) {
+pub(crate) async fn idle_pass(node: Node, pending: Arc<IdleRelease>) {
     node.inner.waiters.sweep();
     let cutoff = now_ms() - node.inner.config.idle_release.as_millis() as i64;
-    let mut released = Vec::new();
-    for open in node.inner.open.idle(cutoff).into_iter().take(IDLE_BATCH) {
+    let idle = node.inner.open.idle(cutoff);
+    release_streams(&node, idle, &pending).await;
+}
+
+/// Idle releases a pass could not finish, retried by the next pass. Without it a stream taken
+/// out of the open table before a failed flush (a storage outage) kept its engine state and its
+/// ownership until a request opened it again.
+#[derive(Default)]
+pub(crate) struct IdleRelease(std::sync::Mutex<Pending>);
+
+#[derive(Default)]
+struct Pending {
+    /// Out of the open table, engine state not released yet (the flush failed).
+    streams: Vec<Arc<OpenStream>>,
+    /// Engine state released, `ReleaseStream` not committed yet (the metadata log failed).
+    cmds: Vec<Command>,
+}
+
+impl IdleRelease {
+    fn take(&self) -> Pending {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn keep(&self, pending: Pending) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = pending;
+    }
+}
+
+/// Releases `idle` streams, and the ones an earlier pass left pending.
+async fn release_streams(node: &Node, idle: Vec<Arc<OpenStream>>, pending: &IdleRelease) {
+    let engine = &node.inner.engine;
+    let Pending {
+        mut streams,
+        mut cmds,
+    } = pending.take();
+    // Re-opened meanwhile by a new request (which flushed this incarnation first), or deleted:
+    // that engine state is not ours to release.
+    streams.retain(|o| engine.is_open(o.stream_id) == Some(o.epoch));
+    let room = IDLE_BATCH.saturating_sub(streams.len());
+    for open in idle.into_iter().take(room) {
         // A writer busy right now is not idle: skip it rather than wait.
         let Ok(mut w) = open.writer.try_lock() else {
             continue;
@@ -189,38 +287,46 @@ pub(crate) async fn idle_pass(node: Node) {
         w.broken = true;
         drop(w);
         node.inner.open.remove_open(&open);
-        released.push(open);
+        streams.push(open);
     }
-    if released.is_empty() {
-        return;
-    }
-    if let Err(e) = node.inner.engine.flush().await {
-        // The data stays in the WAL and the cache; the next open flushes before re-opening.
-        tracing::warn!(error = %e, streams = released.len(), "idle release: flush failed");
-        return;
-    }
-    let cfg = &node.inner.config;
-    let mut cmds = Vec::with_capacity(released.len());
-    for open in &released {
-        // Re-opened meanwhile by a new request: that incarnation is not ours to close.
-        if node.inner.engine.is_open(open.stream_id) != Some(open.epoch) {
-            continue;
+    if !streams.is_empty() {
+        // One flush for all: `Engine::close` per stream would upload once per stream.
+        match engine.flush().await {
+            // The data stays in the WAL and the cache; the next pass retries.
+            Err(e) => {
+                tracing::warn!(error = %e, streams = streams.len(), "idle release: flush failed");
+            }
+            Ok(()) => {
+                let ids: Vec<(u64, i64)> = streams.iter().map(|o| (o.stream_id, o.epoch)).collect();
+                let released = engine.release(&ids);
+                let cfg = &node.inner.config;
+                let mut unfinished = Vec::new();
+                for (open, done) in streams.into_iter().zip(released) {
+                    if done {
+                        cmds.push(Command::ReleaseStream {
+                            stream_id: open.stream_id,
+                            epoch: open.epoch,
+                            node_id: cfg.node_id,
+                            node_epoch: cfg.node_epoch,
+                        });
+                    } else if engine.is_open(open.stream_id) == Some(open.epoch) {
+                        // Appends still on their way to an object: the next pass retries.
+                        unfinished.push(open);
+                    }
+                }
+                streams = unfinished;
+            }
         }
-        if let Err(e) = node.inner.engine.close(open.stream_id).await {
-            tracing::warn!(error = %e, stream = open.stream_id, "idle release: close failed");
-            continue;
+    }
+    if !cmds.is_empty() {
+        // Rejections (a newer open of the stream already happened) are expected and harmless,
+        // which also makes a retry of the same commands safe.
+        match node.inner.meta.propose_many(cmds.clone()).await {
+            Ok(_) => cmds.clear(),
+            Err(e) => tracing::warn!(error = %e, "idle release: releasing ownership failed"),
         }
-        cmds.push(Command::ReleaseStream {
-            stream_id: open.stream_id,
-            epoch: open.epoch,
-            node_id: cfg.node_id,
-            node_epoch: cfg.node_epoch,
-        });
     }
-    // Rejections (a newer open of the stream already happened) are expected and harmless.
-    if let Err(e) = node.inner.meta.propose_many(cmds).await {
-        tracing::warn!(error = %e, "idle release: releasing ownership failed");
-    }
+    pending.keep(Pending { streams, cmds });
 }
 
 /// Streams released per idle pass (bounds one pass's work and its metadata row).
@@ -228,11 +334,250 @@ const IDLE_BATCH: usize = 4096;
 
 #[cfg(test)]
 mod tests {
-    use super::touch_pass;
-    use crate::api::{CreateConfig, CreateRequest};
+    use super::{IdleRelease, gc_pass, release_streams, touch_pass};
+    use crate::api::{AppendRequest, CreateConfig, CreateRequest, ReadFrom, ReadRequest};
+    use crate::config::NodeConfig;
+    use crate::node::Node;
+    use crate::open::OpenStream;
     use crate::testing::start_test_node;
+    use bytes::Bytes;
     use pico_common::StreamName;
     use pico_common::clock::now_ms;
+    use pico_metadata::Command;
+    use pico_protocol::Record;
+    use pico_sql::{MetaLog, MetaLogOptions};
+    use s3stream::testing::SlowStorage;
+    use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// A node on `data` with `engine`, its maintenance loops stopped: only the test's own
+    /// passes run.
+    async fn node_on(data: Arc<dyn ObjectStorage>, engine: EngineConfig) -> Node {
+        let config = NodeConfig {
+            node_epoch: 1,
+            ..NodeConfig::default()
+        };
+        let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+            .await
+            .unwrap();
+        let wal = Arc::new(ObjectWal::new(
+            Arc::new(MemoryStorage::new()),
+            "wal".to_string(),
+        ));
+        let node = Node::start(config, meta, data, wal, engine).await.unwrap();
+        for task in node.inner.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        node
+    }
+
+    /// Engine uploads only when asked (a flush): every object is one the test caused.
+    fn uploads_on_demand() -> EngineConfig {
+        EngineConfig {
+            upload_interval: Duration::from_secs(3600),
+            ..EngineConfig::default()
+        }
+    }
+
+    fn name(n: &str) -> StreamName {
+        StreamName::parse(n).unwrap()
+    }
+
+    async fn append_one(node: &Node, n: &str) {
+        node.append(AppendRequest {
+            name: name(n),
+            records: vec![Record::from_value("x")],
+            producer: None,
+            match_seq: None,
+            close: false,
+            content_type: None,
+        })
+        .await
+        .unwrap();
+    }
+
+    /// Creates `count` streams and appends a record to each (which opens it); returns their ids.
+    async fn open_streams(node: &Node, prefix: &str, count: usize) -> Vec<u64> {
+        let mut ids = Vec::new();
+        for i in 0..count {
+            let n = format!("{prefix}{i}");
+            let created = node
+                .create(CreateRequest {
+                    name: name(&n),
+                    config: CreateConfig::default(),
+                    initial: vec![],
+                })
+                .await
+                .unwrap();
+            append_one(node, &n).await;
+            ids.push(created.info.stream_id);
+        }
+        ids
+    }
+
+    fn opens(node: &Node, ids: &[u64]) -> Vec<Arc<OpenStream>> {
+        ids.iter()
+            .map(|id| node.inner.open.get(*id).expect("stream open"))
+            .collect()
+    }
+
+    /// How many of `ids` the metadata still has an owner for.
+    fn owned(node: &Node, ids: &[u64]) -> usize {
+        let view = node.inner.meta.view();
+        ids.iter()
+            .filter(|id| view.streams.get(id).is_some_and(|m| m.owner.is_some()))
+            .count()
+    }
+
+    /// One idle pass releases any number of streams for one upload while another stream keeps
+    /// appending. Closing each stream flushed once per stream, and every flush uploaded and
+    /// committed whatever the busy stream had appended since: an object per released stream.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_pass_uploads_once_however_many_streams_it_releases() {
+        let node = node_on(Arc::new(MemoryStorage::new()), uploads_on_demand()).await;
+        let ids = open_streams(&node, "idle", 100).await;
+        open_streams(&node, "busy", 1).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let appends = Arc::new(AtomicU64::new(0));
+        let appender = {
+            let (node, stop, appends) = (node.clone(), stop.clone(), appends.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    append_one(&node, "busy0").await;
+                    appends.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        // The appender is under way before the pass starts.
+        while appends.load(Ordering::Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let before = node.engine().stats().uploads;
+        release_streams(&node, opens(&node, &ids), &IdleRelease::default()).await;
+        let objects = node.engine().stats().uploads - before;
+        stop.store(true, Ordering::Relaxed);
+        appender.await.unwrap();
+        let appends = appends.load(Ordering::Relaxed);
+        // One flush: usually one object, more when appends land while it plans.
+        assert!(
+            objects <= 5,
+            "one pass committed {objects} objects releasing 100 streams ({appends} appends)"
+        );
+        assert_eq!(node.engine().stats().open_streams, 1, "only the busy one");
+        assert_eq!(node.open_streams(), 1);
+        assert_eq!(owned(&node, &ids), 0, "ownership released");
+        for i in [0, 99] {
+            let info = node.head(&name(&format!("idle{i}"))).await.unwrap();
+            assert_eq!(info.next_seq, 1, "committed before release");
+        }
+    }
+
+    /// `Engine::release` keeps a stream whose appends are not committed yet (dropping its state
+    /// then would drop data no object holds), and one open at another epoch.
+    #[tokio::test]
+    async fn engine_release_waits_for_the_stream_to_be_committed() {
+        let node = node_on(Arc::new(MemoryStorage::new()), uploads_on_demand()).await;
+        let id = open_streams(&node, "s", 1).await[0];
+        let epoch = node.inner.open.get(id).unwrap().epoch;
+        let engine = node.engine();
+        assert_eq!(engine.release(&[(id, epoch + 1)]), [false], "other epoch");
+        assert_eq!(engine.release(&[(id, epoch)]), [false], "not uploaded");
+        assert_eq!(engine.is_open(id), Some(epoch));
+        engine.flush().await.unwrap();
+        assert_eq!(
+            engine.release(&[(id, epoch), (id + 1000, 0)]),
+            [true, false]
+        );
+        assert_eq!(engine.is_open(id), None);
+        let read = node
+            .read(ReadRequest {
+                name: name("s0"),
+                from: ReadFrom::Offset(0),
+                max_records: None,
+                max_bytes: None,
+                touch: false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(read.records.len(), 1, "read back from the object");
+    }
+
+    /// A storage outage fails the pass's flush; the streams it took out of the open table stay
+    /// pending and the next pass releases them (they used to keep their engine state and
+    /// ownership until a request opened them again).
+    #[tokio::test]
+    async fn streams_a_failed_pass_took_are_released_by_the_next_one() {
+        let data = Arc::new(SlowStorage::new(
+            Arc::new(MemoryStorage::new()),
+            "data/",
+            Box::new(|_, _| Duration::ZERO),
+        ));
+        // Failed uploads back off at most an upload interval, so the flush gives up soon.
+        let engine = EngineConfig {
+            upload_interval: Duration::from_millis(20),
+            ..EngineConfig::default()
+        };
+        let node = node_on(data.clone(), engine).await;
+        data.fail_puts(usize::MAX);
+        let ids = open_streams(&node, "s", 20).await;
+        let pending = IdleRelease::default();
+        release_streams(&node, opens(&node, &ids), &pending).await;
+        assert_eq!(node.open_streams(), 0, "taken out of the open table");
+        assert_eq!(node.engine().stats().open_streams, 20, "flush failed");
+        assert_eq!(owned(&node, &ids), 20);
+
+        data.fail_puts(0);
+        // Nothing newly idle: only what the failed pass left.
+        release_streams(&node, Vec::new(), &pending).await;
+        assert_eq!(node.engine().stats().open_streams, 0, "engine state kept");
+        assert_eq!(owned(&node, &ids), 0, "ownership kept");
+        let info = node.head(&name("s7")).await.unwrap();
+        assert_eq!(info.next_seq, 1, "committed before release");
+    }
+
+    /// Destroyed objects go at more than 256 per pass (one delete and one metadata row at a
+    /// time): one pass clears 2000.
+    #[tokio::test]
+    async fn one_gc_pass_clears_thousands_of_destroyed_objects() {
+        let node = node_on(Arc::new(MemoryStorage::new()), EngineConfig::default()).await;
+        let cfg = &node.inner.config;
+        let keys: Vec<String> = (0..2000).map(|i| format!("gc-test/{i:05}")).collect();
+        for key in &keys {
+            node.inner
+                .data
+                .put(key, Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        // Committed without ranges: no live reference, destroyed at once.
+        for chunk in keys.chunks(500) {
+            let cmds = chunk
+                .iter()
+                .map(|key| Command::CommitObject {
+                    node_id: cfg.node_id,
+                    node_epoch: cfg.node_epoch,
+                    key: key.clone(),
+                    size: 1,
+                    ranges: vec![],
+                    now_ms: now_ms(),
+                })
+                .collect();
+            for outcome in node.inner.meta.propose_many(cmds).await.unwrap() {
+                outcome.unwrap();
+            }
+        }
+        assert_eq!(node.inner.meta.view().destroyed.len(), 2000);
+        gc_pass(node.clone()).await;
+        let view = node.inner.meta.view();
+        assert_eq!(view.destroyed.len(), 0, "destroyed objects left");
+        assert!(keys.iter().all(|k| !view.objects.contains_key(k)));
+        assert_eq!(
+            node.inner.data.list("gc-test/").await.unwrap(),
+            Vec::<String>::new()
+        );
+    }
 
     #[tokio::test]
     async fn touch_pass_drops_touches_of_deleted_streams() {

@@ -278,6 +278,9 @@ async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> 
         return Ok((State::new(), 0));
     }
     let mut last_err = String::new();
+    // A store failure (or a row pruned since the listing) says nothing about the snapshot: if no
+    // snapshot loads, that is a retryable error, not `CorruptSnapshot` (which stops the log).
+    let mut transient: Option<MetaError> = None;
     let mut unreadable: Vec<(u64, Vec<u8>)> = Vec::new();
     for meta in snaps {
         let index = meta.applied_index;
@@ -317,13 +320,24 @@ async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> 
                     }
                 }
             },
-            Ok(None) => last_err = format!("applied_index={index} vanished"),
+            Ok(None) => {
+                last_err = format!("applied_index={index} vanished");
+                transient.get_or_insert(MetaError::Store {
+                    op: "load_snapshot",
+                    message: last_err.clone(),
+                });
+            }
             // A store failure says nothing about the row: keep it.
-            Err(e) => last_err = e.to_string(),
+            Err(e) => {
+                last_err = e.to_string();
+                if !is_corruption(&e) {
+                    transient.get_or_insert(e);
+                }
+            }
         }
         tracing::warn!(error = %last_err, "unreadable metadata snapshot, trying an older one");
     }
-    Err(MetaError::CorruptSnapshot(last_err))
+    Err(transient.unwrap_or(MetaError::CorruptSnapshot(last_err)))
 }
 
 /// Owns the mutable state: applies rows in table order and publishes views.

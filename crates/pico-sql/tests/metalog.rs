@@ -487,12 +487,14 @@ struct Truncation {
     payload: Vec<u8>,
 }
 
-/// A SQLite store with test hooks: snapshot writes wait until the test opens `gate`, and reads
-/// run the pending `truncations` whose time has come.
+/// A SQLite store with test hooks: snapshot writes wait until the test opens `gate`, reads
+/// run the pending `truncations` whose time has come, and loads of the snapshots at the
+/// indexes in `failing_loads` fail as a store outage would.
 struct HookedStore {
     inner: pico_sql::SqliteStore,
     gate: tokio::sync::Semaphore,
     truncations: std::sync::Mutex<Vec<Truncation>>,
+    failing_loads: std::sync::Mutex<Vec<u64>>,
 }
 
 impl HookedStore {
@@ -501,7 +503,12 @@ impl HookedStore {
             inner: pico_sql::SqliteStore::open(&url(dir)).await.unwrap(),
             gate: tokio::sync::Semaphore::new(permits),
             truncations: std::sync::Mutex::default(),
+            failing_loads: std::sync::Mutex::default(),
         }
+    }
+
+    fn fail_loads(&self, indexes: &[u64]) {
+        *self.failing_loads.lock().unwrap() = indexes.to_vec();
     }
 }
 
@@ -542,6 +549,12 @@ impl pico_sql::LogStore for HookedStore {
         self.inner.snapshots().await
     }
     async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError> {
+        if self.failing_loads.lock().unwrap().contains(&applied_index) {
+            return Err(MetaError::Store {
+                op: "load_snapshot",
+                message: "injected outage".into(),
+            });
+        }
         self.inner.load_snapshot(applied_index).await
     }
     async fn discard_snapshot(
@@ -683,6 +696,94 @@ async fn a_lagging_reader_jumps_over_every_truncation_it_meets() {
         "no command skipped"
     );
     assert_eq!(*view, state_at(600));
+    log.close().await;
+}
+
+/// A store failure while loading snapshots says nothing about them: open fails with the
+/// retryable store error, not `CorruptSnapshot`, and deletes nothing (here the newest is damaged
+/// and the older one cannot be read for now).
+#[tokio::test]
+async fn a_store_error_loading_snapshots_at_open_is_retryable() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = snapshots_at_10_and_20(&dir, put).await;
+    let before = log.view();
+    log.close().await;
+    set_snapshot_payload(&dir, 20, &[1, 0xff]).await;
+
+    let store = std::sync::Arc::new(HookedStore::open(&dir, 100).await);
+    store.fail_loads(&[10]);
+    let err = MetaLog::with_store(store.clone(), every(10))
+        .await
+        .err()
+        .expect("open must fail");
+    assert!(matches!(err, MetaError::Store { .. }), "{err:?}");
+    assert_eq!(snapshot_indexes(&dir).await, [10, 20], "nothing deleted");
+
+    store.fail_loads(&[]);
+    let log = MetaLog::with_store(store, every(10)).await.unwrap();
+    assert_eq!(*log.view(), *before, "the older snapshot and its rows load");
+    log.close().await;
+}
+
+/// The tail meets rows truncated under it while the store cannot load the newer snapshot: the
+/// proposal fails as retryable, and the log does not stop for good (it used to answer
+/// `CorruptSnapshot` to every later proposal until a restart).
+#[tokio::test]
+async fn a_store_error_jumping_to_a_newer_snapshot_does_not_stop_the_log() {
+    use pico_metadata::{State, codec};
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(HookedStore::open(&dir, 100).await);
+    let opts = MetaLogOptions {
+        poll_interval: Duration::from_secs(3600),
+        ..MetaLogOptions::default()
+    };
+    let log = MetaLog::with_store(store.clone(), opts).await.unwrap();
+    store.fail_loads(&[5]);
+    // Another writer, in one transaction: rows 1..=6, a snapshot at 5, the rows it covers gone.
+    let cmds: Vec<Command> = (0..6)
+        .map(|n| Command::KvPut {
+            key: format!("other{n}"),
+            value: vec![],
+        })
+        .collect();
+    let mut at_5 = State::new();
+    for c in &cmds[..5] {
+        at_5.apply(c).unwrap();
+    }
+    let mut tx = store.inner.pool().begin().await.unwrap();
+    for c in &cmds {
+        sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
+            .bind(codec::encode_commands(std::slice::from_ref(c)))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    sqlx::query("INSERT INTO meta_snapshot VALUES (5, 5, ?, 0)")
+        .bind(codec::encode_state(&at_5))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM meta_log WHERE id <= 5")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let err = log.propose(create("a")).await.unwrap_err();
+    assert!(matches!(err, MetaError::OutcomeUnknown { .. }), "{err:?}");
+
+    store.fail_loads(&[]);
+    assert_eq!(
+        log.propose(create("b")).await.unwrap(),
+        Ok(Outcome::Created {
+            stream_id: 1,
+            created: true
+        })
+    );
+    let view = log.view();
+    assert_eq!(view.applied_index, 8, "snapshot at 5, then rows 6, 7 and 8");
+    assert_eq!(view.kv.len(), 6);
+    assert!(view.stream_by_name("a").is_some());
     log.close().await;
 }
 

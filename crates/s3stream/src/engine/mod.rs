@@ -675,6 +675,42 @@ impl Engine {
         Ok(())
     }
 
+    /// Forgets the open state and cached data of each `(stream, epoch)` whose appends are all
+    /// uploaded and committed, without flushing. After one `flush` this releases any number of
+    /// idle streams, where `close` per stream would run one upload cycle (one object and one
+    /// commit of whatever other streams appended meanwhile) per stream. Per stream, in order:
+    /// `true` = released; `false` = not open at `epoch`, or appends of it are still in the WAL
+    /// writer or waiting for upload (release it later).
+    pub fn release(&self, streams: &[(u64, i64)]) -> Vec<bool> {
+        let mut st = self.shared().state();
+        // One pass over the upload queue for the whole batch, not one per stream.
+        let wanted: HashSet<u64> = streams.iter().map(|&(s, _)| s).collect();
+        let mut queued: HashSet<u64> = HashSet::new();
+        for entry in &st.queue {
+            for r in &entry.records {
+                if wanted.contains(&r.rec.stream) {
+                    queued.insert(r.rec.stream);
+                }
+            }
+        }
+        streams
+            .iter()
+            .map(|&(stream, epoch)| {
+                let done = !queued.contains(&stream)
+                    && st.streams.get(&stream).is_some_and(|s| {
+                        // A broken stream's appends still in the writer fail, never to be
+                        // uploaded; a healthy one's are durable only once the end catches up.
+                        s.epoch == epoch && (s.broken || s.durable_end == s.next_offset)
+                    });
+                if done {
+                    st.streams.remove(&stream);
+                    st.cache.remove(stream);
+                }
+                done
+            })
+            .collect()
+    }
+
     /// Drops a stream's cached data, queued uploads and open state without uploading (the
     /// stream was deleted). Appends already in the WAL writer still complete and may be
     /// uploaded; the host's catalog decides what to do with them.
