@@ -2,20 +2,25 @@
 //! release, waiter cleanup. Single node: this node runs them all (the cluster issue moves GC and
 //! TTL sweeps behind a SQL lease).
 
-use crate::node::{MAX_TTL_SECS, Node};
+use crate::node::Node;
 use crate::open::OpenStream;
+use crate::ttl::persist_after_ms;
 use futures::StreamExt;
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_metadata::Command;
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub(crate) fn spawn_all(node: &Node) {
     let mut tasks = node.inner.tasks.lock().unwrap_or_else(|p| p.into_inner());
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), gc_pass));
-    tasks.push(spawn_loop(node.clone(), Duration::from_secs(1), touch_pass));
+    let touch_passes = Arc::new(AtomicU64::new(1));
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(1), move |n| {
+        touch_pass(n, touch_passes.clone())
+    }));
     // Expiry is checked on every access; the sweep only reclaims streams nobody touches, so it
     // can afford to run rarely (it scans the registry).
     tasks.push(spawn_loop(
@@ -162,16 +167,36 @@ pub(crate) async fn orphan_pass(node: Node) {
     }
 }
 
-/// Persists pending TTL touches, and drops those of streams that are gone (a read or append that
-/// resolved the stream before its delete can touch it after the delete's cleanup).
-pub(crate) async fn touch_pass(node: Node) {
-    let pending = node.inner.touches.pending();
-    if pending.is_empty() {
+/// Persists the touches that became due (see `ttl.rs`). Every `TOUCH_SWEEP_EVERY`th pass also
+/// looks at the touches that are not due, to drop those of streams deleted or without a TTL since
+/// (a read that resolved a stream before its delete can touch it after the delete's cleanup).
+pub(crate) async fn touch_pass(node: Node, pass: Arc<AtomicU64>) {
+    let sweep = pass.fetch_add(1, Ordering::Relaxed) % TOUCH_SWEEP_EVERY == 0;
+    let touches = if sweep {
+        node.inner.touches.pending()
+    } else {
+        node.inner.touches.take_due()
+    };
+    persist_touches(&node, touches, false).await;
+}
+
+/// Touch passes per sweep of the touches that are not due (one a minute at one pass a second).
+const TOUCH_SWEEP_EVERY: u64 = 60;
+
+/// Persists every pending touch, due or not (at shutdown: a restart would lose them).
+pub(crate) async fn flush_touches(node: &Node) {
+    persist_touches(node, node.inner.touches.pending(), true).await;
+}
+
+/// Persists `touches` that are due (all of them when `all`); drops those of streams that are
+/// gone or have no TTL.
+async fn persist_touches(node: &Node, touches: Vec<(u64, i64)>, all: bool) {
+    if touches.is_empty() {
         return;
     }
     let view = node.inner.meta.view();
     let mut due = Vec::new();
-    for (id, at) in pending {
+    for (id, at) in touches {
         let persisted = view
             .streams
             .get(&id)
@@ -182,16 +207,13 @@ pub(crate) async fn touch_pass(node: Node) {
         match persisted {
             // Deleted (or without a TTL): the view only moves forward, so this never changes.
             None => node.inner.touches.remove(id),
-            // Persist only touches that moved the persisted time by a quarter of the TTL or more.
-            Some((last, ttl))
-                if at.saturating_sub(last)
-                    >= ((ttl.min(MAX_TTL_SECS) as i64) * 1000 / 4).max(1) =>
-            {
+            Some((last, ttl)) if all || at.saturating_sub(last) >= persist_after_ms(ttl) => {
                 due.push((id, at))
             }
             Some(_) => {}
         }
     }
+    drop(view);
     if due.is_empty() {
         return;
     }
@@ -208,7 +230,10 @@ pub(crate) async fn touch_pass(node: Node) {
                 node.inner.touches.persisted(id, at);
             }
         }
-        Err(e) => tracing::warn!(error = %e, "ttl: persisting touches failed"),
+        Err(e) => {
+            tracing::warn!(error = %e, "ttl: persisting touches failed");
+            node.inner.touches.due(due.into_iter().map(|(id, _)| id));
+        }
     }
 }
 
@@ -598,14 +623,46 @@ mod tests {
         // A read that resolved `gone` before the delete touches it after the delete's cleanup;
         // `live` is touched too recently to be persisted yet.
         let now = now_ms();
-        node.inner.touches.touch(gone, now);
-        node.inner.touches.touch(live, now);
-        touch_pass(node.clone()).await;
+        node.inner.touches.touch(gone, now, false);
+        node.inner.touches.touch(live, now, false);
+        // A pass that only takes due touches leaves both; the sweep drops the deleted one.
+        touch_pass(node.clone(), Arc::new(AtomicU64::new(1))).await;
+        assert_eq!(node.inner.touches.pending().len(), 2);
+        touch_pass(node.clone(), Arc::new(AtomicU64::new(0))).await;
         assert_eq!(
             node.inner.touches.get(gone),
             None,
             "touch of a deleted stream kept"
         );
         assert_eq!(node.inner.touches.get(live), Some(now));
+    }
+
+    /// A touch that moves the persisted time by a quarter of the TTL is due when it happens and
+    /// persisted by the next pass; the others wait, and a pass does not look at them.
+    #[tokio::test]
+    async fn touches_are_persisted_once_due() {
+        let node = start_test_node().await;
+        let name = StreamName::parse("t").unwrap();
+        let create = CreateRequest {
+            name: name.clone(),
+            config: CreateConfig {
+                ttl_secs: Some(4),
+                ..CreateConfig::default()
+            },
+            initial: vec![],
+        };
+        let id = node.create(create).await.unwrap().info.stream_id;
+        let created = node.inner.meta.view().registry["t"].last_touch_ms;
+        let r = node.resolve(&name, created).unwrap();
+        // Half the quarter: not due. A quarter past creation: due.
+        node.touch(&r, created + 500);
+        assert!(node.inner.touches.take_due().is_empty());
+        node.touch(&r, created + 1000);
+        touch_pass(node.clone(), Arc::new(AtomicU64::new(1))).await;
+        assert_eq!(
+            node.inner.meta.view().registry["t"].last_touch_ms,
+            created + 1000
+        );
+        assert_eq!(node.inner.touches.get(id), None, "persisted touch kept");
     }
 }

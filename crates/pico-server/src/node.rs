@@ -102,7 +102,7 @@ pub enum StartError {
 }
 
 /// A stream resolved from the view: its registry entry and internal state.
-struct Resolved {
+pub(crate) struct Resolved {
     name: StreamName,
     /// Shared with the metadata view: resolving a name copies two pointers, not the entries.
     entry: Arc<RegistryEntry>,
@@ -1149,6 +1149,8 @@ impl Node {
         if let Err(e) = self.inner.engine.shutdown().await {
             tracing::error!(error = %e, "engine shutdown did not flush everything (the WAL keeps it)");
         }
+        // Touches not yet due would be lost by a restart, and their streams expire early.
+        crate::maintenance::flush_touches(self).await;
         self.inner.meta.close().await;
     }
 
@@ -1233,7 +1235,7 @@ impl Node {
     }
 
     /// The live stream by name: expired streams are absent (and get removed in the background).
-    fn resolve(&self, name: &StreamName, now: i64) -> Option<Resolved> {
+    pub(crate) fn resolve(&self, name: &StreamName, now: i64) -> Option<Resolved> {
         let r = self.resolve_raw(name)?;
         if self.expired(&r.entry, r.meta.id, now) {
             // One removal per stream at a time: every request to an expired name lands here
@@ -1275,9 +1277,11 @@ impl Node {
     }
 
     /// Slides the TTL (in memory; persisted in batches by the maintenance loop).
-    fn touch(&self, r: &Resolved, now: i64) {
-        if r.entry.config.ttl_secs.is_some() {
-            self.inner.touches.touch(r.meta.id, now);
+    pub(crate) fn touch(&self, r: &Resolved, now: i64) {
+        if let Some(ttl) = r.entry.config.ttl_secs {
+            let due =
+                now.saturating_sub(r.entry.last_touch_ms) >= crate::ttl::persist_after_ms(ttl);
+            self.inner.touches.touch(r.meta.id, now, due);
         }
     }
 

@@ -372,6 +372,30 @@ fn file_node_with(
     })
 }
 
+/// Touches not yet due for persisting (under a quarter of the TTL) are persisted by a graceful
+/// shutdown: a restart must not make TTL streams expire early.
+#[test]
+fn a_shutdown_persists_pending_ttl_touches() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let node = file_node(&rt, dir.path(), 1);
+    let touched = rt.block_on(async {
+        let mut req = create_req("t");
+        req.config.ttl_secs = Some(3600);
+        node.create(req).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let out = node.append(append_req("t", &["x"])).await.unwrap();
+        let created = node.meta().view().registry["t"].last_touch_ms;
+        assert!(out.timestamp_ms > created);
+        node.shutdown().await;
+        out.timestamp_ms
+    });
+    drop(node);
+    let node = file_node(&rt, dir.path(), 2);
+    assert_eq!(node.meta().view().registry["t"].last_touch_ms, touched);
+    rt.block_on(node.shutdown());
+}
+
 #[test]
 fn acknowledged_appends_survive_a_crash_with_producer_state() {
     let dir = tempfile::tempdir().unwrap();
