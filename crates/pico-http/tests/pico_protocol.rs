@@ -802,12 +802,21 @@ async fn keys_and_headers_count_against_a_reads_byte_budget() {
     let batch = |rec: String| format!(r#"{{"records":[{rec}]}}"#);
     let json = &[("content-type", "application/vnd.picomq.batch+json")];
     for _ in 0..3 {
-        let r = post(&app, "/k", json, batch(format!(r#"{{"key":"{key}","body":"x"}}"#))).await;
+        let r = post(
+            &app,
+            "/k",
+            json,
+            batch(format!(r#"{{"key":"{key}","body":"x"}}"#)),
+        )
+        .await;
         assert_eq!(r.status, 200);
     }
     let header = format!(r#"{{"body":"x","headers":{{"h":"{key}"}}}}"#);
     for _ in 0..3 {
-        assert_eq!(post(&app, "/k", json, batch(header.clone())).await.status, 200);
+        assert_eq!(
+            post(&app, "/k", json, batch(header.clone())).await.status,
+            200
+        );
     }
     // Each record is over the 1 KiB budget alone: one per read, whatever its body.
     for seq in 0..6 {
@@ -829,7 +838,10 @@ async fn close_only_with_a_batch_content_type_closes() {
         let r = post(&app, s, &[("content-type", t), ("pico-closed", "true")], "").await;
         assert_eq!(r.status, 200, "{t}: {}", String::from_utf8_lossy(&r.body));
         assert_eq!(r.h("pico-closed"), Some("true"));
-        assert_eq!(get(&app, &format!("{s}?seq=0")).await.h("pico-closed"), Some("true"));
+        assert_eq!(
+            get(&app, &format!("{s}?seq=0")).await.h("pico-closed"),
+            Some("true")
+        );
         // Without the close an empty batch is still refused.
         let r = post(&app, s, &[("content-type", t)], "").await;
         assert_eq!(r.status, 400);

@@ -308,7 +308,10 @@ mod tests {
     #[test]
     fn framable_records_render_as_json_whole() {
         let mut r = Record::from_value("x");
-        r.headers = vec![("a".into(), Bytes::from_static(b"1")), ("b".into(), Bytes::new())];
+        r.headers = vec![
+            ("a".into(), Bytes::from_static(b"1")),
+            ("b".into(), Bytes::new()),
+        ];
         assert_eq!(check_framable(&r), Ok(()));
         // The JSON form's headers are an object of strings: a repeated key or bytes that are
         // not UTF-8 would be lost there.
@@ -318,7 +321,10 @@ mod tests {
             Err(BinaryError::DuplicateHeader("a".into()))
         );
         r.headers = vec![("v".into(), Bytes::from_static(&[0xff]))];
-        assert_eq!(check_framable(&r), Err(BinaryError::HeaderValue("v".into())));
+        assert_eq!(
+            check_framable(&r),
+            Err(BinaryError::HeaderValue("v".into()))
+        );
     }
 
     fn arb_record() -> impl Strategy<Value = Record> {
