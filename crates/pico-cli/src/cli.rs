@@ -168,8 +168,8 @@ pub struct ServeArgs {
     /// Node id, unique in the cluster.
     #[arg(long, env = "PICO_NODE_ID", default_value_t = 1)]
     pub node_id: u32,
-    /// Node epoch; must grow across restarts [default: start time in ms].
-    #[arg(long, env = "PICO_NODE_EPOCH")]
+    /// Node epoch; must grow across restarts, at most 2^63 − 1 [default: start time in ms].
+    #[arg(long, env = "PICO_NODE_EPOCH", value_parser = clap::value_parser!(u64).range(..=pico_runtime::MAX_NODE_EPOCH))]
     pub node_epoch: Option<u64>,
     /// Protocol listener address.
     #[arg(long, env = "PICO_LISTEN", default_value = "127.0.0.1:4437")]
@@ -189,7 +189,8 @@ pub struct ServeArgs {
     /// Run without the Kafka listener.
     #[arg(long, env = "PICO_NO_KAFKA", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub no_kafka: bool,
-    /// Advertised URL of the protocol listener, used in 307 redirects [default: http://{listen}].
+    /// Advertised URL of the protocol listener, used in 307 redirects; an http:// or https://
+    /// URL, required when --listen is 0.0.0.0 or [::] [default: http://{listen}].
     #[arg(long, env = "PICO_HTTP_ADDRESS")]
     pub http_address: Option<String>,
     /// Metadata log: sqlite:<path>, sqlite::memory: or postgres://…
@@ -207,14 +208,14 @@ pub struct ServeArgs {
     /// Redirect requests for streams owned elsewhere (307), or serve them locally.
     #[arg(long, env = "PICO_ROUTING", value_enum, default_value_t = RoutingArg::Redirect)]
     pub routing: RoutingArg,
-    /// Streams this node may own at once [default: unlimited].
-    #[arg(long, env = "PICO_SLOTS")]
+    /// Streams this node may own at once, at least 1 [default: unlimited].
+    #[arg(long, env = "PICO_SLOTS", value_parser = clap::value_parser!(u32).range(1..))]
     pub slots: Option<u32>,
-    /// Longest a long-poll read waits before 204, in seconds.
-    #[arg(long, env = "PICO_LONG_POLL_TIMEOUT_SEC", default_value_t = 25)]
+    /// Longest a long-poll read waits before 204, in seconds (1 to 604800, one week).
+    #[arg(long, env = "PICO_LONG_POLL_TIMEOUT_SEC", default_value_t = 25, value_parser = live_seconds())]
     pub long_poll_timeout_sec: u64,
-    /// Longest an SSE response stays open, in seconds.
-    #[arg(long, env = "PICO_SSE_MAX_DURATION_SEC", default_value_t = 55)]
+    /// Longest an SSE response stays open, in seconds (1 to 604800, one week).
+    #[arg(long, env = "PICO_SSE_MAX_DURATION_SEC", default_value_t = 55, value_parser = live_seconds())]
     pub sse_max_duration_sec: u64,
     /// Largest body of one read response (bytes, or KiB/MiB/GiB).
     #[arg(long, env = "PICO_MAX_CHUNK_SIZE", default_value = "64KiB", value_parser = parse_size)]
@@ -247,6 +248,12 @@ pub struct ServeArgs {
     /// File holding the bootstrap admin token.
     #[arg(long, env = "PICO_AUTH_BOOTSTRAP_TOKEN_FILE")]
     pub auth_bootstrap_token_file: Option<PathBuf>,
+}
+
+/// Seconds of a long-poll wait or an SSE response: at least 1, at most
+/// [`pico_runtime::MAX_LIVE_WAIT`].
+fn live_seconds() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(1..=pico_runtime::MAX_LIVE_WAIT.as_secs())
 }
 
 fn parse_bucket(raw: &str) -> Result<BucketUri, String> {
@@ -299,6 +306,28 @@ mod tests {
         assert_eq!(s.routing, RoutingArg::Local);
         assert_eq!(s.auth, AuthArg::Required);
         assert!(Cli::try_parse_from(["pico", "serve", "--max-chunk-size", "12XB"]).is_err());
+    }
+
+    #[test]
+    fn serve_numbers_are_bounded() {
+        let refused = |args: &[&str]| {
+            let mut argv = vec!["pico", "serve"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv).is_err()
+        };
+        let max = u64::MAX.to_string();
+        for flag in ["--long-poll-timeout-sec", "--sse-max-duration-sec"] {
+            assert!(refused(&[flag, &max]), "{flag} u64::MAX");
+            assert!(refused(&[flag, "604801"]), "{flag} above a week");
+            assert!(refused(&[flag, "0"]), "{flag} 0");
+            assert!(!refused(&[flag, "604800"]), "{flag} one week");
+        }
+        assert!(refused(&["--slots", "0"]));
+        assert_eq!(serve(&["--slots", "1"]).slots, Some(1));
+        assert!(refused(&["--node-epoch", &max]));
+        assert!(refused(&["--node-epoch", "9223372036854775808"]));
+        let top = serve(&["--node-epoch", "9223372036854775807"]);
+        assert_eq!(top.node_epoch, Some(i64::MAX as u64));
     }
 
     #[test]

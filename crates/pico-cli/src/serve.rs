@@ -11,9 +11,6 @@ pub fn to_config(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<Config>
     if args.node_id == 0 {
         bail!("--node-id must be at least 1");
     }
-    if args.long_poll_timeout_sec == 0 || args.sse_max_duration_sec == 0 {
-        bail!("--long-poll-timeout-sec and --sse-max-duration-sec must be at least 1");
-    }
     if args.max_chunk_size == 0 || args.max_request_size == 0 {
         bail!("--max-chunk-size and --max-request-size must be positive");
     }
@@ -84,6 +81,9 @@ pub fn check_exposure(config: &Config) -> anyhow::Result<()> {
 
 pub async fn serve(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<()> {
     let config = to_config(args, protocol)?;
+    // Listening from the start, so no signal is missed: one during start-up begins the shutdown
+    // once the node is up, and a second one still ends the process at once.
+    let mut signals = Signals::new();
     tracing::info!(
         node_id = config.node_id,
         listen = %config.listen,
@@ -92,39 +92,84 @@ pub async fn serve(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<()> {
         storage = %config.storage,
         "starting pico node"
     );
-    pico_runtime::run(config, shutdown_signal())
-        .await
-        .context("pico serve")?;
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (name, _) = signals.next().await;
+        tracing::info!("{name} received, shutting down");
+        let _ = first_tx.send(());
+        // The graceful shutdown may wait out its drain; a second signal is the operator
+        // saying not to.
+        let (name, code) = signals.next().await;
+        tracing::warn!(
+            "{name} received again: exiting now; acknowledged appends are safe in the WAL and \
+             are recovered at the next start"
+        );
+        std::process::exit(code);
+    });
+    pico_runtime::run(config, async {
+        let _ = first_rx.await;
+    })
+    .await
+    .context("pico serve")?;
     tracing::info!("pico node stopped");
     Ok(())
 }
 
-/// Resolves on the first SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::warn!(error = %e, "cannot listen for ctrl-c");
-            std::future::pending::<()>().await;
-        }
-    };
+/// SIGINT and SIGTERM, listened for from creation on (each arrival is seen once).
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for {name}");
+                    None
+                }
+            };
+            Signals {
+                int: listen(SignalKind::interrupt(), "SIGINT"),
+                term: listen(SignalKind::terminate(), "SIGTERM"),
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// Resolves on the next SIGINT or SIGTERM with its name and the status a shell reports for
+    /// a process it ended (128 + the signal's number); never, if neither can be heard.
+    async fn next(&mut self) -> (&'static str, i32) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                if let Some(s) = s
+                    && s.recv().await.is_some()
+                {
+                    return;
+                }
+                std::future::pending().await
+            }
+            tokio::select! {
+                _ = recv(&mut self.int) => ("SIGINT", 130),
+                _ = recv(&mut self.term) => ("SIGTERM", 143),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            if let Err(e) = tokio::signal::ctrl_c().await {
+                tracing::warn!(error = %e, "cannot listen for ctrl-c");
                 std::future::pending::<()>().await;
             }
+            ("ctrl-c", 130)
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received, shutting down"),
-        _ = term => tracing::info!("SIGTERM received, shutting down"),
     }
 }
 
@@ -203,5 +248,40 @@ mod tests {
         assert!(config(&["--listen", "0.0.0.0:4437", "--insecure-allow-remote"]).is_ok());
         assert!(config(&["--admin-listen", "10.0.0.1:9090", "--no-admin"]).is_ok());
         assert!(config(&["--listen", "[::1]:4437"]).is_ok());
+    }
+
+    /// 0.0.0.0 is where a node listens, never where others can reach it: the node must be told
+    /// its address, and that address must be a URL other nodes can redirect to.
+    #[test]
+    fn a_wildcard_listen_takes_only_a_usable_http_address() {
+        let checked = |args: &[&str]| {
+            let mut all = vec!["--insecure-allow-remote"];
+            all.extend_from_slice(args);
+            pico_runtime::validate(&config(&all).unwrap()).map_err(|e| e.to_string())
+        };
+        for listen in ["0.0.0.0:4437", "[::]:4437"] {
+            // Advertised by host name (see `pico_runtime::advertised_url`).
+            checked(&["--listen", listen]).unwrap();
+            checked(&[
+                "--listen",
+                listen,
+                "--http-address",
+                "http://node1.example:4437",
+            ])
+            .unwrap();
+        }
+        checked(&["--http-address", "https://[2001:db8::1]:8443"]).unwrap();
+        for bad in [
+            "node1:4437",
+            "ftp://node1:4437",
+            "http://",
+            "http://0.0.0.0:4437",
+            "http://[::]:4437",
+            "http://node1:4437/?x=1",
+            "not a url",
+        ] {
+            let err = checked(&["--listen", "0.0.0.0:4437", "--http-address", bad]).unwrap_err();
+            assert!(err.contains("--http-address"), "{bad}: {err}");
+        }
     }
 }

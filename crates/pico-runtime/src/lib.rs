@@ -1,10 +1,11 @@
 //! Turns a [`Config`] into a running node.
 //!
 //! - [`config`]: the parsed `pico serve` settings.
-//! - [`stores`]: opens object storage and the WAL from bucket URIs.
+//! - [`stores`]: opens object storage and the WAL from bucket URIs; locks a local WAL directory.
 //! - [`coalesce`]: HTTP/2 write coalescing (one write per fan-out round, not per stream).
 //! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task.
-//! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY, HTTP/2 stream limit).
+//! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY, HTTP/2 stream limit, timers
+//!   that close connections gone quiet).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
 //! - [`metrics_handle`]: the process's Prometheus recorder, installed once, drained on a timer.
 
@@ -19,7 +20,8 @@ pub use config::{AuthMode, Config, RootProtocol, Routing};
 use pico_common::clock::now_ms;
 use pico_server::{Node, NodeConfig};
 use pico_sql::{MetaLog, MetaLogOptions};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 use thiserror::Error;
 use tokio::net::TcpListener;
 
@@ -29,6 +31,9 @@ pub enum RuntimeError {
     Config(String),
     #[error("startup: {0}")]
     Startup(String),
+    /// Another process holds this node's WAL directory ([`stores::lock_wal`]).
+    #[error("WAL directory {} is in use by another process", .0.display())]
+    WalInUse(std::path::PathBuf),
     #[error("listener: {0}")]
     Listen(String),
 }
@@ -44,7 +49,15 @@ pub enum RuntimeError {
 /// a node's first seconds of traffic, and those after each idle spell, were all but missing
 /// from its quantiles; at 100 ms at most a tenth of a second is. A fold costs a lock and a few
 /// small allocations per histogram, ten times a second.
-const METRICS_UPKEEP: std::time::Duration = std::time::Duration::from_millis(100);
+const METRICS_UPKEEP: Duration = Duration::from_millis(100);
+
+/// Longest long-poll wait and SSE response accepted (one week): far beyond any real use, and
+/// small enough that a deadline computed from it can never overflow an `Instant`.
+pub const MAX_LIVE_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Largest `--node-epoch` accepted: every start must register above the last epoch, so one at
+/// `u64::MAX` would leave the node id nothing to grow into; half the range leaves plenty.
+pub const MAX_NODE_EPOCH: u64 = i64::MAX as u64;
 
 /// The process-wide Prometheus recorder behind the admin listener's `/metrics`: installed by the
 /// first node this process runs (several in one test process share it), with a thread that does
@@ -103,6 +116,102 @@ pub fn validate(config: &Config) -> Result<(), RuntimeError> {
             "sizes must be greater than zero".into(),
         ));
     }
+    let live = |flag: &str, d: Duration| {
+        if d.is_zero() || d > MAX_LIVE_WAIT {
+            return Err(RuntimeError::Config(format!(
+                "{flag} must be between 1 and {} seconds (one week): {d:?}",
+                MAX_LIVE_WAIT.as_secs()
+            )));
+        }
+        Ok(())
+    };
+    live("--long-poll-timeout-sec", config.long_poll_timeout)?;
+    live("--sse-max-duration-sec", config.sse_max_duration)?;
+    if config.slots == Some(0) {
+        return Err(RuntimeError::Config(
+            "--slots must be at least 1 (0 would refuse every stream)".into(),
+        ));
+    }
+    if let Some(e) = config.node_epoch.filter(|e| *e > MAX_NODE_EPOCH) {
+        return Err(RuntimeError::Config(format!(
+            "--node-epoch {e} is above the maximum of {MAX_NODE_EPOCH}: later starts must be able \
+             to register a higher one"
+        )));
+    }
+    if let Some(url) = &config.http_address {
+        check_http_address(url)?;
+    }
+    Ok(())
+}
+
+/// The URL other nodes send clients to in their 307s: `--http-address`, else the listener's
+/// address, or, when that is a wildcard (0.0.0.0 reaches nobody), this machine's host name (what
+/// containers and Kubernetes pods are reached by), with a warning to set the flag.
+pub fn advertised_url(config: &Config, local: SocketAddr) -> Result<String, RuntimeError> {
+    if let Some(url) = &config.http_address {
+        return Ok(url.clone());
+    }
+    if !local.ip().is_unspecified() {
+        return Ok(format!("http://{local}"));
+    }
+    let Some(host) = host_name() else {
+        return Err(RuntimeError::Config(format!(
+            "--listen {local} is not an address other nodes or clients can reach and this \
+             machine's host name is unknown: pass --http-address with the URL they should use \
+             (e.g. http://node1.example:{})",
+            local.port()
+        )));
+    };
+    let url = format!("http://{host}:{}", local.port());
+    tracing::warn!(
+        url,
+        "listening on a wildcard address: advertising the host name; pass --http-address if \
+         other nodes reach this one by another URL"
+    );
+    Ok(url)
+}
+
+/// This machine's host name (Linux: the kernel's; else `$HOSTNAME`).
+fn host_name() -> Option<String> {
+    let valid = |h: String| {
+        let h = h.trim().to_string();
+        let ok = !h.is_empty()
+            && h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+        ok.then_some(h)
+    };
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .and_then(valid)
+        .or_else(|| std::env::var("HOSTNAME").ok().and_then(valid))
+}
+
+/// `--http-address` becomes the start of other nodes' `Location` headers: it must be an
+/// absolute http(s) URL naming a host that can be reached (not 0.0.0.0 or ::), without a query.
+fn check_http_address(url: &str) -> Result<(), RuntimeError> {
+    let bad = |why: &str| {
+        Err(RuntimeError::Config(format!(
+            "--http-address `{url}` {why}: it must be an absolute http:// or https:// URL with a \
+             host, like http://node1.example:4437"
+        )))
+    };
+    let Ok(uri) = url.parse::<hyper::Uri>() else {
+        return bad("is not a URL");
+    };
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return bad("has no http:// or https:// scheme");
+    }
+    let host = uri.host().unwrap_or("");
+    if host.is_empty() {
+        return bad("has no host");
+    }
+    let ip = host.trim_start_matches('[').trim_end_matches(']');
+    if ip.parse::<IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+        return bad("names an unspecified address, which reaches nobody");
+    }
+    if uri.query().is_some() {
+        return bad("has a query");
+    }
     Ok(())
 }
 
@@ -112,6 +221,13 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RuntimeError> {
     validate(&config)?;
+    let wal_uri = config
+        .wal
+        .clone()
+        .unwrap_or_else(|| config.storage.with_id(config.storage.id - 1));
+    // First of all: another process on this WAL directory must find it taken before this one
+    // cleans, registers or recovers anything. Held until the node has stopped.
+    let wal_lock = stores::lock_wal(&wal_uri, config.node_id)?;
     // Before the engine exists, so recovery's WAL reads and first commits are recorded too.
     let metrics = metrics_handle();
     let meta = MetaLog::open(&config.meta_url, MetaLogOptions::default())
@@ -122,10 +238,6 @@ pub async fn run(
         .unwrap_or_else(|| next_node_epoch(&meta, config.node_id, now_ms()));
     check_cluster_id(&meta, &config.cluster_id).await?;
     let data = stores::object_storage(&config.storage)?;
-    let wal_uri = config
-        .wal
-        .clone()
-        .unwrap_or_else(|| config.storage.with_id(config.storage.id - 1));
     let wal = stores::wal(&wal_uri, config.node_id)?;
     let mut engine = stores::engine_config(&wal_uri)?;
     engine.log_cache_bytes = config.wal_cache_size;
@@ -145,10 +257,7 @@ pub async fn run(
     let local = protocol
         .local_addr()
         .map_err(|e| RuntimeError::Listen(e.to_string()))?;
-    let advertised = config
-        .http_address
-        .clone()
-        .unwrap_or_else(|| format!("http://{local}"));
+    let advertised = advertised_url(&config, local)?;
     let node_config = NodeConfig {
         node_id: config.node_id,
         node_epoch,
@@ -179,6 +288,7 @@ pub async fn run(
         protocol,
         proto_app,
         listen,
+        listener::HEADER_READ_TIMEOUT,
         stop_rx.clone(),
     )));
     tracing::info!(addr = %local, "protocol listener ready");
@@ -190,6 +300,7 @@ pub async fn run(
             admin,
             pico_http::admin_router(node.clone(), metrics),
             listen,
+            listener::HEADER_READ_TIMEOUT,
             stop_rx,
         )));
         tracing::info!(addr = %addr, "admin listener ready");
@@ -210,6 +321,7 @@ pub async fn run(
         }
     }
     node.shutdown().await;
+    drop(wal_lock);
     tracing::info!("stopped");
     Ok(())
 }
@@ -247,4 +359,101 @@ async fn check_cluster_id(meta: &MetaLog, cluster_id: &str) -> Result<(), Runtim
     .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?
     .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(config: Config) -> String {
+        match validate(&config) {
+            Err(RuntimeError::Config(m)) => m,
+            other => panic!("accepted: {other:?}"),
+        }
+    }
+
+    /// Each of these used to reach the node: a deadline past `Instant`'s range panicked on
+    /// each live read, 0 slots refused every stream, and an epoch at u64::MAX left a restart
+    /// nothing to register above.
+    #[test]
+    fn numbers_out_of_range_are_refused() {
+        validate(&Config::default()).unwrap();
+        let huge = Duration::from_secs(u64::MAX);
+        let m = refused(Config {
+            long_poll_timeout: huge,
+            ..Config::default()
+        });
+        assert!(m.contains("--long-poll-timeout-sec"), "{m}");
+        let m = refused(Config {
+            sse_max_duration: huge,
+            ..Config::default()
+        });
+        assert!(m.contains("--sse-max-duration-sec"), "{m}");
+        refused(Config {
+            long_poll_timeout: MAX_LIVE_WAIT + Duration::from_secs(1),
+            ..Config::default()
+        });
+        refused(Config {
+            sse_max_duration: Duration::ZERO,
+            ..Config::default()
+        });
+        validate(&Config {
+            long_poll_timeout: MAX_LIVE_WAIT,
+            sse_max_duration: Duration::from_millis(200),
+            ..Config::default()
+        })
+        .unwrap();
+        let m = refused(Config {
+            slots: Some(0),
+            ..Config::default()
+        });
+        assert!(m.contains("--slots"), "{m}");
+        validate(&Config {
+            slots: Some(1),
+            ..Config::default()
+        })
+        .unwrap();
+        let m = refused(Config {
+            node_epoch: Some(u64::MAX),
+            ..Config::default()
+        });
+        assert!(m.contains("--node-epoch"), "{m}");
+        validate(&Config {
+            node_epoch: Some(MAX_NODE_EPOCH),
+            ..Config::default()
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn a_wildcard_listen_advertises_the_host_name() {
+        let wild = Config {
+            listen: "0.0.0.0:4437".parse().unwrap(),
+            insecure_allow_remote: true,
+            ..Config::default()
+        };
+        validate(&wild).unwrap();
+        let url = advertised_url(&wild, wild.listen).unwrap();
+        let host = host_name().expect("a Linux host name");
+        assert_eq!(url, format!("http://{host}:4437"));
+        let local: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(
+            advertised_url(&Config::default(), local).unwrap(),
+            "http://127.0.0.1:9"
+        );
+        let given = Config {
+            http_address: Some("http://10.1.2.3:4437".into()),
+            ..wild.clone()
+        };
+        validate(&given).unwrap();
+        assert_eq!(
+            advertised_url(&given, wild.listen).unwrap(),
+            "http://10.1.2.3:4437"
+        );
+        let m = refused(Config {
+            http_address: Some("10.1.2.3:4437".into()),
+            ..wild
+        });
+        assert!(m.contains("http://"), "{m}");
+    }
 }

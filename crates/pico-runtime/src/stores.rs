@@ -5,6 +5,8 @@ use pico_common::{BucketUri, Scheme};
 use s3stream::{
     EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, SegmentWal, Wal,
 };
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +28,74 @@ pub fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, Runtime
 
 /// Smallest `segmentBytes` accepted: below a page, every group commit would start a segment.
 const MIN_SEGMENT_BYTES: u64 = 4096;
+/// Largest `segmentBytes` accepted: each new segment may first be written as that many zeros
+/// (preallocation), and WAL disk use is about one segment beyond what awaits upload.
+const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+
+/// The name of the lock file in a node's local WAL directory.
+const LOCK_FILE: &str = "LOCK";
+
+/// This process's claim on a node's local WAL directory, held until dropped (see [`lock_wal`]).
+#[derive(Debug)]
+pub struct WalLock {
+    _file: File,
+}
+
+/// The directory of `node_id`'s WAL under a `file://` WAL URI.
+fn wal_dir(uri: &BucketUri, node_id: u32) -> PathBuf {
+    Path::new(&uri.location)
+        .join("wal")
+        .join(node_id.to_string())
+}
+
+/// Locks `node_id`'s WAL directory when the WAL is on a local disk (`None` otherwise).
+///
+/// A second process on the same directory would clear temp files, register a higher epoch,
+/// then recover and trim the segments the first still appends to: appends the first goes on
+/// acknowledging would be lost. So this comes before anything opens the node's storage or
+/// registers it, and the lock lives as long as the node. An advisory `flock` on `{dir}/LOCK`:
+/// the kernel releases it when the process ends, however it ends, so a crash leaves no stale
+/// lock behind.
+pub fn lock_wal(uri: &BucketUri, node_id: u32) -> Result<Option<WalLock>, RuntimeError> {
+    if uri.scheme != Scheme::File {
+        return Ok(None);
+    }
+    let dir = wal_dir(uri, node_id);
+    let path = dir.join(LOCK_FILE);
+    let failed = |e: std::io::Error| {
+        RuntimeError::Startup(format!("locking the WAL directory {}: {e}", dir.display()))
+    };
+    create_dir_durably(&dir).map_err(failed)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(failed)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(WalLock { _file: file })),
+        Err(TryLockError::WouldBlock) => Err(RuntimeError::WalInUse(dir)),
+        Err(TryLockError::Error(e)) => Err(failed(e)),
+    }
+}
+
+/// `create_dir_all`, with each new directory's entry synced into its parent: the WAL syncs only
+/// directories it creates itself, and its segments are only as durable as the path to them.
+fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.is_dir()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    for d in missing {
+        match d.parent() {
+            Some(p) if p.as_os_str().is_empty() => File::open(".")?.sync_all()?,
+            Some(p) => File::open(p)?.sync_all()?,
+            None => {}
+        }
+    }
+    Ok(())
+}
 
 /// The node's WAL, under `wal/{node_id}/`: segment files on a local disk (one write and one
 /// fdatasync per group commit; `segmentBytes` sets their size), one object per group commit on
@@ -45,6 +115,11 @@ pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> 
                 "segmentBytes={b} is below the minimum of {MIN_SEGMENT_BYTES}"
             )));
         }
+        if b > MAX_SEGMENT_BYTES {
+            return Err(RuntimeError::Config(format!(
+                "segmentBytes={b} is above the maximum of {MAX_SEGMENT_BYTES} (1 GiB)"
+            )));
+        }
     }
     match uri.scheme {
         Scheme::Postgres => Err(RuntimeError::Config(
@@ -53,9 +128,7 @@ pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> 
         Scheme::File => {
             // Opening the storage creates the root and clears temp files of a crashed put.
             object_storage(uri)?;
-            let dir = std::path::Path::new(&uri.location)
-                .join("wal")
-                .join(node_id.to_string());
+            let dir = wal_dir(uri, node_id);
             let bytes = segment_bytes.unwrap_or(s3stream::segment_wal::DEFAULT_SEGMENT_BYTES);
             Ok(Arc::new(
                 SegmentWal::with_segment_bytes(dir, bytes).with_preallocation(true),
@@ -116,9 +189,43 @@ mod tests {
         assert!(wal(&BucketUri::parse(&ok).unwrap(), 1).is_ok());
         let small = format!("-3@file://{}?segmentBytes=100", dir.path().display());
         assert!(err(&small).contains("below the minimum"), "{}", err(&small));
+        let max = format!("-3@file://{}?segmentBytes=1073741824", dir.path().display());
+        assert!(wal(&BucketUri::parse(&max).unwrap(), 1).is_ok());
+        let big = format!("-3@file://{}?segmentBytes=1073741825", dir.path().display());
+        assert!(err(&big).contains("above the maximum"), "{}", err(&big));
+        let huge = format!(
+            "-3@file://{}?segmentBytes={}",
+            dir.path().display(),
+            u64::MAX
+        );
+        assert!(err(&huge).contains("above the maximum"), "{}", err(&huge));
         let junk = format!("-3@file://{}?segmentBytes=lots", dir.path().display());
         assert!(err(&junk).contains("segmentBytes"), "{}", err(&junk));
         assert!(err("-3@memory://x?segmentBytes=65536").contains("file:// WAL only"));
+    }
+
+    #[test]
+    fn a_local_wal_directory_is_locked_by_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let uri = BucketUri::parse(&format!("-3@file://{}/w", dir.path().display())).unwrap();
+        let first = lock_wal(&uri, 1).unwrap();
+        assert!(first.is_some());
+        assert!(dir.path().join("w/wal/1/LOCK").is_file());
+        match lock_wal(&uri, 1) {
+            Err(e @ RuntimeError::WalInUse(_)) => {
+                let msg = e.to_string();
+                assert!(msg.contains("in use by another process"), "{msg}");
+                assert!(msg.contains(&format!("{}", dir.path().join("w/wal/1").display())));
+            }
+            other => panic!("second lock: {other:?}"),
+        }
+        // Another node's directory is its own.
+        assert!(lock_wal(&uri, 2).unwrap().is_some());
+        drop(first);
+        assert!(lock_wal(&uri, 1).unwrap().is_some());
+        // Nothing to lock for a WAL that is not a local directory.
+        let mem = BucketUri::parse("-3@memory://w").unwrap();
+        assert!(lock_wal(&mem, 1).unwrap().is_none());
     }
 
     #[test]

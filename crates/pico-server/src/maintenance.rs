@@ -171,7 +171,9 @@ pub(crate) async fn orphan_pass(node: Node) {
 /// looks at the touches that are not due, to drop those of streams deleted or without a TTL since
 /// (a read that resolved a stream before its delete can touch it after the delete's cleanup).
 pub(crate) async fn touch_pass(node: Node, pass: Arc<AtomicU64>) {
-    let sweep = pass.fetch_add(1, Ordering::Relaxed) % TOUCH_SWEEP_EVERY == 0;
+    let sweep = pass
+        .fetch_add(1, Ordering::Relaxed)
+        .is_multiple_of(TOUCH_SWEEP_EVERY);
     let touches = if sweep {
         node.inner.touches.pending()
     } else {

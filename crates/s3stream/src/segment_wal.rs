@@ -510,24 +510,32 @@ fn prepare_spares(dir: &Path, bytes: u64, preparing: &AtomicBool) {
     }
 }
 
-/// Writes `bytes` zeros to a temporary file, syncs it and renames it to [`SPARE`].
+/// Writes `bytes` zeros to a temporary file, syncs it and renames it to [`SPARE`]. On failure
+/// the temporary file is removed: a full disk is the likely cause, and the partial file would
+/// hold on to up to a segment's worth of it until the next start.
 fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
     let tmp = dir.join(SPARE_TMP);
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(&tmp)?;
-    let zeros = vec![0u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(zeros.len() as u64) as usize;
-        f.write_all(&zeros[..n])?;
-        left -= n as u64;
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&tmp)?;
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            f.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
+        // Blocks allocated and the size persisted now, so an append into them syncs data only.
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join(SPARE))
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    // Blocks allocated and the size persisted now, so an append into them syncs data only.
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(SPARE))
+    written
 }
 
 /// `u32 len` + `u32 crc32c(len)` + the segment's `u64 key`, little-endian.
@@ -1505,6 +1513,19 @@ mod tests {
         ] {
             assert_eq!(parse_name(&bad), None, "{bad}");
         }
+    }
+
+    /// A spare that cannot be written leaves no partial file behind to hold the disk.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_failed_spare_leaves_no_temporary_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // Every write to /dev/full fails with ENOSPC, as on a full disk.
+        std::os::unix::fs::symlink("/dev/full", dir.join(SPARE_TMP)).unwrap();
+        let err = prepare_spare(dir, 4096).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
+        assert_eq!(files(dir), Vec::<String>::new());
     }
 
     mod damage {

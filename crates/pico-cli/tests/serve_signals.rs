@@ -1,0 +1,165 @@
+//! `pico serve` and its signals: the first starts a graceful shutdown, a second one ends the
+//! process at once (the real binary, on free ports, state in a temp dir).
+
+#![cfg(unix)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PICO: &str = env!("CARGO_BIN_EXE_pico");
+/// Generous: nothing here waits on purpose, but the machine may be busy.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends `request` and reads until the end of the response headers (or of the connection).
+fn exchange(port: u16, request: &str) -> (TcpStream, String) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(PATIENCE)).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && c.read(&mut byte).unwrap() == 1 {
+        head.push(byte[0]);
+    }
+    (c, String::from_utf8_lossy(&head).into_owned())
+}
+
+fn log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn signal(child: &Child, name: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{name} failed");
+}
+
+/// Waits for `done` (checked every 50 ms) up to [`PATIENCE`].
+fn wait_for(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_second_signal_ends_a_graceful_shutdown_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let log_path = dir.path().join("server.log");
+    let mut cmd = Command::new(PICO);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("PICO_") {
+            cmd.env_remove(k);
+        }
+    }
+    let child = cmd
+        .arg("serve")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args([
+            "--meta-url",
+            &format!("sqlite:{}/meta.db", dir.path().display()),
+        ])
+        .arg(format!(
+            "--storage=-2@file://{}/objects",
+            dir.path().display()
+        ))
+        .arg("--no-kafka")
+        // The open SSE response below holds the graceful shutdown for this long.
+        .args([
+            "--shutdown-drain-sec",
+            "600",
+            "--sse-max-duration-sec",
+            "600",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let mut server = Killed(child);
+    let ready = wait_for(|| {
+        TcpStream::connect(("127.0.0.1", admin)).is_ok_and(|mut c| {
+            c.set_read_timeout(Some(PATIENCE)).unwrap();
+            let _ = c.write_all(b"GET /ready HTTP/1.0\r\n\r\n");
+            let mut out = String::new();
+            let _ = c.read_to_string(&mut out);
+            out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200")
+        })
+    });
+    assert!(
+        ready,
+        "pico serve never became ready; log:\n{}",
+        log(&log_path)
+    );
+
+    let (_, created) = exchange(
+        port,
+        "PUT /s/sig HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert!(created.starts_with("HTTP/1.1 201"), "{created}");
+    // An SSE response in flight: the graceful shutdown waits for it.
+    let (_sse, head) = exchange(
+        port,
+        "GET /s/sig?seq=0&live=sse HTTP/1.1\r\nHost: x\r\n\r\n",
+    );
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+
+    signal(&server.0, "TERM");
+    assert!(
+        wait_for(|| log(&log_path).contains("SIGTERM received, shutting down")),
+        "the SIGTERM was not taken up; log:\n{}",
+        log(&log_path)
+    );
+    let waiting = server.0.try_wait().unwrap();
+    assert!(
+        waiting.is_none(),
+        "the shutdown did not wait for the open response ({waiting:?}), so this test shows \
+         nothing; log:\n{}",
+        log(&log_path)
+    );
+
+    signal(&server.0, "INT");
+    let mut status = None;
+    wait_for(|| {
+        status = server.0.try_wait().unwrap();
+        status.is_some()
+    });
+    let log = log(&log_path);
+    let status =
+        status.unwrap_or_else(|| panic!("still running after a second signal; log:\n{log}"));
+    // 128 + SIGINT, as a shell reports a process ended by Ctrl-C.
+    assert_eq!(status.code(), Some(130), "log:\n{log}");
+    assert!(
+        log.contains("acknowledged appends are safe in the WAL"),
+        "{log}"
+    );
+}
