@@ -692,7 +692,8 @@ impl State {
                 config: self.content_types.config(config),
                 created_at_ms: now_ms,
                 closed,
-                closed_at: None,
+                // Closed at the end of what it inherits: readers report "closed" only there.
+                closed_at: closed.then_some(inherit_end),
                 closed_by: None,
                 last_touch_ms: now_ms,
                 fork: Some(Box::new(origin.clone())),

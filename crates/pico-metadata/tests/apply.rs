@@ -884,6 +884,11 @@ fn a_fork_created_closed_compares_closed_like_a_create() {
     let f = created_id(ok(&mut s, closed(fork_cmd("f", "a", a, 4))));
     assert!(s.registry["f"].closed);
     assert_eq!(
+        s.registry["f"].closed_at,
+        Some(4),
+        "closed at the fork point"
+    );
+    assert_eq!(
         ok(&mut s, closed(fork_cmd("f", "a", a, 4))),
         Outcome::Created {
             stream_id: f,

@@ -155,12 +155,13 @@ pub fn advertised_url(config: &Config, local: SocketAddr) -> Result<String, Runt
         return Ok(format!("http://{local}"));
     }
     let Some(host) = host_name() else {
-        return Err(RuntimeError::Config(format!(
-            "--listen {local} is not an address other nodes or clients can reach and this \
-             machine's host name is unknown: pass --http-address with the URL they should use \
-             (e.g. http://node1.example:{})",
-            local.port()
-        )));
+        // One node needs no advertised URL; a cluster does, and is told so.
+        tracing::warn!(
+            addr = %local,
+            "listening on a wildcard address and this machine's host name is unknown: other \
+             nodes cannot redirect clients here; pass --http-address"
+        );
+        return Ok(format!("http://{local}"));
     };
     let url = format!("http://{host}:{}", local.port());
     tracing::warn!(
@@ -426,6 +427,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn a_wildcard_listen_advertises_the_host_name() {
         let wild = Config {
             listen: "0.0.0.0:4437".parse().unwrap(),

@@ -218,6 +218,7 @@ impl Node {
             expires_at_ms: req.config.expires_at_ms,
         };
         let has_initial = !req.initial.is_empty();
+        check_records(&req.initial)?;
         // A retry of a completed create-with-body-and-close: the stored entry is closed while
         // the command below asks for an open stream (it closes after the body), so answer here.
         if has_initial
@@ -367,20 +368,7 @@ impl Node {
         if req.records.is_empty() && !req.close {
             return Err(AppendError::BadRequest("empty append".into()));
         }
-        // One append is one stored batch, decoded whole by every read that touches it: bound it.
-        if req.records.len() > MAX_RECORDS_PER_APPEND {
-            return Err(AppendError::TooLarge {
-                what: "records in one append",
-                size: req.records.len(),
-                max: MAX_RECORDS_PER_APPEND,
-            });
-        }
-        // Every stored record must stay readable in every format (binary has u16 fields).
-        for (index, rec) in req.records.iter().enumerate() {
-            check_framable(rec).map_err(|e| {
-                AppendError::BadRequest(format!("record cannot be stored: index={index} {e}"))
-            })?;
-        }
+        check_records(&req.records)?;
         let stream_id = r.meta.id;
         self.touch(&r, now);
         let open = self.open_stream(&r).await?;
@@ -934,7 +922,11 @@ impl Node {
         // Without records of its own the fork command creates the fork closed if asked; with
         // them it creates it open and their append closes it. A retry of such a completed fork
         // would see the stored closed fork as a conflict, hence this check.
-        let closed_by_command = req.config.closed && prefix.is_none() && req.initial.is_empty();
+        // The prefix and body go in one append after the fork command: check them first.
+        let mut records: Vec<Record> = prefix.into_iter().collect();
+        records.extend(req.initial);
+        check_records(&records)?;
+        let closed_by_command = req.config.closed && records.is_empty();
         if req.config.closed
             && let Some(r) = self.resolve(&req.name, now)
             && r.entry.closed
@@ -1018,8 +1010,6 @@ impl Node {
                 Err(e) => return Err(ForkError::Internal(e.to_string())),
             }
         };
-        let mut records: Vec<Record> = prefix.into_iter().collect();
-        records.extend(req.initial);
         // As in `create`: the prefix and body go under the reserved producer claim, so a retry
         // after a failure between the fork and its append writes them exactly once. A fork that
         // was never opened has no own data yet, so the retry cannot misplace them.
@@ -1601,6 +1591,27 @@ impl Node {
 /// Producer id of a create's initial records. NUL cannot occur in an HTTP header value, so no
 /// client can claim it.
 const INITIAL_PRODUCER: &str = "\u{0}initial";
+
+/// The checks on the records of one append that do not depend on the stream. Creates and
+/// forks with records run them before creating anything: a stream created and then refused
+/// its records would stay, open and empty, and every retry would fail the same way.
+fn check_records(records: &[Record]) -> Result<(), AppendError> {
+    // One append is one stored batch, decoded whole by every read that touches it: bound it.
+    if records.len() > MAX_RECORDS_PER_APPEND {
+        return Err(AppendError::TooLarge {
+            what: "records in one append",
+            size: records.len(),
+            max: MAX_RECORDS_PER_APPEND,
+        });
+    }
+    // Every stored record must stay readable in every format (binary has u16 fields).
+    for (index, rec) in records.iter().enumerate() {
+        check_framable(rec).map_err(|e| {
+            AppendError::BadRequest(format!("record cannot be stored: index={index} {e}"))
+        })?;
+    }
+    Ok(())
+}
 /// Most records one append may carry (a JSON array, a batch, a Kafka batch later).
 pub const MAX_RECORDS_PER_APPEND: usize = 10_000;
 /// Most records one read returns, whatever the client asks: bounds the memory of a response

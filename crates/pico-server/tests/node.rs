@@ -839,6 +839,84 @@ async fn retrying_a_fork_created_closed_is_idempotent() {
     ));
 }
 
+/// Records a stream would refuse are refused before a create or fork makes the stream: it
+/// must not be left behind open and empty, failing every retry the same way.
+#[tokio::test]
+async fn a_create_or_fork_with_records_it_cannot_store_creates_nothing() {
+    let node = start_test_node().await;
+    let mut bad = rec("x");
+    bad.headers = vec![
+        ("h".into(), Bytes::from_static(b"1")),
+        ("h".into(), Bytes::new()),
+    ];
+    let create = CreateRequest {
+        initial: vec![bad.clone()],
+        ..create_req("c")
+    };
+    let e = node.create(create).await.unwrap_err();
+    assert!(
+        matches!(e, CreateError::Append(AppendError::BadRequest(_))),
+        "{e:?}"
+    );
+    node.create(create_req("src")).await.unwrap();
+    let fork = ForkRequest {
+        name: name("f"),
+        source: name("src"),
+        offset: None,
+        sub_offset: 0,
+        config: CreateConfig::default(),
+        initial: vec![bad],
+    };
+    let e = node.fork(fork).await.unwrap_err();
+    assert!(
+        matches!(e, ForkError::Append(AppendError::BadRequest(_))),
+        "{e:?}"
+    );
+    for n in ["c", "f"] {
+        assert!(node.head(&name(n)).await.is_err(), "`{n}` was created");
+    }
+}
+
+/// A fork created closed is closed at the end of what it inherits: a read that stops short of
+/// it (one inherited slice per read, or a small `count`) must not report the stream closed, or
+/// readers that stop at "closed" would skip the rest.
+#[tokio::test]
+async fn a_fork_created_closed_reports_closed_only_at_its_end() {
+    let node = start_test_node().await;
+    node.create(create_req("src")).await.unwrap();
+    node.append(append_req("src", &["0", "1"])).await.unwrap();
+    node.engine().flush().await.unwrap();
+    node.append(append_req("src", &["2", "3"])).await.unwrap();
+    node.engine().flush().await.unwrap();
+    let fork = ForkRequest {
+        name: name("f"),
+        source: name("src"),
+        offset: None,
+        sub_offset: 0,
+        config: CreateConfig {
+            closed: true,
+            ..CreateConfig::default()
+        },
+        initial: vec![],
+    };
+    assert!(node.fork(fork).await.unwrap().info.closed);
+    let read = |from: u64| ReadRequest {
+        name: name("f"),
+        from: ReadFrom::Offset(from),
+        max_records: Some(1),
+        max_bytes: None,
+        touch: false,
+    };
+    for from in 0..3 {
+        let r = node.read(read(from)).await.unwrap();
+        assert_eq!(r.next_seq, from + 1);
+        assert!(!r.closed, "closed reported at {} of 4", r.next_seq);
+    }
+    let last = node.read(read(3)).await.unwrap();
+    assert_eq!(last.next_seq, 4);
+    assert!(last.closed, "the end of a closed fork is closed");
+}
+
 #[test]
 fn uncommitted_objects_of_earlier_incarnations_are_collected() {
     let dir = tempfile::tempdir().unwrap();

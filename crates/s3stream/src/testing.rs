@@ -48,6 +48,7 @@ pub struct MemCatalog {
     state: Mutex<CatalogState>,
     fail_commits: AtomicUsize,
     hang_commits: AtomicUsize,
+    hang_after_commits: AtomicUsize,
 }
 
 impl MemCatalog {
@@ -67,6 +68,12 @@ impl MemCatalog {
     /// The next `n` commits never answer (nothing is applied): a hung metadata store.
     pub fn hang_commits(&self, n: usize) {
         self.hang_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` commits are applied, then never answer: a commit that landed with its
+    /// answer lost.
+    pub fn hang_after_commits(&self, n: usize) {
+        self.hang_after_commits.store(n, Ordering::SeqCst);
     }
 
     /// Fences the stream: ranges with an epoch below `min_epoch` are rejected from now on
@@ -119,6 +126,17 @@ impl Catalog for MemCatalog {
         if take_failure(&self.hang_commits) {
             std::future::pending::<()>().await;
         }
+        let out = self.apply(commit);
+        if take_failure(&self.hang_after_commits) {
+            std::future::pending::<()>().await;
+        }
+        Ok(out)
+    }
+}
+
+impl MemCatalog {
+    /// Applies a commit (or answers a retry of one that landed).
+    fn apply(&self, commit: ObjectCommit) -> Vec<bool> {
         let mut st = self.lock();
         if st.commits.iter().any(|c| c.key == commit.key) {
             // A retry of a commit that landed: answer from what it left.
@@ -129,7 +147,7 @@ impl Catalog for MemCatalog {
                         .any(|s| s.key == commit.key && s.start_offset == r.start_offset)
                 })
             };
-            return Ok(commit.ranges.iter().map(landed).collect());
+            return commit.ranges.iter().map(landed).collect();
         }
         let mut out = Vec::with_capacity(commit.ranges.len());
         for r in &commit.ranges {
@@ -153,7 +171,7 @@ impl Catalog for MemCatalog {
             out.push(ok);
         }
         st.commits.push(commit);
-        Ok(out)
+        out
     }
 }
 

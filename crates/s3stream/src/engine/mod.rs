@@ -64,7 +64,7 @@ pub struct EngineConfig {
     pub upload_parallelism: usize,
     /// An object PUT or catalog commit not answered within this fails and is retried (both
     /// are idempotent: same key, same bytes), so a hung store shows as upload errors instead
-    /// of a silent stall of every upload behind it.
+    /// of a silent stall of every upload behind it. A PUT gets one more second per MiB.
     pub upload_timeout: Duration,
     /// Uploaded data kept for reads (unuploaded data is always kept).
     pub log_cache_bytes: usize,

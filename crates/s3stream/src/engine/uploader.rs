@@ -174,11 +174,20 @@ pub(super) fn plan_objects(
     Ok(objects)
 }
 
+/// Slowest transfer a PUT is given time for on top of `upload_timeout`: a big object on a slow
+/// but working store must finish rather than restart from byte 0 every `upload_timeout`.
+const PUT_MIN_BYTES_PER_SEC: u64 = 1 << 20;
+
+/// How long a PUT of `bytes` may take before it is given up and retried.
+fn put_timeout(base: Duration, bytes: usize) -> Duration {
+    base.saturating_add(Duration::from_secs(bytes as u64 / PUT_MIN_BYTES_PER_SEC))
+}
+
 /// One object's put, its time and (when it succeeds) its size reported to the metrics.
 async fn timed_put(shared: &Shared, key: &str, data: Parts) -> Result<(), StorageError> {
     let bytes = data.len();
     let started = Instant::now();
-    let limit = shared.cfg.upload_timeout;
+    let limit = put_timeout(shared.cfg.upload_timeout, bytes);
     let r = match tokio::time::timeout(limit, shared.data.put_parts(key, data)).await {
         Ok(r) => r,
         Err(_) => Err(StorageError::Other(format!(
@@ -594,6 +603,13 @@ impl Pipeline {
 mod tests {
     use super::*;
     use bytes::Bytes;
+
+    #[test]
+    fn a_put_gets_a_second_per_mib_on_top_of_the_timeout() {
+        let base = Duration::from_secs(60);
+        assert_eq!(put_timeout(base, 1000), base);
+        assert_eq!(put_timeout(base, 32 << 20), Duration::from_secs(92));
+    }
 
     fn rec(stream: u64, epoch: i64, base: u64, n: u32, size: usize, aux: &str) -> WalRecord {
         WalRecord::new(
