@@ -99,3 +99,14 @@ async fn answer(req: Request, next: Next) -> Response {
     }
     resp
 }
+
+/// The admin listener's layer: `nosniff` only. No CORS there: a web page open in an operator's
+/// browser must not read `/metrics` or, later, call the admin API.
+pub async fn nosniff(req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    resp.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}

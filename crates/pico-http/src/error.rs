@@ -79,13 +79,25 @@ impl HttpError {
         HttpError {
             status,
             code: kind.code(),
-            message: err.to_string(),
+            message: public_message(kind, err),
             details: Box::new(err.details()),
             retry_after: match kind {
                 ErrorKind::Unavailable(after) => Some(after.unwrap_or(DEFAULT_RETRY_AFTER)),
                 _ => None,
             },
         }
+    }
+}
+
+/// The message a client sees. Server faults carry storage keys, internal ids and database
+/// errors: those stay in the log (written by the caller), the client gets what happened.
+pub fn public_message<E: ServiceError + ?Sized>(kind: ErrorKind, err: &E) -> String {
+    match kind {
+        ErrorKind::Durability => {
+            "append not durable: the write-ahead log failed (details in the server log)".into()
+        }
+        ErrorKind::Internal => "internal error (details in the server log)".into(),
+        _ => err.to_string(),
     }
 }
 
@@ -180,6 +192,20 @@ mod tests {
         for (kind, status) in cases {
             assert_eq!(status_of(kind).as_u16(), status, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn server_faults_keep_their_details_in_the_log() {
+        let e = AppendError::Durability("storage io error: key=`wal/1/7.wal`".into());
+        let h = HttpError::from_service(&e);
+        assert_eq!(h.status, 500);
+        assert!(h.message.contains("not durable"), "{}", h.message);
+        assert!(!h.message.contains("key="), "{}", h.message);
+        let e = AppendError::Internal("corrupt stored batch: stream=17".into());
+        assert!(!HttpError::from_service(&e).message.contains("stream=17"));
+        // Client errors keep their message: it says what to fix.
+        let e = AppendError::BadRequest("empty append".into());
+        assert!(HttpError::from_service(&e).message.contains("empty append"));
     }
 
     #[tokio::test]

@@ -65,5 +65,6 @@ pub fn admin_router(
     node: Node,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 ) -> Router {
-    admin::router(node, metrics).layer(from_fn_with_state(None, cors::cors))
+    // No CORS here: a web page in an operator's browser must not read the admin listener.
+    admin::router(node, metrics).layer(axum::middleware::from_fn(cors::nosniff))
 }

@@ -1,8 +1,13 @@
 //! Ownership routing: a request for a stream open on another node is answered with a 307 to the
-//! owner's advertised URL (same path and query) so the client re-sends it there. Creates (PUT),
-//! the listing (`/`), preflights and the `__ds` control namespace are served wherever they land;
-//! `--routing local` turns redirects off. A stale view costs a hop, never a split stream: the
-//! owner is fenced by epochs, not by this check.
+//! owner's advertised URL (same path and query) so the client re-sends it there. The listing
+//! (`/`), preflights and the `__ds` control namespace are served wherever they land, and so are
+//! creates (PUT) of names nobody owns; `--routing local` turns redirects off. A stale view costs
+//! a hop, never a split stream: the owner is fenced by epochs, not by this check.
+//!
+//! A PUT of a stream another node owns is redirected too (PICO-SURFACE.md says PUT never is): a
+//! create or fork retried with records (a body, or a fork's partial prefix record) appends them
+//! when the first attempt did not finish, and appending here would open the stream here, fencing
+//! the owner and dropping the appends it acknowledged but has not committed yet.
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -11,14 +16,18 @@ use axum::response::{IntoResponse, Response};
 use pico_common::StreamName;
 use pico_server::Node;
 
-/// The stream a request path names, if any (Pico path, or DS under `/v1/stream/`).
+/// The stream a request path names, if any (Pico path, or DS under `/v1/stream/`). Must agree
+/// with the handlers: a stream they serve that this misses is never redirected.
 fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
     let rest = match path.strip_prefix("/v1/stream/") {
         Some(rest) => rest,
-        None if path == "/" || path == "/v1/stream" => return None,
+        // Pico reserves `/v1/stream` itself; with DS at the root it is the stream `v1/stream`.
+        None if path == "/" || (path == "/v1/stream" && !ds_at_root) => return None,
         None => path,
     };
-    if rest.starts_with("__ds") || (ds_at_root && path.starts_with("/__ds")) {
+    // The DS control namespace is the first segment `__ds` exactly (`__dsq` is a stream).
+    let control = |p: &str| p.trim_start_matches('/').split('/').next() == Some("__ds");
+    if control(rest) || (ds_at_root && control(path)) {
         return None;
     }
     StreamName::parse(rest).ok()
@@ -29,7 +38,7 @@ pub async fn redirect_to_owner(
     req: Request,
     next: Next,
 ) -> Response {
-    if req.method() == Method::PUT || req.method() == Method::OPTIONS {
+    if req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
     let Some(name) = stream_of(req.uri().path(), ds_at_root) else {
@@ -70,5 +79,13 @@ mod tests {
         assert!(stream_of("/v1/stream", false).is_none());
         assert!(stream_of("/v1/stream/__ds/jwks.json", false).is_none());
         assert!(stream_of("/__ds/jwks.json", true).is_none());
+        // Streams the handlers serve: names that merely start with `__ds`, and `/v1/stream`
+        // with DS at the root.
+        assert_eq!(
+            stream_of("/v1/stream/__dsq", false).unwrap().as_str(),
+            "__dsq"
+        );
+        assert_eq!(stream_of("/__dsq", true).unwrap().as_str(), "__dsq");
+        assert_eq!(stream_of("/v1/stream", true).unwrap().as_str(), "v1/stream");
     }
 }

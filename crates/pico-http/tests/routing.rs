@@ -60,8 +60,18 @@ async fn redirects_to_owner_unless_local_routing() {
         ds.headers()["location"],
         "http://10.0.0.2:4437/v1/stream/moved/s"
     );
-    // Creates and the listing are served wherever they land.
-    assert_eq!(send(&app, "PUT", "/moved/s").await.status(), StatusCode::OK);
+    // A create of a stream owned elsewhere goes to its owner: a retried create with a body
+    // would append here and take the stream over. New names and the listing stay here.
+    let put = send(&app, "PUT", "/moved/s").await;
+    assert_eq!(put.status(), StatusCode::TEMPORARY_REDIRECT);
+    assert_eq!(put.headers()["location"], "http://10.0.0.2:4437/moved/s");
+    let ds_put = send(&app, "PUT", "/v1/stream/moved/s").await;
+    assert_eq!(ds_put.status(), StatusCode::TEMPORARY_REDIRECT);
+    assert_eq!(meta.view().streams[&id].owner.unwrap().node_id, 2);
+    assert_eq!(
+        send(&app, "PUT", "/new").await.status(),
+        StatusCode::CREATED
+    );
     assert_eq!(send(&app, "GET", "/").await.status(), StatusCode::OK);
     // Unowned streams are served here.
     send(&app, "PUT", "/here").await;

@@ -60,7 +60,7 @@ impl DsError {
         }
         DsError {
             status,
-            message: e.to_string(),
+            message: crate::error::public_message(kind, e),
             details: e.details(),
         }
     }

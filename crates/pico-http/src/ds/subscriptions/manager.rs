@@ -675,6 +675,12 @@ impl Manager {
         let Ok(name) = StreamName::parse(ws) else {
             return;
         };
+        // Appending here would open a stream another node owns, fencing it and dropping the
+        // appends it acknowledged but has not committed: leave the event out instead.
+        if let Some(owner) = self.node.owner_url(&name) {
+            tracing::warn!(sub = %sub.rec.id, wake_stream = %ws, owner, "wake stream owned by another node; event not written");
+            return;
+        }
         let req = AppendRequest {
             name,
             records: vec![DataRecord::from_value(event.to_string().into_bytes())],
