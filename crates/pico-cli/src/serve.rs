@@ -88,7 +88,7 @@ pub async fn serve(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<()> {
         node_id = config.node_id,
         listen = %config.listen,
         admin = ?config.admin_listen,
-        meta_url = %config.meta_url,
+        meta_url = %pico_common::uri::redact(&config.meta_url),
         storage = %config.storage,
         "starting pico node"
     );

@@ -1,6 +1,9 @@
 //! Bucket URIs: `<bucket id>@<scheme>://<location>?<params>`, e.g. `-2@file://./objects`,
 //! `-2@s3://bucket?region=us-east-1&endpoint=http://127.0.0.1:9000&pathStyle=true`,
 //! `-3@memory://wal`. The numeric id lets one flag express placement as well as location.
+//!
+//! URIs can carry credentials (`postgres://user:password@host/db`): `Display`, `Debug` and
+//! [`UriError`] show them masked (`user:***@`), since all three end up in logs and messages.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,6 +17,7 @@ pub enum Scheme {
     Postgres,
 }
 
+/// `Shape` and `BadId` hold the URI with its secrets masked (see [`redact`]).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum UriError {
     #[error("bucket uri needs `<id>@<scheme>://<location>`: uri=`{0}`")]
@@ -26,8 +30,8 @@ pub enum UriError {
     Param(String),
 }
 
-/// A parsed bucket URI.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed bucket URI. `Debug` and `Display` mask secrets.
+#[derive(Clone, PartialEq, Eq)]
 pub struct BucketUri {
     pub id: i32,
     pub scheme: Scheme,
@@ -41,21 +45,21 @@ impl BucketUri {
     /// is accepted for the WAL flag and gets id 0.
     pub fn parse(raw: &str) -> Result<BucketUri, UriError> {
         let raw = raw.trim();
-        if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
-            return Ok(BucketUri {
-                id: 0,
-                scheme: Scheme::Postgres,
-                location: raw.to_string(),
-                params: BTreeMap::new(),
-            });
+        for scheme in ["postgres://", "postgresql://"] {
+            if let Some(rest) = raw.strip_prefix(scheme) {
+                // One spelling of the location, as with an id, so `Display` round-trips.
+                return Ok(BucketUri {
+                    id: 0,
+                    scheme: Scheme::Postgres,
+                    location: format!("postgres://{rest}"),
+                    params: BTreeMap::new(),
+                });
+            }
         }
-        let (id, rest) = raw
-            .split_once('@')
-            .ok_or_else(|| UriError::Shape(raw.to_string()))?;
-        let id: i32 = id.parse().map_err(|_| UriError::BadId(raw.to_string()))?;
-        let (scheme, rest) = rest
-            .split_once("://")
-            .ok_or_else(|| UriError::Shape(raw.to_string()))?;
+        let shape = || UriError::Shape(redact(raw));
+        let (id, rest) = raw.split_once('@').ok_or_else(shape)?;
+        let id: i32 = id.parse().map_err(|_| UriError::BadId(redact(raw)))?;
+        let (scheme, rest) = rest.split_once("://").ok_or_else(shape)?;
         let scheme = match scheme {
             "file" => Scheme::File,
             "memory" | "mem" => Scheme::Memory,
@@ -76,7 +80,7 @@ impl BucketUri {
             None => (rest, None),
         };
         if location.is_empty() {
-            return Err(UriError::Shape(raw.to_string()));
+            return Err(shape());
         }
         let mut params = BTreeMap::new();
         if let Some(q) = query {
@@ -115,10 +119,11 @@ impl BucketUri {
     }
 }
 
+/// `<id>@<location>`: parses back to the same URI unless a secret was masked.
 impl fmt::Display for BucketUri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.scheme == Scheme::Postgres {
-            return f.write_str(&self.location);
+            return write!(f, "{}@{}", self.id, redact(&self.location));
         }
         let scheme = match self.scheme {
             Scheme::File => "file",
@@ -128,9 +133,92 @@ impl fmt::Display for BucketUri {
         };
         write!(f, "{}@{}://{}", self.id, scheme, self.location)?;
         for (i, (k, v)) in self.params.iter().enumerate() {
-            write!(f, "{}{}={}", if i == 0 { '?' } else { '&' }, k, v)?;
+            let sep = if i == 0 { '?' } else { '&' };
+            write!(f, "{sep}{k}={}", redact_param(k, v))?;
         }
         Ok(())
+    }
+}
+
+impl fmt::Debug for BucketUri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let params: BTreeMap<&str, String> = self
+            .params
+            .iter()
+            .map(|(k, v)| (k.as_str(), redact_param(k, v)))
+            .collect();
+        f.debug_struct("BucketUri")
+            .field("id", &self.id)
+            .field("scheme", &self.scheme)
+            .field("location", &redact(&self.location))
+            .field("params", &params)
+            .finish()
+    }
+}
+
+/// What masked secrets read as.
+const MASK: &str = "***";
+
+/// `raw` with the password of a `user:password@` and the values of secret-named query
+/// parameters masked, for logs and messages (any URL, not only bucket URIs). It also serves
+/// URIs that failed to parse, so it assumes little: the user info runs from the last `://`
+/// (else an `<id>@` prefix, else the start) to the last `@` before the query, which masks
+/// more than a URL parser would rather than less.
+pub fn redact(raw: &str) -> String {
+    let (head, query) = match raw.find(['?', '#']) {
+        Some(i) => raw.split_at(i),
+        None => (raw, ""),
+    };
+    let mut out = mask_userinfo(head);
+    if let Some(q) = query.strip_prefix('?') {
+        out.push('?');
+        for (i, pair) in q.split('&').enumerate() {
+            if i > 0 {
+                out.push('&');
+            }
+            match pair.split_once('=') {
+                Some((k, v)) => {
+                    out.push_str(k);
+                    out.push('=');
+                    out.push_str(&redact_param(k, v));
+                }
+                None => out.push_str(pair),
+            }
+        }
+    } else {
+        out.push_str(query);
+    }
+    out
+}
+
+/// A parameter value as shown: masked if the name says it is a secret, else with any
+/// `user:password@` in it (an `endpoint` URL) masked.
+fn redact_param(key: &str, value: &str) -> String {
+    let key = key.to_ascii_lowercase();
+    if ["password", "passwd", "secret", "token"]
+        .iter()
+        .any(|s| key.contains(s))
+    {
+        return MASK.to_string();
+    }
+    mask_userinfo(value)
+}
+
+fn mask_userinfo(s: &str) -> String {
+    let Some(at) = s.rfind('@') else {
+        return s.to_string();
+    };
+    let start = match s[..at].rfind("://") {
+        Some(i) => i + 3,
+        None => s
+            .split_once('@')
+            .filter(|(id, _)| id.parse::<i32>().is_ok())
+            .map_or(0, |(id, _)| id.len() + 1),
+    };
+    // `start` is past `at` when the only `@` is the id's.
+    match s.get(start..at).and_then(|info| info.find(':')) {
+        Some(colon) => format!("{}{MASK}{}", &s[..start + colon + 1], &s[at..]),
+        None => s.to_string(),
     }
 }
 
@@ -188,5 +276,74 @@ mod tests {
                 .param_u64("x")
                 .is_err()
         );
+    }
+
+    #[test]
+    fn display_keeps_the_id_and_masks_postgres_secrets() {
+        let u = BucketUri::parse(
+            "-1@postgres://pico:hunter2@db:5432/wal?sslmode=require&password=hunter2",
+        )
+        .unwrap();
+        assert_eq!(
+            u.to_string(),
+            "-1@postgres://pico:***@db:5432/wal?sslmode=require&password=***"
+        );
+        assert!(!format!("{u:?}").contains("hunter2"));
+        // A password holding `@` or `/` is masked whole.
+        let u = BucketUri::parse("postgres://pico:a@b/c@db/wal").unwrap();
+        assert_eq!(u.to_string(), "0@postgres://pico:***@db/wal");
+        // Without secrets, Display parses back to the same URI.
+        for raw in [
+            "-1@postgres://pico@db/wal",
+            "postgres://db/wal",
+            "postgresql://db/wal",
+            "7@postgresql://u@h/d?sslmode=disable",
+            "-2@file://./objects?batchInterval=5",
+            "-2@s3://bkt?endpoint=http://127.0.0.1:9000&region=r",
+            "-3@memory://wal",
+        ] {
+            let u = BucketUri::parse(raw).unwrap();
+            assert_eq!(BucketUri::parse(&u.to_string()).unwrap(), u, "{raw}");
+        }
+        assert_eq!(
+            BucketUri::parse("postgresql://db/wal").unwrap().to_string(),
+            "0@postgres://db/wal"
+        );
+    }
+
+    #[test]
+    fn errors_and_parameters_mask_secrets() {
+        for (raw, shown) in [
+            ("pico:hunter2@db/wal", "pico:***@db/wal"),
+            ("x@pg://pico:hunter2@db", "x@pg://pico:***@db"),
+            ("-1@postgres:/pico:hunter2@db", "-1@postgres:***@db"),
+            ("-2@file://?password=hunter2", "-2@file://?password=***"),
+        ] {
+            let e = BucketUri::parse(raw).unwrap_err();
+            assert!(
+                matches!(e, UriError::Shape(_) | UriError::BadId(_)),
+                "{e:?}"
+            );
+            let msg = e.to_string();
+            assert!(!msg.contains("hunter2"), "{msg}");
+            assert!(msg.contains(&format!("uri=`{shown}`")), "{msg}");
+        }
+        // Nothing to mask: the URI as given.
+        assert_eq!(
+            BucketUri::parse("x@file://a").unwrap_err(),
+            UriError::BadId("x@file://a".into())
+        );
+        assert_eq!(redact("-1@a:b"), "-1@a:b");
+        let s3 = BucketUri::parse(
+            "-2@s3://bkt?secretKey=hunter2&endpoint=http://ak:hunter2@minio:9000&region=r",
+        )
+        .unwrap();
+        assert_eq!(
+            s3.to_string(),
+            "-2@s3://bkt?endpoint=http://ak:***@minio:9000&region=r&secretKey=***"
+        );
+        assert!(!format!("{s3:?}").contains("hunter2"));
+        // Only the shown form is masked.
+        assert_eq!(s3.params["secretKey"], "hunter2");
     }
 }

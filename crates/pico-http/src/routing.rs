@@ -21,8 +21,8 @@ use pico_server::Node;
 fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
     let rest = match path.strip_prefix("/v1/stream/") {
         Some(rest) => rest,
-        // Pico reserves `/v1/stream` itself; with DS at the root it is the stream `v1/stream`.
-        None if path == "/" || (path == "/v1/stream" && !ds_at_root) => return None,
+        // `v1/stream` is a reserved name under either mount.
+        None if path == "/" || path == "/v1/stream" => return None,
         None => path,
     };
     // The DS control namespace is the first segment `__ds` exactly (`__dsq` is a stream).
@@ -79,13 +79,11 @@ mod tests {
         assert!(stream_of("/v1/stream", false).is_none());
         assert!(stream_of("/v1/stream/__ds/jwks.json", false).is_none());
         assert!(stream_of("/__ds/jwks.json", true).is_none());
-        // Streams the handlers serve: names that merely start with `__ds`, and `/v1/stream`
-        // with DS at the root.
+        // Streams the handlers serve: names that merely start with `__ds`.
         assert_eq!(
             stream_of("/v1/stream/__dsq", false).unwrap().as_str(),
             "__dsq"
         );
         assert_eq!(stream_of("/__dsq", true).unwrap().as_str(), "__dsq");
-        assert_eq!(stream_of("/v1/stream", true).unwrap().as_str(), "v1/stream");
     }
 }

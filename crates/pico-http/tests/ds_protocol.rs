@@ -636,3 +636,58 @@ async fn if_none_match_may_be_split_over_several_lines() {
     .await;
     assert_eq!(r.code(), 200);
 }
+
+#[tokio::test]
+async fn reserved_names_and_bad_escapes_are_400_like_over_pico() {
+    let (app, _) = app_with(HttpOptions {
+        ds_at_root: true,
+        ..HttpOptions::default()
+    })
+    .await;
+    // The Pico facade's reserved names are refused here too, under the mount and at the root,
+    // with the Pico message (the whole name is reserved, whichever facade asks).
+    for (path, name) in [
+        (format!("{S}/_sys/x"), "_sys/x"),
+        (format!("{S}/_groups"), "_groups"),
+        (format!("{S}/v1/stream/x"), "v1/stream/x"),
+        ("/_sys/x".to_string(), "_sys/x"),
+        ("/v1/stream".to_string(), "v1/stream"),
+    ] {
+        let r = put(&app, &path, &[TEXT], Body::empty()).await;
+        assert_eq!(r.code(), 400, "{path}");
+        assert!(
+            r.text()
+                .starts_with("bad stream name: stream name is reserved")
+                && r.text().ends_with(&format!("name=`{name}`")),
+            "{path}: {}",
+            r.text()
+        );
+    }
+    // A fork cannot name a reserved source either.
+    put(&app, &format!("{S}/src"), &[TEXT], "x").await;
+    let r = put(
+        &app,
+        &format!("{S}/fork"),
+        &[TEXT, ("stream-forked-from", "/v1/stream/_sys/src")],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(r.code(), 400);
+    // Malformed escapes and segments a URL parser resolves as `.`/`..` are not stream names.
+    for bad in ["a%zz", "a%2", "a/%2e%2e", "a/.%2E", "%2E", "a/%2e/b"] {
+        let r = put(&app, &format!("{S}/{bad}"), &[TEXT], Body::empty()).await;
+        assert_eq!(r.code(), 400, "{bad}: {}", r.text());
+        assert!(r.text().starts_with("bad stream name: "), "{bad}");
+    }
+    // Escapes are names as spelled: `%2f` and `%2F` are two streams.
+    assert_eq!(
+        put(&app, &format!("{S}/a%2fb"), &[TEXT], "l").await.code(),
+        201
+    );
+    assert_eq!(
+        put(&app, &format!("{S}/a%2Fb"), &[TEXT], "u").await.code(),
+        201
+    );
+    assert_eq!(get(&app, &format!("{S}/a%2fb")).await.text(), "l");
+    assert_eq!(get(&app, "/a%2Fb").await.text(), "u");
+}

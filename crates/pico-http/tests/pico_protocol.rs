@@ -144,8 +144,8 @@ async fn create_rejects_bad_headers_and_names() {
     assert_error(&put(&app, "/a|b", &[]).await, 400, "bad_request");
     assert_error(&put(&app, "/_sys/x", &[]).await, 400, "bad_request");
     assert_error(&put(&app, "/_groups/x", &[]).await, 400, "bad_request");
-    // The DS mount point itself is not a stream (DS paths below it are the DS router's).
-    assert_error(&get(&app, "/v1/stream").await, 404, "not_found");
+    // The DS mount point itself is a reserved name (DS paths below it are the DS router's).
+    assert_error(&get(&app, "/v1/stream").await, 400, "bad_request");
 }
 
 #[tokio::test]
@@ -780,6 +780,9 @@ async fn admin_health_and_ready() {
     let r = send(&admin, req(Method::GET, "/health", &[], Body::empty())).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "ok");
+    // No CORS on the admin listener: a web page may not read it.
+    assert_eq!(r.h("access-control-allow-origin"), None);
+    assert_eq!(r.h("x-content-type-options"), Some("nosniff"));
     let r = send(&admin, req(Method::GET, "/ready", &[], Body::empty())).await;
     assert_eq!(r.status, 200);
     let v = r.json();
@@ -977,4 +980,73 @@ async fn if_none_match_may_be_split_over_several_lines() {
     )
     .await;
     assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn reserved_names_are_refused_alike_by_both_facades() {
+    let (app, _) = app().await;
+    // Each reserved name through Pico and through DS: 400 with the same message, so a name
+    // made through one facade can always be reached through the other.
+    for name in ["_sys/x", "_groups/g", "v1/stream"] {
+        let p = put(&app, &format!("/{name}"), &[]).await;
+        assert_error(&p, 400, "bad_request");
+        let msg = p.json()["message"].as_str().unwrap().to_string();
+        assert!(
+            msg.starts_with("bad stream name: stream name is reserved"),
+            "{msg}"
+        );
+        let ds = format!("/v1/stream/{name}");
+        let d = send(&app, req(Method::PUT, &ds, &[], Body::empty())).await;
+        assert_eq!((d.status.as_u16(), d.text()), (400, msg.as_str()), "{ds}");
+    }
+    // The DS control namespace through Pico, and a Pico-looking path through DS.
+    for path in ["/__ds/x", "/v1/stream/v1/stream/x", "/v1/stream/_sys"] {
+        let r = send(&app, req(Method::PUT, path, &[], Body::empty())).await;
+        assert_eq!(r.status, 400, "{path}");
+        assert!(r.text().contains("stream name is reserved"), "{path}");
+    }
+    // Names that only look like them are streams.
+    for free in ["/_system", "/__dsq", "/v1/streams", "/x/_sys"] {
+        assert_eq!(put(&app, free, &[]).await.status, 201, "{free}");
+    }
+    let v = get(&app, "/").await.json();
+    assert_eq!(v["streams"].as_array().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn percent_escapes_must_be_well_formed_and_not_dot_segments() {
+    let (app, _) = app().await;
+    for bad in [
+        "/a%zz",
+        "/a%2",
+        "/a/%",
+        "/a/%2e%2e",
+        "/a/.%2E",
+        "/a/%2e/b",
+        "/%2E%2e",
+    ] {
+        let r = put(&app, bad, &[]).await;
+        assert_error(&r, 400, "bad_request");
+        assert!(
+            r.json()["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("bad stream name: "),
+            "{bad}"
+        );
+    }
+    // Escapes are compared as spelled (not normalised): two spellings, two streams.
+    assert_eq!(put(&app, "/a%2fb", &[]).await.status, 201);
+    assert_eq!(put(&app, "/a%2Fb", &[]).await.status, 201);
+    post(&app, "/a%2fb", &[], "lower").await;
+    assert_eq!(get(&app, "/a%2Fb").await.h("pico-next-seq"), Some("0"));
+    assert_eq!(get(&app, "/a%2fb").await.h("pico-next-seq"), Some("1"));
+    let v = get(&app, "/").await.json();
+    let names: Vec<&str> = v["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a%2Fb", "a%2fb"]);
 }

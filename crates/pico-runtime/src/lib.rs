@@ -233,7 +233,10 @@ pub async fn run(
     let metrics = metrics_handle();
     let meta = MetaLog::open(&config.meta_url, MetaLogOptions::default())
         .await
-        .map_err(|e| RuntimeError::Startup(format!("metadata log `{}`: {e}", config.meta_url)))?;
+        .map_err(|e| {
+            let url = pico_common::uri::redact(&config.meta_url);
+            RuntimeError::Startup(format!("metadata log `{url}`: {e}"))
+        })?;
     let node_epoch = config
         .node_epoch
         .unwrap_or_else(|| next_node_epoch(&meta, config.node_id, now_ms()));

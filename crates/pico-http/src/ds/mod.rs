@@ -110,15 +110,11 @@ pub fn stream_name(root: &str, uri: &Uri) -> Result<StreamName, DsError> {
     stream_name_from(rest)
 }
 
+/// The Pico facade's rule and message: both name the same streams, so a name one of them
+/// reserves (`__ds`, `_sys`, `_groups`, `v1/stream`) must be refused by the other too.
 fn stream_name_from(path: &str) -> Result<StreamName, DsError> {
-    let name = StreamName::parse(path)
-        .map_err(|e| DsError::bad_request(format!("bad stream name: {e}")))?;
-    if name.as_str().split('/').next() == Some(RESERVED_SEGMENT) {
-        return Err(DsError::bad_request(format!(
-            "`{RESERVED_SEGMENT}` is reserved: name=`{name}`"
-        )));
-    }
-    Ok(name)
+    StreamName::parse_public(path)
+        .map_err(|e| DsError::bad_request(format!("bad stream name: {e}")))
 }
 
 /// The stream a `Stream-Forked-From` value names: a path under this root (or under `/v1/stream`),
@@ -180,6 +176,21 @@ mod tests {
         assert_eq!(name(DS_ROOT, "/v1/stream/__ds").unwrap_err(), 400);
         assert_eq!(name("", "/orders").unwrap(), "orders");
         assert_eq!(name(DS_ROOT, "/v1/stream/a/../b").unwrap_err(), 400);
+        // The Pico facade's reserved names, and names a URL parser would not send as spelled.
+        for bad in [
+            "_sys/x",
+            "_groups",
+            "v1/stream",
+            "v1/stream/x",
+            "a/%2E%2e",
+            "a%2",
+        ] {
+            assert_eq!(
+                name(DS_ROOT, &format!("/v1/stream/{bad}")).unwrap_err(),
+                400
+            );
+            assert_eq!(name("", &format!("/{bad}")).unwrap_err(), 400);
+        }
     }
 
     #[test]

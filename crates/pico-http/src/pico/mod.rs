@@ -26,11 +26,6 @@ use pico_server::{Node, StreamInfo};
 use crate::error::HttpError;
 use crate::headers::format_rfc3339_ms;
 
-/// First path segments that are never stream names.
-const RESERVED_PREFIXES: &[&str] = &["_sys", "_groups"];
-/// The Durable Streams mount (see [`crate::ds`]).
-const DS_PREFIX: &str = "v1/stream";
-
 pub fn router(node: Node) -> Router {
     let stream = get(read::read)
         .put(create::create)
@@ -49,28 +44,16 @@ async fn method_not_allowed() -> HttpError {
 }
 
 /// The stream named by the raw (still percent-encoded) request path: `%` is a legal name
-/// character, so decoding would make two spellings of one path name two streams.
+/// character, so decoding would make two spellings of one path name two streams. Reserved
+/// names (`_sys`, `_groups`, `__ds`, the DS mount `v1/stream`) are refused as in the DS facade.
 pub fn stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
-    let name = StreamName::parse(uri.path())
-        .map_err(|e| HttpError::bad_request(format!("bad stream name: {e}")))?;
-    let first = name.as_str().split('/').next().unwrap_or_default();
-    if RESERVED_PREFIXES.contains(&first) {
-        return Err(HttpError::bad_request(format!(
-            "stream name uses a reserved prefix: name=`{name}`"
-        )));
-    }
-    if name.as_str() == DS_PREFIX || name.as_str().starts_with("v1/stream/") {
-        // Served by the Durable Streams router; only the bare mount point lands here.
-        return Err(HttpError::not_found(
-            "the Durable Streams mount is not a stream: use /v1/stream/{name}",
-        ));
-    }
-    Ok(name)
+    StreamName::parse_public(uri.path())
+        .map_err(|e| HttpError::bad_request(format!("bad stream name: {e}")))
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes (413) before buffering it.
 /// A body that arrives as one chunk is returned as is; otherwise the buffer is sized from
-/// `Content-Length` up front, so a large body is copied once, not again at every doubling.
+/// `Content-Length` up front (see [`initial_capacity`]), so a large body is copied few times.
 pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, HttpError> {
     let too_large = || HttpError::too_large(format!("request body too large: max={limit}"));
     let declared = headers
@@ -96,9 +79,7 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
             continue;
         }
         if let Some(f) = first.take() {
-            // `declared` is at most `limit` here; a body longer than it declared still grows.
-            let want = declared.map_or(0, |l| l as usize).max(total);
-            buf.reserve(want);
+            buf.reserve(initial_capacity(declared, total));
             buf.extend_from_slice(&f);
         }
         buf.extend_from_slice(&chunk);
@@ -107,6 +88,20 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         Some(f) => f,
         None => buf.freeze(),
     })
+}
+
+/// Most a body buffer is sized to from `Content-Length` alone.
+const MAX_UP_FRONT: usize = 1 << 20;
+
+/// Capacity of a chunked body's buffer once `arrived` bytes are in: the declared length, but at
+/// most 1 MiB or twice what arrived. A declared length is only a claim: trusted whole, a client
+/// declaring 32 MiB then sending two bytes would pin 32 MiB per connection. Past the cap the
+/// buffer grows by doubling as data arrives; an understated length still fits what arrived.
+fn initial_capacity(declared: Option<u64>, arrived: usize) -> usize {
+    let declared = declared.map_or(0, |l| usize::try_from(l).unwrap_or(usize::MAX));
+    declared
+        .min(MAX_UP_FRONT.max(arrived.saturating_mul(2)))
+        .max(arrived)
 }
 
 pub fn set(headers: &mut HeaderMap, name: &'static str, value: impl Into<HeaderValue>) {
@@ -211,7 +206,11 @@ mod tests {
         assert_eq!(name("/a%20b").unwrap().as_str(), "a%20b");
         assert_eq!(name("/_sys/x").unwrap_err().status, 400);
         assert_eq!(name("/_groups").unwrap_err().status, 400);
-        assert_eq!(name("/v1/stream/x").unwrap_err().status, 404);
+        assert_eq!(name("/v1/stream/x").unwrap_err().status, 400);
+        assert_eq!(name("/v1/stream").unwrap_err().status, 400);
+        assert_eq!(name("/__ds/x").unwrap_err().status, 400);
+        assert_eq!(name("/a/%2e%2E/b").unwrap_err().status, 400);
+        assert_eq!(name("/a%zz").unwrap_err().status, 400);
         assert_eq!(name("/v1/streams").unwrap().as_str(), "v1/streams");
         assert_eq!(name("/a/../b").unwrap_err().status, 400);
         assert_eq!(name("/a/./b").unwrap_err().status, 400);
@@ -285,5 +284,20 @@ mod tests {
         assert_eq!(&b[..], b"xyz");
         let b = read_body(&HeaderMap::new(), chunked(&[]), 9).await.unwrap();
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn up_front_capacity_trusts_content_length_only_so_far() {
+        const MIB: usize = 1 << 20;
+        // 32 MiB declared, two bytes in: 1 MiB, not 32.
+        assert_eq!(initial_capacity(Some(32 << 20), 2), MIB);
+        // Large chunks arriving: twice what arrived, up to the declared length.
+        assert_eq!(initial_capacity(Some(32 << 20), 3 * MIB), 6 * MIB);
+        assert_eq!(initial_capacity(Some(5 << 20), 3 * MIB), 5 * MIB);
+        // Small bodies are sized exactly; an understated or missing length fits what arrived.
+        assert_eq!(initial_capacity(Some(9), 6), 9);
+        assert_eq!(initial_capacity(Some(2), 6), 6);
+        assert_eq!(initial_capacity(None, 6), 6);
+        assert_eq!(initial_capacity(Some(u64::MAX), usize::MAX), usize::MAX);
     }
 }
