@@ -47,9 +47,13 @@ fn info_headers(hm: &mut HeaderMap, info: &StreamInfo) {
     no_store(hm);
 }
 
-/// An absolute URL for `Location`, from the request's Host.
+/// An absolute URL for `Location`, from the request's Host (HTTP/1.1) or its authority (HTTP/2
+/// sends `:authority`, which hyper puts in the URI, and no Host header).
 fn location(headers: &HeaderMap, uri: &Uri) -> Option<HeaderValue> {
-    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let host = match headers.get(header::HOST) {
+        Some(h) => h.to_str().ok()?,
+        None => uri.authority()?.as_str(),
+    };
     HeaderValue::from_str(&format!("http://{host}{}", uri.path())).ok()
 }
 
@@ -216,6 +220,17 @@ pub async fn delete(ds: &Ds, name: StreamName) -> Result<Response, DsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn location_from_host_or_the_http2_authority() {
+        let mut h = HeaderMap::new();
+        let path: Uri = "/v1/stream/a".parse().unwrap();
+        assert!(location(&h, &path).is_none());
+        let h2: Uri = "http://node1:4437/v1/stream/a".parse().unwrap();
+        assert_eq!(location(&h, &h2).unwrap(), "http://node1:4437/v1/stream/a");
+        h.insert(header::HOST, HeaderValue::from_static("n:1"));
+        assert_eq!(location(&h, &path).unwrap(), "http://n:1/v1/stream/a");
+    }
 
     #[test]
     fn body_framing() {
