@@ -26,14 +26,14 @@ pub const H_PRODUCER_SEQ: &str = "pico-producer-seq";
 
 /// The URL path of a stream: one leading slash, no trailing one (`streams/a/` → `/streams/a`).
 ///
-/// Only names the server accepts ([`StreamName::parse_public`], the server's own rule) become
+/// Only names the server accepts ([`StreamName::parse_new`], the server's own rule) become
 /// paths, unescaped: the server reads the name from the raw path, so a `?` or `#` would cut the
 /// name short and target another stream, and escaping them would name a third (`%` is a name
 /// character: `a%3Fb` is a legal name of its own). The same rule refuses a segment the URL
 /// parser resolves as `.` or `..` (`%2e`, `.%2E`, …), which would reach the wrong stream, and
 /// the reserved names the server answers 400 for.
 pub fn stream_path(name: &str) -> Result<String, ClientError> {
-    let name = StreamName::parse_public(name).map_err(|e| ClientError::Invalid(e.to_string()))?;
+    let name = StreamName::parse_new(name).map_err(|e| ClientError::Invalid(e.to_string()))?;
     Ok(name.to_path())
 }
 

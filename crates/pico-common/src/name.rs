@@ -43,8 +43,10 @@ pub enum NameError {
 pub struct StreamName(String);
 
 impl StreamName {
-    /// Validates `raw` (leading/trailing `/` ignored) and returns its canonical form. Reserved
-    /// names pass: stored names are read back with this; clients go through [`Self::parse_public`].
+    /// Validates a name that addresses a stream (leading/trailing `/` ignored) and returns its
+    /// canonical form. Stored names are read back with this, and requests for existing streams
+    /// go through it: it keeps the rules names were created under before the stricter ones of
+    /// [`Self::parse_new`], so no stored stream becomes unreachable or undeletable.
     pub fn parse(raw: &str) -> Result<StreamName, NameError> {
         let trimmed = raw.trim_matches('/');
         if trimmed.is_empty() {
@@ -55,7 +57,7 @@ impl StreamName {
         }
         if trimmed
             .split('/')
-            .any(|seg| seg.is_empty() || is_dot_segment(seg))
+            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
         {
             return Err(NameError::BadSegment(trimmed.to_string()));
         }
@@ -63,16 +65,20 @@ impl StreamName {
         if !trimmed.chars().all(ok) {
             return Err(NameError::BadChar(trimmed.to_string()));
         }
-        if !escapes_well_formed(trimmed.as_bytes()) {
-            return Err(NameError::BadEscape(trimmed.to_string()));
-        }
         Ok(StreamName(trimmed.to_string()))
     }
 
-    /// [`Self::parse`], refusing [reserved](Self::is_reserved) names: the rule of every name a
-    /// client addresses, in the Pico and the Durable Streams facade alike.
-    pub fn parse_public(raw: &str) -> Result<StreamName, NameError> {
+    /// The rule for a name a client creates (both facades, and the client library): [`Self::parse`],
+    /// plus every `%` a two-hex-digit escape, no segment that is `.` or `..` once `%2e` is decoded
+    /// (URL parsers resolve those), and not [reserved](Self::is_reserved).
+    pub fn parse_new(raw: &str) -> Result<StreamName, NameError> {
         let name = StreamName::parse(raw)?;
+        if name.0.split('/').any(is_dot_segment) {
+            return Err(NameError::BadSegment(name.0));
+        }
+        if !escapes_well_formed(name.0.as_bytes()) {
+            return Err(NameError::BadEscape(name.0));
+        }
         if name.is_reserved() {
             return Err(NameError::Reserved(name.0));
         }
@@ -181,8 +187,13 @@ mod tests {
     fn percent_must_start_a_two_digit_escape() {
         for bad in ["a%", "a%2", "%", "a%zz", "a%2g/b", "a%%41", "a/b%4"] {
             assert!(
-                matches!(StreamName::parse(bad), Err(NameError::BadEscape(_))),
+                matches!(StreamName::parse_new(bad), Err(NameError::BadEscape(_))),
                 "{bad}"
+            );
+            // A stream stored under it before the rule stays reachable.
+            assert_eq!(
+                StreamName::parse(bad).unwrap().as_str(),
+                bad.trim_matches('/')
             );
         }
         // Escapes are kept as spelled: two spellings are two names.
@@ -207,12 +218,13 @@ mod tests {
             "a/.%2e",
             "%2e/a",
         ] {
-            let e = StreamName::parse(bad).unwrap_err();
+            let e = StreamName::parse_new(bad).unwrap_err();
             assert!(matches!(e, NameError::BadSegment(_)), "{bad}: {e:?}");
             assert!(e.to_string().contains("`%2e` counts as `.`"), "{e}");
+            assert!(StreamName::parse(bad).is_ok(), "{bad} stays reachable");
         }
         for good in ["...", "%2e%2e%2e", "a%2eb", ".a", "%2ea", "a.", "%2e%2"] {
-            let r = StreamName::parse(good);
+            let r = StreamName::parse_new(good);
             assert!(!matches!(r, Err(NameError::BadSegment(_))), "{good}: {r:?}");
         }
     }
@@ -231,7 +243,7 @@ mod tests {
         ] {
             let name = StreamName::parse(reserved).unwrap();
             assert!(name.is_reserved(), "{reserved}");
-            let e = StreamName::parse_public(reserved).unwrap_err();
+            let e = StreamName::parse_new(reserved).unwrap_err();
             assert_eq!(e, NameError::Reserved(name.into_string()), "{reserved}");
             assert!(e.to_string().starts_with("stream name is reserved"), "{e}");
         }
@@ -247,9 +259,9 @@ mod tests {
             "v2/stream",
         ] {
             assert!(!StreamName::parse(free).unwrap().is_reserved(), "{free}");
-            assert_eq!(StreamName::parse_public(free).unwrap().as_str(), free);
+            assert_eq!(StreamName::parse_new(free).unwrap().as_str(), free);
         }
         // Syntax errors come first.
-        assert_eq!(StreamName::parse_public("/"), Err(NameError::Empty));
+        assert_eq!(StreamName::parse_new("/"), Err(NameError::Empty));
     }
 }

@@ -93,8 +93,9 @@ impl HttpError {
 /// errors: those stay in the log (written by the caller), the client gets what happened.
 pub fn public_message<E: ServiceError + ?Sized>(kind: ErrorKind, err: &E) -> String {
     match kind {
+        // It may still land (a durability wait that ran out): say unknown, not failed.
         ErrorKind::Durability => {
-            "append not durable: the write-ahead log failed (details in the server log)".into()
+            "append not acknowledged: its durability is unknown (details in the server log)".into()
         }
         ErrorKind::Internal => "internal error (details in the server log)".into(),
         _ => err.to_string(),
@@ -199,7 +200,7 @@ mod tests {
         let e = AppendError::Durability("storage io error: key=`wal/1/7.wal`".into());
         let h = HttpError::from_service(&e);
         assert_eq!(h.status, 500);
-        assert!(h.message.contains("not durable"), "{}", h.message);
+        assert!(h.message.contains("durability is unknown"), "{}", h.message);
         assert!(!h.message.contains("key="), "{}", h.message);
         let e = AppendError::Internal("corrupt stored batch: stream=17".into());
         assert!(!HttpError::from_service(&e).message.contains("stream=17"));

@@ -663,12 +663,12 @@ async fn reserved_names_and_bad_escapes_are_400_like_over_pico() {
             r.text()
         );
     }
-    // A fork cannot name a reserved source either.
+    // Nor can a fork be made under a reserved name.
     put(&app, &format!("{S}/src"), &[TEXT], "x").await;
     let r = put(
         &app,
-        &format!("{S}/fork"),
-        &[TEXT, ("stream-forked-from", "/v1/stream/_sys/src")],
+        &format!("{S}/_sys/fork"),
+        &[TEXT, ("stream-forked-from", "/v1/stream/src")],
         Body::empty(),
     )
     .await;

@@ -144,8 +144,10 @@ async fn create_rejects_bad_headers_and_names() {
     assert_error(&put(&app, "/a|b", &[]).await, 400, "bad_request");
     assert_error(&put(&app, "/_sys/x", &[]).await, 400, "bad_request");
     assert_error(&put(&app, "/_groups/x", &[]).await, 400, "bad_request");
-    // The DS mount point itself is a reserved name (DS paths below it are the DS router's).
-    assert_error(&get(&app, "/v1/stream").await, 400, "bad_request");
+    // The DS mount point itself is a reserved name (DS paths below it are the DS router's):
+    // never created, so never found.
+    assert_error(&put(&app, "/v1/stream", &[]).await, 400, "bad_request");
+    assert_error(&get(&app, "/v1/stream").await, 404, "not_found");
 }
 
 #[tokio::test]

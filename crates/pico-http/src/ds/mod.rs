@@ -87,7 +87,10 @@ async fn dispatch(
         Ok(name) => match method {
             Method::GET => read::get(&ds, name, &uri, &headers).await,
             Method::HEAD => read::head(&ds, name).await,
-            Method::PUT => write::put(&ds, name, &uri, &headers, body).await,
+            Method::PUT => match new_stream_name(&name) {
+                Ok(()) => write::put(&ds, name, &uri, &headers, body).await,
+                Err(e) => Err(e),
+            },
             Method::POST => write::post(&ds, name, &headers, body).await,
             Method::DELETE => write::delete(&ds, name).await,
             _ => Err(DsError::new(
@@ -110,10 +113,18 @@ pub fn stream_name(root: &str, uri: &Uri) -> Result<StreamName, DsError> {
     stream_name_from(rest)
 }
 
-/// The Pico facade's rule and message: both name the same streams, so a name one of them
-/// reserves (`__ds`, `_sys`, `_groups`, `v1/stream`) must be refused by the other too.
+/// An existing stream's name, by the lenient rule ([`StreamName::parse`]) and the Pico
+/// facade's message.
 fn stream_name_from(path: &str) -> Result<StreamName, DsError> {
-    StreamName::parse_public(path)
+    StreamName::parse(path).map_err(|e| DsError::bad_request(format!("bad stream name: {e}")))
+}
+
+/// A create's name must also pass the rule for new names ([`StreamName::parse_new`]), with the
+/// Pico facade's message: both name the same streams, so a name one of them reserves (`__ds`,
+/// `_sys`, `_groups`, `v1/stream`) is refused by the other too.
+fn new_stream_name(name: &StreamName) -> Result<(), DsError> {
+    StreamName::parse_new(name.as_str())
+        .map(|_| ())
         .map_err(|e| DsError::bad_request(format!("bad stream name: {e}")))
 }
 
@@ -168,12 +179,19 @@ mod tests {
             .map_err(|e| e.status)
     }
 
+    /// The name a PUT may create there.
+    fn new_name(root: &str, path: &str) -> Result<String, StatusCode> {
+        let n = stream_name(root, &path.parse::<Uri>().unwrap()).map_err(|e| e.status)?;
+        new_stream_name(&n).map_err(|e| e.status)?;
+        Ok(n.into_string())
+    }
+
     #[test]
     fn names_from_paths() {
         assert_eq!(name(DS_ROOT, "/v1/stream/orders/42").unwrap(), "orders/42");
         assert_eq!(name(DS_ROOT, "/v1/stream/a%20b?offset=1").unwrap(), "a%20b");
         assert_eq!(name(DS_ROOT, "/v1/streamx").unwrap_err(), 404);
-        assert_eq!(name(DS_ROOT, "/v1/stream/__ds").unwrap_err(), 400);
+        assert_eq!(new_name(DS_ROOT, "/v1/stream/__ds").unwrap_err(), 400);
         assert_eq!(name("", "/orders").unwrap(), "orders");
         assert_eq!(name(DS_ROOT, "/v1/stream/a/../b").unwrap_err(), 400);
         // The Pico facade's reserved names, and names a URL parser would not send as spelled.
@@ -186,10 +204,12 @@ mod tests {
             "a%2",
         ] {
             assert_eq!(
-                name(DS_ROOT, &format!("/v1/stream/{bad}")).unwrap_err(),
+                new_name(DS_ROOT, &format!("/v1/stream/{bad}")).unwrap_err(),
                 400
             );
-            assert_eq!(name("", &format!("/{bad}")).unwrap_err(), 400);
+            assert_eq!(new_name("", &format!("/{bad}")).unwrap_err(), 400);
+            // A stream stored under such a name before the rule stays reachable.
+            assert!(name("", &format!("/{bad}")).is_ok(), "{bad}");
         }
     }
 

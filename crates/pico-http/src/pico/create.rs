@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use pico_protocol::Record;
 use pico_server::{CreateConfig, CreateRequest, Node};
 
-use super::{info_headers, no_store, read_body, stream_name, text_value};
+use super::{info_headers, new_stream_name, no_store, read_body, text_value};
 use crate::error::HttpError;
 use crate::headers::parse_create;
 
@@ -18,7 +18,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let name = stream_name(&uri)?;
+    let name = new_stream_name(&uri)?;
     let ch = parse_create(&headers)?;
     let body = read_body(&headers, body, node.config().max_request_size).await?;
     let initial = if body.is_empty() {

@@ -44,10 +44,18 @@ async fn method_not_allowed() -> HttpError {
 }
 
 /// The stream named by the raw (still percent-encoded) request path: `%` is a legal name
-/// character, so decoding would make two spellings of one path name two streams. Reserved
-/// names (`_sys`, `_groups`, `__ds`, the DS mount `v1/stream`) are refused as in the DS facade.
+/// character, so decoding would make two spellings of one path name two streams. Existing
+/// streams are addressed by the lenient rule ([`StreamName::parse`]); see [`new_stream_name`].
 pub fn stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
-    StreamName::parse_public(uri.path())
+    StreamName::parse(uri.path())
+        .map_err(|e| HttpError::bad_request(format!("bad stream name: {e}")))
+}
+
+/// The name a create asks for, by the rule for new names ([`StreamName::parse_new`]): reserved
+/// names (`_sys`, `_groups`, `__ds`, the DS mount `v1/stream`) are refused as in the DS facade,
+/// with the same message.
+pub fn new_stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
+    StreamName::parse_new(uri.path())
         .map_err(|e| HttpError::bad_request(format!("bad stream name: {e}")))
 }
 
@@ -200,18 +208,28 @@ mod tests {
         stream_name(&path.parse::<Uri>().unwrap())
     }
 
+    fn new_name(path: &str) -> Result<StreamName, HttpError> {
+        new_stream_name(&path.parse::<Uri>().unwrap())
+    }
+
     #[test]
     fn names_from_paths() {
         assert_eq!(name("/orders/42").unwrap().as_str(), "orders/42");
         assert_eq!(name("/a%20b").unwrap().as_str(), "a%20b");
-        assert_eq!(name("/_sys/x").unwrap_err().status, 400);
-        assert_eq!(name("/_groups").unwrap_err().status, 400);
-        assert_eq!(name("/v1/stream/x").unwrap_err().status, 400);
-        assert_eq!(name("/v1/stream").unwrap_err().status, 400);
-        assert_eq!(name("/__ds/x").unwrap_err().status, 400);
-        assert_eq!(name("/a/%2e%2E/b").unwrap_err().status, 400);
-        assert_eq!(name("/a%zz").unwrap_err().status, 400);
-        assert_eq!(name("/v1/streams").unwrap().as_str(), "v1/streams");
+        // Not for new streams; a stream stored under one before the rule stays reachable.
+        for bad in [
+            "/_sys/x",
+            "/_groups",
+            "/v1/stream/x",
+            "/v1/stream",
+            "/__ds/x",
+            "/a/%2e%2E/b",
+            "/a%zz",
+        ] {
+            assert_eq!(new_name(bad).unwrap_err().status, 400, "{bad}");
+            assert!(name(bad).is_ok(), "{bad}");
+        }
+        assert_eq!(new_name("/v1/streams").unwrap().as_str(), "v1/streams");
         assert_eq!(name("/a/../b").unwrap_err().status, 400);
         assert_eq!(name("/a/./b").unwrap_err().status, 400);
     }
