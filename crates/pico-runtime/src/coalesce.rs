@@ -99,6 +99,30 @@ impl<T: AsyncWrite + Unpin> Coalesce<T> {
     }
 }
 
+/// Where sniffing a connection's first bytes against a protocol preface stands.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Sniff {
+    /// Every byte so far matches; this many of the preface have been seen.
+    More(usize),
+    /// The whole preface arrived.
+    Matched,
+    /// A byte differs: another protocol.
+    Differs,
+}
+
+/// Sniffs `got`, the bytes read after `seen` bytes that matched `preface`.
+pub(crate) fn sniff(preface: &[u8], seen: usize, got: &[u8]) -> Sniff {
+    let take = got.len().min(preface.len().saturating_sub(seen));
+    if got[..take] != preface[seen..seen + take] {
+        return Sniff::Differs;
+    }
+    if seen + take == preface.len() {
+        Sniff::Matched
+    } else {
+        Sniff::More(seen + take)
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for Coalesce<T> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -111,16 +135,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Coalesce<T> {
         if this.mode == Mode::Unknown {
             // Decide once the preface's length has been seen (or a byte differs): a lone "P"
             // may start `POST` as well as the preface.
-            let got = &buf.filled()[before..];
-            let seen = this.sniffed;
-            let take = got.len().min(H2_PREFACE.len() - seen);
-            if got[..take] != H2_PREFACE[seen..seen + take] {
-                this.mode = Mode::Passthrough;
-            } else {
-                this.sniffed += take;
-                if this.sniffed == H2_PREFACE.len() {
-                    this.mode = Mode::Coalesce;
-                }
+            match sniff(H2_PREFACE, this.sniffed, &buf.filled()[before..]) {
+                Sniff::Differs => this.mode = Mode::Passthrough,
+                Sniff::Matched => this.mode = Mode::Coalesce,
+                Sniff::More(seen) => this.sniffed = seen,
             }
         }
         Poll::Ready(Ok(()))
@@ -190,6 +208,15 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesce<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sniffing_a_preface() {
+        assert_eq!(sniff(b"PRI", 0, b"P"), Sniff::More(1));
+        assert_eq!(sniff(b"PRI", 1, b"RI"), Sniff::Matched);
+        assert_eq!(sniff(b"PRI", 1, b"RIxyz"), Sniff::Matched);
+        assert_eq!(sniff(b"PRI", 0, b"POST"), Sniff::Differs);
+        assert_eq!(sniff(b"PRI", 2, b""), Sniff::More(2));
+    }
     use tokio::io::{AsyncReadExt, AsyncWriteExt, duplex};
 
     #[tokio::test]

@@ -18,7 +18,7 @@
 //!   connection);
 //! - HTTP/2 pings a connection that has gone quiet and closes it when no answer comes.
 
-use crate::coalesce::Coalesce;
+use crate::coalesce::{Coalesce, Sniff, sniff};
 use crate::conn_exec::ConnExec;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -168,12 +168,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Preface<T> {
             Poll::Ready(Ok(())) => {
                 if this.deadline.is_some() {
                     let got = &buf.filled()[before..];
-                    let take = got.len().min(H2_PREFACE.len() - this.seen);
-                    let differs = got[..take] != H2_PREFACE[this.seen..this.seen + take];
-                    this.seen += take;
                     // End of stream, a byte off the preface, or the whole preface: decided.
-                    if got.is_empty() || differs || this.seen == H2_PREFACE.len() {
-                        this.deadline = None;
+                    match sniff(H2_PREFACE, this.seen, got) {
+                        Sniff::More(seen) if !got.is_empty() => this.seen = seen,
+                        _ => this.deadline = None,
                     }
                 }
                 Poll::Ready(Ok(()))
