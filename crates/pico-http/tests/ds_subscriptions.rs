@@ -861,3 +861,73 @@ async fn a_recreated_stream_starts_its_cursor_over() {
     assert_eq!(a["acked_offset"], "-1");
     assert_eq!(a["has_pending"], true);
 }
+
+/// A wake event whose wake stream another node owns is not appended here (that would take the
+/// stream over and drop the owner's acknowledged, uncommitted appends): it waits, and is
+/// written once the stream is released.
+#[tokio::test]
+async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
+    use pico_metadata::{Command, Outcome};
+    let node = pico_server::testing::start_test_node().await;
+    let app = app(&node);
+    create_stream(&node, "wake/far", &[]).await;
+    let meta = node.meta();
+    meta.propose(Command::RegisterNode {
+        node_id: 2,
+        node_epoch: 7,
+        address: "http://10.0.0.2:4437".into(),
+        now_ms: 1,
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let id = meta.view().registry.get("wake/far").unwrap().stream_id;
+    let open = Command::OpenStream {
+        stream_id: id,
+        node_id: 2,
+        node_epoch: 7,
+    };
+    let Ok(Ok(Outcome::Opened { epoch, .. })) = meta.propose(open).await else {
+        panic!("node 2 could not open the wake stream");
+    };
+    let (s, _, _) = call(
+        &app,
+        "PUT",
+        &sub_path("far"),
+        Some(json!({"type": "pull-wake", "pattern": "**", "wake_stream": "wake/far"})),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    create_stream(&node, "events/far", &[json!({"event": "created"})]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        meta.view().streams[&id].owner.map(|o| o.node_id),
+        Some(2),
+        "the wake stream was taken over"
+    );
+    assert!(read_json(&node, "wake/far").await.is_empty());
+    meta.propose(Command::ReleaseStream {
+        stream_id: id,
+        epoch,
+        node_id: 2,
+        node_epoch: 7,
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let node2 = node.clone();
+    assert!(
+        wait_for(|| {
+            let node = node2.clone();
+            async move {
+                read_json(&node, "wake/far")
+                    .await
+                    .iter()
+                    .any(|e| e["subscription_id"] == "far" && e["generation"] == 1)
+            }
+        })
+        .await,
+        "the held wake event is written once the stream is free"
+    );
+}

@@ -159,6 +159,7 @@ impl Manager {
                             rec,
                             links: BTreeMap::new(),
                             delivering: None,
+                            pending_event: None,
                         },
                     );
                 }
@@ -321,6 +322,14 @@ impl Manager {
         let now = now_ms();
         let mut subs = self.subs.lock().await;
         for sub in subs.values_mut() {
+            if let Some(trigger) = sub.pending_event.clone() {
+                if sub.rec.wake.as_ref().is_some_and(|w| w.holder.is_none()) {
+                    self.append_wake_event(sub, &trigger).await;
+                } else {
+                    // Claimed (or gone): the event is no longer news.
+                    sub.pending_event = None;
+                }
+            }
             let Some(wake) = &sub.rec.wake else {
                 continue;
             };
@@ -385,6 +394,7 @@ impl Manager {
             },
             links: BTreeMap::new(),
             delivering: None,
+            pending_event: None,
         };
         // Existing streams are linked at their tail: creation does not replay history.
         for path in sub.rec.config.streams.clone() {
@@ -661,7 +671,7 @@ impl Manager {
         Ok(true)
     }
 
-    async fn append_wake_event(&self, sub: &Sub, trigger: &str) {
+    async fn append_wake_event(&self, sub: &mut Sub, trigger: &str) {
         let Some(ws) = &sub.rec.config.wake_stream else {
             return;
         };
@@ -676,11 +686,15 @@ impl Manager {
             return;
         };
         // Appending here would open a stream another node owns, fencing it and dropping the
-        // appends it acknowledged but has not committed: leave the event out instead.
+        // appends it acknowledged but has not committed: the timer retries once it is free.
         if let Some(owner) = self.node.owner_url(&name) {
-            tracing::warn!(sub = %sub.rec.id, wake_stream = %ws, owner, "wake stream owned by another node; event not written");
+            if sub.pending_event.is_none() {
+                tracing::warn!(sub = %sub.rec.id, wake_stream = %ws, owner, "wake stream owned by another node; event held until it is released");
+            }
+            sub.pending_event = Some(trigger.to_string());
             return;
         }
+        sub.pending_event = None;
         let req = AppendRequest {
             name,
             records: vec![DataRecord::from_value(event.to_string().into_bytes())],
@@ -1173,6 +1187,7 @@ mod tests {
             },
             links: BTreeMap::new(),
             delivering: None,
+            pending_event: None,
         }
     }
 

@@ -271,6 +271,10 @@ pub struct Sub {
     pub links: BTreeMap<String, Link>,
     /// The wake a delivery attempt is running for (not persisted).
     pub delivering: Option<String>,
+    /// A pull-wake event not written yet because another node owned its wake stream: the
+    /// stream that triggered it, retried on the timer while the wake is unclaimed (not
+    /// persisted).
+    pub pending_event: Option<String>,
 }
 
 /// One stream as shown in wakes and claims.
