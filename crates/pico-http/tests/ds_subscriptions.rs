@@ -867,29 +867,13 @@ async fn a_recreated_stream_starts_its_cursor_over() {
 /// written once the stream is released.
 #[tokio::test]
 async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
-    use pico_metadata::{Command, Outcome};
+    use pico_metadata::Command;
+    use pico_server::testing::{OTHER_NODE, open_on_other_node};
     let node = pico_server::testing::start_test_node().await;
     let app = app(&node);
     create_stream(&node, "wake/far", &[]).await;
+    let (id, epoch) = open_on_other_node(&node, "wake/far").await;
     let meta = node.meta();
-    meta.propose(Command::RegisterNode {
-        node_id: 2,
-        node_epoch: 7,
-        address: "http://10.0.0.2:4437".into(),
-        now_ms: 1,
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let id = meta.view().registry.get("wake/far").unwrap().stream_id;
-    let open = Command::OpenStream {
-        stream_id: id,
-        node_id: 2,
-        node_epoch: 7,
-    };
-    let Ok(Ok(Outcome::Opened { epoch, .. })) = meta.propose(open).await else {
-        panic!("node 2 could not open the wake stream");
-    };
     let (s, _, _) = call(
         &app,
         "PUT",
@@ -910,8 +894,8 @@ async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
     meta.propose(Command::ReleaseStream {
         stream_id: id,
         epoch,
-        node_id: 2,
-        node_epoch: 7,
+        node_id: OTHER_NODE.0,
+        node_epoch: OTHER_NODE.1,
     })
     .await
     .unwrap()

@@ -3,8 +3,7 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use pico_http::{HttpOptions, protocol_router};
-use pico_metadata::{Command, Outcome};
-use pico_server::testing::start_test_node;
+use pico_server::testing::{open_on_other_node, start_test_node};
 use tower::ServiceExt;
 
 async fn send(app: &axum::Router, method: &str, uri: &str) -> axum::response::Response {
@@ -25,27 +24,8 @@ async fn redirects_to_owner_unless_local_routing() {
         StatusCode::CREATED
     );
     // Another node registers and opens the stream (as its first request there would).
+    let (id, _) = open_on_other_node(&node, "moved/s").await;
     let meta = node.meta();
-    meta.propose(Command::RegisterNode {
-        node_id: 2,
-        node_epoch: 7,
-        address: "http://10.0.0.2:4437".into(),
-        now_ms: 1,
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let id = meta.view().registry.get("moved/s").unwrap().stream_id;
-    let opened = meta
-        .propose(Command::OpenStream {
-            stream_id: id,
-            node_id: 2,
-            node_epoch: 7,
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(matches!(opened, Outcome::Opened { .. }));
 
     let r = send(&app, "GET", "/moved/s?seq=3&format=raw").await;
     assert_eq!(r.status(), StatusCode::TEMPORARY_REDIRECT);

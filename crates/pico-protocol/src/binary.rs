@@ -42,7 +42,7 @@ pub enum BinaryError {
 /// Checks that `r` can be framed by [`encode_binary`] and rendered as JSON without loss (the
 /// JSON form's headers are an object of strings: unique keys, UTF-8 values). Appends check it so
 /// that every stored record stays readable, whole, in every format.
-pub fn check_framable(r: &Record) -> Result<(), BinaryError> {
+pub fn check_storable(r: &Record) -> Result<(), BinaryError> {
     let too_long = |field, len| BinaryError::TooLong { field, len };
     if r.headers.len() > MAX_HEADERS {
         return Err(too_long("header count", r.headers.len()));
@@ -283,11 +283,11 @@ mod tests {
     fn framable_records_fit_the_u16_fields() {
         let mut r = Record::from_value("x");
         r.headers = vec![("k".repeat(MAX_HEADER_KEY_LEN), Bytes::new())];
-        assert_eq!(check_framable(&r), Ok(()));
+        assert_eq!(check_storable(&r), Ok(()));
         assert!(encode_binary([(0, &r)]).is_ok());
         r.headers = vec![("k".repeat(MAX_HEADER_KEY_LEN + 1), Bytes::new())];
         assert_eq!(
-            check_framable(&r),
+            check_storable(&r),
             Err(BinaryError::TooLong {
                 field: "header key",
                 len: MAX_HEADER_KEY_LEN + 1
@@ -296,7 +296,7 @@ mod tests {
         assert!(encode_binary([(0, &r)]).is_err());
         r.headers = vec![(String::new(), Bytes::new()); MAX_HEADERS + 1];
         assert!(matches!(
-            check_framable(&r),
+            check_storable(&r),
             Err(BinaryError::TooLong {
                 field: "header count",
                 ..
@@ -312,17 +312,17 @@ mod tests {
             ("a".into(), Bytes::from_static(b"1")),
             ("b".into(), Bytes::new()),
         ];
-        assert_eq!(check_framable(&r), Ok(()));
+        assert_eq!(check_storable(&r), Ok(()));
         // The JSON form's headers are an object of strings: a repeated key or bytes that are
         // not UTF-8 would be lost there.
         r.headers.push(("a".into(), Bytes::from_static(b"2")));
         assert_eq!(
-            check_framable(&r),
+            check_storable(&r),
             Err(BinaryError::DuplicateHeader("a".into()))
         );
         r.headers = vec![("v".into(), Bytes::from_static(&[0xff]))];
         assert_eq!(
-            check_framable(&r),
+            check_storable(&r),
             Err(BinaryError::HeaderValue("v".into()))
         );
     }

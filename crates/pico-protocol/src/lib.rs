@@ -26,7 +26,7 @@ pub use batch::{
     BatchError, DecodedBatch, crc_parts, decode_batch, encode_batch, record_count, set_base_offset,
 };
 pub use binary::{
-    BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, check_framable, decode_binary,
+    BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, check_storable, decode_binary,
     decode_binary_append, decode_binary_records, encode_binary,
 };
 pub use json_batch::{JsonBatchError, parse_json_batch, record_to_json, render_json};

@@ -14,7 +14,7 @@ use pico_common::clock::now_ms;
 use pico_metadata::{
     ApplyError, Command, ForkOrigin, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta,
 };
-use pico_protocol::{Record, check_framable, crc_parts, decode_batch, encode_batch};
+use pico_protocol::{Record, check_storable, crc_parts, decode_batch, encode_batch};
 use pico_sql::MetaLog;
 use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal, crc};
 use std::collections::{HashMap, HashSet};
@@ -1606,7 +1606,7 @@ fn check_records(records: &[Record]) -> Result<(), AppendError> {
     }
     // Every stored record must stay readable in every format (binary has u16 fields).
     for (index, rec) in records.iter().enumerate() {
-        check_framable(rec).map_err(|e| {
+        check_storable(rec).map_err(|e| {
             AppendError::BadRequest(format!("record cannot be stored: index={index} {e}"))
         })?;
     }

@@ -31,3 +31,42 @@ pub async fn start_test_node_with(mut config: NodeConfig) -> Node {
         .await
         .expect("test node")
 }
+
+/// Another node in the test: its id, epoch and advertised address.
+pub const OTHER_NODE: (u32, u64, &str) = (2, 7, "http://10.0.0.2:4437");
+
+/// Registers [`OTHER_NODE`] and opens the existing stream `name` on it, as that node's first
+/// request would: `node` then sees the stream owned elsewhere. Returns the stream's id and the
+/// epoch it was opened at (for a later `ReleaseStream`).
+pub async fn open_on_other_node(node: &Node, name: &str) -> (u64, i64) {
+    use pico_metadata::{Command, Outcome};
+    let (node_id, node_epoch, address) = OTHER_NODE;
+    let meta = node.meta();
+    meta.propose(Command::RegisterNode {
+        node_id,
+        node_epoch,
+        address: address.into(),
+        now_ms: 1,
+    })
+    .await
+    .expect("metadata log")
+    .expect("other node registered");
+    let stream_id = meta
+        .view()
+        .registry
+        .get(name)
+        .expect("the stream exists")
+        .stream_id;
+    let opened = meta
+        .propose(Command::OpenStream {
+            stream_id,
+            node_id,
+            node_epoch,
+        })
+        .await
+        .expect("metadata log");
+    match opened {
+        Ok(Outcome::Opened { epoch, .. }) => (stream_id, epoch),
+        other => panic!("the other node could not open `{name}`: {other:?}"),
+    }
+}
