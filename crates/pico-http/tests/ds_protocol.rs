@@ -691,3 +691,168 @@ async fn reserved_names_and_bad_escapes_are_400_like_over_pico() {
     assert_eq!(get(&app, &format!("{S}/a%2fb")).await.text(), "l");
     assert_eq!(get(&app, "/a%2Fb").await.text(), "u");
 }
+
+#[tokio::test]
+async fn etag_changes_when_a_full_chunk_stops_being_up_to_date() {
+    let (app, _) = app().await;
+    let u = format!("{S}/cap");
+    // Three records fill most of the 64 KiB chunk cap; a fourth no longer fits in one response.
+    let rec = "a".repeat(20_000);
+    put(&app, &u, &[TEXT], rec.clone()).await;
+    for _ in 0..2 {
+        post(&app, &u, &[TEXT], rec.clone()).await;
+    }
+    let first = get(&app, &format!("{u}?offset=0")).await;
+    assert_eq!(first.h("stream-up-to-date"), Some("true"));
+    assert_eq!(first.offset(), format_offset(3));
+    let tag_at_tail = first.h("etag").unwrap().to_string();
+
+    post(&app, &u, &[TEXT], rec.clone()).await;
+    // Same range, same body, but no longer everything there is: the old tag must not match,
+    // or a cache would keep serving the stale Stream-Up-To-Date.
+    let r = get_with(
+        &app,
+        &format!("{u}?offset=0"),
+        &[("if-none-match", &tag_at_tail)],
+    )
+    .await;
+    assert_eq!(r.code(), 200);
+    assert_eq!(r.body, first.body);
+    assert_eq!(r.offset(), format_offset(3));
+    assert!(r.h("stream-up-to-date").is_none());
+    let tag_capped = r.h("etag").unwrap().to_string();
+    assert_ne!(tag_capped, tag_at_tail);
+    // Identical responses keep their tag, however far the tail moves.
+    post(&app, &u, &[TEXT], rec.clone()).await;
+    let r = get_with(
+        &app,
+        &format!("{u}?offset=0"),
+        &[("if-none-match", &tag_capped)],
+    )
+    .await;
+    assert_eq!(r.code(), 304);
+    assert_eq!(r.h("etag"), Some(tag_capped.as_str()));
+    assert!(r.h("stream-up-to-date").is_none());
+}
+
+#[tokio::test]
+async fn closed_json_stream_answers_409_whatever_the_body() {
+    let (app, _) = app().await;
+    let u = format!("{S}/cj");
+    put(&app, &u, &[JSON], "[1,2]").await;
+    let tail = post(&app, &u, &[("stream-closed", "true")], Body::empty())
+        .await
+        .offset();
+    let max = pico_server::node::MAX_RECORDS_PER_APPEND;
+    let too_many = format!("[{}]", vec!["1"; max + 1].join(","));
+    let bodies: [Vec<u8>; 5] = [
+        b"{bad".to_vec(),
+        b"[]".to_vec(),
+        too_many.into_bytes(),
+        b"[\"\xff\"]".to_vec(),
+        b"[3]".to_vec(),
+    ];
+    for body in bodies {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(8)]).into_owned();
+        let r = post(&app, &u, &[JSON], body).await;
+        assert_eq!(
+            (r.code(), r.h("stream-closed")),
+            (409, Some("true")),
+            "{shown}: {}",
+            r.text()
+        );
+        assert_eq!(r.offset(), tail, "{shown}");
+    }
+    // The same bodies on an open stream are still refused for what they are.
+    let open = format!("{S}/oj");
+    put(&app, &open, &[JSON], Body::empty()).await;
+    for (body, code) in [("{bad", 400), ("[]", 400)] {
+        let r = post(&app, &open, &[JSON], body).await;
+        assert_eq!(r.code(), code, "{body}");
+        assert!(r.h("stream-closed").is_none());
+    }
+}
+
+#[tokio::test]
+async fn fork_of_a_soft_deleted_source_is_409_with_or_without_a_body() {
+    let (app, _) = app().await;
+    put(&app, &format!("{S}/gone"), &[TEXT], "root").await;
+    put(
+        &app,
+        &format!("{S}/keep"),
+        &[("stream-forked-from", "/v1/stream/gone")],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(delete(&app, &format!("{S}/gone")).await.code(), 204);
+    let from = [("stream-forked-from", "/v1/stream/gone")];
+    let r = put(&app, &format!("{S}/f0"), &from, Body::empty()).await;
+    assert_eq!(r.code(), 409, "{}", r.text());
+    // With a body and no Content-Type the handler looks the source up to frame the body.
+    let r = put(&app, &format!("{S}/f1"), &from, "more").await;
+    assert_eq!(r.code(), 409, "{}", r.text());
+    assert!(r.text().contains("fork source is deleted"), "{}", r.text());
+    assert_eq!(head(&app, &format!("{S}/f1")).await.code(), 404);
+    // A missing source is still 404 either way.
+    let none = [("stream-forked-from", "/v1/stream/none")];
+    assert_eq!(put(&app, &format!("{S}/f2"), &none, "x").await.code(), 404);
+}
+
+#[tokio::test]
+async fn json_bodies_must_be_utf8() {
+    let (app, _) = app().await;
+    let u = format!("{S}/u8");
+    put(&app, &u, &[JSON], r#"["é"]"#).await;
+    let r = post(&app, &u, &[JSON], b"[\"\xff\"]".to_vec()).await;
+    assert_eq!(r.code(), 400);
+    assert!(
+        r.text().contains("not valid UTF-8"),
+        "clear message: {}",
+        r.text()
+    );
+    let r = put(&app, &format!("{S}/u8b"), &[JSON], b"\"a\xc3\"".to_vec()).await;
+    assert_eq!(r.code(), 400);
+    assert_eq!(head(&app, &format!("{S}/u8b")).await.code(), 404);
+    // Nothing was stored; valid UTF-8 reads back byte for byte.
+    let r = get(&app, &u).await;
+    assert_eq!((r.text(), r.offset()), (r#"["é"]"#, format_offset(1)));
+    // Byte streams hold any bytes.
+    put(&app, &format!("{S}/raw"), &[OCTETS], Body::empty()).await;
+    let r = post(&app, &format!("{S}/raw"), &[OCTETS], b"\xff".to_vec()).await;
+    assert_eq!(r.code(), 204);
+}
+
+#[tokio::test]
+async fn interop_offsets_must_have_a_zero_read_seq() {
+    let (app, _) = app().await;
+    let u = format!("{S}/rb");
+    put(&app, &u, &[TEXT], "a").await;
+    post(&app, &u, &[TEXT], "b").await;
+    let r = get(
+        &app,
+        &format!("{u}?offset=0000000000000000_0000000000000001"),
+    )
+    .await;
+    assert_eq!((r.code(), r.text()), (200, "b"));
+    // A read sequence this server never mints: refused rather than read from `B`.
+    for q in ["5_1", "0000000000000001_0000000000000000"] {
+        let r = get(&app, &format!("{u}?offset={q}")).await;
+        assert_eq!(r.code(), 400, "{q}");
+        assert!(
+            r.text().contains("not an offset of this server"),
+            "{q}: {}",
+            r.text()
+        );
+    }
+    let r = put(
+        &app,
+        &format!("{S}/rbf"),
+        &[
+            ("stream-forked-from", "/v1/stream/rb"),
+            ("stream-fork-offset", "0000000000000001_0000000000000001"),
+        ],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(r.code(), 400);
+}

@@ -35,8 +35,15 @@ fn trim(mut s: &[u8]) -> &[u8] {
 /// a huge array never becomes as many messages). An empty array yields no messages (the caller
 /// decides: `[]` is an error on append and an empty stream on create).
 pub fn split_messages(body: &Bytes, max: usize) -> Result<Vec<Bytes>, DsJsonError> {
-    // Validation allocates nothing per element.
-    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+    // JSON is UTF-8 (RFC 8259), and `from_slice` does not check the bytes inside strings:
+    // stored invalid UTF-8 would be read back mangled. Validation allocates nothing per element.
+    let text = std::str::from_utf8(body).map_err(|e| {
+        DsJsonError::Invalid(format!(
+            "body is not valid UTF-8: at byte {}",
+            e.valid_up_to()
+        ))
+    })?;
+    serde_json::from_str::<serde::de::IgnoredAny>(text)
         .map_err(|e| DsJsonError::Invalid(e.to_string()))?;
     let value = trim(body);
     let start = value.as_ptr() as usize - body.as_ptr() as usize;
@@ -167,6 +174,37 @@ mod tests {
         for bad in ["", "{ invalid json }", "[1,", "1 2", "[1]]"] {
             assert!(split(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn rejects_invalid_utf8_even_inside_strings() {
+        for bad in [
+            &b"[\"\xff\"]"[..],
+            b"\"a\xc3\"",
+            b"{\"k\xed\xa0\x80\":1}",
+            b"[1]\xff",
+        ] {
+            let e = split_messages(&Bytes::copy_from_slice(bad), usize::MAX).unwrap_err();
+            assert!(
+                matches!(&e, DsJsonError::Invalid(m) if m.starts_with("body is not valid UTF-8")),
+                "{bad:?}: {e}"
+            );
+        }
+        assert_eq!(
+            e_msg(&b"[\"ok\",\"\xff\"]"[..]),
+            "invalid JSON: body is not valid UTF-8: at byte 7"
+        );
+        // Multi-byte UTF-8 and escapes are fine.
+        assert_eq!(
+            split(r#"["é", "\u00e9"]"#).unwrap(),
+            vec![r#""é""#, r#""\u00e9""#]
+        );
+    }
+
+    fn e_msg(body: &[u8]) -> String {
+        split_messages(&Bytes::copy_from_slice(body), usize::MAX)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //!
 //! For interoperability, the reference server's `RRRRRRRRRRRRRRRR_BBBBBBBBBBBBBBBB` form is also
 //! accepted on input (clients and the conformance suite hard-code its zero offset): it names
-//! record offset `B`. We never mint it.
+//! record offset `B`. We never mint it, so only `R` = 0 is accepted: any other `R` came from
+//! another server, and reading from `B` would read the wrong place (offsets are opaque and
+//! server-private; a server need only accept its own).
 
 use thiserror::Error;
 
@@ -22,6 +24,10 @@ pub enum OffsetSpec {
 pub enum OffsetError {
     #[error("bad offset: value=`{0}` (want -1, now, or up to 20 decimal digits)")]
     Bad(String),
+    #[error(
+        "bad offset: value=`{0}` (not an offset of this server: the part before `_` must be 0)"
+    )]
+    Foreign(String),
 }
 
 /// The 20-digit, zero-padded form of `offset`.
@@ -38,7 +44,7 @@ pub fn push_offset(out: &mut Vec<u8>, offset: u64) {
 }
 
 /// Parses `-1`, `now`, up to 20 ASCII digits (leading zeros allowed), or the interop form
-/// `digits_digits` (see the module doc).
+/// `0_digits` (`R` zero in any number of digits; see the module doc).
 pub fn parse_offset(s: &str) -> Result<OffsetSpec, OffsetError> {
     let digits = |d: &str| -> Option<u64> {
         if !d.is_empty() && d.len() <= 20 && d.bytes().all(|b| b.is_ascii_digit()) {
@@ -52,7 +58,11 @@ pub fn parse_offset(s: &str) -> Result<OffsetSpec, OffsetError> {
         "now" => Ok(OffsetSpec::Now),
         _ => {
             let value = match s.split_once('_') {
-                Some((read_seq, position)) => digits(read_seq).and(digits(position)),
+                Some((read_seq, position)) => match (digits(read_seq), digits(position)) {
+                    (Some(0), b) => b,
+                    (Some(_), Some(_)) => return Err(OffsetError::Foreign(s.to_string())),
+                    _ => None,
+                },
                 None => digits(s),
             };
             value
@@ -84,9 +94,21 @@ mod tests {
             Ok(OffsetSpec::At(0))
         );
         assert_eq!(
-            parse_offset("0000000000000001_0000000000000007"),
+            parse_offset("0000000000000000_0000000000000007"),
             Ok(OffsetSpec::At(7))
         );
+        assert_eq!(parse_offset("0_7"), Ok(OffsetSpec::At(7)));
+        // A non-zero read sequence was minted elsewhere: refused, not read from `B`.
+        for foreign in [
+            "0000000000000001_0000000000000007",
+            "5_7",
+            "9999999999999999_0",
+        ] {
+            assert_eq!(
+                parse_offset(foreign),
+                Err(OffsetError::Foreign(foreign.to_string()))
+            );
+        }
         for bad in [
             "",
             "-2",

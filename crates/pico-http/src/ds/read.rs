@@ -88,10 +88,17 @@ fn read_headers(hm: &mut HeaderMap, out: &ReadOutcome) {
     }
 }
 
-/// Same incarnation, same range, same closure → same bytes. Changes when the stream closes.
+/// Same incarnation, same range, same flags → same response. The flags cover the headers that
+/// change while the range does not: a 304 cannot remove a cached header, so a chunk cached as
+/// up to date needs a new tag once the tail moves past it (`:u`), as one cached open does once
+/// the stream closes (`:c`).
 fn etag(out: &ReadOutcome, from: u64) -> String {
+    let u = if out.up_to_date { ":u" } else { "" };
     let c = if out.closed { ":c" } else { "" };
-    format!("\"ds:{}:{from}:{}{c}\"", out.info.stream_id, out.next_seq)
+    format!(
+        "\"ds:{}:{from}:{}{u}{c}\"",
+        out.info.stream_id, out.next_seq
+    )
 }
 
 /// Randomness for cursor jitter without a RNG dependency: sub-second clock noise.

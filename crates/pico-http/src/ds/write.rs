@@ -12,8 +12,8 @@ use pico_protocol::ds_json::{DsJsonError, split_messages};
 use pico_protocol::headers as h;
 use pico_server::node::MAX_RECORDS_PER_APPEND;
 use pico_server::{
-    AppendError, AppendOptions, AppendRequest, CreateConfig, CreateRequest, ForkRequest,
-    StreamInfo, is_json,
+    AppendError, AppendOptions, AppendRequest, CreateConfig, CreateRequest, ForkError, ForkRequest,
+    ReadError, StreamInfo, is_json,
 };
 
 use super::error::DsError;
@@ -93,7 +93,19 @@ pub async fn put(
             let ct = match &config.content_type {
                 Some(ct) => ct.clone(),
                 None if body.is_empty() => String::new(),
-                None => ds.node.head(&source).await?.content_type,
+                None => match ds.node.head(&source).await {
+                    Ok(info) => info.content_type,
+                    // A soft-deleted source is a conflict for a fork (409), as the fork itself
+                    // answers when there is no body to frame; not the source's own 410.
+                    Err(ReadError::Gone(_)) => {
+                        return Err(ForkError::Conflict {
+                            name: name.to_string(),
+                            reason: format!("fork source is deleted: source=`{source}`"),
+                        }
+                        .into());
+                    }
+                    Err(e) => return Err(e.into()),
+                },
             };
             let initial = records(&ct, body)?;
             ds.node
@@ -155,9 +167,23 @@ pub async fn post(
         } else {
             h::CONTENT_TYPE_OCTET_STREAM
         };
-        let recs = records(frame_ct, body)?;
+        // Any append to a closed stream is a 409 with the closure headers, whatever its body.
+        // Asked only once the body is refused, so a valid body is parsed once.
+        let refuse = |e: DsError| {
+            if info.closed {
+                DsError::from(AppendError::Closed {
+                    name: name.to_string(),
+                    next_seq: info.next_seq,
+                })
+            } else {
+                e
+            }
+        };
+        let recs = records(frame_ct, body).map_err(refuse)?;
         if recs.is_empty() {
-            return Err(DsError::bad_request("empty JSON arrays are not allowed"));
+            return Err(refuse(DsError::bad_request(
+                "empty JSON arrays are not allowed",
+            )));
         }
         recs
     };
