@@ -25,6 +25,10 @@ pub enum MetaError {
     /// snapshot replaced the rows before they were read). Retry idempotently.
     #[error("metadata command outcome unknown: row_id={row_id}")]
     OutcomeUnknown { row_id: i64 },
+    /// The log stopped applying for good (its committer ended without `close`); see
+    /// [`crate::MetaLog::health`]. Corruption keeps its own variant as the reason.
+    #[error("metadata log stopped: {0}")]
+    Stopped(String),
     #[error("metadata log is closed")]
     Closed,
 }
@@ -37,7 +41,9 @@ impl MetaError {
         }
     }
 
-    /// The prescriptive kind callers map to their wire.
+    /// The prescriptive kind callers map to their wire: `Unavailable` for what a retry can
+    /// fix (store outage, unknown outcome, shutdown), `Internal` for what only an operator can
+    /// (see [`MetaError::is_permanent`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
             MetaError::Unsupported(_) | MetaError::BadUrl(_) => ErrorKind::BadRequest,
@@ -47,7 +53,60 @@ impl MetaError {
             | MetaError::Closed => ErrorKind::Unavailable(None),
             MetaError::CorruptRow { .. }
             | MetaError::BadRow { .. }
-            | MetaError::CorruptSnapshot(_) => ErrorKind::Internal,
+            | MetaError::CorruptSnapshot(_)
+            | MetaError::Stopped(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// No retry helps: the stored log is damaged (a row or snapshot that does not decode, a
+    /// codec error included) or the log stopped for good. A running log that meets one stops
+    /// and reports it from [`crate::MetaLog::health`]; a restart (after repair) is the way out.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            MetaError::CorruptRow { .. }
+                | MetaError::BadRow { .. }
+                | MetaError::CorruptSnapshot(_)
+                | MetaError::Stopped(_)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Permanent failures must not look like a store outage a retry could fix.
+    #[test]
+    fn permanent_failures_are_classified_apart_from_transient_ones() {
+        let permanent = [
+            MetaError::CorruptRow {
+                row_id: 1,
+                source: CodecError::Truncated("command"),
+            },
+            MetaError::BadRow {
+                row_id: 1,
+                reason: "count".into(),
+            },
+            MetaError::CorruptSnapshot("x".into()),
+            MetaError::Stopped("committer ended".into()),
+        ];
+        for e in &permanent {
+            assert!(e.is_permanent(), "{e:?}");
+            assert_eq!(e.kind(), ErrorKind::Internal, "{e:?}");
+        }
+        let transient = [
+            MetaError::Store {
+                op: "append",
+                message: "database is locked".into(),
+            },
+            MetaError::Io("x".into()),
+            MetaError::OutcomeUnknown { row_id: 1 },
+            MetaError::Closed,
+        ];
+        for e in &transient {
+            assert!(!e.is_permanent(), "{e:?}");
+            assert_eq!(e.kind(), ErrorKind::Unavailable(None), "{e:?}");
         }
     }
 }

@@ -9,9 +9,9 @@ use crate::store::{LogStore, SnapshotMeta};
 use arc_swap::ArcSwap;
 use pico_metadata::codec;
 use pico_metadata::{ApplyError, CodecError, Command, Outcome, State};
-use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -56,6 +56,9 @@ pub struct SnapshotStats {
     pub written: u64,
     /// Log rows deleted by this process's snapshots.
     pub rows_truncated: u64,
+    /// Snapshot attempts that failed since the last one written (0 = the last one worked).
+    /// While they fail, log rows are not truncated.
+    pub consecutive_failures: u64,
 }
 
 type Outcomes = Vec<Result<Outcome, ApplyError>>;
@@ -70,6 +73,7 @@ struct Stats {
     last_index: AtomicU64,
     written: AtomicU64,
     rows_truncated: AtomicU64,
+    consecutive_failures: AtomicU64,
 }
 
 struct Inner {
@@ -80,6 +84,8 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stats: Arc<Stats>,
+    /// Why the committer stopped for good, once it has (set once, read without a lock).
+    stopped: Arc<OnceLock<MetaError>>,
 }
 
 /// The metadata log. Cheap to clone.
@@ -140,7 +146,14 @@ impl MetaLog {
 
         let (tx, rx) = mpsc::channel(QUEUE_REQUESTS);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let committer = tokio::spawn(run_committer(applier, rx, shutdown_rx, opts));
+        let stopped = Arc::new(OnceLock::new());
+        let committer = tokio::spawn(run_committer(
+            applier,
+            rx,
+            shutdown_rx,
+            opts,
+            stopped.clone(),
+        ));
         let snapshotter = tokio::spawn(run_snapshotter(store.clone(), due, due_rx, stats.clone()));
         Ok(MetaLog {
             inner: Arc::new(Inner {
@@ -151,6 +164,7 @@ impl MetaLog {
                 shutdown,
                 tasks: Mutex::new(vec![committer, snapshotter]),
                 stats,
+                stopped,
             }),
         })
     }
@@ -180,16 +194,39 @@ impl MetaLog {
         if cmds.is_empty() {
             return Ok(Vec::new());
         }
-        if *self.inner.shutdown.borrow() {
-            return Err(MetaError::Closed);
-        }
+        self.health()?;
         let (reply, rx) = oneshot::channel();
         self.inner
             .tx
             .send(Request { cmds, reply })
             .await
-            .map_err(|_| MetaError::Closed)?;
-        rx.await.map_err(|_| MetaError::Closed)?
+            .map_err(|_| self.closed())?;
+        rx.await.map_err(|_| self.closed())?
+    }
+
+    /// Whether the log still applies commands, without SQL or a lock (cheap enough for every
+    /// readiness probe). `Err` with the reason once it stopped for good: the corrupt row or
+    /// snapshot it met (`CorruptRow`/`BadRow`/`CorruptSnapshot`), or `Stopped` if its
+    /// committer ended otherwise; all [`MetaError::is_permanent`], and every later proposal
+    /// fails with the same error. `Err(Closed)` after [`MetaLog::close`]. A store outage is
+    /// not reported here: it fails single proposals with a retryable `Store` error.
+    pub fn health(&self) -> Result<(), MetaError> {
+        if let Some(e) = self.inner.stopped.get() {
+            return Err(e.clone());
+        }
+        if *self.inner.shutdown.borrow() {
+            return Err(MetaError::Closed);
+        }
+        Ok(())
+    }
+
+    /// The error for a committer that is gone: its reason if it stopped, else `Closed`.
+    fn closed(&self) -> MetaError {
+        self.inner
+            .stopped
+            .get()
+            .cloned()
+            .unwrap_or(MetaError::Closed)
     }
 
     /// Applied-index changes (for waiters / readiness).
@@ -203,6 +240,7 @@ impl MetaLog {
             last_index: s.last_index.load(Ordering::Relaxed),
             written: s.written.load(Ordering::Relaxed),
             rows_truncated: s.rows_truncated.load(Ordering::Relaxed),
+            consecutive_failures: s.consecutive_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -285,8 +323,8 @@ async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> 
     for meta in snaps {
         let index = meta.applied_index;
         match store.load_snapshot(index).await {
-            Ok(Some(bytes)) => match codec::decode_state(&bytes) {
-                Ok(state) if state.applied_index == index => {
+            Ok(Some(bytes)) => match decode_state_blocking(bytes).await? {
+                (_, Ok(state)) if state.applied_index == index => {
                     for (index, bytes) in unreadable {
                         // A failed delete only leaves the row for the next start to retry;
                         // the state just loaded is good, so it must not stop this one.
@@ -305,14 +343,14 @@ async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> 
                     }
                     return Ok((state, meta.last_row_id));
                 }
-                Ok(state) => {
+                (bytes, Ok(state)) => {
                     last_err = format!(
                         "applied_index={index} payload_index={}",
                         state.applied_index
                     );
                     unreadable.push((index, bytes));
                 }
-                Err(e) => {
+                (bytes, Err(e)) => {
                     last_err = format!("applied_index={index} error={e}");
                     // A newer codec's snapshot is not damaged: leave it to the nodes that read it.
                     if !matches!(e, CodecError::UnsupportedVersion(v) if v > codec::VERSION) {
@@ -338,6 +376,24 @@ async fn load_snapshot(store: &dyn LogStore) -> Result<(State, i64), MetaError> 
         tracing::warn!(error = %last_err, "unreadable metadata snapshot, trying an older one");
     }
     Err(transient.unwrap_or(MetaError::CorruptSnapshot(last_err)))
+}
+
+/// Decodes a snapshot on a blocking thread: a large state takes seconds, which would stall a
+/// runtime worker (and every task queued on it); at open and when a lagging tail jumps alike.
+/// Hands the bytes back for `discard_snapshot`.
+async fn decode_state_blocking(
+    bytes: Vec<u8>,
+) -> Result<(Vec<u8>, Result<State, CodecError>), MetaError> {
+    tokio::task::spawn_blocking(move || {
+        let state = codec::decode_state(&bytes);
+        (bytes, state)
+    })
+    .await
+    // Cancelled at runtime shutdown (decoding never panics): retryable like a store failure.
+    .map_err(|e| MetaError::Store {
+        op: "decode snapshot",
+        message: e.to_string(),
+    })
 }
 
 /// Owns the mutable state: applies rows in table order and publishes views.
@@ -472,12 +528,15 @@ async fn run_committer(
     mut rx: mpsc::Receiver<Request>,
     mut shutdown: watch::Receiver<bool>,
     opts: MetaLogOptions,
+    stopped: Arc<OnceLock<MetaError>>,
 ) {
+    let _on_exit = StopOnExit {
+        stopped: stopped.clone(),
+        shutdown: shutdown.clone(),
+    };
     let mut ticker = tokio::time::interval(opts.poll_interval.max(Duration::from_millis(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let max_batch = opts.max_batch.max(1);
-    // A corrupted row stops the log for good: applying past it would diverge from other nodes.
-    let mut poisoned: Option<MetaError> = None;
     let mut carry: Option<Request> = None;
     loop {
         let first = match carry.take() {
@@ -487,9 +546,9 @@ async fn run_committer(
                 _ = shutdown.changed() => break,
                 r = rx.recv() => match r { Some(r) => r, None => break },
                 _ = ticker.tick() => {
-                    if poisoned.is_none() && let Err(e) = applier.catch_up().await {
+                    if stopped.get().is_none() && let Err(e) = applier.catch_up().await {
                         tracing::warn!(error = %e, "metadata tail failed");
-                        if is_corruption(&e) { poisoned = Some(e); }
+                        if is_corruption(&e) { stop(&stopped, e); }
                     }
                     continue;
                 }
@@ -519,7 +578,7 @@ async fn run_committer(
         if batch.is_empty() {
             continue;
         }
-        if let Some(e) = &poisoned {
+        if let Some(e) = stopped.get() {
             for r in batch {
                 let _ = r.reply.send(Err(e.clone()));
             }
@@ -561,7 +620,7 @@ async fn run_committer(
         if let Err(e) = &tail {
             tracing::warn!(error = %e, row_id, "metadata tail after commit failed");
             if is_corruption(e) {
-                poisoned = Some(e.clone());
+                stop(&stopped, e.clone());
             }
         }
         match outcomes {
@@ -584,6 +643,32 @@ async fn run_committer(
         }
     }
     tracing::debug!("metadata committer stopped");
+}
+
+/// Stops the log for good: applying past a corrupted row or snapshot would diverge from the
+/// other nodes. Every later proposal gets `reason`, and [`MetaLog::health`] reports it.
+fn stop(stopped: &OnceLock<MetaError>, reason: MetaError) {
+    if stopped.set(reason.clone()).is_ok() {
+        tracing::error!(error = %reason, "metadata log stopped for good: repair it and restart");
+    }
+}
+
+/// Marks the log stopped if the committer ends without `close` (a panic unwinding it), so
+/// `health` tells instead of proposals only failing with `Closed`.
+struct StopOnExit {
+    stopped: Arc<OnceLock<MetaError>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        if !*self.shutdown.borrow() {
+            stop(
+                &self.stopped,
+                MetaError::Stopped("metadata committer ended unexpectedly".into()),
+            );
+        }
+    }
 }
 
 /// Read-back attempts after a committed row before answering OutcomeUnknown.
@@ -634,7 +719,7 @@ async fn run_snapshotter(
         let payload = match tokio::task::spawn_blocking(move || codec::encode_state(&state)).await {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(error = %e, "snapshot encoding task failed");
+                snapshot_failed(&stats, applied_index, &e.to_string());
                 continue;
             }
         };
@@ -647,6 +732,7 @@ async fn run_snapshotter(
             .await
         {
             Ok(truncated) => {
+                stats.consecutive_failures.store(0, Ordering::Relaxed);
                 stats.last_index.store(applied_index, Ordering::Relaxed);
                 stats.written.fetch_add(1, Ordering::Relaxed);
                 stats.rows_truncated.fetch_add(truncated, Ordering::Relaxed);
@@ -658,8 +744,25 @@ async fn run_snapshotter(
                     "metadata snapshot written"
                 );
             }
-            Err(e) => tracing::warn!(error = %e, applied_index, "metadata snapshot failed"),
+            Err(e) => snapshot_failed(&stats, applied_index, &e.to_string()),
         }
+    }
+}
+
+/// Counts a failed snapshot. One failure is retried at the next due point; failures in a row
+/// mean log rows pile up untruncated (and restarts slow down), so from the second on it is an
+/// error for the operator.
+fn snapshot_failed(stats: &Stats, applied_index: u64, error: &str) {
+    let failures = stats.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+    if failures > 1 {
+        tracing::error!(
+            error,
+            applied_index,
+            failures,
+            "metadata snapshots keep failing: the log is not truncated"
+        );
+    } else {
+        tracing::warn!(error, applied_index, "metadata snapshot failed");
     }
 }
 

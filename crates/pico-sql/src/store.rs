@@ -28,6 +28,8 @@ pub trait LogStore: Send + Sync + 'static {
     async fn read_after(&self, after_id: i64, limit: u32) -> Result<Vec<LogRow>, MetaError>;
     /// Snapshots present, newest first.
     async fn snapshots(&self) -> Result<Vec<SnapshotMeta>, MetaError>;
+    /// The snapshot's whole payload, `None` if there is no row. Stored in parts, it is
+    /// checked complete (all parts, the recorded length): a gap is `CorruptSnapshot`.
     async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError>;
     /// Deletes the snapshot at `applied_index` if it still holds `payload` (the unreadable bytes
     /// the caller loaded; a row another writer has rewritten since is kept). Returns whether a
@@ -38,6 +40,12 @@ pub trait LogStore: Send + Sync + 'static {
     /// the row there may be a damaged copy), keeps the newest `keep`, and deletes the log rows
     /// the oldest kept one already covers (so every kept snapshot stays replayable). Returns
     /// rows deleted.
+    ///
+    /// A snapshot grows with the state (past a few million streams beyond SQLite's and
+    /// Postgres' 1 GB value limits), and appends wait while it holds the write lock. So an
+    /// implementation writes the payload in parts first, each in its own short transaction
+    /// and referenced by nothing yet, then commits the row naming them (with the prune and
+    /// truncation) in one short transaction; parts of a failed attempt are deleted later.
     async fn write_snapshot(
         &self,
         meta: SnapshotMeta,

@@ -111,7 +111,9 @@ async fn propose_applies_and_reads_your_writes() {
         ]
     );
     assert_eq!(log.view().kv["k"], vec![7]);
+    assert!(log.health().is_ok());
     log.close().await;
+    assert!(matches!(log.health(), Err(MetaError::Closed)));
     assert!(matches!(
         log.propose(create("c")).await,
         Err(MetaError::Closed)
@@ -316,15 +318,12 @@ async fn snapshot_indexes(dir: &tempfile::TempDir) -> Vec<i64> {
     rows.iter().map(|r| r.get("applied_index")).collect()
 }
 
+/// The snapshot's bytes, reassembled from its chunks.
 async fn snapshot_payload(dir: &tempfile::TempDir, index: i64) -> Vec<u8> {
-    let pool = raw_pool(dir).await;
-    let payload = sqlx::query("SELECT payload FROM meta_snapshot WHERE applied_index = ?")
-        .bind(index)
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        .get("payload");
-    pool.close().await;
+    use pico_sql::LogStore as _;
+    let store = pico_sql::SqliteStore::open(&url(dir)).await.unwrap();
+    let payload = store.load_snapshot(index as u64).await.unwrap().unwrap();
+    store.close().await;
     payload
 }
 
@@ -495,6 +494,7 @@ struct HookedStore {
     gate: tokio::sync::Semaphore,
     truncations: std::sync::Mutex<Vec<Truncation>>,
     failing_loads: std::sync::Mutex<Vec<u64>>,
+    failing_writes: std::sync::atomic::AtomicBool,
 }
 
 impl HookedStore {
@@ -504,6 +504,7 @@ impl HookedStore {
             gate: tokio::sync::Semaphore::new(permits),
             truncations: std::sync::Mutex::default(),
             failing_loads: std::sync::Mutex::default(),
+            failing_writes: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -572,6 +573,15 @@ impl pico_sql::LogStore for HookedStore {
         now_ms: i64,
     ) -> Result<u64, MetaError> {
         let _pass = self.gate.acquire().await;
+        if self
+            .failing_writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(MetaError::Store {
+                op: "write snapshot",
+                message: "injected failure".into(),
+            });
+        }
         self.inner.write_snapshot(meta, payload, keep, now_ms).await
     }
     async fn try_acquire_lease(
@@ -926,13 +936,61 @@ async fn corrupted_row_from_another_writer_stops_the_log() {
         matches!(err, MetaError::CorruptRow { row_id: 2, .. }),
         "{err:?}"
     );
-    // It stays stopped rather than applying past the bad row.
+    // It stays stopped rather than applying past the bad row, and says so.
     assert!(matches!(
         log.propose(create("c")).await,
         Err(MetaError::CorruptRow { .. })
     ));
     assert_eq!(log.applied_index(), 1);
+    let health = log.health().unwrap_err();
+    assert!(
+        matches!(health, MetaError::CorruptRow { row_id: 2, .. }),
+        "{health:?}"
+    );
+    assert!(health.is_permanent());
+    assert_eq!(health.kind(), pico_common::ErrorKind::Internal);
     log.close().await;
+}
+
+/// A log that stops while idle (its backstop tail meets the bad row) must be visible to the
+/// server's readiness probe, not only to the next proposal.
+#[tokio::test]
+async fn a_corrupt_row_met_by_the_idle_tail_shows_in_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = MetaLogOptions {
+        poll_interval: Duration::from_millis(20),
+        ..MetaLogOptions::default()
+    };
+    let log = MetaLog::open(&url(&dir), opts).await.unwrap();
+    log.propose(create("a")).await.unwrap().unwrap();
+    assert!(log.health().is_ok());
+    let pool = raw_pool(&dir).await;
+    sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
+        .bind(vec![9u8])
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        if let Err(e) = log.health() {
+            break e;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "health stayed ok");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        matches!(err, MetaError::CorruptRow { row_id: 2, .. }),
+        "{err:?}"
+    );
+    assert!(err.is_permanent());
+    assert!(matches!(
+        log.propose(create("b")).await,
+        Err(MetaError::CorruptRow { row_id: 2, .. })
+    ));
+    log.close().await;
+    // Still the reason, not `Closed`.
+    assert!(matches!(log.health(), Err(MetaError::CorruptRow { .. })));
 }
 
 #[tokio::test]
@@ -952,4 +1010,297 @@ async fn memory_and_postgres_urls() {
         MetaLog::open("mysql://x", MetaLogOptions::default()).await,
         Err(MetaError::BadUrl(_))
     ));
+}
+
+/// Snapshot failures in a row are counted (the server can alert on them: while they last the
+/// log is not truncated), and a written snapshot resets the count.
+#[tokio::test]
+async fn consecutive_snapshot_failures_are_counted_and_reset_by_a_success() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(HookedStore::open(&dir, 100).await);
+    store
+        .failing_writes
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let log = MetaLog::with_store(store.clone(), every(10)).await.unwrap();
+    propose_rows(&log, 2, put).await;
+    wait_for_snapshots(&log, |s| s.consecutive_failures == 1).await;
+    propose_rows(&log, 2, put).await;
+    let stats = wait_for_snapshots(&log, |s| s.consecutive_failures == 2).await;
+    assert_eq!(stats.written, 0, "{stats:?}");
+    store
+        .failing_writes
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    propose_rows(&log, 2, put).await;
+    let stats = wait_for_snapshots(&log, |s| s.written == 1).await;
+    assert_eq!(stats.consecutive_failures, 0, "{stats:?}");
+    log.close().await;
+}
+
+/// (blob id, chunk count, bytes) of every stored snapshot blob, by blob id.
+async fn chunk_sets(pool: &sqlx::SqlitePool) -> Vec<(i64, i64, i64)> {
+    sqlx::query_as(
+        "SELECT blob_id, COUNT(*), SUM(LENGTH(data)) FROM meta_snapshot_chunk
+         GROUP BY blob_id ORDER BY blob_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn chunked_store(dir: &tempfile::TempDir, chunk_bytes: usize) -> pico_sql::SqliteStore {
+    pico_sql::SqliteStore::open(&url(dir))
+        .await
+        .unwrap()
+        .with_snapshot_chunk_bytes(chunk_bytes)
+}
+
+/// A snapshot is stored in chunks (a small chunk size stands in for SQLite's 1 GB value
+/// limit): written, pruned with its chunks, and loaded again at restart.
+#[tokio::test]
+async fn snapshots_are_stored_in_chunks_and_restart_loads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(chunked_store(&dir, 64).await);
+    let log = MetaLog::with_store(store.clone(), every(10)).await.unwrap();
+    let name = |n: u64| create(&format!("stream-{n}"));
+    for target in [10, 20, 30] {
+        propose_rows(&log, 2, name).await;
+        wait_for_snapshots(&log, |s| s.last_index == target).await;
+    }
+    let before = log.view();
+    log.close().await;
+
+    let pool = raw_pool(&dir).await;
+    assert_eq!(snapshot_indexes(&dir).await, [20, 30]);
+    let sets = chunk_sets(&pool).await;
+    assert_eq!(
+        sets.len(),
+        2,
+        "the pruned snapshot's chunks are gone: {sets:?}"
+    );
+    for (_, chunks, bytes) in &sets {
+        assert!(*chunks > 1, "{sets:?}");
+        assert_eq!(*chunks as u64, (*bytes as u64).div_ceil(64), "{sets:?}");
+    }
+    assert_eq!(count(&pool, "meta_snapshot_blob").await, 2);
+    let manifest_len: i64 = sqlx::query_scalar("SELECT MAX(LENGTH(payload)) FROM meta_snapshot")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(manifest_len < 64, "rows hold manifests, not payloads");
+    pool.close().await;
+    assert_eq!(
+        pico_metadata::codec::decode_state(&snapshot_payload(&dir, 30).await).unwrap(),
+        *before,
+        "its chunks reassemble to the state at 30"
+    );
+
+    // Another chunk size reads them all the same.
+    let reopened = MetaLog::open(&url(&dir), every(10)).await.unwrap();
+    assert_eq!(*reopened.view(), *before);
+    assert_eq!(reopened.snapshot_stats().last_index, 30);
+    reopened.close().await;
+}
+
+#[tokio::test]
+async fn a_chunked_snapshot_round_trips_and_a_missing_chunk_is_corruption() {
+    use pico_sql::LogStore as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = chunked_store(&dir, 7).await;
+    let meta = pico_sql::SnapshotMeta {
+        applied_index: 5,
+        last_row_id: 1,
+    };
+    let payload: Vec<u8> = (0..1000u32).map(|i| (i * 31 % 251) as u8).collect();
+    store.write_snapshot(meta, &payload, 2, 0).await.unwrap();
+    assert_eq!(chunk_sets(store.pool()).await, [(1, 143, 1000)]);
+    assert_eq!(store.load_snapshot(5).await.unwrap(), Some(payload.clone()));
+    // Exact multiples and a single byte too.
+    for len in [7, 14, 1] {
+        store
+            .write_snapshot(meta, &payload[..len], 2, 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.load_snapshot(5).await.unwrap().as_deref(),
+            Some(&payload[..len])
+        );
+    }
+    // Rewriting the index freed the chunks of the copies it replaced.
+    assert_eq!(chunk_sets(store.pool()).await, [(4, 1, 1)]);
+
+    // Damage: a chunk shorter than written (the total length no longer adds up), then one
+    // missing.
+    store.write_snapshot(meta, &payload, 2, 0).await.unwrap();
+    sqlx::query("UPDATE meta_snapshot_chunk SET data = x'00' WHERE seq = 142")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = store.load_snapshot(5).await.unwrap_err();
+    assert!(matches!(err, MetaError::CorruptSnapshot(_)), "{err:?}");
+    sqlx::query("DELETE FROM meta_snapshot_chunk WHERE seq = 100")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let err = store.load_snapshot(5).await.unwrap_err();
+    assert!(matches!(err, MetaError::CorruptSnapshot(_)), "{err:?}");
+    store.close().await;
+}
+
+/// The loader deletes an unreadable chunked snapshot (with its chunks) only while the row
+/// still holds the bytes it read.
+#[tokio::test]
+async fn discarding_a_chunked_snapshot_compares_its_bytes() {
+    use pico_sql::LogStore as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = chunked_store(&dir, 4).await;
+    let meta = pico_sql::SnapshotMeta {
+        applied_index: 5,
+        last_row_id: 1,
+    };
+    store
+        .write_snapshot(meta, b"damaged!!", 2, 0)
+        .await
+        .unwrap();
+    let loaded = store.load_snapshot(5).await.unwrap().unwrap();
+    assert!(!store.discard_snapshot(5, b"damaged!?").await.unwrap());
+    assert!(!store.discard_snapshot(5, b"damaged!").await.unwrap());
+    // Another writer rewrote the row since: kept.
+    store
+        .write_snapshot(meta, b"repaired!", 2, 0)
+        .await
+        .unwrap();
+    assert!(!store.discard_snapshot(5, &loaded).await.unwrap());
+    assert_eq!(
+        store.load_snapshot(5).await.unwrap().as_deref(),
+        Some(&b"repaired!"[..])
+    );
+    assert!(store.discard_snapshot(5, b"repaired!").await.unwrap());
+    assert_eq!(store.load_snapshot(5).await.unwrap(), None);
+    assert!(chunk_sets(store.pool()).await.is_empty());
+    assert_eq!(count(store.pool(), "meta_snapshot_blob").await, 0);
+    store.close().await;
+}
+
+/// A write that fails halfway leaves chunks nothing references: the next attempt deletes them,
+/// and so does the next open when the process died instead. A failed write changes nothing else.
+#[tokio::test]
+async fn chunks_of_a_failed_snapshot_write_are_deleted_at_the_next_attempt_and_at_open() {
+    use pico_sql::LogStore as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = chunked_store(&dir, 4).await;
+    let meta = |applied_index| pico_sql::SnapshotMeta {
+        applied_index,
+        last_row_id: 1,
+    };
+    store
+        .write_snapshot(meta(5), b"first snapshot", 2, 0)
+        .await
+        .unwrap();
+    let fail_at_seq_2 = "CREATE TRIGGER fail_chunk BEFORE INSERT ON meta_snapshot_chunk
+        WHEN NEW.seq = 2 BEGIN SELECT RAISE(ABORT, 'injected'); END";
+    sqlx::query(fail_at_seq_2)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store
+        .write_snapshot(meta(6), b"second snapshot", 2, 0)
+        .await
+        .unwrap_err();
+    assert_eq!(snapshot_indexes(&dir).await, [5]);
+    assert_eq!(
+        chunk_sets(store.pool()).await,
+        [(1, 4, 14), (2, 2, 8)],
+        "the failed write's chunks are left"
+    );
+    assert_eq!(
+        store.load_snapshot(5).await.unwrap().as_deref(),
+        Some(&b"first snapshot"[..])
+    );
+    sqlx::query("DROP TRIGGER fail_chunk")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store
+        .write_snapshot(meta(6), b"second snapshot", 2, 0)
+        .await
+        .unwrap();
+    assert_eq!(chunk_sets(store.pool()).await, [(1, 4, 14), (3, 4, 15)]);
+    assert_eq!(count(store.pool(), "meta_snapshot_blob").await, 2);
+
+    // Fails again, and the process goes away before another attempt.
+    sqlx::query(fail_at_seq_2)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store
+        .write_snapshot(meta(7), b"third snapshot", 2, 0)
+        .await
+        .unwrap_err();
+    sqlx::query("DROP TRIGGER fail_chunk")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(chunk_sets(store.pool()).await.len(), 3);
+    store.close().await;
+    let store = chunked_store(&dir, 4).await;
+    assert_eq!(chunk_sets(store.pool()).await, [(1, 4, 14), (3, 4, 15)]);
+    assert_eq!(count(store.pool(), "meta_snapshot_blob").await, 2);
+    assert_eq!(snapshot_indexes(&dir).await, [5, 6]);
+    store.close().await;
+}
+
+/// Databases written before snapshots were chunked hold each snapshot in one blob: they still
+/// load, and chunked snapshots replace them through the usual pruning.
+#[tokio::test]
+async fn a_single_blob_snapshot_from_before_chunking_still_loads() {
+    use pico_metadata::{State, codec};
+    let dir = tempfile::tempdir().unwrap();
+    let store = chunked_store(&dir, 16).await;
+    // Rows 1..=7 of one command each, the old form of a snapshot at 5, the rows it covers gone.
+    let cmds: Vec<Command> = (0..7).map(put).collect();
+    let mut at_5 = State::new();
+    for c in &cmds[..5] {
+        at_5.apply(c).unwrap();
+    }
+    let pool = store.pool().clone();
+    for c in &cmds {
+        sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
+            .bind(codec::encode_commands(std::slice::from_ref(c)))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query("INSERT INTO meta_snapshot VALUES (5, 5, ?, 0)")
+        .bind(codec::encode_state(&at_5))
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM meta_log WHERE id <= 5")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut at_7 = at_5.clone();
+    for c in &cmds[5..] {
+        at_7.apply(c).unwrap();
+    }
+
+    let log = MetaLog::with_store(std::sync::Arc::new(store), every(5))
+        .await
+        .unwrap();
+    assert_eq!(*log.view(), at_7);
+    assert_eq!(log.snapshot_stats().last_index, 5);
+    propose_rows(&log, 1, put).await;
+    wait_for_snapshots(&log, |s| s.last_index == 12).await;
+    propose_rows(&log, 1, put).await;
+    wait_for_snapshots(&log, |s| s.last_index == 17).await;
+    let before = log.view();
+    log.close().await;
+    assert_eq!(
+        snapshot_indexes(&dir).await,
+        [12, 17],
+        "the old form pruned"
+    );
+    let log = MetaLog::open(&url(&dir), every(5)).await.unwrap();
+    assert_eq!(*log.view(), *before);
+    log.close().await;
 }
