@@ -96,6 +96,7 @@ async fn ready(State(a): State<Admin>) -> impl IntoResponse {
             "registered": r.registered,
             "appliedIndex": r.applied_index,
             "nodeId": r.node_id,
+            "metadataStopped": r.metadata_stopped,
         })),
     )
 }

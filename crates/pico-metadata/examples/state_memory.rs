@@ -57,6 +57,7 @@ fn main() {
                 expires_at_ms: None,
             },
             closed: false,
+            initial: Default::default(),
             now_ms: 1_700_000_000_000 + i as i64,
         };
         if let Err(e) = state.apply(&cmd) {

@@ -6,7 +6,7 @@
 //! (never a panic, never a huge allocation). New fields mean a new version byte; old versions
 //! keep decoding so old log rows and snapshots stay readable.
 
-use crate::command::{Command, CommitRange, ForkOrigin, ProducerMark, StreamConfig};
+use crate::command::{Command, CommitRange, ForkOrigin, Initial, ProducerMark, StreamConfig};
 use crate::invariants;
 use crate::state::{
     NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
@@ -16,8 +16,9 @@ use thiserror::Error;
 
 /// Current codec version (first byte of every encoded value). Version 2 added forks, soft
 /// delete and `Stream-Seq` state, version 3 each producer's last commit time and forks created
-/// closed; older values still decode (new fields take defaults).
-pub const VERSION: u8 = 3;
+/// closed, version 4 what a create or fork carried ([`Initial`]); older values still decode
+/// (new fields take defaults).
+pub const VERSION: u8 = 4;
 /// Oldest version still decoded.
 pub const MIN_VERSION: u8 = 1;
 
@@ -111,6 +112,7 @@ pub fn encode_state(s: &State) -> Vec<u8> {
         w.fork(e.fork.as_deref());
         w.u32(e.forks);
         w.bool(e.soft_deleted);
+        w.initial(e.initial);
     }
     w.len(s.objects.len());
     for o in s.objects.values() {
@@ -176,12 +178,14 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
             fork: None,
             forks: 0,
             soft_deleted: false,
+            initial: Initial::None,
         };
         let e = if r.version >= 2 {
             RegistryEntry {
                 fork: r.fork()?.map(Box::new),
                 forks: r.u32("forks")?,
                 soft_deleted: r.bool("soft_deleted")?,
+                initial: r.initial()?,
                 ..e
             }
         } else {
@@ -228,6 +232,13 @@ struct Writer(Vec<u8>);
 impl Writer {
     fn u8(&mut self, v: u8) {
         self.0.push(v);
+    }
+    fn initial(&mut self, v: Initial) {
+        self.u8(match v {
+            Initial::None => 0,
+            Initial::Records => 1,
+            Initial::RecordsThenClose => 2,
+        });
     }
     fn bool(&mut self, v: bool) {
         self.0.push(v as u8);
@@ -351,6 +362,7 @@ impl Writer {
                 name,
                 config,
                 closed,
+                initial,
                 now_ms,
             } => {
                 self.u8(2);
@@ -358,6 +370,7 @@ impl Writer {
                 self.config(config);
                 self.bool(*closed);
                 self.i64(*now_ms);
+                self.initial(*initial);
             }
             Command::ForkStream {
                 name,
@@ -366,6 +379,7 @@ impl Writer {
                 offset_given,
                 config,
                 closed,
+                initial,
                 now_ms,
             } => {
                 self.u8(13);
@@ -376,6 +390,7 @@ impl Writer {
                 self.config(config);
                 self.bool(*closed);
                 self.i64(*now_ms);
+                self.initial(*initial);
             }
             Command::OpenStream {
                 stream_id,
@@ -522,6 +537,23 @@ impl<'a> Reader<'a> {
     }
     fn u8(&mut self, what: &'static str) -> Result<u8, CodecError> {
         Ok(self.array::<1>(what)?[0])
+    }
+    /// Absent before version 4: unknown, taken as no records of its own.
+    fn initial(&mut self) -> Result<Initial, CodecError> {
+        if self.version < 4 {
+            return Ok(Initial::None);
+        }
+        Ok(match self.u8("initial")? {
+            0 => Initial::None,
+            1 => Initial::Records,
+            2 => Initial::RecordsThenClose,
+            tag => {
+                return Err(CodecError::BadTag {
+                    what: "initial",
+                    tag,
+                });
+            }
+        })
     }
     fn bool(&mut self, what: &'static str) -> Result<bool, CodecError> {
         match self.u8(what)? {
@@ -678,6 +710,7 @@ impl<'a> Reader<'a> {
                 config: self.config()?,
                 closed: self.bool("closed")?,
                 now_ms: self.i64("now_ms")?,
+                initial: self.initial()?,
             },
             3 => Command::OpenStream {
                 stream_id: self.u64("stream_id")?,
@@ -785,6 +818,7 @@ impl<'a> Reader<'a> {
                     config: self.config()?,
                     closed: self.version >= 3 && self.bool("closed")?,
                     now_ms: self.i64("now_ms")?,
+                    initial: self.initial()?,
                 }
             }
             tag => {
@@ -821,10 +855,13 @@ mod tests {
             }],
             now_ms: 5,
         };
-        let v3 = encode_command(&cmd);
-        assert_eq!(v3[0], 3);
+        let v4 = encode_command(&cmd);
+        assert_eq!(v4[0], 4);
+        assert_eq!(decode_command(&v4).unwrap(), cmd);
+        // Versions 3 and 4 changed no field of this command: v2 and v3 rows are the same bytes.
+        let mut v3 = v4.clone();
+        v3[0] = 3;
         assert_eq!(decode_command(&v3).unwrap(), cmd);
-        // Version 3 changed no field of this command: a v2 row is the same bytes.
         let mut v2 = v3.clone();
         v2[0] = 2;
         assert_eq!(decode_command(&v2).unwrap(), cmd);
@@ -835,9 +872,55 @@ mod tests {
         v1[0] = 1;
         assert_eq!(decode_command(&v1).unwrap(), cmd);
         assert_eq!(
-            decode_command(&[4, 10]),
-            Err(CodecError::UnsupportedVersion(4))
+            decode_command(&[5, 10]),
+            Err(CodecError::UnsupportedVersion(5))
         );
+    }
+
+    /// Version 4 appended what a create or fork carried; older rows decode as "no records".
+    #[test]
+    fn version_3_creates_decode_as_made_without_records() {
+        let config = StreamConfig {
+            content_type: "t".into(),
+            ttl_secs: None,
+            expires_at_ms: None,
+        };
+        let create = Command::CreateStream {
+            name: "a".into(),
+            config: config.clone(),
+            closed: false,
+            initial: Initial::RecordsThenClose,
+            now_ms: 7,
+        };
+        let fork = Command::ForkStream {
+            name: "b".into(),
+            origin: ForkOrigin {
+                source: "a".into(),
+                source_stream_id: 0,
+                offset: 1,
+                sub_offset: 0,
+            },
+            inherit_end: 1,
+            offset_given: true,
+            config,
+            closed: false,
+            initial: Initial::Records,
+            now_ms: 7,
+        };
+        for cmd in [create, fork] {
+            let v4 = encode_command(&cmd);
+            assert_eq!(decode_command(&v4).unwrap(), cmd);
+            let mut v3 = v4[..v4.len() - 1].to_vec();
+            v3[0] = 3;
+            let mut old = cmd.clone();
+            match &mut old {
+                Command::CreateStream { initial, .. } | Command::ForkStream { initial, .. } => {
+                    *initial = Initial::None
+                }
+                _ => unreachable!(),
+            }
+            assert_eq!(decode_command(&v3).unwrap(), old);
+        }
     }
 
     #[test]
@@ -858,6 +941,7 @@ mod tests {
                     expires_at_ms: None,
                 },
                 closed: false,
+                initial: Default::default(),
                 now_ms: 1,
             },
             Command::OpenStream {
@@ -897,7 +981,20 @@ mod tests {
                 accepted: vec![true]
             })
         );
-        let v3 = encode_state(&s);
+        let v4 = encode_state(&s);
+        assert_eq!(decode_state(&v4).unwrap(), s);
+        // The v3 layout is the v4 one without the entry's `initial`: the one byte that differs
+        // when the entry records another value.
+        let mut other = s.clone();
+        Arc::make_mut(other.registry.get_mut("a").unwrap()).initial = Initial::Records;
+        let at = v4
+            .iter()
+            .zip(&encode_state(&other))
+            .position(|(a, b)| a != b)
+            .unwrap();
+        let mut v3 = v4.clone();
+        v3.remove(at);
+        v3[0] = 3;
         assert_eq!(decode_state(&v3).unwrap(), s);
         // The v2 layout is the v3 one without the producer's last_ms.
         let at = v3
@@ -924,6 +1021,7 @@ mod tests {
             name: name.into(),
             config: config.clone(),
             closed: false,
+            initial: Default::default(),
             now_ms: 0,
         };
         let cmds = [

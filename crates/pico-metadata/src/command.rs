@@ -45,6 +45,32 @@ pub struct CommitRange {
     pub stream_seq: Option<String>,
 }
 
+/// Whether a create or fork came with records of its own, and whether it asked to close after
+/// them. Such a create makes the stream open and then appends (and closes) in a second step; a
+/// retry after a failure in between must finish that step, while the same name created any
+/// other way must never take a later request's records or close (idempotent success ignores
+/// the body; asking for another closed status is a conflict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Initial {
+    /// No records of its own (or stored before codec version 4, which did not record it).
+    #[default]
+    None,
+    /// Records, stream left open.
+    Records,
+    /// Records, then closed.
+    RecordsThenClose,
+}
+
+impl Initial {
+    pub fn new(has_records: bool, close: bool) -> Initial {
+        match (has_records, close) {
+            (false, _) => Initial::None,
+            (true, false) => Initial::Records,
+            (true, true) => Initial::RecordsThenClose,
+        }
+    }
+}
+
 /// A state change. Time enters as a field (`now_ms`): `apply` never reads a clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -56,12 +82,15 @@ pub enum Command {
         now_ms: i64,
     },
     /// Allocates an internal stream AND stores the registry entry, atomically (one command: no
-    /// orphan ids). Idempotent: same name + same config (+ same `closed`) -> existing;
-    /// different -> Conflict.
+    /// orphan ids). Idempotent: same name + same config (+ same closed status, counting the
+    /// close `initial` asks for) -> existing; different -> Conflict. `closed` creates it closed
+    /// (no records of its own); `initial` is stored so a retry can tell its own unfinished
+    /// create from any other (see [`Initial`]).
     CreateStream {
         name: String,
         config: StreamConfig,
         closed: bool,
+        initial: Initial,
         now_ms: i64,
     },
     /// Creates `name` as a fork of `origin.source`: a new internal stream whose committed slices
@@ -77,6 +106,7 @@ pub enum Command {
         offset_given: bool,
         config: StreamConfig,
         closed: bool,
+        initial: Initial,
         now_ms: i64,
     },
     /// Assigns the stream to a node and bumps its epoch (first open: -1 -> 0). Requires node_epoch

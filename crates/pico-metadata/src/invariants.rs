@@ -279,6 +279,7 @@ mod tests {
                 name: "a".into(),
                 config: cfg,
                 closed: false,
+                initial: Default::default(),
                 now_ms: 0,
             },
             Command::OpenStream {

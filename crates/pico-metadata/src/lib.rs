@@ -13,7 +13,7 @@ pub mod state;
 
 pub use codec::CodecError;
 pub use command::{
-    ApplyError, Command, CommitRange, ForkOrigin, Outcome, ProducerMark, StreamConfig,
+    ApplyError, Command, CommitRange, ForkOrigin, Initial, Outcome, ProducerMark, StreamConfig,
 };
 pub use state::{
     NodeInfo, ObjectMeta, Owner, ProducerState, Producers, RegistryEntry, Slice, State, StreamMeta,

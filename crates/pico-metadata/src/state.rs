@@ -5,7 +5,7 @@
 //! background. No `HashMap` anywhere: iteration order is part of determinism (snapshots, replay).
 
 use crate::command::{
-    ApplyError, Command, CommitRange, ForkOrigin, Outcome, ProducerMark, StreamConfig,
+    ApplyError, Command, CommitRange, ForkOrigin, Initial, Outcome, ProducerMark, StreamConfig,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -152,6 +152,8 @@ pub struct RegistryEntry {
     pub forks: u32,
     /// Deleted while forks still referenced it: the name is reserved, the data released.
     pub soft_deleted: bool,
+    /// What the create (or fork) that made it carried besides its config.
+    pub initial: Initial,
 }
 
 // Every stream, idle or not, holds one `Arc<StreamMeta>` and one `Arc<RegistryEntry>`, and the
@@ -328,8 +330,9 @@ impl State {
                 name,
                 config,
                 closed,
+                initial,
                 now_ms,
-            } => self.create_stream(name, config, *closed, *now_ms),
+            } => self.create_stream(name, config, *closed, *initial, *now_ms),
             Command::ForkStream { .. } => self.fork_stream(cmd),
             Command::OpenStream {
                 stream_id,
@@ -551,13 +554,18 @@ impl State {
         name: &str,
         config: &StreamConfig,
         closed: bool,
+        initial: Initial,
         now_ms: i64,
     ) -> Result<Outcome, ApplyError> {
         if name.is_empty() {
             return Err(ApplyError::Invalid("stream name is empty".to_string()));
         }
         if let Some(existing) = self.registry.get(name) {
-            return existing_outcome(name, existing, config_conflict(existing, config, closed));
+            return existing_outcome(
+                name,
+                existing,
+                config_conflict(existing, config, closed, initial),
+            );
         }
         let id = self.next_stream_id;
         self.next_stream_id += 1;
@@ -585,6 +593,7 @@ impl State {
                 fork: None,
                 forks: 0,
                 soft_deleted: false,
+                initial,
             }),
         );
         Ok(Outcome::Created {
@@ -601,6 +610,7 @@ impl State {
             offset_given,
             config,
             closed,
+            initial,
             now_ms,
         } = cmd
         else {
@@ -610,8 +620,8 @@ impl State {
             )));
         };
         let name = name.as_str();
-        let (inherit_end, offset_given, closed, now_ms) =
-            (*inherit_end, *offset_given, *closed, *now_ms);
+        let (inherit_end, offset_given, closed, initial, now_ms) =
+            (*inherit_end, *offset_given, *closed, *initial, *now_ms);
         if name.is_empty() {
             return Err(ApplyError::Invalid("stream name is empty".to_string()));
         }
@@ -624,7 +634,7 @@ impl State {
             let reason = if !same_fork && !existing.soft_deleted {
                 Some("fork source or offset differs")
             } else {
-                config_conflict(existing, config, closed)
+                config_conflict(existing, config, closed, initial)
             };
             return existing_outcome(name, existing, reason);
         }
@@ -699,6 +709,7 @@ impl State {
                 fork: Some(Box::new(origin.clone())),
                 forks: 0,
                 soft_deleted: false,
+                initial,
             }),
         );
         Ok(Outcome::Created {
@@ -920,7 +931,15 @@ fn config_conflict(
     existing: &RegistryEntry,
     config: &StreamConfig,
     closed: bool,
+    initial: Initial,
 ) -> Option<&'static str> {
+    // The closed status the request ends with: with records of its own the command creates the
+    // stream open and the append closes it.
+    let wants_closed = closed || initial == Initial::RecordsThenClose;
+    // A retry of the create-with-records-and-close that made it finds it open until the close.
+    let unfinished_close = initial == Initial::RecordsThenClose
+        && existing.initial == Initial::RecordsThenClose
+        && !existing.closed;
     if existing.soft_deleted {
         Some("stream is deleted but still referenced by forks")
     } else if existing.config.content_type != config.content_type {
@@ -929,7 +948,7 @@ fn config_conflict(
         || existing.config.expires_at_ms != config.expires_at_ms
     {
         Some("ttl or expiry differs")
-    } else if existing.closed != closed {
+    } else if existing.closed != wants_closed && !unfinished_close {
         Some("closed status differs")
     } else {
         None

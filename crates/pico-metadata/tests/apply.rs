@@ -54,6 +54,7 @@ fn create(s: &mut State, name: &str) -> u64 {
             name: name.into(),
             config: cfg("text/plain"),
             closed: false,
+            initial: Default::default(),
             now_ms: 5,
         },
     ) {
@@ -156,6 +157,7 @@ fn create_is_idempotent_and_detects_conflicts() {
             name: "a".into(),
             config: cfg("text/plain"),
             closed: false,
+            initial: Default::default(),
             now_ms: 7,
         },
     );
@@ -172,6 +174,7 @@ fn create_is_idempotent_and_detects_conflicts() {
             name: "a".into(),
             config: cfg("application/json"),
             closed: false,
+            initial: Default::default(),
             now_ms: 7,
         },
     );
@@ -182,6 +185,7 @@ fn create_is_idempotent_and_detects_conflicts() {
             name: "a".into(),
             config: cfg("text/plain"),
             closed: true,
+            initial: Default::default(),
             now_ms: 7,
         },
     );
@@ -631,6 +635,7 @@ fn fork_cmd(name: &str, source: &str, source_id: u64, at: u64) -> Command {
         offset_given: true,
         config: cfg("text/plain"),
         closed: false,
+        initial: Default::default(),
         now_ms: 7,
     }
 }
@@ -734,6 +739,7 @@ fn delete_with_forks_soft_deletes_and_the_last_fork_cascades() {
                 name: "a".into(),
                 config: cfg("text/plain"),
                 closed: false,
+                initial: Default::default(),
                 now_ms: 1
             }
         ),

@@ -182,6 +182,9 @@ pub struct ReadyInfo {
     pub ready: bool,
     pub serving: bool,
     pub registered: bool,
+    /// Why the metadata log stopped for good (a corrupt row, a failed committer): no write can
+    /// succeed until the node restarts, so it is not ready. `None` while it runs.
+    pub metadata_stopped: Option<String>,
     pub applied_index: u64,
     pub node_id: u32,
 }

@@ -12,7 +12,8 @@ use crate::waiters::{Signal, Waiters};
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_metadata::{
-    ApplyError, Command, ForkOrigin, Outcome, ProducerMark, RegistryEntry, StreamConfig, StreamMeta,
+    ApplyError, Command, ForkOrigin, Initial, Outcome, ProducerMark, RegistryEntry, StreamConfig,
+    StreamMeta,
 };
 use pico_protocol::{Record, check_storable, crc_parts, decode_batch, encode_batch};
 use pico_sql::MetaLog;
@@ -233,11 +234,13 @@ impl Node {
                 info: self.info(&r),
             });
         }
+        let initial = Initial::new(has_initial, req.config.closed);
         let cmd = Command::CreateStream {
             name: req.name.as_str().to_string(),
             config,
             // With initial records, close after appending them.
             closed: req.config.closed && !has_initial,
+            initial,
             now_ms: now,
         };
         let created = match self.propose(cmd).await.map_err(CreateError::Unavailable)? {
@@ -253,12 +256,14 @@ impl Node {
             Err(e) => return Err(CreateError::Internal(e.to_string())),
         };
         // The body is appended under a reserved producer claim, so a retry after a failure
-        // between create and append (the stream is still empty) appends it exactly once.
+        // between create and append appends it exactly once. Only a stream made by the same
+        // kind of create takes it: any other stream already exists, and an idempotent create
+        // leaves it as it is (the command answered a conflict if the closed status differs).
         let retry_of_unfinished = !created
             && has_initial
-            && self.resolve_raw(&req.name).is_some_and(|r| {
-                self.tail(&r.meta) == 0 || r.meta.producers.contains_key(INITIAL_PRODUCER)
-            });
+            && self
+                .resolve_raw(&req.name)
+                .is_some_and(|r| r.entry.initial == initial);
         // Without initial records the create command itself made the stream closed if asked.
         if has_initial && (created || retry_of_unfinished) {
             self.write_initial(&req.name, req.initial, req.config.closed, created)
@@ -369,6 +374,12 @@ impl Node {
             return Err(AppendError::BadRequest("empty append".into()));
         }
         check_records(&req.records)?;
+        // A protocol that names the request's content type has parsed the records as that type
+        // (Durable Streams splits a JSON array into its values); any other append to a JSON
+        // stream is checked here, or its values would break every JSON read of the stream.
+        if req.content_type.is_none() && is_json(&r.entry.config.content_type) {
+            check_json_values(&req.records)?;
+        }
         let stream_id = r.meta.id;
         self.touch(&r, now);
         let open = self.open_stream(&r).await?;
@@ -442,6 +453,34 @@ impl Node {
         if let Some(p) = &req.producer {
             match producers::decide(w.producers.get(&p.id).copied(), p) {
                 Decision::Accept => {}
+                // The retry of an append-and-close whose records became durable but whose
+                // close failed: the records are a duplicate, the close is still owed.
+                Decision::Duplicate { last_seq } if req.close && last_seq == p.seq => {
+                    w.closed = true;
+                    w.closed_by = Some((p.id.clone(), p.epoch, p.seq));
+                    drop(w);
+                    let mark = ProducerMark {
+                        id: p.id.clone(),
+                        epoch: p.epoch,
+                        seq: p.seq,
+                    };
+                    self.finish_detached(&open, None, next, next, Some(Some(mark)), now, &r.name)
+                        .await?;
+                    let _ = self.inner.events.send(StreamEvent::Appended {
+                        name: r.name.clone(),
+                        stream_id,
+                        next_seq: next,
+                        closed: true,
+                    });
+                    return Ok(AppendOutcome {
+                        start_seq: next,
+                        next_seq: next,
+                        duplicate: true,
+                        closed: true,
+                        producer: Some((p.epoch, last_seq)),
+                        timestamp_ms: now,
+                    });
+                }
                 Decision::Duplicate { last_seq } => {
                     let closed = w.closed;
                     drop(w);
@@ -574,18 +613,8 @@ impl Node {
                 seq: p.seq,
             })
         });
-        let node = self.clone();
-        let finishing = open.clone();
-        tokio::spawn(async move {
-            node.finish_append(finishing, pending, next, new_next, close, now)
-                .await
-        })
-        .await
-        .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))?
-        .map_err(|e| match e {
-            AppendError::NotFound(_) => AppendError::NotFound(r.name.to_string()),
-            e => e,
-        })?;
+        self.finish_detached(&open, pending, next, new_next, close, now, &r.name)
+            .await?;
         // Nobody listening is fine: the channel is a bounded, lossy broadcast.
         let _ = self.inner.events.send(StreamEvent::Appended {
             name: r.name.clone(),
@@ -927,6 +956,7 @@ impl Node {
         records.extend(req.initial);
         check_records(&records)?;
         let closed_by_command = req.config.closed && records.is_empty();
+        let initial = Initial::new(!records.is_empty(), req.config.closed);
         if req.config.closed
             && let Some(r) = self.resolve(&req.name, now)
             && r.entry.closed
@@ -956,6 +986,7 @@ impl Node {
             offset_given: req.offset.is_some(),
             config: config.clone(),
             closed: closed_by_command,
+            initial,
             now_ms: now,
         };
         let exists = self
@@ -1011,14 +1042,13 @@ impl Node {
             }
         };
         // As in `create`: the prefix and body go under the reserved producer claim, so a retry
-        // after a failure between the fork and its append writes them exactly once. A fork that
-        // was never opened has no own data yet, so the retry cannot misplace them.
+        // after a failure between the fork and its append writes them exactly once, and only
+        // into a fork made by the same kind of request.
         let retry_of_unfinished = !created
             && !records.is_empty()
-            && self.resolve_raw(&req.name).is_some_and(|r| {
-                r.meta.epoch == pico_common::ids::NEVER_OPENED
-                    || r.meta.producers.contains_key(INITIAL_PRODUCER)
-            });
+            && self
+                .resolve_raw(&req.name)
+                .is_some_and(|r| r.entry.initial == initial);
         if !records.is_empty() && (created || retry_of_unfinished) {
             self.write_initial(&req.name, records, req.config.closed, created)
                 .await?;
@@ -1116,10 +1146,12 @@ impl Node {
     pub fn ready(&self) -> ReadyInfo {
         let serving = self.inner.serving.load(Ordering::Relaxed);
         let registered = self.inner.registered.load(Ordering::Relaxed);
+        let metadata_stopped = self.inner.meta.health().err().map(|e| e.to_string());
         ReadyInfo {
-            ready: serving && registered,
+            ready: serving && registered && metadata_stopped.is_none(),
             serving,
             registered,
+            metadata_stopped,
             applied_index: self.inner.meta.applied_index(),
             node_id: self.inner.config.node_id,
         }
@@ -1469,6 +1501,33 @@ impl Node {
         result
     }
 
+    /// [`Node::finish_append`] in a task of its own: a client that disconnects must not leave
+    /// a close decided in memory but never committed.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_detached(
+        &self,
+        open: &Arc<OpenStream>,
+        pending: Option<s3stream::PendingAppend>,
+        next: u64,
+        new_next: u64,
+        close: Option<Option<ProducerMark>>,
+        now: i64,
+        name: &StreamName,
+    ) -> Result<(), AppendError> {
+        let node = self.clone();
+        let finishing = open.clone();
+        tokio::spawn(async move {
+            node.finish_append(finishing, pending, next, new_next, close, now)
+                .await
+        })
+        .await
+        .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))?
+        .map_err(|e| match e {
+            AppendError::NotFound(_) => AppendError::NotFound(name.to_string()),
+            e => e,
+        })
+    }
+
     /// Second half of an append: waits for durability (or, close-only, for everything before
     /// it), then commits the close. Any failure breaks the open stream so the next request
     /// reloads the committed state instead of trusting what this writer decided in memory.
@@ -1612,6 +1671,21 @@ fn check_records(records: &[Record]) -> Result<(), AppendError> {
     }
     Ok(())
 }
+/// Each record of an append to a JSON stream must be exactly one JSON value, in UTF-8.
+fn check_json_values(records: &[Record]) -> Result<(), AppendError> {
+    for (index, rec) in records.iter().enumerate() {
+        let bad = |why: String| {
+            AppendError::BadRequest(format!(
+                "record is not one JSON value, as the stream's content type application/json requires: index={index} {why}"
+            ))
+        };
+        // serde_json checks the text of strings only when reading a `str`.
+        let text = std::str::from_utf8(&rec.value).map_err(|e| bad(e.to_string()))?;
+        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Most records one append may carry (a JSON array, a batch, a Kafka batch later).
 pub const MAX_RECORDS_PER_APPEND: usize = 10_000;
 /// Most records one read returns, whatever the client asks: bounds the memory of a response

@@ -1093,3 +1093,271 @@ async fn an_expired_stream_is_removed_by_one_task_however_often_it_is_asked_for(
     assert!(node.head(&name("exp")).await.is_err());
     assert_eq!(metrics.num_alive_tasks() as i64 - before as i64, 1);
 }
+
+/// An idempotent create with records never writes them into, or closes, a stream that some
+/// other request made: its records are ignored, and asking for another closed status is a
+/// conflict (Durable Streams: 409), as it is without records.
+#[tokio::test]
+async fn a_create_with_records_never_writes_into_or_closes_another_stream() {
+    let node = start_test_node().await;
+    let create = |n: &str, closed: bool, body: &[&str]| CreateRequest {
+        name: name(n),
+        config: CreateConfig {
+            closed,
+            ..CreateConfig::default()
+        },
+        initial: body.iter().map(|b| rec(b)).collect(),
+    };
+    // Made without records, still empty.
+    assert!(
+        node.create(create("plain", false, &[]))
+            .await
+            .unwrap()
+            .created
+    );
+    let again = node.create(create("plain", false, &["x"])).await.unwrap();
+    assert!(!again.created && !again.info.closed);
+    assert!(matches!(
+        node.create(create("plain", true, &["x"])).await,
+        Err(CreateError::Conflict { .. })
+    ));
+    assert_eq!(read_all(&node, "plain", 0).await, vec![]);
+    assert!(!node.head(&name("plain")).await.unwrap().closed);
+
+    // Made with records and left open, then written to.
+    node.create(create("live", false, &["a"])).await.unwrap();
+    node.append(append_req("live", &["b"])).await.unwrap();
+    assert!(matches!(
+        node.create(create("live", true, &["a"])).await,
+        Err(CreateError::Conflict { .. })
+    ));
+    assert!(
+        !node
+            .create(create("live", false, &["a"]))
+            .await
+            .unwrap()
+            .created
+    );
+    assert!(!node.head(&name("live")).await.unwrap().closed);
+    assert_eq!(
+        read_all(&node, "live", 0).await,
+        vec![(0, "a".to_string()), (1, "b".to_string())]
+    );
+
+    // Forks alike.
+    let fork = |n: &str, closed: bool, body: &[&str]| ForkRequest {
+        name: name(n),
+        source: name("live"),
+        offset: None,
+        sub_offset: 0,
+        config: CreateConfig {
+            closed,
+            ..CreateConfig::default()
+        },
+        initial: body.iter().map(|b| rec(b)).collect(),
+    };
+    assert!(node.fork(fork("f", false, &[])).await.unwrap().created);
+    assert!(matches!(
+        node.fork(fork("f", true, &["x"])).await,
+        Err(ForkError::Conflict { .. })
+    ));
+    assert!(!node.fork(fork("f", false, &["x"])).await.unwrap().created);
+    assert_eq!(read_all(&node, "f", 0).await.len(), 2);
+    assert!(!node.head(&name("f")).await.unwrap().closed);
+}
+
+/// A create with records is a command and then an append (and close): a retry after a failure
+/// in between finishes the append and the close, once.
+#[tokio::test]
+async fn a_retried_create_finishes_what_its_first_attempt_left() {
+    use pico_metadata::{Command, Initial, StreamConfig};
+    let node = start_test_node().await;
+    for (n, initial, closed) in [
+        ("half-open", Initial::Records, false),
+        ("half-closed", Initial::RecordsThenClose, true),
+    ] {
+        // The first attempt's command landed; its append never happened.
+        node.meta()
+            .propose(Command::CreateStream {
+                name: n.into(),
+                config: StreamConfig {
+                    content_type: normalize_content_type(None).into(),
+                    ttl_secs: None,
+                    expires_at_ms: None,
+                },
+                closed: false,
+                initial,
+                now_ms: 1,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        let retry = || CreateRequest {
+            name: name(n),
+            config: CreateConfig {
+                closed,
+                ..CreateConfig::default()
+            },
+            initial: vec![rec("first")],
+        };
+        for _ in 0..2 {
+            let r = node.create(retry()).await.unwrap();
+            assert!(!r.created, "{n}");
+            assert_eq!(r.info.closed, closed, "{n}");
+            assert_eq!(
+                read_all(&node, n, 0).await,
+                vec![(0, "first".to_string())],
+                "{n}"
+            );
+        }
+    }
+}
+
+/// The retry of a producer's append-and-close whose records became durable but whose close
+/// did not (the metadata store failed in between) owes the close: it must not answer a plain
+/// duplicate and leave the stream open for ever.
+#[tokio::test]
+async fn a_retried_append_and_close_closes_when_only_its_records_landed() {
+    let node = start_test_node().await;
+    node.create(create_req("s")).await.unwrap();
+    let req = |close: bool| AppendRequest {
+        producer: Some(ProducerClaim {
+            id: "p".into(),
+            epoch: 0,
+            seq: 0,
+        }),
+        close,
+        ..append_req("s", &["last"])
+    };
+    // What the failed attempt left: its records and producer state, no close.
+    node.append(req(false)).await.unwrap();
+    assert!(!node.head(&name("s")).await.unwrap().closed);
+    for _ in 0..2 {
+        let retry = node.append(req(true)).await.unwrap();
+        assert!(retry.duplicate && retry.closed, "{retry:?}");
+        assert_eq!(retry.next_seq, 1);
+        assert!(node.head(&name("s")).await.unwrap().closed);
+    }
+    assert_eq!(read_all(&node, "s", 0).await, vec![(0, "last".to_string())]);
+    assert!(matches!(
+        node.append(append_req("s", &["more"])).await,
+        Err(AppendError::Closed { .. })
+    ));
+    // An older duplicate does not close.
+    node.create(create_req("t")).await.unwrap();
+    for seq in 0..2 {
+        node.append(AppendRequest {
+            producer: Some(ProducerClaim {
+                id: "p".into(),
+                epoch: 0,
+                seq,
+            }),
+            ..append_req("t", &["r"])
+        })
+        .await
+        .unwrap();
+    }
+    let old = node
+        .append(AppendRequest {
+            producer: Some(ProducerClaim {
+                id: "p".into(),
+                epoch: 0,
+                seq: 0,
+            }),
+            close: true,
+            ..append_req("t", &["r"])
+        })
+        .await
+        .unwrap();
+    assert!(old.duplicate && !old.closed);
+    assert!(!node.head(&name("t")).await.unwrap().closed);
+}
+
+/// Every record appended to a JSON stream is one JSON value, whichever protocol wrote it:
+/// otherwise every Durable Streams JSON read of the stream would be broken JSON.
+#[tokio::test]
+async fn appends_to_a_json_stream_must_be_json_values() {
+    let node = start_test_node().await;
+    node.create(CreateRequest {
+        config: CreateConfig {
+            content_type: Some("application/json".into()),
+            ..CreateConfig::default()
+        },
+        ..create_req("j")
+    })
+    .await
+    .unwrap();
+    for bad in [&b"hello"[..], b"", b"1 2", b"{\"a\":", b"\"\xff\""] {
+        let req = AppendRequest {
+            records: vec![Record {
+                value: Bytes::copy_from_slice(bad),
+                ..rec("")
+            }],
+            ..append_req("j", &[])
+        };
+        assert!(
+            matches!(node.append(req).await, Err(AppendError::BadRequest(_))),
+            "{bad:?}"
+        );
+    }
+    node.append(append_req("j", &["{\"a\":1}", " [1, 2] ", "\"é\""]))
+        .await
+        .unwrap();
+    assert_eq!(read_all(&node, "j", 0).await.len(), 3);
+    // Other streams take any bytes.
+    node.create(create_req("b")).await.unwrap();
+    node.append(append_req("b", &["hello"])).await.unwrap();
+}
+
+/// A metadata log that stopped for good (here: a row it cannot decode) fails every write until
+/// a restart: the node must say it is not ready, with the reason, so that a supervisor or a
+/// load balancer acts instead of clients retrying for ever.
+#[tokio::test]
+async fn a_stopped_metadata_log_makes_the_node_unready() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("meta.db").display());
+    let meta = MetaLog::open(
+        &url,
+        MetaLogOptions {
+            poll_interval: Duration::from_millis(20),
+            ..MetaLogOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    let wal: Arc<dyn Wal> = Arc::new(ObjectWal::new(data.clone(), "wal/1".into()));
+    let node = Node::start(
+        NodeConfig::default(),
+        meta,
+        data,
+        wal,
+        EngineConfig::default(),
+    )
+    .await
+    .unwrap();
+    let ready = node.ready();
+    assert!(ready.ready && ready.metadata_stopped.is_none(), "{ready:?}");
+    // Another writer's row that does not decode.
+    let store = pico_sql::SqliteStore::open(&url).await.unwrap();
+    sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
+        .bind(vec![9u8])
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = node.ready();
+        if !r.ready {
+            assert!(
+                r.metadata_stopped
+                    .as_ref()
+                    .is_some_and(|m| m.contains("corrupt")),
+                "{r:?}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still ready: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

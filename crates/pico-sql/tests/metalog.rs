@@ -18,6 +18,7 @@ fn create(name: &str) -> Command {
             expires_at_ms: None,
         },
         closed: false,
+        initial: Default::default(),
         now_ms: 1,
     }
 }

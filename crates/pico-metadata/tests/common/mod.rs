@@ -2,7 +2,7 @@
 //! sequences collide (same names, streams, keys) and exercise real transitions.
 #![allow(dead_code)]
 
-use pico_metadata::{Command, CommitRange, ForkOrigin, ProducerMark, State, StreamConfig};
+use pico_metadata::{Command, CommitRange, ForkOrigin, Initial, ProducerMark, State, StreamConfig};
 use proptest::prelude::*;
 
 pub fn name() -> impl Strategy<Value = String> {
@@ -58,6 +58,14 @@ pub fn range() -> impl Strategy<Value = CommitRange> {
         )
 }
 
+fn initial() -> impl Strategy<Value = Initial> {
+    prop_oneof![
+        Just(Initial::None),
+        Just(Initial::Records),
+        Just(Initial::RecordsThenClose)
+    ]
+}
+
 /// Any command, with field values drawn from small ranges.
 pub fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
@@ -69,11 +77,12 @@ pub fn command() -> impl Strategy<Value = Command> {
                 now_ms
             }
         ),
-        (name(), config(), any::<bool>(), any::<i64>()).prop_map(
-            |(name, config, closed, now_ms)| Command::CreateStream {
+        (name(), config(), any::<bool>(), initial(), any::<i64>()).prop_map(
+            |(name, config, closed, initial, now_ms)| Command::CreateStream {
                 name,
                 config,
                 closed,
+                initial,
                 now_ms
             }
         ),
@@ -144,6 +153,7 @@ pub fn command() -> impl Strategy<Value = Command> {
             any::<bool>(),
             config(),
             any::<bool>(),
+            initial(),
             any::<i64>()
         )
             .prop_map(
@@ -156,6 +166,7 @@ pub fn command() -> impl Strategy<Value = Command> {
                     offset_given,
                     config,
                     closed,
+                    initial,
                     now_ms,
                 )| {
                     Command::ForkStream {
@@ -170,6 +181,7 @@ pub fn command() -> impl Strategy<Value = Command> {
                         offset_given,
                         config,
                         closed,
+                        initial,
                         now_ms,
                     }
                 }
@@ -301,6 +313,7 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                     expires_at_ms: None,
                 },
                 closed: *closed,
+                initial: Default::default(),
                 now_ms: i as i64,
             }),
             Step::Fork(idx, name, back, closed) => pick(*idx).map(|id| {
@@ -322,6 +335,7 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                         expires_at_ms: None,
                     },
                     closed: *closed,
+                    initial: Default::default(),
                     now_ms: i as i64,
                 }
             }),
