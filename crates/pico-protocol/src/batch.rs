@@ -179,8 +179,120 @@ fn be8(data: &[u8], at: usize) -> [u8; 8] {
     out
 }
 
-/// Decodes and verifies one batch at the start of `data` (trailing bytes are ignored).
+/// Decodes and verifies one batch at the start of `data` (trailing bytes are ignored). Every
+/// value is copied out of `data`; [`batch_records`] decodes lazily without copies.
 pub fn decode_batch(data: &[u8]) -> Result<DecodedBatch, BatchError> {
+    let layout = verify(data)?;
+    let mut cur = ByteReader::new(&data[HEADER_LEN..layout.total]);
+    let mut records = Vec::with_capacity(layout.count);
+    for index in 0..layout.count {
+        records.push(decode_record(
+            &mut cur,
+            index,
+            layout.base_ts,
+            Bytes::copy_from_slice,
+        )?);
+    }
+    if cur.remaining() != 0 {
+        return Err(BatchError::BadLength {
+            declared: layout.total as i64,
+            available: cur.position(),
+        });
+    }
+    Ok(DecodedBatch {
+        base_offset: layout.base_offset,
+        records,
+    })
+}
+
+/// Verifies the batch at the start of `data` (header, CRC, record count) and returns its
+/// records for decoding one at a time: values, keys and header values are slices of `data`
+/// (no copies), and [`BatchRecords::skip_records`] passes records by their length alone. A read that
+/// wants a few records of a large batch pays for those, not for the whole batch.
+pub fn batch_records(data: &Bytes) -> Result<BatchRecords, BatchError> {
+    let layout = verify(data)?;
+    Ok(BatchRecords {
+        data: data.slice(HEADER_LEN..layout.total),
+        pos: 0,
+        index: 0,
+        count: layout.count,
+        base_offset: layout.base_offset,
+        base_ts: layout.base_ts,
+    })
+}
+
+/// The records of one verified batch, decoded on demand (see [`batch_records`]).
+#[derive(Debug, Clone)]
+pub struct BatchRecords {
+    /// The records' bytes (after the header, up to the batch's declared end).
+    data: Bytes,
+    pos: usize,
+    index: usize,
+    count: usize,
+    base_offset: u64,
+    base_ts: i64,
+}
+
+impl BatchRecords {
+    pub fn base_offset(&self) -> u64 {
+        self.base_offset
+    }
+
+    /// Records not yet decoded or skipped.
+    pub fn remaining(&self) -> usize {
+        self.count - self.index
+    }
+
+    /// Passes over up to `n` records without decoding their fields.
+    pub fn skip_records(&mut self, n: usize) -> Result<(), BatchError> {
+        let mut cur = ByteReader::new(&self.data[self.pos..]);
+        for _ in 0..n.min(self.remaining()) {
+            let index = self.index;
+            let bad = |reason| BatchError::BadRecord { index, reason };
+            let len = cur.varlong().ok_or(bad("length"))?;
+            let len = usize::try_from(len).map_err(|_| bad("length"))?;
+            cur.take(len).ok_or(bad("length exceeds batch"))?;
+            self.index += 1;
+        }
+        self.pos += cur.position();
+        Ok(())
+    }
+}
+
+impl Iterator for BatchRecords {
+    type Item = Result<Record, BatchError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.index >= self.count {
+            return None;
+        }
+        let data = &self.data;
+        let mut cur = ByteReader::new(&data[self.pos..]);
+        let record = decode_record(&mut cur, self.index, self.base_ts, |s| data.slice_ref(s));
+        match record {
+            Ok(r) => {
+                self.pos += cur.position();
+                self.index += 1;
+                Some(Ok(r))
+            }
+            Err(e) => {
+                // A malformed record ends the batch: nothing after it can be located.
+                self.index = self.count;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// What [`verify`] learns from a batch's header.
+struct Layout {
+    total: usize,
+    count: usize,
+    base_offset: u64,
+    base_ts: i64,
+}
+
+fn verify(data: &[u8]) -> Result<Layout, BatchError> {
     let total = check_header(data)?;
     let attributes = i16::from_be_bytes([data[ATTRIBUTES_OFFSET], data[ATTRIBUTES_OFFSET + 1]]);
     if attributes & 7 != 0 {
@@ -192,64 +304,68 @@ pub fn decode_batch(data: &[u8]) -> Result<DecodedBatch, BatchError> {
     let base_offset = i64::from_be_bytes(be8(data, 0)) as u64;
     let base_ts = i64::from_be_bytes(be8(data, 27));
     let count = i32::from_be_bytes(be4(data, RECORDS_COUNT_OFFSET));
-    let mut cur = ByteReader::new(&data[HEADER_LEN..total]);
-    if count < 0 || (count as usize).saturating_mul(MIN_RECORD_LEN + 1) > cur.remaining() {
+    let available = total - HEADER_LEN;
+    if count < 0 || (count as usize).saturating_mul(MIN_RECORD_LEN + 1) > available {
         return Err(BatchError::BadLength {
             declared: count as i64,
-            available: cur.remaining(),
+            available,
         });
     }
-    let count = count as usize;
-    let mut records = Vec::with_capacity(count);
-    for index in 0..count {
-        let bad = |reason| BatchError::BadRecord { index, reason };
-        let len = cur.varlong().ok_or(bad("length"))?;
-        if len < 0 || len as usize > cur.remaining() {
-            return Err(bad("length exceeds batch"));
-        }
-        let mut rec = ByteReader::new(cur.take(len as usize).ok_or(bad("length"))?);
-        rec.take(1).ok_or(bad("attributes"))?;
-        let ts_delta = rec.varlong().ok_or(bad("timestamp delta"))?;
-        let _offset_delta = rec.varlong().ok_or(bad("offset delta"))?;
-        let key = rec.nullable_bytes().ok_or(bad("key"))?;
-        let value = rec
-            .nullable_bytes()
-            .ok_or(bad("value"))?
-            .unwrap_or_default();
-        let n_headers = rec.varlong().ok_or(bad("header count"))?;
-        // Each header needs at least two bytes (two length varints).
-        if n_headers < 0 || (n_headers as usize).saturating_mul(2) > rec.remaining() {
-            return Err(bad("header count exceeds record"));
-        }
-        let mut headers = Vec::with_capacity(n_headers as usize);
-        for _ in 0..n_headers {
-            let k = rec
-                .nullable_bytes()
-                .ok_or(bad("header key"))?
-                .ok_or(bad("null header key"))?;
-            let k = String::from_utf8(k.to_vec()).map_err(|_| bad("header key not UTF-8"))?;
-            let v = rec.nullable_bytes().ok_or(bad("header value"))?;
-            headers.push((k, v.unwrap_or_default()));
-        }
-        if rec.remaining() != 0 {
-            return Err(bad("trailing bytes in record"));
-        }
-        records.push(Record {
-            timestamp_ms: base_ts.wrapping_add(ts_delta),
-            key,
-            value,
-            headers,
-        });
-    }
-    if cur.remaining() != 0 {
-        return Err(BatchError::BadLength {
-            declared: total as i64,
-            available: cur.position(),
-        });
-    }
-    Ok(DecodedBatch {
+    Ok(Layout {
+        total,
+        count: count as usize,
         base_offset,
-        records,
+        base_ts,
+    })
+}
+
+/// Decodes the record at `cur`; `bytes` turns a field's slice into [`Bytes`] (a copy, or a
+/// slice of the batch's own buffer).
+fn decode_record<'a>(
+    cur: &mut ByteReader<'a>,
+    index: usize,
+    base_ts: i64,
+    bytes: impl Fn(&'a [u8]) -> Bytes,
+) -> Result<Record, BatchError> {
+    let bad = |reason| BatchError::BadRecord { index, reason };
+    let len = cur.varlong().ok_or(bad("length"))?;
+    if len < 0 || len as usize > cur.remaining() {
+        return Err(bad("length exceeds batch"));
+    }
+    let mut rec = ByteReader::new(cur.take(len as usize).ok_or(bad("length"))?);
+    rec.take(1).ok_or(bad("attributes"))?;
+    let ts_delta = rec.varlong().ok_or(bad("timestamp delta"))?;
+    let _offset_delta = rec.varlong().ok_or(bad("offset delta"))?;
+    let key = rec.nullable_bytes().ok_or(bad("key"))?.map(&bytes);
+    let value = rec
+        .nullable_bytes()
+        .ok_or(bad("value"))?
+        .map_or_else(Bytes::new, &bytes);
+    let n_headers = rec.varlong().ok_or(bad("header count"))?;
+    // Each header needs at least two bytes (two length varints).
+    if n_headers < 0 || (n_headers as usize).saturating_mul(2) > rec.remaining() {
+        return Err(bad("header count exceeds record"));
+    }
+    let mut headers = Vec::with_capacity(n_headers as usize);
+    for _ in 0..n_headers {
+        let k = rec
+            .nullable_bytes()
+            .ok_or(bad("header key"))?
+            .ok_or(bad("null header key"))?;
+        let k = std::str::from_utf8(k)
+            .map_err(|_| bad("header key not UTF-8"))?
+            .to_string();
+        let v = rec.nullable_bytes().ok_or(bad("header value"))?;
+        headers.push((k, v.map_or_else(Bytes::new, &bytes)));
+    }
+    if rec.remaining() != 0 {
+        return Err(bad("trailing bytes in record"));
+    }
+    Ok(Record {
+        timestamp_ms: base_ts.wrapping_add(ts_delta),
+        key,
+        value,
+        headers,
     })
 }
 
@@ -331,7 +447,7 @@ fn varlong_len(v: i64) -> usize {
 }
 
 /// Kafka's varint fields, on top of the shared byte reader.
-impl ByteReader<'_> {
+impl<'a> ByteReader<'a> {
     /// Zigzag varint, at most 10 bytes.
     fn varlong(&mut self) -> Option<i64> {
         let mut z: u64 = 0;
@@ -346,7 +462,7 @@ impl ByteReader<'_> {
     }
 
     /// Length-prefixed bytes; -1 means null.
-    fn nullable_bytes(&mut self) -> Option<Option<Bytes>> {
+    fn nullable_bytes(&mut self) -> Option<Option<&'a [u8]>> {
         let len = self.varlong()?;
         if len == -1 {
             return Some(None);
@@ -354,8 +470,7 @@ impl ByteReader<'_> {
         if len < 0 {
             return None;
         }
-        let s = self.take(usize::try_from(len).ok()?)?;
-        Some(Some(Bytes::copy_from_slice(s)))
+        Some(Some(self.take(usize::try_from(len).ok()?)?))
     }
 }
 
@@ -515,8 +630,28 @@ mod tests {
             let b = encode_batch(base, &records);
             let d = decode_batch(&b).unwrap();
             prop_assert_eq!(d.base_offset, base);
-            prop_assert_eq!(d.records, records.clone());
+            prop_assert_eq!(&d.records, &records);
             prop_assert_eq!(record_count(&b).unwrap() as usize, records.len());
+        }
+
+        /// The lazy reader yields what `decode_batch` does, from any record on, and its values
+        /// are slices of the batch's own buffer.
+        #[test]
+        fn prop_lazy_reader_matches_decode_from_any_record(
+            records in proptest::collection::vec(arb_record(), 0..8),
+            skip in 0usize..10,
+        ) {
+            let b = encode_batch(9, &records);
+            let mut lazy = batch_records(&b).unwrap();
+            prop_assert_eq!(lazy.base_offset(), 9);
+            lazy.skip_records(skip).unwrap();
+            prop_assert_eq!(lazy.remaining(), records.len().saturating_sub(skip));
+            let rest: Vec<Record> = lazy.map(|r| r.unwrap()).collect();
+            prop_assert_eq!(&rest[..], &records[skip.min(records.len())..]);
+            let range = b.as_ptr() as usize..b.as_ptr() as usize + b.len();
+            for r in rest.iter().filter(|r| !r.value.is_empty()) {
+                prop_assert!(range.contains(&(r.value.as_ptr() as usize)));
+            }
         }
 
         #[test]
@@ -540,6 +675,11 @@ mod tests {
             let crc = crc32c::crc32c(&b[ATTRIBUTES_OFFSET..]);
             b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
             let _ = decode_batch(&b);
+            let b = Bytes::from(b);
+            if let Ok(mut lazy) = batch_records(&b) {
+                let _ = lazy.clone().skip_records(idx.index(5));
+                while let Some(Ok(_)) = lazy.next() {}
+            }
         }
 
         #[test]

@@ -23,7 +23,8 @@ mod reader;
 pub mod record;
 
 pub use batch::{
-    BatchError, DecodedBatch, crc_parts, decode_batch, encode_batch, record_count, set_base_offset,
+    BatchError, BatchRecords, DecodedBatch, batch_records, crc_parts, decode_batch, encode_batch,
+    record_count, set_base_offset,
 };
 pub use binary::{
     BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, check_storable, decode_binary,

@@ -15,7 +15,7 @@ use pico_metadata::{
     ApplyError, Command, ForkOrigin, Initial, Outcome, ProducerMark, RegistryEntry, StreamConfig,
     StreamMeta,
 };
-use pico_protocol::{Record, check_storable, crc_parts, decode_batch, encode_batch};
+use pico_protocol::{BatchError, Record, batch_records, check_storable, crc_parts, encode_batch};
 use pico_sql::MetaLog;
 use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal, crc};
 use std::collections::{HashMap, HashSet};
@@ -694,17 +694,23 @@ impl Node {
             }
             let mut progressed = false;
             'batches: for b in batches {
-                let decoded = decode_batch(&b.data).map_err(|e| {
+                let corrupt = |e: BatchError| {
                     ReadError::Internal(format!(
                         "corrupt stored batch: stream={stream_id} offset={} {e}",
                         b.base_offset
                     ))
-                })?;
-                for (i, record) in decoded.records.into_iter().enumerate() {
-                    let offset = b.base_offset + i as u64;
-                    if offset < next {
-                        continue;
-                    }
+                };
+                // Decoded lazily, values sliced from the batch: paging through a large batch
+                // costs each page its own records, not the whole batch's.
+                let mut decoded = batch_records(&b.data).map_err(corrupt)?;
+                let skip = next.saturating_sub(b.base_offset);
+                decoded
+                    .skip_records(usize::try_from(skip).unwrap_or(usize::MAX))
+                    .map_err(corrupt)?;
+                let first = b.base_offset.saturating_add(skip);
+                for (i, record) in decoded.enumerate() {
+                    let record = record.map_err(corrupt)?;
+                    let offset = first + i as u64;
                     if offset >= limit {
                         break 'batches;
                     }
