@@ -68,9 +68,14 @@ pub fn producer_prune_due(before: usize, after: usize) -> bool {
     after >= PRODUCER_PRUNE_MIN && bits(after) > bits(before)
 }
 
-/// Whether a producer last seen at `last_ms` is still remembered at `now_ms`.
-pub fn producer_live(last_ms: i64, now_ms: i64) -> bool {
-    last_ms == PRODUCER_SEEN_UNKNOWN || now_ms.saturating_sub(last_ms) < PRODUCER_TTL_MS
+/// Whether producer `id`, last seen at `last_ms`, is still remembered at `now_ms`. Ids that
+/// start with NUL are the server's own claims (no HTTP header can carry NUL, so no client can
+/// send one): the claim a create's records are appended under is what makes a retried create
+/// append them at most once, so it is never forgotten.
+pub fn producer_live(id: &str, last_ms: i64, now_ms: i64) -> bool {
+    id.starts_with('\0')
+        || last_ms == PRODUCER_SEEN_UNKNOWN
+        || now_ms.saturating_sub(last_ms) < PRODUCER_TTL_MS
 }
 
 /// Producer state of one stream (see [`StreamMeta::producers`]).
@@ -975,10 +980,10 @@ fn existing_outcome(
 
 /// Forgets producers silent for [`PRODUCER_TTL_MS`]; those of unknown age start their clock.
 fn prune_producers(producers: &mut BTreeMap<String, ProducerState>, now_ms: i64) {
-    producers.retain(|_, p| {
+    producers.retain(|id, p| {
         if p.last_ms == PRODUCER_SEEN_UNKNOWN {
             p.last_ms = now_ms;
         }
-        producer_live(p.last_ms, now_ms)
+        producer_live(id, p.last_ms, now_ms)
     });
 }

@@ -220,20 +220,11 @@ impl Node {
         };
         let has_initial = !req.initial.is_empty();
         check_records(&req.initial)?;
-        // A retry of a completed create-with-body-and-close: the stored entry is closed while
-        // the command below asks for an open stream (it closes after the body), so answer here.
-        if has_initial
-            && req.config.closed
-            && let Some(r) = self.resolve_raw(&req.name)
-            && r.entry.closed
-            && r.entry.fork.is_none()
-            && r.entry.config == config
-        {
-            return Ok(CreateOutcome {
-                created: false,
-                info: self.info(&r),
-            });
+        if is_json(&config.content_type) {
+            check_json_values(&req.initial)?;
         }
+        // A retry of a completed create-with-body-and-close finds the stream closed: the
+        // command compares the closed status the request ends with, so it matches.
         let initial = Initial::new(has_initial, req.config.closed);
         let cmd = Command::CreateStream {
             name: req.name.as_str().to_string(),
@@ -377,8 +368,19 @@ impl Node {
         // A protocol that names the request's content type has parsed the records as that type
         // (Durable Streams splits a JSON array into its values); any other append to a JSON
         // stream is checked here, or its values would break every JSON read of the stream.
-        if req.content_type.is_none() && is_json(&r.entry.config.content_type) {
-            check_json_values(&req.records)?;
+        if req.content_type.is_none()
+            && is_json(&r.entry.config.content_type)
+            && let Err(e) = check_json_values(&req.records)
+        {
+            // Any append to a closed stream is refused as such, whatever its records.
+            return Err(if r.entry.closed {
+                AppendError::Closed {
+                    name: r.name.to_string(),
+                    next_seq: self.tail(&r.meta),
+                }
+            } else {
+                e
+            });
         }
         let stream_id = r.meta.id;
         self.touch(&r, now);
@@ -958,6 +960,9 @@ impl Node {
         // them it creates it open and their append closes it. A retry of such a completed fork
         // would see the stored closed fork as a conflict, hence this check.
         // The prefix and body go in one append after the fork command: check them first.
+        if is_json(&config.content_type) {
+            check_json_values(&req.initial)?;
+        }
         let mut records: Vec<Record> = prefix.into_iter().collect();
         records.extend(req.initial);
         check_records(&records)?;

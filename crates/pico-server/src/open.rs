@@ -50,7 +50,7 @@ impl Writer {
                 self.producers.insert(id.to_string(), state);
                 if producer_prune_due(before, self.producers.len()) {
                     self.producers
-                        .retain(|_, p| producer_live(p.last_ms, now_ms));
+                        .retain(|id, p| producer_live(id, p.last_ms, now_ms));
                 }
             }
         }
@@ -213,16 +213,18 @@ mod tests {
             stream_seq: None,
             broken: false,
         };
-        for i in 0..PRODUCER_PRUNE_MIN - 2 {
+        for i in 0..PRODUCER_PRUNE_MIN - 3 {
             w.accept_producer(&format!("old{i}"), 0, 0, 10);
         }
+        // The server's own claim: as old, never forgotten.
+        w.accept_producer("\u{0}initial", 0, 0, 10);
         w.accept_producer("recent", 0, 0, 10 + PRODUCER_TTL_MS - 1);
         w.accept_producer("recent", 0, 1, 10 + PRODUCER_TTL_MS - 1);
         assert_eq!(w.producers.len(), PRODUCER_PRUNE_MIN - 1);
         w.accept_producer("new", 1, 0, 10 + PRODUCER_TTL_MS);
         let mut left: Vec<&str> = w.producers.keys().map(String::as_str).collect();
         left.sort_unstable();
-        assert_eq!(left, ["new", "recent"]);
+        assert_eq!(left, ["\u{0}initial", "new", "recent"]);
         assert_eq!(w.producers["recent"].seq, 1);
     }
 }

@@ -1307,6 +1307,82 @@ async fn appends_to_a_json_stream_must_be_json_values() {
     // Other streams take any bytes.
     node.create(create_req("b")).await.unwrap();
     node.append(append_req("b", &["hello"])).await.unwrap();
+    // A create's (or fork's) records are checked before the stream is made.
+    let json = |n: &str, body: &str| CreateRequest {
+        config: CreateConfig {
+            content_type: Some("application/json".into()),
+            closed: true,
+            ..CreateConfig::default()
+        },
+        initial: vec![rec(body)],
+        ..create_req(n)
+    };
+    assert!(matches!(
+        node.create(json("k", "hello")).await,
+        Err(CreateError::Append(AppendError::BadRequest(_)))
+    ));
+    assert!(matches!(
+        node.head(&name("k")).await,
+        Err(ReadError::NotFound(_))
+    ));
+    assert!(matches!(
+        node.fork(ForkRequest {
+            name: name("jf"),
+            source: name("j"),
+            offset: None,
+            sub_offset: 0,
+            config: CreateConfig::default(),
+            initial: vec![rec("hello")],
+        })
+        .await,
+        Err(ForkError::Append(AppendError::BadRequest(_)))
+    ));
+    assert!(matches!(
+        node.head(&name("jf")).await,
+        Err(ReadError::NotFound(_))
+    ));
+    // A closed stream refuses any append as closed, whatever its records.
+    node.create(json("k", "1")).await.unwrap();
+    assert!(matches!(
+        node.append(append_req("k", &["hello"])).await,
+        Err(AppendError::Closed { next_seq: 1, .. })
+    ));
+}
+
+/// A create with records and close of a name deleted while forks still hold it is a conflict,
+/// as the same create without records is: not the deleted stream's 200.
+#[tokio::test]
+async fn a_create_of_a_soft_deleted_name_is_a_conflict_with_records_too() {
+    let node = start_test_node().await;
+    let closed_with = |body: &[&str]| CreateRequest {
+        config: CreateConfig {
+            closed: true,
+            ..CreateConfig::default()
+        },
+        initial: body.iter().map(|b| rec(b)).collect(),
+        ..create_req("src")
+    };
+    node.create(closed_with(&["a"])).await.unwrap();
+    node.fork(ForkRequest {
+        name: name("f"),
+        source: name("src"),
+        offset: None,
+        sub_offset: 0,
+        config: CreateConfig::default(),
+        initial: vec![],
+    })
+    .await
+    .unwrap();
+    node.delete(&name("src")).await.unwrap();
+    for body in [&[][..], &["a"][..]] {
+        assert!(
+            matches!(
+                node.create(closed_with(body)).await,
+                Err(CreateError::Conflict { .. })
+            ),
+            "{body:?}"
+        );
+    }
 }
 
 /// A metadata log that stopped for good (here: a row it cannot decode) fails every write until
