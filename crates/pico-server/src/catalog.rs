@@ -44,10 +44,15 @@ impl Catalog for MetaCatalog {
     async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError> {
         let n = commit.ranges.len();
         let key = commit.key.clone();
-        let wanted: Vec<(u64, u64)> = commit
+        let wanted: Vec<Wanted> = commit
             .ranges
             .iter()
-            .map(|r| (r.stream, r.start_offset))
+            .map(|r| Wanted {
+                stream: r.stream,
+                epoch: r.epoch,
+                start: r.start_offset,
+                end: r.end_offset,
+            })
             .collect();
         let ranges = commit
             .ranges
@@ -83,8 +88,9 @@ impl Catalog for MetaCatalog {
             Ok(Err(e)) => {
                 // A retry of a commit whose first attempt landed (its answer was lost) is
                 // rejected as a duplicate key: what counts is what the view holds.
-                if self.meta.view().objects.contains_key(&key) {
-                    return Ok(self.accepted_in_view(&key, &wanted));
+                let accepted = self.accepted_in_view(&key, &wanted);
+                if accepted.iter().any(|a| *a) {
+                    return Ok(accepted);
                 }
                 tracing::warn!(error = %e, "object commit rejected");
                 Ok(vec![false; n])
@@ -93,16 +99,32 @@ impl Catalog for MetaCatalog {
     }
 }
 
+/// What a commit asked for one range, to find it in the view after a lost answer.
+struct Wanted {
+    stream: u64,
+    epoch: i64,
+    start: u64,
+    end: u64,
+}
+
 impl MetaCatalog {
-    /// Per range: whether the view has a slice of this object starting at the range's start.
-    fn accepted_in_view(&self, key: &str, ranges: &[(u64, u64)]) -> Vec<bool> {
+    /// Per range: whether the view holds it. Either a slice of this object starts at the
+    /// range's start, or the range was accepted without a slice because the stream had been
+    /// trimmed past it: then the stream is still at the range's epoch (only this owner
+    /// commits at it) with its committed end at or past the range's and its start too.
+    fn accepted_in_view(&self, key: &str, ranges: &[Wanted]) -> Vec<bool> {
         let view = self.meta.view();
         ranges
             .iter()
-            .map(|(stream, start)| {
-                view.slices_from(*stream, *start, 1)
+            .map(|w| {
+                let sliced = view
+                    .slices_from(w.stream, w.start, 1)
                     .first()
-                    .is_some_and(|s| s.key == key && s.start_offset == *start)
+                    .is_some_and(|s| s.key == key && s.start_offset == w.start);
+                sliced
+                    || view.streams.get(&w.stream).is_some_and(|s| {
+                        s.epoch == w.epoch && s.end_offset >= w.end && s.start_offset >= w.end
+                    })
             })
             .collect()
     }
@@ -122,4 +144,77 @@ fn producer_marks(aux: &[bytes::Bytes]) -> Vec<ProducerMark> {
 /// The last `Stream-Seq` among a range's aux blobs.
 fn last_stream_seq(aux: &[bytes::Bytes]) -> Option<String> {
     aux.iter().rev().find_map(|a| decode_aux(a).stream_seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pico_metadata::{Initial, StreamConfig};
+    use pico_sql::MetaLogOptions;
+
+    /// A range committed after its stream was trimmed past it is accepted without a slice. If
+    /// that answer is lost, the retry is rejected (its range no longer follows the committed
+    /// end) and must still read as accepted: refusing it would break a healthy stream.
+    #[tokio::test]
+    async fn a_retried_commit_of_a_trimmed_range_is_accepted() {
+        let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+            .await
+            .unwrap();
+        let cmds = [
+            Command::RegisterNode {
+                node_id: 1,
+                node_epoch: 1,
+                address: "n".into(),
+                now_ms: 1,
+            },
+            Command::CreateStream {
+                name: "s".into(),
+                config: StreamConfig {
+                    content_type: "t".into(),
+                    ttl_secs: None,
+                    expires_at_ms: None,
+                },
+                closed: false,
+                initial: Initial::None,
+                now_ms: 1,
+            },
+            Command::OpenStream {
+                stream_id: 0,
+                node_id: 1,
+                node_epoch: 1,
+            },
+            Command::Trim {
+                stream_id: 0,
+                start_offset: 10,
+            },
+        ];
+        for c in cmds {
+            meta.propose(c).await.unwrap().unwrap();
+        }
+        let catalog = MetaCatalog {
+            meta,
+            node_id: 1,
+            node_epoch: 1,
+        };
+        let commit = || ObjectCommit {
+            key: "k".into(),
+            size: 5,
+            ranges: vec![s3stream::CommitRange {
+                stream: 0,
+                epoch: 0,
+                start_offset: 0,
+                end_offset: 5,
+                position: 0,
+                len: 5,
+                aux: vec![],
+            }],
+        };
+        assert_eq!(catalog.commit(commit()).await.unwrap(), vec![true]);
+        assert_eq!(catalog.commit(commit()).await.unwrap(), vec![true]);
+        // A range of another epoch is not taken for it.
+        let mut stale = commit();
+        stale.ranges[0].epoch = -1;
+        stale.key = "k2".into();
+        assert_eq!(catalog.commit(stale).await.unwrap(), vec![false]);
+    }
 }
