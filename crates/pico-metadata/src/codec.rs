@@ -16,7 +16,7 @@ use thiserror::Error;
 
 /// Current codec version (first byte of every encoded value). Version 2 added forks, soft
 /// delete and `Stream-Seq` state, version 3 each producer's last commit time and forks created
-/// closed, version 4 what a create or fork carried ([`Initial`]); older values still decode
+/// closed, version 4 what a create or fork carried ([`Initial`]) and `KvInit`; older values still decode
 /// (new fields take defaults).
 pub const VERSION: u8 = 4;
 /// Oldest version still decoded.
@@ -492,6 +492,11 @@ impl Writer {
                 self.u8(12);
                 self.str(key);
             }
+            Command::KvInit { key, value } => {
+                self.u8(14);
+                self.str(key);
+                self.bytes(value);
+            }
         }
     }
 }
@@ -803,6 +808,10 @@ impl<'a> Reader<'a> {
             },
             12 => Command::KvDelete {
                 key: self.str("key")?,
+            },
+            14 if self.version >= 4 => Command::KvInit {
+                key: self.str("key")?,
+                value: self.bytes("value")?,
             },
             13 => {
                 let name = self.str("name")?;

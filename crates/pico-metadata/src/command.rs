@@ -170,6 +170,12 @@ pub enum Command {
     KvDelete {
         key: String,
     },
+    /// Stores `value` under `key` unless the key holds another value (then Conflict): a value
+    /// the first of several racing writers fixes for good, such as the cluster id.
+    KvInit {
+        key: String,
+        value: Vec<u8>,
+    },
 }
 
 impl Command {
@@ -189,6 +195,7 @@ impl Command {
             Command::Touch { .. } => "touch",
             Command::KvPut { .. } => "kv_put",
             Command::KvDelete { .. } => "kv_delete",
+            Command::KvInit { .. } => "kv_init",
         }
     }
 }

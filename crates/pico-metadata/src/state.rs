@@ -551,6 +551,17 @@ impl State {
                 self.kv.remove(key);
                 Ok(Outcome::KvDone)
             }
+            Command::KvInit { key, value } => match self.kv.get(key) {
+                Some(stored) if stored != value => Err(ApplyError::Conflict {
+                    name: key.clone(),
+                    reason: format!("holds another value: `{}`", String::from_utf8_lossy(stored)),
+                }),
+                Some(_) => Ok(Outcome::KvDone),
+                None => {
+                    self.kv.insert(key.clone(), value.clone());
+                    Ok(Outcome::KvDone)
+                }
+            },
         }
     }
 

@@ -914,3 +914,21 @@ fn a_fork_created_closed_compares_closed_like_a_create() {
         ApplyError::Conflict { .. }
     ));
 }
+
+/// `KvInit` fixes a value once: the first of racing writers wins, the others are refused
+/// (two nodes starting at once on an empty log with different cluster ids).
+#[test]
+fn kv_init_stores_once_and_refuses_another_value() {
+    let mut s = State::new();
+    let init = |v: &str| Command::KvInit {
+        key: "cluster/id".into(),
+        value: v.as_bytes().to_vec(),
+    };
+    assert_eq!(ok(&mut s, init("alpha")), Outcome::KvDone);
+    assert_eq!(ok(&mut s, init("alpha")), Outcome::KvDone);
+    assert!(matches!(
+        err(&mut s, init("beta")),
+        ApplyError::Conflict { .. }
+    ));
+    assert_eq!(s.kv["cluster/id"], b"alpha".to_vec());
+}

@@ -343,26 +343,39 @@ fn next_node_epoch(meta: &MetaLog, node_id: u32, now_ms: i64) -> u64 {
 
 /// The first node to start records the cluster id in the metadata log; every later start must
 /// name the same one, so a node pointed at another cluster's database refuses to join it.
+/// Recorded with a conditional command, so of two first starts racing on an empty log with
+/// different ids exactly one wins and the other refuses.
 async fn check_cluster_id(meta: &MetaLog, cluster_id: &str) -> Result<(), RuntimeError> {
     const KEY: &str = "cluster/id";
+    let other = |stored: &[u8]| {
+        RuntimeError::Config(format!(
+            "this metadata log belongs to another cluster: stored=`{}` given=`{cluster_id}`",
+            String::from_utf8_lossy(stored)
+        ))
+    };
     if let Some(stored) = meta.view().kv.get(KEY) {
         return if stored.as_slice() == cluster_id.as_bytes() {
             Ok(())
         } else {
-            Err(RuntimeError::Config(format!(
-                "this metadata log belongs to another cluster: stored=`{}` given=`{cluster_id}`",
-                String::from_utf8_lossy(stored)
-            )))
+            Err(other(stored))
         };
     }
-    meta.propose(pico_metadata::Command::KvPut {
-        key: KEY.to_string(),
-        value: cluster_id.as_bytes().to_vec(),
-    })
-    .await
-    .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?
-    .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?;
-    Ok(())
+    let recorded = meta
+        .propose(pico_metadata::Command::KvInit {
+            key: KEY.to_string(),
+            value: cluster_id.as_bytes().to_vec(),
+        })
+        .await
+        .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?;
+    match recorded {
+        Ok(_) => Ok(()),
+        Err(pico_metadata::ApplyError::Conflict { .. }) => Err(other(
+            meta.view().kv.get(KEY).map_or(&[][..], |v| v.as_slice()),
+        )),
+        Err(e) => Err(RuntimeError::Startup(format!(
+            "recording the cluster id: {e}"
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -144,6 +144,8 @@ pub fn command() -> impl Strategy<Value = Command> {
         ("[a-z]{0,4}", proptest::collection::vec(any::<u8>(), 0..16))
             .prop_map(|(key, value)| Command::KvPut { key, value }),
         "[a-z]{0,4}".prop_map(|key| Command::KvDelete { key }),
+        ("[a-z]{0,4}", proptest::collection::vec(any::<u8>(), 0..4))
+            .prop_map(|(key, value)| Command::KvInit { key, value }),
         (
             name(),
             name(),
