@@ -1,13 +1,15 @@
-//! Shared vocabulary of PicoMQ. No IO happens here.
+//! Shared vocabulary of PicoMQ. No IO happens here, except in [`fs`].
 //!
 //! - [`ids`]: `StreamId`, `NodeId`, stream `Epoch`, `Offset`.
 //! - [`name`]: stream-name rules (`/orders/42` → canonical `orders/42`).
 //! - [`uri`]: bucket URIs with a numeric bucket id before the scheme (`-2@file://./objects`).
 //! - [`error`]: [`ErrorKind`], the small prescriptive error vocabulary every protocol maps.
 //! - [`clock`]: wall-clock milliseconds; the only place the time is read.
+//! - [`fs`]: directories created durably (each new entry synced into its parent).
 
 pub mod clock;
 pub mod error;
+pub mod fs;
 pub mod ids;
 pub mod name;
 pub mod uri;

@@ -65,7 +65,7 @@ pub fn lock_wal(uri: &BucketUri, node_id: u32) -> Result<Option<WalLock>, Runtim
     let failed = |e: std::io::Error| {
         RuntimeError::Startup(format!("locking the WAL directory {}: {e}", dir.display()))
     };
-    create_dir_durably(&dir).map_err(failed)?;
+    pico_common::fs::create_dir_durably(&dir).map_err(failed)?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .write(true)
@@ -77,24 +77,6 @@ pub fn lock_wal(uri: &BucketUri, node_id: u32) -> Result<Option<WalLock>, Runtim
         Err(TryLockError::WouldBlock) => Err(RuntimeError::WalInUse(dir)),
         Err(TryLockError::Error(e)) => Err(failed(e)),
     }
-}
-
-/// `create_dir_all`, with each new directory's entry synced into its parent: the WAL syncs only
-/// directories it creates itself, and its segments are only as durable as the path to them.
-fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
-    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.is_dir()).collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    std::fs::create_dir_all(dir)?;
-    for d in missing {
-        match d.parent() {
-            Some(p) if p.as_os_str().is_empty() => File::open(".")?.sync_all()?,
-            Some(p) => File::open(p)?.sync_all()?,
-            None => {}
-        }
-    }
-    Ok(())
 }
 
 /// The node's WAL, under `wal/{node_id}/`: segment files on a local disk (one write and one

@@ -12,7 +12,6 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 use std::collections::HashSet;
-use std::fs::File;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -197,7 +196,7 @@ impl SqliteStore {
             if let Some(parent) = Path::new(path).parent()
                 && !parent.as_os_str().is_empty()
             {
-                create_dir_durably(parent)
+                pico_common::fs::create_dir_durably(parent)
                     .map_err(|e| MetaError::Io(format!("create {}: {e}", parent.display())))?;
             }
             // SQLite syncs the database's own directory when it creates the WAL file there.
@@ -494,24 +493,6 @@ impl SqliteStore {
     }
 }
 
-/// `create_dir_all`, with each directory it creates synced into its parent: without that, a
-/// power loss soon after the first start can lose the new directory, database and all.
-fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
-    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.is_dir()).collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    std::fs::create_dir_all(dir)?;
-    for d in missing {
-        match d.parent() {
-            Some(p) if p.as_os_str().is_empty() => File::open(".")?.sync_all()?,
-            Some(p) => File::open(p)?.sync_all()?,
-            None => {}
-        }
-    }
-    Ok(())
-}
-
 #[async_trait]
 impl LogStore for SqliteStore {
     async fn append(&self, payload: &[u8], count: u32, now_ms: i64) -> Result<i64, MetaError> {
@@ -781,17 +762,6 @@ impl LogStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn create_dir_durably_creates_every_missing_level_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let deep = dir.path().join("a/b/c");
-        create_dir_durably(&deep).unwrap();
-        assert!(deep.is_dir());
-        // Present already: nothing to create or sync.
-        create_dir_durably(&deep).unwrap();
-        create_dir_durably(dir.path()).unwrap();
-    }
 
     #[test]
     fn manifests_round_trip_and_nothing_else_parses_as_one() {
