@@ -107,8 +107,9 @@ pub enum Command {
     /// Append newline-delimited records from stdin.
     Append {
         name: String,
-        /// Records per request (1 = one raw POST per line, more = JSON batches).
-        #[arg(long, env = "PICO_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        /// Records per request (1 = one raw POST per line, more = JSON batches; a batch also
+        /// ends at 4 MiB of records). At most 10,000, the server's limit per append.
+        #[arg(long, env = "PICO_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         batch: u32,
         /// Content type of single-record appends (must match the stream's).
         #[arg(long, env = "PICO_CONTENT_TYPE")]
@@ -117,9 +118,9 @@ pub enum Command {
     /// Read from an offset up to the tail, then exit.
     Read {
         name: String,
-        /// First offset to read.
-        #[arg(long, env = "PICO_FROM", default_value_t = 0)]
-        from: u64,
+        /// First offset to read (default: the stream's first record).
+        #[arg(long, env = "PICO_FROM")]
+        from: Option<u64>,
         #[arg(long, env = "PICO_FORMAT", value_enum, default_value_t = ReadFormat::Text)]
         format: ReadFormat,
     },

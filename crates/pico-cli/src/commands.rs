@@ -9,12 +9,18 @@ use pico_client::{BatchRecord, Client, ClientError, ReadChunk, ReadRecord};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use tokio::sync::mpsc;
 
 /// Batches read ahead of the request in flight: stdin is read while the previous
 /// batch is being sent, and order is kept because requests go one at a time.
 const READ_AHEAD_BATCHES: usize = 2;
+/// Most record bytes in one batch request: a JSON batch can take up to six times its records'
+/// bytes (`\u00XX` escapes), and the server's default request limit is 32 MiB.
+const MAX_BATCH_BYTES: usize = 4 << 20;
+/// Longest input line (one record): the server's default request limit. Longer input (no
+/// newlines, a binary file) is refused before it is held in memory whole.
+const MAX_LINE_BYTES: usize = 32 << 20;
 
 pub async fn create(
     client: &Client,
@@ -71,9 +77,18 @@ pub async fn append(
             }
             Err(e) => {
                 reader.abort();
-                return Err(
-                    anyhow!(e).context(format!("append to {name} failed after {records} records"))
-                );
+                // No answer, or a server error: the request may have been written. A caller
+                // resuming from the count below would write it twice.
+                let context = if passing(&e) || e.is_outcome_unknown() {
+                    format!(
+                        "append to {name} failed after {records} records; the last request \
+                         ({n} records) may have been written: see `pico head {name}` \
+                         before resuming"
+                    )
+                } else {
+                    format!("append to {name} failed after {records} records")
+                };
+                return Err(anyhow!(e).context(context));
             }
         }
     }
@@ -89,9 +104,11 @@ pub async fn append(
 async fn read_batches(tx: mpsc::Sender<Vec<Bytes>>, batch: usize) -> anyhow::Result<()> {
     let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
     let mut lines = Vec::with_capacity(batch);
+    let mut bytes = 0usize;
     loop {
         let mut line = Vec::new();
-        let n = stdin
+        let n = (&mut stdin)
+            .take(MAX_LINE_BYTES as u64 + 1)
             .read_until(b'\n', &mut line)
             .await
             .context("reading stdin")?;
@@ -104,9 +121,26 @@ async fn read_batches(tx: mpsc::Sender<Vec<Bytes>>, batch: usize) -> anyhow::Res
                 line.pop();
             }
         }
+        if line.len() > MAX_LINE_BYTES {
+            bail!(
+                "an input line is longer than {} MiB: records are newline-delimited",
+                MAX_LINE_BYTES >> 20
+            );
+        }
+        // Batches also end at a byte budget, so long lines cannot make a request the server
+        // must refuse after earlier ones were written.
+        if !lines.is_empty() && bytes + line.len() > MAX_BATCH_BYTES {
+            let full = std::mem::replace(&mut lines, Vec::with_capacity(batch));
+            bytes = 0;
+            if tx.send(full).await.is_err() {
+                return Ok(()); // the sender stopped after an error
+            }
+        }
+        bytes += line.len();
         lines.push(Bytes::from(line));
         if lines.len() == batch {
             let full = std::mem::replace(&mut lines, Vec::with_capacity(batch));
+            bytes = 0;
             if tx.send(full).await.is_err() {
                 return Ok(()); // the sender stopped after an error
             }
@@ -121,9 +155,20 @@ async fn read_batches(tx: mpsc::Sender<Vec<Bytes>>, batch: usize) -> anyhow::Res
 pub async fn read(
     client: &Client,
     name: &str,
-    from: u64,
+    from: Option<u64>,
     format: ReadFormat,
 ) -> anyhow::Result<()> {
+    // Without `--from`, the stream's first record: offset 0 is gone once it is trimmed.
+    let from = match from {
+        Some(seq) => seq,
+        None => {
+            client
+                .head(name)
+                .await?
+                .ok_or_else(|| not_found(name))?
+                .start
+        }
+    };
     let mut out = std::io::stdout().lock();
     catch_up(client, name, from, format, &mut out).await?;
     Ok(())

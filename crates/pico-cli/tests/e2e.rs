@@ -456,6 +456,29 @@ fn server_cli_trim_ls_and_json_format() {
     assert_eq!(out, "three\nfour\n");
     let (out, _) = pico_ok(&server, &["tail", "/cli/a"], b"");
     assert_eq!(out, "", "tail without -n starts at the tail");
+    // Without --from, read starts at the first record left, not at the trimmed-away 0.
+    let (out, _) = pico_ok(&server, &["read", "/cli/a"], b"");
+    assert_eq!(out, "three\nfour\n");
+
+    // Batches the server must refuse are refused before anything is sent: more records than
+    // one append takes, or a line longer than one request.
+    let out = pico(&server, &["append", "/cli/b", "--batch", "10001"], b"x\n");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let long = vec![b'a'; (32 << 20) + 1];
+    let out = pico(&server, &["append", "/cli/b", "--batch", "10"], &long);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("longer than 32 MiB"), "{err}");
+    // Full batches of long lines are split by size: 9,000 lines of 4,000 bytes (36 MB, more
+    // than one request may carry) all land.
+    let mut input = Vec::new();
+    for _ in 0..9000 {
+        input.extend_from_slice(&[b'y'; 4000]);
+        input.push(b'\n');
+    }
+    pico_ok(&server, &["append", "/cli/b", "--batch", "10000"], &input);
+    let (out, _) = pico_ok(&server, &["head", "/cli/b"], b"");
+    assert!(out.starts_with("start=0 next=9000 "), "{out}");
 
     let out = pico(&server, &["read", "/missing"], b"");
     assert_eq!(out.status.code(), Some(1));
