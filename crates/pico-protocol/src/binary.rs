@@ -12,6 +12,11 @@ use crate::record::Record;
 pub const VERSION: u8 = 1;
 /// Most headers one record may carry: the framing counts them in a u16.
 pub const MAX_HEADERS: usize = u16::MAX as usize;
+/// Most headers one append may carry in all. A decoded header costs ~10 times its smallest
+/// encoding (a `String` and a `Bytes`, 56 bytes, for 6 bytes on the wire), so without this a
+/// 32 MiB body of empty headers would take ~300 MB to parse; 100,000 is 10 per record at the
+/// 10,000-record limit.
+pub const MAX_HEADERS_PER_APPEND: usize = 100_000;
 /// Longest header key: the framing prefixes it with a u16 length.
 pub const MAX_HEADER_KEY_LEN: usize = u16::MAX as usize;
 /// seq + timestamp + header count + body len.
@@ -37,6 +42,8 @@ pub enum BinaryError {
     TooLong { field: &'static str, len: usize },
     #[error("too many records in one batch: count={count} max={max}")]
     TooMany { count: u32, max: usize },
+    #[error("too many headers in one batch: max={max}")]
+    TooManyHeaders { max: usize },
 }
 
 /// Checks that `r` can be framed by [`encode_binary`] and rendered as JSON without loss (the
@@ -115,12 +122,16 @@ fn put_u32_len(buf: &mut BytesMut, field: &'static str, len: usize) -> Result<()
 
 /// Decodes a binary batch into `(seq, record)` pairs.
 pub fn decode_binary(data: &[u8]) -> Result<Vec<(u64, Record)>, BinaryError> {
-    decode(data, usize::MAX)
+    decode(data, usize::MAX, usize::MAX)
 }
 
 /// Decodes a batch of at most `max_records` records; a larger count is refused before any
 /// record is decoded.
-fn decode(data: &[u8], max_records: usize) -> Result<Vec<(u64, Record)>, BinaryError> {
+fn decode(
+    data: &[u8],
+    max_records: usize,
+    max_headers: usize,
+) -> Result<Vec<(u64, Record)>, BinaryError> {
     let mut c = ByteReader::new(data);
     let version = c.u8().ok_or(BinaryError::Truncated {
         field: "version",
@@ -146,6 +157,7 @@ fn decode(data: &[u8], max_records: usize) -> Result<Vec<(u64, Record)>, BinaryE
         });
     }
     let mut out = Vec::with_capacity(count as usize);
+    let mut headers_left = max_headers;
     for index in 0..count as usize {
         let t = |field| BinaryError::Truncated { field, index };
         let seq = c.u64().ok_or(t("seq"))?;
@@ -155,6 +167,9 @@ fn decode(data: &[u8], max_records: usize) -> Result<Vec<(u64, Record)>, BinaryE
         if n.saturating_mul(6) > c.remaining() {
             return Err(t("headers"));
         }
+        headers_left = headers_left
+            .checked_sub(n)
+            .ok_or(BinaryError::TooManyHeaders { max: max_headers })?;
         let mut headers = Vec::with_capacity(n);
         for _ in 0..n {
             let kl = c.u16().ok_or(t("header key len"))? as usize;
@@ -190,7 +205,7 @@ pub fn decode_binary_records(data: &[u8]) -> Result<Vec<Record>, BinaryError> {
 /// [`decode_binary_records`] for a body of at most `max_records` records (an append's limit):
 /// a larger count is refused from the batch header, before anything is allocated for it.
 pub fn decode_binary_append(data: &[u8], max_records: usize) -> Result<Vec<Record>, BinaryError> {
-    Ok(decode(data, max_records)?
+    Ok(decode(data, max_records, MAX_HEADERS_PER_APPEND)?
         .into_iter()
         .map(|(_, mut r)| {
             r.timestamp_ms = 0;
@@ -203,6 +218,31 @@ pub fn decode_binary_append(data: &[u8], max_records: usize) -> Result<Vec<Recor
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// An append's headers are bounded in all, not only per record: decoded, each costs ~10
+    /// times its smallest encoding. Reading stored batches is not limited.
+    #[test]
+    fn an_appends_headers_are_bounded_in_all() {
+        let record = |n: usize| Record {
+            timestamp_ms: 0,
+            key: None,
+            value: Bytes::new(),
+            headers: (0..n).map(|i| (format!("{i}"), Bytes::new())).collect(),
+        };
+        let per = MAX_HEADERS_PER_APPEND / 4;
+        let fits: Vec<Record> = (0..4).map(|_| record(per)).collect();
+        let b = encode_binary(fits.iter().map(|r| (0, r))).unwrap();
+        assert_eq!(decode_binary_append(&b, 10).unwrap().len(), 4);
+        let over: Vec<Record> = (0..5).map(|_| record(per)).collect();
+        let b = encode_binary(over.iter().map(|r| (0, r))).unwrap();
+        assert_eq!(
+            decode_binary_append(&b, 10),
+            Err(BinaryError::TooManyHeaders {
+                max: MAX_HEADERS_PER_APPEND
+            })
+        );
+        assert_eq!(decode_binary(&b).unwrap().len(), 5);
+    }
 
     #[test]
     fn known_layout() {

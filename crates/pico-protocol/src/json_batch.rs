@@ -5,7 +5,7 @@
 //! Read: `[{"seq":0,"timestamp":1700000000000,"key":"k","headers":{"k":"v"},"body":"text"}]`,
 //! with `body_b64` (and `key_b64`) when the bytes are not valid UTF-8.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::fmt;
@@ -18,7 +18,7 @@ use serde_json::error::Category;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::binary::{MAX_HEADER_KEY_LEN, MAX_HEADERS};
+use crate::binary::{MAX_HEADER_KEY_LEN, MAX_HEADERS, MAX_HEADERS_PER_APPEND};
 use crate::record::Record;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -31,6 +31,8 @@ pub enum JsonBatchError {
     Record { index: usize, reason: String },
     #[error("too many records in one batch: max={max}")]
     TooMany { max: usize },
+    #[error("too many headers in one batch: max={max}")]
+    TooManyHeaders { max: usize },
 }
 
 /// Parses a JSON batch body of at most `max_records` records (timestamp 0: the server assigns
@@ -39,9 +41,11 @@ pub enum JsonBatchError {
 pub fn parse_json_batch(body: &[u8], max_records: usize) -> Result<Vec<Record>, JsonBatchError> {
     let blame = Blame::new(Some(JsonBatchError::Shape));
     let mut de = serde_json::Deserializer::from_slice(body);
+    let headers_left = Cell::new(MAX_HEADERS_PER_APPEND);
     let doc = Doc {
         max_records,
         blame: &blame,
+        headers_left: &headers_left,
     };
     doc.deserialize(&mut de)
         .and_then(|records| de.end().map(|()| records))
@@ -68,6 +72,8 @@ fn blame_as<E: de::Error>(blame: &Blame, err: JsonBatchError) -> E {
 struct Doc<'a> {
     max_records: usize,
     blame: &'a Blame,
+    /// Headers the rest of the batch may still carry (see [`MAX_HEADERS_PER_APPEND`]).
+    headers_left: &'a Cell<usize>,
 }
 
 impl<'de> DeserializeSeed<'de> for Doc<'_> {
@@ -112,7 +118,11 @@ impl<'de> Visitor<'de> for Records<'_> {
         f.write_str("an array of records")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Record>, A::Error> {
-        let Doc { max_records, blame } = self.0;
+        let Doc {
+            max_records,
+            blame,
+            headers_left,
+        } = self.0;
         let mut out = Vec::new();
         loop {
             let index = out.len();
@@ -124,7 +134,11 @@ impl<'de> Visitor<'de> for Records<'_> {
                     Some(never) => match never {},
                 };
             }
-            let rec = RecordSeed { index, blame };
+            let rec = RecordSeed {
+                index,
+                blame,
+                headers_left,
+            };
             rec.blame("record must be a JSON object");
             match seq.next_element_seed(rec)? {
                 Some(r) => out.push(r),
@@ -148,6 +162,7 @@ impl<'de> DeserializeSeed<'de> for Refuse {
 struct RecordSeed<'a> {
     index: usize,
     blame: &'a Blame,
+    headers_left: &'a Cell<usize>,
 }
 
 impl RecordSeed<'_> {
@@ -265,7 +280,13 @@ impl<'de> Visitor<'de> for Headers<'_> {
             }
             rec.blame(format!("header `{k}` must be a string"));
             let v: String = map.next_value()?;
-            out.insert(k, Bytes::from(v.into_bytes()));
+            if out.insert(k, Bytes::from(v.into_bytes())).is_none() {
+                let Some(left) = rec.headers_left.get().checked_sub(1) else {
+                    let max = MAX_HEADERS_PER_APPEND;
+                    return Err(blame_as(rec.blame, JsonBatchError::TooManyHeaders { max }));
+                };
+                rec.headers_left.set(left);
+            }
             if out.len() > MAX_HEADERS {
                 return Err(rec.fail(format!("too many headers: max={MAX_HEADERS}")));
             }
@@ -427,6 +448,37 @@ mod tests {
                 String::from_utf8_lossy(&body)
             );
         }
+    }
+
+    /// An append's headers are bounded in all (repeated keys of one record count once).
+    #[test]
+    fn a_batchs_headers_are_bounded_in_all() {
+        let record = |n: usize| {
+            let headers: Vec<String> = (0..n).map(|i| format!("\"{i}\":\"\"")).collect();
+            format!("{{\"body\":\"\",\"headers\":{{{}}}}}", headers.join(","))
+        };
+        let batch = |records: usize, per: usize| {
+            let r: Vec<String> = (0..records).map(|_| record(per)).collect();
+            format!("{{\"records\":[{}]}}", r.join(","))
+        };
+        let per = MAX_HEADERS_PER_APPEND / 4;
+        assert_eq!(
+            parse_json_batch(batch(4, per).as_bytes(), 10)
+                .unwrap()
+                .len(),
+            4
+        );
+        assert_eq!(
+            parse_json_batch(batch(5, per).as_bytes(), 10),
+            Err(JsonBatchError::TooManyHeaders {
+                max: MAX_HEADERS_PER_APPEND
+            })
+        );
+        let repeated = format!(
+            "{{\"records\":[{{\"body\":\"\",\"headers\":{{{}}}}}]}}",
+            vec!["\"k\":\"v\""; MAX_HEADERS_PER_APPEND + 1].join(",")
+        );
+        assert_eq!(parse_json_batch(repeated.as_bytes(), 1).unwrap().len(), 1);
     }
 
     #[test]

@@ -27,8 +27,8 @@ pub use batch::{
     record_count, set_base_offset,
 };
 pub use binary::{
-    BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, check_storable, decode_binary,
-    decode_binary_append, decode_binary_records, encode_binary,
+    BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, MAX_HEADERS_PER_APPEND, check_storable,
+    decode_binary, decode_binary_append, decode_binary_records, encode_binary,
 };
 pub use json_batch::{JsonBatchError, parse_json_batch, record_to_json, render_json};
 pub use number::{NumberError, parse_strict_u64, push_decimal};

@@ -79,13 +79,17 @@ pub fn body_records(media_type: &str, body: Bytes) -> Result<Vec<Record>, HttpEr
     match media_type {
         h::CONTENT_TYPE_JSON_BATCH => {
             parse_json_batch(&body, MAX_RECORDS_PER_APPEND).map_err(|e| match e {
-                JsonBatchError::TooMany { .. } => HttpError::too_large(e.to_string()),
+                JsonBatchError::TooMany { .. } | JsonBatchError::TooManyHeaders { .. } => {
+                    HttpError::too_large(e.to_string())
+                }
                 _ => HttpError::bad_request(format!("bad JSON batch: {e}")),
             })
         }
         h::CONTENT_TYPE_BINARY_BATCH => decode_binary_append(&body, MAX_RECORDS_PER_APPEND)
             .map_err(|e| match e {
-                BinaryError::TooMany { .. } => HttpError::too_large(e.to_string()),
+                BinaryError::TooMany { .. } | BinaryError::TooManyHeaders { .. } => {
+                    HttpError::too_large(e.to_string())
+                }
                 _ => HttpError::bad_request(format!("bad binary batch: {e}")),
             }),
         _ => Ok(vec![Record::from_value(body)]),
