@@ -23,8 +23,8 @@ mod reader;
 pub mod record;
 
 pub use batch::{
-    BatchError, BatchRecords, DecodedBatch, batch_records, crc_parts, decode_batch, encode_batch,
-    record_count, set_base_offset,
+    BatchError, BatchRecords, DecodedBatch, batch_records, batch_records_verified, crc_parts,
+    decode_batch, encode_batch, record_count, set_base_offset,
 };
 pub use binary::{
     BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, MAX_HEADERS_PER_APPEND, check_storable,
