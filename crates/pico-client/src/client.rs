@@ -116,7 +116,7 @@ impl Client {
         mut url: Url,
         headers: HeaderMap,
         body: Option<Bytes>,
-    ) -> Result<Response, ClientError> {
+    ) -> Result<Response, Failure> {
         for _ in 0..=MAX_REDIRECTS {
             let mut req = self
                 .http
@@ -128,7 +128,7 @@ impl Client {
             if let Some(body) = &body {
                 req = req.body(body.clone());
             }
-            let resp = req.send().await?;
+            let resp = req.send().await.map_err(Failure::sending)?;
             let status = resp.status();
             if status == StatusCode::TEMPORARY_REDIRECT || status == StatusCode::PERMANENT_REDIRECT
             {
@@ -150,7 +150,8 @@ impl Client {
         }
         Err(ClientError::Transport(format!(
             "too many redirects (>{MAX_REDIRECTS}): url=`{url}`"
-        )))
+        ))
+        .into())
     }
 
     /// Sends (following redirects) and reads the whole answer, whatever its status, within
@@ -163,16 +164,30 @@ impl Client {
         body: Option<Bytes>,
         timeout: Duration,
     ) -> Result<Answer, ClientError> {
+        self.exchange_or_unsent(method, url, headers, body, timeout)
+            .await
+            .map_err(|f| f.error)
+    }
+
+    /// [`Client::exchange`], telling a request that certainly never reached a server apart.
+    async fn exchange_or_unsent(
+        &self,
+        method: Method,
+        url: Url,
+        headers: HeaderMap,
+        body: Option<Bytes>,
+        timeout: Duration,
+    ) -> Result<Answer, Failure> {
         let answer = async {
             let resp = self.send(method, url, headers, body).await?;
             let status = resp.status();
             let headers = resp.headers().clone();
-            let body = resp.bytes().await?;
+            let body = resp.bytes().await.map_err(ClientError::from)?;
             Ok((status, headers, body))
         };
         tokio::time::timeout(timeout, answer)
             .await
-            .unwrap_or(Err(ClientError::Timeout(timeout)))
+            .unwrap_or(Err(ClientError::Timeout(timeout).into()))
     }
 
     /// [`Client::exchange`] with the request timeout, any non-2xx status turned into
@@ -190,17 +205,17 @@ impl Client {
 
     /// One request to stream `name` (following redirects) with the request timeout; returns
     /// status, headers and body, whatever the status. For callers that interpret error
-    /// statuses themselves.
+    /// statuses themselves, and need to know whether a failed request may have been applied.
     pub(crate) async fn raw_request(
         &self,
         method: Method,
         name: &str,
         headers: HeaderMap,
         body: Option<Bytes>,
-    ) -> Result<(u16, HeaderMap, Bytes), ClientError> {
+    ) -> Result<(u16, HeaderMap, Bytes), Failure> {
         let url = self.stream_url(name, &[])?;
         let (status, headers, body) = self
-            .exchange(method, url, headers, body, self.request_timeout)
+            .exchange_or_unsent(method, url, headers, body, self.request_timeout)
             .await?;
         Ok((status.as_u16(), headers, body))
     }
@@ -434,6 +449,33 @@ impl Client {
         self.exchange_ok(Method::DELETE, url, HeaderMap::new(), None)
             .await?;
         Ok(())
+    }
+}
+
+/// A request that got no answer.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) error: ClientError,
+    /// No connection could be made, so no server saw the request (a hop that answered with a
+    /// redirect did not apply it either). Otherwise it may have been applied.
+    pub(crate) unsent: bool,
+}
+
+impl Failure {
+    fn sending(e: reqwest::Error) -> Failure {
+        Failure {
+            unsent: e.is_connect(),
+            error: e.into(),
+        }
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(error: ClientError) -> Failure {
+        Failure {
+            error,
+            unsent: false,
+        }
     }
 }
 

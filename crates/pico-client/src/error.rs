@@ -35,14 +35,30 @@ pub enum ClientError {
         "not written: an earlier batch of this producer failed: failed_seq={failed_seq} seq={seq}"
     )]
     Abandoned { seq: u64, failed_seq: u64 },
-    /// A producer's batch given up because an earlier batch of the same producer failed for
-    /// good, after an attempt of its own went unanswered (transport error, timeout, 5xx): the
-    /// server may have applied it. Unlike [`ClientError::Abandoned`], resending it under a new
-    /// epoch may write it twice; read the stream to find out.
-    #[error(
-        "outcome unknown: sent, then given up after an earlier batch of this producer failed: failed_seq={failed_seq} seq={seq}"
-    )]
-    OutcomeUnknown { seq: u64, failed_seq: u64 },
+    /// A producer's batch that failed after an attempt of its own went unanswered (transport
+    /// error after sending, timeout, 5xx): the server may have applied it. Either the batch
+    /// failed itself (`failed_seq == seq`, the error that ended it in `cause`), or it was
+    /// given up because an earlier batch `failed_seq` failed for good (`cause` is `None`).
+    /// Unlike [`ClientError::Abandoned`] or a plain error, resending it under a new epoch may
+    /// write it twice; read the stream to find out.
+    #[error("{}", outcome_unknown_message(*.seq, *.failed_seq, .cause.as_deref()))]
+    OutcomeUnknown {
+        seq: u64,
+        failed_seq: u64,
+        /// Not a `source`: the message includes it, as most callers print only the top error.
+        cause: Option<Box<ClientError>>,
+    },
+}
+
+fn outcome_unknown_message(seq: u64, failed_seq: u64, cause: Option<&ClientError>) -> String {
+    match cause {
+        Some(cause) => format!(
+            "outcome unknown: an attempt got no answer (or a 5xx), so the batch may be written; then it failed: seq={seq}: {cause}"
+        ),
+        None => format!(
+            "outcome unknown: sent, then given up after an earlier batch of this producer failed: failed_seq={failed_seq} seq={seq}"
+        ),
+    }
 }
 
 impl ClientError {
