@@ -107,11 +107,13 @@ pub enum Command {
     /// Append newline-delimited records from stdin.
     Append {
         name: String,
-        /// Records per request (1 = one raw POST per line, more = JSON batches; a batch also
-        /// ends at 4 MiB of records). At most 10,000, the server's limit per append.
+        /// Records per request (a batch also ends at 4 MiB of records); at most 10,000, the
+        /// server's limit per append. Requests go through an idempotent producer, so those
+        /// that fail in passing (no answer, a restart) are resent and written once.
         #[arg(long, env = "PICO_BATCH", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         batch: u32,
-        /// Content type of single-record appends (must match the stream's).
+        /// Accepted for compatibility and ignored: Pico appends are not checked against the
+        /// stream's content type (a JSON stream still checks that each record is JSON).
         #[arg(long, env = "PICO_CONTENT_TYPE")]
         content_type: Option<String>,
     },

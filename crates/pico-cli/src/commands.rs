@@ -5,8 +5,12 @@ use anyhow::{Context, anyhow, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
-use pico_client::{BatchRecord, Client, ClientError, ReadChunk, ReadRecord};
+use pico_client::{
+    BatchRecord, Client, ClientError, IdempotentProducer, InFlight, ProducerConfig, ReadChunk,
+    ReadRecord,
+};
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::io::Write;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -15,6 +19,8 @@ use tokio::sync::mpsc;
 /// Batches read ahead of the request in flight: stdin is read while the previous
 /// batch is being sent, and order is kept because requests go one at a time.
 const READ_AHEAD_BATCHES: usize = 2;
+/// Batches of one `pico append` in flight at once (kept in order by the producer's seqs).
+const APPEND_IN_FLIGHT: usize = 4;
 /// Most record bytes in one batch request: a JSON batch can take up to six times its records'
 /// bytes (`\u00XX` escapes), and the server's default request limit is 32 MiB.
 const MAX_BATCH_BYTES: usize = 4 << 20;
@@ -49,48 +55,78 @@ pub async fn append(
     client: &Client,
     name: &str,
     batch: usize,
-    content_type: Option<String>,
+    _content_type: Option<String>,
 ) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(READ_AHEAD_BATCHES);
     let reader = tokio::spawn(read_batches(tx, batch));
-    let options = pico_client::AppendOptions {
-        content_type,
-        ..Default::default()
-    };
+    // Through an idempotent producer of its own: a request without an answer, or refused while
+    // the server restarts, is resent under the same sequence number, so it is written once,
+    // and a few batches are in flight at a time.
+    let id = format!(
+        "pico-append-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let producer = IdempotentProducer::new(
+        client.clone(),
+        name,
+        ProducerConfig::new(id, 0, APPEND_IN_FLIGHT),
+    )?;
+    let mut in_flight: VecDeque<(u64, InFlight)> = VecDeque::new();
     let mut records = 0u64;
     let mut next_seq = None;
-    while let Some(lines) = rx.recv().await {
+    let mut failure = None;
+    'send: while let Some(lines) = rx.recv().await {
         let n = lines.len() as u64;
-        let result = if batch == 1 && lines.iter().all(|l| !l.is_empty()) {
-            // Batches of one are plain single-record POSTs, so `--content-type` applies.
-            // (An empty raw body means "no record", so empty lines go as a JSON batch.)
-            let body = lines.into_iter().next().unwrap_or_default();
-            client.append_with(name, body, &options).await
-        } else {
-            let recs: Vec<BatchRecord> = lines.into_iter().map(BatchRecord::new).collect();
-            client.append_batch(name, &recs).await
-        };
-        match result {
-            Ok(ack) => {
-                records += n;
-                next_seq = Some(ack.next_seq);
-            }
+        let recs: Vec<BatchRecord> = lines.into_iter().map(BatchRecord::new).collect();
+        match producer.send(recs).await {
+            Ok(f) => in_flight.push_back((n, f)),
             Err(e) => {
-                reader.abort();
-                // No answer, or a server error: the request may have been written. A caller
-                // resuming from the count below would write it twice.
-                let context = if passing(&e) || e.is_outcome_unknown() {
-                    format!(
-                        "append to {name} failed after {records} records; the last request \
-                         ({n} records) may have been written: see `pico head {name}` \
-                         before resuming"
-                    )
-                } else {
-                    format!("append to {name} failed after {records} records")
-                };
-                return Err(anyhow!(e).context(context));
+                failure = Some((e, n));
+                break;
             }
         }
+        // Acknowledged in order: `records` always counts a prefix of the input.
+        while in_flight.len() >= APPEND_IN_FLIGHT {
+            if let Some((n, f)) = in_flight.pop_front() {
+                match f.ack().await {
+                    Ok(ack) => {
+                        records += n;
+                        next_seq = Some(ack.append.next_seq);
+                    }
+                    Err(e) => {
+                        failure = Some((e, n));
+                        break 'send;
+                    }
+                }
+            }
+        }
+    }
+    while failure.is_none()
+        && let Some((n, f)) = in_flight.pop_front()
+    {
+        match f.ack().await {
+            Ok(ack) => {
+                records += n;
+                next_seq = Some(ack.append.next_seq);
+            }
+            Err(e) => failure = Some((e, n)),
+        }
+    }
+    if let Some((e, n)) = failure {
+        reader.abort();
+        // Retries are over: a batch that may still have been written says so.
+        let context = if passing(&e) || e.is_outcome_unknown() {
+            format!(
+                "append to {name} failed after {records} records; the next {n} records may \
+                 have been written: see `pico head {name}` before resuming"
+            )
+        } else {
+            format!("append to {name} failed after {records} records")
+        };
+        return Err(anyhow!(e).context(context));
     }
     reader.await.context("stdin reader")??;
     match next_seq {

@@ -2359,3 +2359,72 @@ fn server_bench_sse_tailers_follow_across_reopened_responses() {
         }
     }
 }
+
+/// `pico append` goes through an idempotent producer: an append refused in passing (a 503, as
+/// while a server restarts) is resent with the same producer sequence number and the command
+/// succeeds. Before, the first 503 ended the command with part of the input written.
+#[test]
+fn append_resends_a_batch_refused_in_passing_with_the_same_seq() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        let mut next = 0u64;
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let (mut len, mut seq) = (0usize, String::new());
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            len = v.trim().parse().unwrap();
+                        }
+                        if k.eq_ignore_ascii_case("pico-producer-seq") {
+                            seq = v.trim().to_string();
+                        }
+                    }
+                }
+                let mut body = vec![0; len];
+                reader.read_exact(&mut body).unwrap();
+                let mut log = log.lock().unwrap();
+                log.push(seq.clone());
+                let reply = if log.len() == 1 {
+                    "HTTP/1.1 503 Service Unavailable\r\nretry-after: 0\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}".to_string()
+                } else {
+                    let start = next;
+                    next += 2;
+                    format!(
+                        "HTTP/1.1 200 OK\r\npico-start-seq: {start}\r\npico-next-seq: {next}\r\ncontent-length: 0\r\n\r\n"
+                    )
+                };
+                conn.write_all(reply.as_bytes()).unwrap();
+            }
+        }
+    });
+    let out = pico_command()
+        .args(["append", "/s", "--batch", "2", "--endpoint"])
+        .arg(format!("http://127.0.0.1:{port}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(b"a\nb\nc\nd\n")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("appended 4 records"), "{err}");
+    assert_eq!(*seen.lock().unwrap(), ["0", "0", "1"]);
+}
