@@ -853,7 +853,7 @@ mod tests {
                 axum::routing::post(move |h: AxHeaders| {
                     let seen = seen.clone();
                     async move {
-                        let seq: u64 = h["pico-producer-seq"].to_str().unwrap().parse().unwrap();
+                        let seq = producer_seq(&h);
                         let first = {
                             let mut seen = seen.lock().unwrap();
                             seen.push(seq);
@@ -874,16 +874,14 @@ mod tests {
                 }),
             )
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let base = serve(app).await;
         // Long enough that only the request that never gets an answer times out, even on a
         // loaded machine.
         let options = crate::ClientOptions {
             request_timeout: Duration::from_secs(2),
             ..Default::default()
         };
-        let client = Client::new(&format!("http://{addr}"), options).unwrap();
+        let client = Client::new(&base, options).unwrap();
         let mut config = ProducerConfig::new("p", 0, 3);
         let timeouts = Arc::new(AtomicU32::new(0));
         let counted = timeouts.clone();
@@ -1455,7 +1453,7 @@ mod tests {
                     let last = last.clone();
                     let lost_ack_sent = lost_ack_sent.clone();
                     async move {
-                        let seq: u64 = h["pico-producer-seq"].to_str().unwrap().parse().unwrap();
+                        let seq = producer_seq(&h);
                         assert_eq!(h["pico-producer-epoch"], "3");
                         assert_eq!(h["content-type"], BATCH_BINARY_CONTENT_TYPE);
                         assert_eq!(pico_protocol::decode_binary(&body).unwrap().len(), 2);
@@ -1510,10 +1508,7 @@ mod tests {
                 }),
             )
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (format!("http://{addr}"), applied)
+        (serve(app).await, applied)
     }
 
     #[tokio::test]

@@ -36,6 +36,21 @@ fn append_req(n: &str, bodies: &[&str]) -> AppendRequest {
     }
 }
 
+/// A fork of `source` at its tail, with `body` records of its own, closed after them if asked.
+fn fork_req(n: &str, source: &str, closed: bool, body: &[&str]) -> ForkRequest {
+    ForkRequest {
+        name: name(n),
+        source: name(source),
+        offset: None,
+        sub_offset: 0,
+        config: CreateConfig {
+            closed,
+            ..CreateConfig::default()
+        },
+        initial: body.iter().map(|b| rec(b)).collect(),
+    }
+}
+
 fn create_req(n: &str) -> CreateRequest {
     CreateRequest {
         name: name(n),
@@ -809,17 +824,7 @@ async fn retrying_a_fork_created_closed_is_idempotent() {
     let node = start_test_node().await;
     node.create(create_req("src")).await.unwrap();
     node.append(append_req("src", &["0", "1"])).await.unwrap();
-    let fork = |n: &str, initial: &[&str]| ForkRequest {
-        name: name(n),
-        source: name("src"),
-        offset: None,
-        sub_offset: 0,
-        config: CreateConfig {
-            closed: true,
-            ..CreateConfig::default()
-        },
-        initial: initial.iter().map(|b| rec(b)).collect(),
-    };
+    let fork = |n: &str, initial: &[&str]| fork_req(n, "src", true, initial);
     for (n, body) in [("empty", &[][..]), ("body", &["own"][..])] {
         let first = node.fork(fork(n, body)).await.unwrap();
         assert!(first.created && first.info.closed);
@@ -888,17 +893,7 @@ async fn a_fork_created_closed_reports_closed_only_at_its_end() {
     node.engine().flush().await.unwrap();
     node.append(append_req("src", &["2", "3"])).await.unwrap();
     node.engine().flush().await.unwrap();
-    let fork = ForkRequest {
-        name: name("f"),
-        source: name("src"),
-        offset: None,
-        sub_offset: 0,
-        config: CreateConfig {
-            closed: true,
-            ..CreateConfig::default()
-        },
-        initial: vec![],
-    };
+    let fork = fork_req("f", "src", true, &[]);
     assert!(node.fork(fork).await.unwrap().info.closed);
     let read = |from: u64| ReadRequest {
         name: name("f"),
@@ -1145,17 +1140,7 @@ async fn a_create_with_records_never_writes_into_or_closes_another_stream() {
     );
 
     // Forks alike.
-    let fork = |n: &str, closed: bool, body: &[&str]| ForkRequest {
-        name: name(n),
-        source: name("live"),
-        offset: None,
-        sub_offset: 0,
-        config: CreateConfig {
-            closed,
-            ..CreateConfig::default()
-        },
-        initial: body.iter().map(|b| rec(b)).collect(),
-    };
+    let fork = |n: &str, closed: bool, body: &[&str]| fork_req(n, "live", closed, body);
     assert!(node.fork(fork("f", false, &[])).await.unwrap().created);
     assert!(matches!(
         node.fork(fork("f", true, &["x"])).await,
@@ -1326,15 +1311,7 @@ async fn appends_to_a_json_stream_must_be_json_values() {
         Err(ReadError::NotFound(_))
     ));
     assert!(matches!(
-        node.fork(ForkRequest {
-            name: name("jf"),
-            source: name("j"),
-            offset: None,
-            sub_offset: 0,
-            config: CreateConfig::default(),
-            initial: vec![rec("hello")],
-        })
-        .await,
+        node.fork(fork_req("jf", "j", false, &["hello"])).await,
         Err(ForkError::Append(AppendError::BadRequest(_)))
     ));
     assert!(matches!(
@@ -1363,16 +1340,7 @@ async fn a_create_of_a_soft_deleted_name_is_a_conflict_with_records_too() {
         ..create_req("src")
     };
     node.create(closed_with(&["a"])).await.unwrap();
-    node.fork(ForkRequest {
-        name: name("f"),
-        source: name("src"),
-        offset: None,
-        sub_offset: 0,
-        config: CreateConfig::default(),
-        initial: vec![],
-    })
-    .await
-    .unwrap();
+    node.fork(fork_req("f", "src", false, &[])).await.unwrap();
     node.delete(&name("src")).await.unwrap();
     for body in [&[][..], &["a"][..]] {
         assert!(
