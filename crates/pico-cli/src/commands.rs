@@ -51,12 +51,7 @@ pub async fn head(client: &Client, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn append(
-    client: &Client,
-    name: &str,
-    batch: usize,
-    _content_type: Option<String>,
-) -> anyhow::Result<()> {
+pub async fn append(client: &Client, name: &str, batch: usize) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::channel::<Vec<Bytes>>(READ_AHEAD_BATCHES);
     let reader = tokio::spawn(read_batches(tx, batch));
     // Through an idempotent producer of its own: a request without an answer, or refused while
@@ -77,56 +72,42 @@ pub async fn append(
     let mut in_flight: VecDeque<(u64, InFlight)> = VecDeque::new();
     let mut records = 0u64;
     let mut next_seq = None;
-    let mut failure = None;
-    'send: while let Some(lines) = rx.recv().await {
-        let n = lines.len() as u64;
-        let recs: Vec<BatchRecord> = lines.into_iter().map(BatchRecord::new).collect();
-        match producer.send(recs).await {
-            Ok(f) => in_flight.push_back((n, f)),
-            Err(e) => {
-                failure = Some((e, n));
-                break;
-            }
-        }
-        // Acknowledged in order: `records` always counts a prefix of the input.
-        while in_flight.len() >= APPEND_IN_FLIGHT {
-            if let Some((n, f)) = in_flight.pop_front() {
-                match f.ack().await {
-                    Ok(ack) => {
-                        records += n;
-                        next_seq = Some(ack.append.next_seq);
+    let mut input_done = false;
+    // A refused send means an earlier batch failed: its own error, found by draining, says why.
+    let mut refused = None;
+    loop {
+        // Keep the window full while input lasts, then drain it. Acknowledged in order:
+        // `records` always counts a prefix of the input.
+        if !input_done && in_flight.len() < APPEND_IN_FLIGHT {
+            match rx.recv().await {
+                Some(lines) => {
+                    let n = lines.len() as u64;
+                    let recs: Vec<BatchRecord> = lines.into_iter().map(BatchRecord::new).collect();
+                    match producer.send(recs).await {
+                        Ok(f) => in_flight.push_back((n, f)),
+                        Err(e) => {
+                            refused = Some(e);
+                            input_done = true;
+                        }
                     }
-                    Err(e) => {
-                        failure = Some((e, n));
-                        break 'send;
-                    }
+                    continue;
                 }
+                None => input_done = true,
             }
         }
-    }
-    while failure.is_none()
-        && let Some((n, f)) = in_flight.pop_front()
-    {
+        let Some((n, f)) = in_flight.pop_front() else {
+            if let Some(e) = refused {
+                return Err(append_failed(e, name, records, reader));
+            }
+            break;
+        };
         match f.ack().await {
             Ok(ack) => {
                 records += n;
                 next_seq = Some(ack.append.next_seq);
             }
-            Err(e) => failure = Some((e, n)),
+            Err(e) => return Err(append_failed(e, name, records, reader)),
         }
-    }
-    if let Some((e, n)) = failure {
-        reader.abort();
-        // Retries are over: a batch that may still have been written says so.
-        let context = if passing(&e) || e.is_outcome_unknown() {
-            format!(
-                "append to {name} failed after {records} records; the next {n} records may \
-                 have been written: see `pico head {name}` before resuming"
-            )
-        } else {
-            format!("append to {name} failed after {records} records")
-        };
-        return Err(anyhow!(e).context(context));
     }
     reader.await.context("stdin reader")??;
     match next_seq {
@@ -134,6 +115,26 @@ pub async fn append(
         None => eprintln!("appended 0 records to {name}"),
     }
     Ok(())
+}
+
+/// The error of a `pico append` that gave up after `records` were acknowledged. Retries are
+/// over by then: if a request may still have been written, so may the ones sent behind it.
+fn append_failed(
+    e: ClientError,
+    name: &str,
+    records: u64,
+    reader: tokio::task::JoinHandle<anyhow::Result<()>>,
+) -> anyhow::Error {
+    reader.abort();
+    let context = if passing(&e) || e.is_outcome_unknown() {
+        format!(
+            "append to {name} failed after {records} records; records after those may have \
+             been written too: see `pico head {name}` before resuming"
+        )
+    } else {
+        format!("append to {name} failed after {records} records")
+    };
+    anyhow!(e).context(context)
 }
 
 /// Reads newline-delimited records from stdin in groups of `batch`; a trailing `\r` is dropped.

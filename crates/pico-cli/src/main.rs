@@ -107,11 +107,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             ttl,
         } => commands::create(&client, &name, content_type.as_deref(), ttl).await,
         Command::Head { name } => commands::head(&client, &name).await,
+        // `--content-type` is accepted and ignored (see its help).
         Command::Append {
             name,
             batch,
-            content_type,
-        } => commands::append(&client, &name, batch as usize, content_type).await,
+            content_type: _,
+        } => commands::append(&client, &name, batch as usize).await,
         Command::Read { name, from, format } => commands::read(&client, &name, from, format).await,
         Command::Tail {
             name,
