@@ -961,7 +961,7 @@ impl Node {
         };
         // Without records of its own the fork command creates the fork closed if asked; with
         // them it creates it open and their append closes it. A retry of such a completed fork
-        // would see the stored closed fork as a conflict, hence this check.
+        // matches: the command compares the closed status the request ends with (`initial`).
         // The prefix and body go in one append after the fork command: check them first.
         if is_json(&config.content_type) {
             check_json_values(&req.initial)?;
@@ -971,23 +971,6 @@ impl Node {
         check_records(&records)?;
         let closed_by_command = req.config.closed && records.is_empty();
         let initial = Initial::new(!records.is_empty(), req.config.closed);
-        if req.config.closed
-            && let Some(r) = self.resolve(&req.name, now)
-            && r.entry.closed
-            && !r.entry.soft_deleted
-            && r.entry.fork.as_ref().is_some_and(|f| {
-                f.source == src.name.as_str()
-                    && f.source_stream_id == src.meta.id
-                    && f.sub_offset == req.sub_offset
-                    && req.offset.is_none_or(|o| o == f.offset)
-            })
-            && r.entry.config == config
-        {
-            return Ok(CreateOutcome {
-                created: false,
-                info: self.info(&r),
-            });
-        }
         let cmd = |inherit_end| Command::ForkStream {
             name: req.name.as_str().to_string(),
             origin: ForkOrigin {
