@@ -13,9 +13,15 @@ use std::time::Duration;
 /// Object storage for data objects.
 pub fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, RuntimeError> {
     match uri.scheme {
-        Scheme::File => FileStorage::open(uri.location.clone())
-            .map(|s| Arc::new(s) as Arc<dyn ObjectStorage>)
-            .map_err(|e| RuntimeError::Startup(format!("storage `{uri}`: {e}"))),
+        Scheme::File => {
+            // The root's own entry in its parent must be durable before any object under it
+            // is committed to the metadata log (FileStorage syncs entries below the root).
+            pico_common::fs::create_dir_durably(Path::new(&uri.location))
+                .map_err(|e| RuntimeError::Startup(format!("storage `{uri}`: {e}")))?;
+            FileStorage::open(uri.location.clone())
+                .map(|s| Arc::new(s) as Arc<dyn ObjectStorage>)
+                .map_err(|e| RuntimeError::Startup(format!("storage `{uri}`: {e}")))
+        }
         Scheme::Memory => Ok(Arc::new(MemoryStorage::new())),
         Scheme::S3 => Err(RuntimeError::Config(format!(
             "s3 storage is not supported by this build yet: `{uri}`"

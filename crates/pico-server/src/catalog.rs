@@ -78,7 +78,14 @@ impl Catalog for MetaCatalog {
         };
         match self.meta.propose(cmd).await {
             Err(e) => Err(CatalogError(e.to_string())),
-            Ok(Ok(Outcome::Committed { accepted })) => Ok(accepted),
+            Ok(Ok(Outcome::Committed { accepted })) if accepted.iter().all(|a| *a) => Ok(accepted),
+            Ok(Ok(Outcome::Committed { accepted })) => {
+                // A retry after garbage collection forgot the first attempt's object (its
+                // ranges were all trimmed away) applies as new and is refused for ranges the
+                // first attempt already committed: the view says which those are.
+                let held = self.accepted_in_view(&key, &wanted);
+                Ok(accepted.iter().zip(held).map(|(a, h)| *a || h).collect())
+            }
             Ok(Ok(other)) => Err(CatalogError(format!("unexpected outcome: {other:?}"))),
             // This node was fenced (or the command is invalid): none of its data may become visible.
             Ok(Err(e @ (ApplyError::StaleNodeEpoch { .. } | ApplyError::UnknownNode { .. }))) => {
@@ -210,6 +217,16 @@ mod tests {
             }],
         };
         assert_eq!(catalog.commit(commit()).await.unwrap(), vec![true]);
+        assert_eq!(catalog.commit(commit()).await.unwrap(), vec![true]);
+        // Garbage collection forgets the object (no live slice refers to it); a retry still
+        // arriving then applies as new, is refused by the state machine, and is still the
+        // first attempt's commit.
+        catalog
+            .meta
+            .propose(Command::ForgetObject { key: "k".into() })
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(catalog.commit(commit()).await.unwrap(), vec![true]);
         // A range of another epoch is not taken for it.
         let mut stale = commit();

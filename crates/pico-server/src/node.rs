@@ -301,7 +301,14 @@ impl Node {
                 .await;
             match first {
                 Ok(_) => {}
-                Err(AppendError::Closed { .. }) if !created => {}
+                // A retry finding the stream closed by another writer: answered as done only
+                // if the first attempt's records landed before that close (its own close was
+                // what failed); otherwise they can never be written, and the create says so.
+                Err(e @ AppendError::Closed { .. }) if !created => {
+                    if !self.initial_written(name).await? {
+                        return Err(e);
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -324,6 +331,17 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// Whether a create's (or fork's) initial records are in `name`: the writer, which knows
+    /// what the WAL holds beyond the metadata, has seen the reserved claim (never pruned).
+    async fn initial_written(&self, name: &StreamName) -> Result<bool, AppendError> {
+        let Some(r) = self.resolve_raw(name) else {
+            return Ok(false);
+        };
+        let open = self.open_stream(&r).await?;
+        let w = open.writer.lock().await;
+        Ok(w.producers.contains_key(INITIAL_PRODUCER))
     }
 
     /// Append records (and/or close); returns once durable.

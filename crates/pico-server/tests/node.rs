@@ -1198,6 +1198,72 @@ async fn a_retried_create_finishes_what_its_first_attempt_left() {
     }
 }
 
+/// A retried create-with-records-and-close whose stream another writer closed in between: done
+/// if its records had landed (only its close failed), refused as closed if they had not (they
+/// can never be written now), never a success with the records missing.
+#[tokio::test]
+async fn a_retried_create_meets_a_close_by_another_writer() {
+    use pico_metadata::{Command, Initial, StreamConfig};
+    let node = start_test_node().await;
+    for (n, landed) in [("never-written", false), ("written-not-closed", true)] {
+        node.meta()
+            .propose(Command::CreateStream {
+                name: n.into(),
+                config: StreamConfig {
+                    content_type: normalize_content_type(None).into(),
+                    ttl_secs: None,
+                    expires_at_ms: None,
+                },
+                closed: false,
+                initial: Initial::RecordsThenClose,
+                now_ms: 1,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        if landed {
+            // The first attempt's records, under the create's reserved claim.
+            node.append(AppendRequest {
+                producer: Some(ProducerClaim {
+                    id: "\u{0}initial".into(),
+                    epoch: 0,
+                    seq: 0,
+                }),
+                ..append_req(n, &["first"])
+            })
+            .await
+            .unwrap();
+        }
+        node.append(AppendRequest {
+            close: true,
+            ..append_req(n, &[])
+        })
+        .await
+        .unwrap();
+        let retry = node
+            .create(CreateRequest {
+                name: name(n),
+                config: CreateConfig {
+                    closed: true,
+                    ..CreateConfig::default()
+                },
+                initial: vec![rec("first")],
+            })
+            .await;
+        if landed {
+            let r = retry.unwrap();
+            assert!(!r.created && r.info.closed, "{n}");
+            assert_eq!(read_all(&node, n, 0).await, vec![(0, "first".to_string())]);
+        } else {
+            assert!(
+                matches!(retry, Err(CreateError::Append(AppendError::Closed { .. }))),
+                "{n}: {retry:?}"
+            );
+            assert!(read_all(&node, n, 0).await.is_empty(), "{n}");
+        }
+    }
+}
+
 /// The retry of a producer's append-and-close whose records became durable but whose close
 /// did not (the metadata store failed in between) owes the close: it must not answer a plain
 /// duplicate and leave the stream open for ever.
