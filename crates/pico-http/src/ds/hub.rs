@@ -23,7 +23,7 @@ use pico_server::{Node, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 
-use super::sse::data_frame;
+use super::sse::{RENDER_AT_ONCE_MAX, data_frame, payload_len};
 
 /// Frames a hub buffers for slow subscribers. A subscriber further behind gets `Lagged` and
 /// catches up with its own reads; this bounds a hub's memory to this many rendered chunks.
@@ -39,8 +39,13 @@ pub struct Frame {
     /// Where the records start: only a subscriber whose next offset is this can use the frame.
     pub from: u64,
     pub next: u64,
-    /// The rendered `event: data` frame; empty when the read had no records (a bare close).
+    /// The rendered `event: data` frame; empty when the read had no records (a bare close)
+    /// or when `unshared`.
     pub data: Bytes,
+    /// The records were too large to render once and hold for all: each subscriber reads and
+    /// renders them itself, piece by piece (the hub's buffer would hold up to 6× their size
+    /// per frame otherwise).
+    pub unshared: bool,
     pub up_to_date: bool,
     pub closed: bool,
 }
@@ -229,7 +234,8 @@ async fn run(f: Follow, tx: broadcast::Sender<Arc<Frame>>, published: Arc<Atomic
 }
 
 fn frame_of(from: u64, out: &ReadOutcome, render: Render) -> Frame {
-    let data = if out.records.is_empty() {
+    let unshared = payload_len(out) > RENDER_AT_ONCE_MAX;
+    let data = if out.records.is_empty() || unshared {
         Bytes::new()
     } else {
         let mut buf = Vec::new();
@@ -240,6 +246,7 @@ fn frame_of(from: u64, out: &ReadOutcome, render: Render) -> Frame {
         from,
         next: out.next_seq,
         data,
+        unshared,
         up_to_date: out.up_to_date || out.closed,
         closed: out.closed,
     }
@@ -361,6 +368,102 @@ mod tests {
         assert_eq!(v["upToDate"], true);
         assert_eq!(v["streamNextOffset"], format_offset(end));
         data
+    }
+
+    /// A record of newlines renders at 6× its size: subscribers, whether following the hub or
+    /// reading for themselves, get it in bounded pieces, whole and in order, and the hub holds
+    /// no rendered copy of it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_records_reach_subscribers_in_bounded_pieces() {
+        let (app, _hubs) = app().await;
+        let u = format!("{DS_ROOT}/big-lines");
+        assert_eq!(
+            call(&app, Method::PUT, &u, "text/plain", Body::empty()).await,
+            201
+        );
+        let small = b"head\n".to_vec();
+        let big = vec![b'\n'; 1 << 20];
+        assert_eq!(
+            call(&app, Method::POST, &u, "text/plain", small.clone().into()).await,
+            204
+        );
+        // One subscriber follows the hub from the tail; one reads the start for itself.
+        let mut live = Sub::open(&app, &u).await;
+        assert_eq!(live.event().await.unwrap().0, "control");
+        let req = Request::get(format!("{u}?offset=-1&live=sse"))
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let mut catch_up = resp.into_body().into_data_stream();
+        assert_eq!(
+            call(&app, Method::POST, &u, "text/plain", big.clone().into()).await,
+            204
+        );
+        let req = Request::post(&u)
+            .header("stream-closed", "true")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(app.clone().oneshot(req).await.unwrap().status(), 204);
+        // Raw chunks, checked for size, then parsed as events.
+        let mut raw = Vec::new();
+        while let Some(chunk) = tokio::time::timeout(PATIENCE, catch_up.next())
+            .await
+            .unwrap()
+        {
+            let chunk = chunk.unwrap();
+            assert!(
+                chunk.len() <= 256 * 1024,
+                "a chunk of {} bytes",
+                chunk.len()
+            );
+            raw.extend_from_slice(&chunk);
+        }
+        let mut want = small.clone();
+        want.extend_from_slice(&big);
+        let mut parsed = Sub {
+            body: Body::from(raw).into_data_stream(),
+            buf: String::new(),
+        };
+        let events = {
+            let mut all = Vec::new();
+            while let Some(e) = parsed.event().await {
+                all.push(e);
+            }
+            all
+        };
+        let data = payloads(&events, 2);
+        assert_eq!(data.concat().into_bytes(), want);
+        let mut live_raw = 0usize;
+        let mut live_data = Vec::new();
+        loop {
+            // Events of the live subscriber, reading its raw chunk sizes as they come.
+            if let Some(i) = live.buf.find("\n\n") {
+                let block: String = live.buf.drain(..i + 2).collect();
+                let closed = block.contains("streamClosed");
+                if block.starts_with("event: data") {
+                    live_data.push(block);
+                }
+                if closed {
+                    break;
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(PATIENCE, live.body.next())
+                .await
+                .expect("sse event in time")
+                .expect("the response goes on to its close")
+                .unwrap();
+            assert!(
+                chunk.len() <= 256 * 1024,
+                "a chunk of {} bytes",
+                chunk.len()
+            );
+            live_raw += chunk.len();
+            live.buf.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        assert!(live_raw > 6 << 20, "{live_raw}");
+        assert_eq!(live_data.len(), 1);
+        assert_eq!(live_data[0].matches("data:\n").count(), (1 << 20) + 1);
     }
 
     /// Several subscribers of one stream, one of them not read while the appends happen (so it

@@ -4,7 +4,7 @@
 //!
 //! - [`write`]: `PUT` (create, create-closed, fork), `POST` (append, close), `DELETE`.
 //! - [`read`]: `GET` catch-up and long-poll, `HEAD`.
-//! - [`sse`]: `GET ?live=sse`.
+//! - [`sse`]: `GET ?live=sse`; [`sse_render`] renders a large read's frame piece by piece.
 //! - [`hub`]: the shared per-stream fan-out behind caught-up SSE subscribers.
 //! - [`headers`]: strict header and query parsing.
 //! - [`error`]: DS status codes and error headers.
@@ -15,6 +15,7 @@ pub mod headers;
 pub mod hub;
 pub mod read;
 pub mod sse;
+pub mod sse_render;
 pub mod subscriptions;
 pub mod write;
 

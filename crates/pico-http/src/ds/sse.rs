@@ -35,6 +35,7 @@ use super::error::DsError;
 use super::headers::ReadQuery;
 use super::hub::{Follow, Frame, Render, Subscription};
 use super::read::{body_of, cursor, read_from};
+use super::sse_render::DataFrameWriter;
 use super::{Ds, set, sse_is_text};
 
 /// Appends one SSE event; every payload line gets its own `data: ` line (CR, LF and CRLF all
@@ -115,6 +116,23 @@ const INLINE_DATA: usize = 4 * 1024;
 /// Room for one control event (its longest form is about 110 bytes).
 const CONTROL_LEN: usize = 128;
 
+/// Reads whose records hold more than this many bytes are rendered piece by piece
+/// ([`DataFrameWriter`]) instead of at once: SSE framing can multiply a payload by 6, and a
+/// read returns at least one record whole, however large.
+pub const RENDER_AT_ONCE_MAX: usize = 64 * 1024;
+
+/// The payload bytes of a read's records (before framing).
+pub fn payload_len(out: &ReadOutcome) -> usize {
+    out.records.iter().map(|r| r.record.value.len()).sum()
+}
+
+/// A piece of the response waiting to be sent.
+enum Piece {
+    Ready(Bytes),
+    /// A large data frame, rendered as it is sent.
+    Render(Box<DataFrameWriter>),
+}
+
 struct SseState {
     ds: Ds,
     name: StreamName,
@@ -137,8 +155,8 @@ struct SseState {
     /// The waker `keepalive` last registered: while it is still ours and the timer has not
     /// fired, polling it again is skipped (one timer poll per subscriber per append saved).
     keepalive_waker: Option<Waker>,
-    /// Frames ready to send; at most two per step, so bounded.
-    pending: VecDeque<Bytes>,
+    /// Frames to send; at most two per step, so bounded (a large one is rendered as it goes).
+    pending: VecDeque<Piece>,
     /// Counts this response in `pico_http_sse_streams` until the body is dropped.
     _open: SseOpen,
 }
@@ -188,14 +206,20 @@ impl SseState {
         // subscriber per batch instead of two (it matters with thousands of subscribers).
         let mut buf = Vec::new();
         if has_data {
-            data_frame(&mut buf, out, self.render);
+            if payload_len(out) > RENDER_AT_ONCE_MAX {
+                let values = out.records.iter().map(|r| r.record.value.clone());
+                let writer = DataFrameWriter::new(values, self.render);
+                self.pending.push_back(Piece::Render(Box::new(writer)));
+            } else {
+                data_frame(&mut buf, out, self.render);
+            }
         }
         if has_data || first || out.closed {
             let up_to_date = out.up_to_date || out.closed;
             control_frame(&mut buf, self.cursor, out.next_seq, up_to_date, out.closed);
         }
         if !buf.is_empty() {
-            self.pending.push_back(Bytes::from(buf));
+            self.pending.push_back(Piece::Ready(Bytes::from(buf)));
         }
         self.next = out.next_seq;
         self.caught_up = out.up_to_date;
@@ -206,15 +230,20 @@ impl SseState {
 
     /// Queues a hub frame that starts at this subscriber's offset.
     fn take(&mut self, f: &Frame) {
+        if f.unshared {
+            // Too large to render once for all: read and render it as its own.
+            self.caught_up = false;
+            return;
+        }
         if f.data.len() <= INLINE_DATA {
             let mut buf = Vec::with_capacity(f.data.len() + CONTROL_LEN);
             buf.extend_from_slice(&f.data);
             control_frame(&mut buf, self.cursor, f.next, f.up_to_date, f.closed);
-            self.pending.push_back(Bytes::from(buf));
+            self.pending.push_back(Piece::Ready(Bytes::from(buf)));
         } else {
-            self.pending.push_back(f.data.clone());
+            self.pending.push_back(Piece::Ready(f.data.clone()));
             let c = self.control(f.next, f.up_to_date, f.closed);
-            self.pending.push_back(c);
+            self.pending.push_back(Piece::Ready(c));
         }
         self.next = f.next;
         if f.closed {
@@ -276,7 +305,7 @@ impl SseState {
             None => {
                 if Instant::now() < self.deadline {
                     let c = self.control(self.next, true, false);
-                    self.pending.push_back(c);
+                    self.pending.push_back(Piece::Ready(c));
                 } else {
                     self.done = true;
                 }
@@ -377,8 +406,20 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
 fn body(st: SseState) -> Body {
     Body::from_stream(futures::stream::unfold(st, |mut st| async move {
         loop {
-            if let Some(b) = st.pending.pop_front() {
-                return Some((Ok::<Bytes, Infallible>(b), st));
+            match st.pending.front_mut() {
+                Some(Piece::Render(w)) => match w.next_chunk() {
+                    Some(b) => return Some((Ok::<Bytes, Infallible>(b), st)),
+                    None => {
+                        st.pending.pop_front();
+                        continue;
+                    }
+                },
+                Some(Piece::Ready(_)) => {
+                    if let Some(Piece::Ready(b)) = st.pending.pop_front() {
+                        return Some((Ok(b), st));
+                    }
+                }
+                None => {}
             }
             if st.done {
                 return None;
