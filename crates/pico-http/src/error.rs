@@ -48,6 +48,11 @@ impl HttpError {
         HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
     }
 
+    /// 408: the client stopped sending its request body ([`BodyTimeout`]).
+    pub fn request_timeout(message: impl Into<String>) -> HttpError {
+        HttpError::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
+    }
+
     pub fn method_not_allowed(message: impl Into<String>) -> HttpError {
         HttpError::new(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -86,6 +91,29 @@ impl HttpError {
                 _ => None,
             },
         }
+    }
+}
+
+/// A request body's idle timer ran out: no data arrived for `idle` while the handler waited
+/// for it. The listener wraps request bodies with that timer and yields this as the body's
+/// error; handlers answer it with [`HttpError::request_timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("request body timed out: no data arrived for {}s", .idle.as_secs_f64())]
+pub struct BodyTimeout {
+    pub idle: Duration,
+}
+
+impl BodyTimeout {
+    /// The body timeout `err` is, or wraps (body errors arrive boxed, often twice).
+    pub fn find<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyTimeout> {
+        let mut cur = Some(err);
+        while let Some(e) = cur {
+            if let Some(t) = e.downcast_ref::<BodyTimeout>() {
+                return Some(t);
+            }
+            cur = e.source();
+        }
+        None
     }
 }
 

@@ -13,6 +13,18 @@
 //! most one core at a time (as an HTTP/1.1 connection always did); many connections still
 //! spread over all workers.
 //!
+//! Streams whose client stops taking their response are dropped. A client that keeps its
+//! connection alive (it reads the socket, answers PINGs) but never opens a stream's flow-control
+//! window leaves hyper waiting for send capacity forever: the body is no longer polled, so no
+//! deadline inside it can fire, and the socket stays writable, so the connection's write-stall
+//! timer ([`WriteStall`](crate::listener::WriteStall)) never starts either. Each stream therefore
+//! runs under a watchdog: response bodies wrapped in [`Watched`] tell it, through a thread-local
+//! set while the stream is polled, whether the body's last poll handed over a frame (hyper then
+//! waits for capacity) or found nothing to send (the body waits on its source: an idle SSE or
+//! long-poll answer, never a stall). A stream whose frame has waited for the client longer than
+//! the stall limit, with no new frame taken in between, is dropped: h2 resets it, and its body
+//! (buffers, subscriptions) goes with it.
+//!
 //! Invariants: [`ConnExec::drive`] returns only once the connection and every stream it
 //! spawned have finished, so a graceful shutdown that waits for the connection also waits for
 //! its streams; a stream that panics is dropped and logged, the connection and its other
@@ -21,32 +33,53 @@
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::task::AtomicWaker;
+use hyper::body::{Body, Frame, SizeHint};
+use std::cell::Cell;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::wait_timer::WaitTimer;
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-#[derive(Default)]
 struct Spawned {
     /// Streams handed over since the driver last looked.
     queue: Mutex<Vec<Task>>,
     /// The driving task, woken when a stream is handed over from outside its poll.
     waker: AtomicWaker,
+    /// Longest a stream's response frame may wait for the client to take it.
+    stall_limit: Duration,
 }
 
 /// The executor of one connection: give a clone to its hyper builder and run the connection
 /// with [`ConnExec::drive`].
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ConnExec(Arc<Spawned>);
+
+/// With the production stall limit ([`STALL_LIMIT`](crate::listener::STALL_LIMIT)).
+impl Default for ConnExec {
+    fn default() -> Self {
+        ConnExec::new(crate::listener::STALL_LIMIT)
+    }
+}
 
 impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for ConnExec {
     fn execute(&self, fut: F) {
+        let limit = self.0.stall_limit;
         let task = Box::pin(async move {
-            if AssertUnwindSafe(fut).catch_unwind().await.is_err() {
-                tracing::error!("an HTTP/2 stream panicked; it was dropped");
+            let mut fut = std::pin::pin!(AssertUnwindSafe(fut).catch_unwind());
+            let mut dog = Watchdog::new(limit);
+            match std::future::poll_fn(|cx| dog.poll(cx, fut.as_mut())).await {
+                Some(Ok(())) => {}
+                Some(Err(_)) => tracing::error!("an HTTP/2 stream panicked; it was dropped"),
+                None => tracing::debug!(
+                    limit_ms = limit.as_millis() as u64,
+                    "HTTP/2 stream dropped: its client took no response data within the stall limit"
+                ),
             }
         });
         self.queue().push(task);
@@ -55,6 +88,16 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for ConnExe
 }
 
 impl ConnExec {
+    /// An executor whose streams are dropped once their response has waited `stall_limit` for
+    /// the client (see the module docs).
+    pub fn new(stall_limit: Duration) -> Self {
+        ConnExec(Arc::new(Spawned {
+            queue: Mutex::default(),
+            waker: AtomicWaker::new(),
+            stall_limit,
+        }))
+    }
+
     fn queue(&self) -> std::sync::MutexGuard<'_, Vec<Task>> {
         self.0.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -96,6 +139,106 @@ impl ConnExec {
             Poll::Pending
         })
         .await
+    }
+}
+
+/// What a stream's response body last did, as seen by its [`Watched`] wrapper.
+#[derive(Debug, Clone, Copy, Default)]
+struct Progress {
+    /// The last poll handed over a frame: the stream now waits for the client to take it.
+    waiting_on_client: bool,
+    /// Frames handed over so far: a new one means the client took the previous one.
+    frames: u64,
+}
+
+thread_local! {
+    /// The progress of the stream being polled on this thread (set by its [`Watchdog`]).
+    static CURRENT: Cell<Option<Progress>> = const { Cell::new(None) };
+}
+
+/// Puts the previous stream's progress back when a poll ends (also on unwind).
+struct Restore(Option<Progress>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        CURRENT.set(self.0.take());
+    }
+}
+
+/// Ends a stream whose response has waited for its client longer than the limit.
+struct Watchdog {
+    limit: Duration,
+    progress: Progress,
+    timer: WaitTimer,
+    /// `progress.frames` when the current wait began.
+    since_frame: u64,
+}
+
+impl Watchdog {
+    fn new(limit: Duration) -> Self {
+        Watchdog {
+            limit,
+            progress: Progress::default(),
+            timer: WaitTimer::default(),
+            since_frame: 0,
+        }
+    }
+
+    /// Polls `stream`: `Ready(None)` when it was given up on (the caller drops it).
+    fn poll<F: Future>(
+        &mut self,
+        cx: &mut Context<'_>,
+        stream: Pin<&mut F>,
+    ) -> Poll<Option<F::Output>> {
+        let restore = Restore(CURRENT.replace(Some(self.progress)));
+        let out = stream.poll(cx);
+        self.progress = CURRENT.get().unwrap_or(self.progress);
+        drop(restore);
+        if let Poll::Ready(out) = out {
+            return Poll::Ready(Some(out));
+        }
+        // Waiting on the body's source is no stall; a frame taken since restarts the clock.
+        if !self.progress.waiting_on_client || self.progress.frames != self.since_frame {
+            self.timer.stop();
+            self.since_frame = self.progress.frames;
+        }
+        if self.progress.waiting_on_client && self.timer.expired(cx, self.limit) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+/// A response body that reports its progress to the watchdog of the HTTP/2 stream polling
+/// it. Outside a [`ConnExec`] stream (HTTP/1.1) it only passes frames through.
+#[derive(Debug)]
+pub struct Watched<B>(pub B);
+
+impl<B: Body + Unpin> Body for Watched<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let out = Pin::new(&mut self.get_mut().0).poll_frame(cx);
+        if let Some(mut p) = CURRENT.get() {
+            // Pending: waiting on its source, not on the client. Ready(None) or an error: the
+            // stream is ending anyway.
+            p.waiting_on_client = matches!(out, Poll::Ready(Some(Ok(_))));
+            p.frames += u64::from(p.waiting_on_client);
+            CURRENT.set(Some(p));
+        }
+        out
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
     }
 }
 

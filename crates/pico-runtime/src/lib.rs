@@ -3,17 +3,21 @@
 //! - [`config`]: the parsed `pico serve` settings.
 //! - [`stores`]: opens object storage and the WAL from bucket URIs; locks a local WAL directory.
 //! - [`coalesce`]: HTTP/2 write coalescing (one write per fan-out round, not per stream).
-//! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task.
-//! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY, HTTP/2 stream limit, timers
-//!   that close connections gone quiet).
+//! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task, and drops
+//!   those whose client stopped taking their response.
+//! - [`guard`]: per-request guards (request body idle timer → 408, HTTP/2 response progress).
+//! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY and keepalive, HTTP/2 stream
+//!   limit, timers that close connections gone quiet or no longer reading).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
 //! - [`metrics_handle`]: the process's Prometheus recorder, installed once, drained on a timer.
 
 pub mod coalesce;
 pub mod config;
 pub mod conn_exec;
+pub mod guard;
 pub mod listener;
 pub mod stores;
+mod wait_timer;
 
 pub use config::{AuthMode, Config, RootProtocol, Routing};
 
@@ -292,7 +296,7 @@ pub async fn run(
         protocol,
         proto_app,
         listen,
-        listener::HEADER_READ_TIMEOUT,
+        listener::Timeouts::default(),
         stop_rx.clone(),
     )));
     tracing::info!(addr = %local, "protocol listener ready");
@@ -304,7 +308,7 @@ pub async fn run(
             admin,
             pico_http::admin_router(node.clone(), metrics),
             listen,
-            listener::HEADER_READ_TIMEOUT,
+            listener::Timeouts::default(),
             stop_rx,
         )));
         tracing::info!(addr = %addr, "admin listener ready");

@@ -1,8 +1,10 @@
 //! The accept loop: HTTP/1.1 and HTTP/2 (prior knowledge) on one port.
 //!
-//! Our own loop rather than `axum::serve` for two settings it does not expose:
+//! Our own loop rather than `axum::serve` for settings it does not expose:
 //! - `TCP_NODELAY` on every accepted socket: SSE and long-poll answers are small writes that
 //!   must leave at once, not wait for the previous segment's ACK (Nagle);
+//! - TCP keepalive on every accepted socket: a client whose network died leaves no FIN, and an
+//!   idle HTTP/1.1 SSE or long-poll connection would otherwise never learn it is gone;
 //! - HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`: hyper's default (200) caps how many tailers
 //!   one multiplexed connection can hold.
 //!
@@ -16,10 +18,19 @@
 //!   preface, would otherwise hold its socket and task for good);
 //! - HTTP/1.1 then has its header read timer (also between requests on a kept-alive
 //!   connection);
-//! - HTTP/2 pings a connection that has gone quiet and closes it when no answer comes.
+//! - HTTP/2 pings a connection that has gone quiet and closes it when no answer comes;
+//! - a request body that stops arriving mid-way fails after [`BODY_IDLE_TIMEOUT`] and is
+//!   answered 408 ([`guard`](crate::guard));
+//! - a client that stops reading its responses: writes to a full socket that make no progress
+//!   for [`STALL_LIMIT`] fail the connection ([`WriteStall`]; hyper only polls a response body
+//!   when it can write, so no deadline inside the body would fire), and an HTTP/2 stream whose
+//!   client keeps the socket drained but its flow-control window shut is dropped after the same
+//!   limit ([`ConnExec`]'s watchdog).
 
 use crate::coalesce::{Coalesce, Sniff, sniff};
 use crate::conn_exec::ConnExec;
+use crate::guard::guard;
+use crate::wait_timer::WaitTimer;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -30,7 +41,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// Listener settings.
@@ -43,6 +54,43 @@ pub struct ListenOptions {
 /// Longest wait for a request's headers on an HTTP/1.1 connection, and for the first bytes
 /// (the protocol) of any connection.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest wait for the next chunk of a request body a handler is reading.
+pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest a response may wait for a client that takes none of it: a write to a full socket,
+/// or an HTTP/2 stream's frame waiting for its flow-control window. Generous, as a client on a
+/// slow or briefly lost link still takes something within it.
+pub const STALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// TCP keepalive on accepted sockets: first probe after this much silence, then one every
+/// [`KEEPALIVE_INTERVAL`], the connection reset after [`KEEPALIVE_RETRIES`] unanswered: a peer
+/// gone without a FIN is noticed within about two minutes.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 6;
+
+/// The listener's timers. A parameter of [`serve`] rather than fields of [`ListenOptions`],
+/// which code outside this crate builds field by field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// The wait for the protocol and for each HTTP/1.1 request's headers.
+    pub header_read: Duration,
+    /// The wait for each chunk of a request body being read (then 408).
+    pub body_idle: Duration,
+    /// How long responses may wait for a client that takes none of their bytes.
+    pub stall: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            header_read: HEADER_READ_TIMEOUT,
+            body_idle: BODY_IDLE_TIMEOUT,
+            stall: STALL_LIMIT,
+        }
+    }
+}
 
 /// How long an HTTP/2 connection may stay silent before it is pinged, and then how long the
 /// ping may go unanswered before the connection is closed (a peer gone without a FIN).
@@ -84,16 +132,18 @@ fn builder_with(
 /// Serves `app` until `stop` turns true, then waits for open connections to finish their
 /// in-flight requests (the caller bounds that wait with its drain timeout).
 ///
-/// `header_read_timeout` bounds the wait for the protocol and for each HTTP/1.1 request's
-/// headers ([`HEADER_READ_TIMEOUT`] in production). A parameter rather than a field of
-/// [`ListenOptions`], which code outside this crate builds field by field.
+/// `timeouts` are [`Timeouts::default`] in production; tests shorten them.
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     opts: ListenOptions,
-    header_read_timeout: Duration,
+    timeouts: Timeouts,
     mut stop: watch::Receiver<bool>,
 ) {
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        timeouts.body_idle,
+        guard,
+    ));
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -108,14 +158,15 @@ pub async fn serve(
                 continue;
             }
         };
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set");
-        }
+        tune(&tcp);
         let svc = TowerToHyperService::new(app.clone());
         // An executor per connection, so its HTTP/2 streams run in its own task.
-        let exec = ConnExec::default();
-        let io = Coalesce::new(Preface::new(tcp, header_read_timeout));
-        let conn = builder_with(opts, header_read_timeout, exec.clone())
+        let exec = ConnExec::new(timeouts.stall);
+        let io = Coalesce::new(Preface::new(
+            WriteStall::new(tcp, timeouts.stall),
+            timeouts.header_read,
+        ));
+        let conn = builder_with(opts, timeouts.header_read, exec.clone())
             .serve_connection_with_upgrades(TokioIo::new(io), svc)
             .into_owned();
         let conn = graceful.watch(conn);
@@ -127,6 +178,27 @@ pub async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Socket options for an accepted connection (failures only cost the option: logged, not fatal).
+fn tune(tcp: &TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "TCP_NODELAY not set");
+    }
+    let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE);
+    #[cfg(any(
+        target_os = "linux",
+        target_os = "android",
+        target_os = "macos",
+        target_os = "freebsd",
+        target_os = "windows"
+    ))]
+    let keepalive = keepalive
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "TCP keepalive not set");
+    }
 }
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4): hyper reads this many bytes, or up to the
@@ -222,32 +294,183 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Preface<T> {
     }
 }
 
+/// A connection whose writes fail with `TimedOut` once they have waited on a full socket for
+/// the stall limit without a byte going out: the client stopped reading. hyper then drops the
+/// connection, and with it the responses (and subscriptions) it was serving. Any progress, even
+/// one byte, restarts the clock.
+#[derive(Debug)]
+pub struct WriteStall<T> {
+    inner: T,
+    limit: Duration,
+    timer: WaitTimer,
+}
+
+impl<T> WriteStall<T> {
+    pub fn new(inner: T, limit: Duration) -> Self {
+        WriteStall {
+            inner,
+            limit,
+            timer: WaitTimer::default(),
+        }
+    }
+
+    /// Passes a write's outcome through, failing it once it has been stalled for the limit.
+    fn watch<R>(&mut self, cx: &mut Context<'_>, out: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        if out.is_ready() {
+            self.timer.stop();
+            return out;
+        }
+        if self.timer.expired(cx, self.limit) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("client took no response data for {:?}", self.limit),
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteStall<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let out = Pin::new(&mut this.inner).poll_write(cx, data);
+        this.watch(cx, out)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let out = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.watch(cx, out)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let out = Pin::new(&mut this.inner).poll_flush(cx);
+        this.watch(cx, out)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let out = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.watch(cx, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt;
     use std::io::{Read, Write};
     use std::net::TcpStream;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     /// Far above the 200 ms under test, so a loaded machine does not fail it.
     const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
     /// Serves an app that answers 200 with a 200 ms protocol timeout; returns its address.
     async fn server() -> (std::net::SocketAddr, watch::Sender<bool>) {
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let timeouts = Timeouts {
+            header_read: Duration::from_millis(200),
+            ..Timeouts::default()
+        };
+        serve_app(app, timeouts).await
+    }
+
+    async fn serve_app(
+        app: axum::Router,
+        timeouts: Timeouts,
+    ) -> (std::net::SocketAddr, watch::Sender<bool>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let (stop_tx, stop_rx) = watch::channel(false);
         let opts = ListenOptions {
             http2_max_streams: 16,
         };
-        tokio::spawn(serve(
-            listener,
-            app,
-            opts,
-            Duration::from_millis(200),
-            stop_rx,
-        ));
+        tokio::spawn(serve(listener, app, opts, timeouts, stop_rx));
         (addr, stop_tx)
+    }
+
+    /// Sends `request`, then reads until the server closes the connection; `None` if it was
+    /// still open after [`CLOSE_WITHIN`].
+    async fn answer_then_close(
+        addr: std::net::SocketAddr,
+        request: &'static [u8],
+    ) -> Option<String> {
+        tokio::task::spawn_blocking(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(request).unwrap();
+            c.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            loop {
+                match c.read(&mut buf) {
+                    Ok(0) => return Some(String::from_utf8_lossy(&got).into_owned()),
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(_) => return None,
+                }
+            }
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Sets its flag when dropped: shows that a response body was let go.
+    struct DropFlag(Arc<AtomicBool>);
+
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A route whose response never ends (64 KiB chunks as fast as they are taken); `dropped`
+    /// turns true when the body is dropped.
+    fn flood(dropped: Arc<AtomicBool>) -> axum::routing::MethodRouter {
+        axum::routing::get(move || {
+            let guard = DropFlag(dropped.clone());
+            let chunk = axum::body::Bytes::from(vec![b'x'; 64 * 1024]);
+            let body = futures::stream::repeat(chunk).map(move |c| {
+                let _ = &guard;
+                Ok::<_, std::convert::Infallible>(c)
+            });
+            async move { axum::body::Body::from_stream(body) }
+        })
+    }
+
+    /// Waits up to [`CLOSE_WITHIN`] for `flag` to turn true.
+    async fn turns_true(flag: &AtomicBool) -> bool {
+        let deadline = std::time::Instant::now() + CLOSE_WITHIN;
+        while std::time::Instant::now() < deadline {
+            if flag.load(Ordering::SeqCst) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
     }
 
     /// Sends `first`, then waits for the server to close the connection: false if it was still
@@ -316,5 +539,148 @@ mod tests {
             .expect("no answer")
             .unwrap();
         assert_eq!(res.status(), 200);
+    }
+
+    /// A client that declares a body and stops sending it is answered 408 and its connection
+    /// closed, both when the handler reads the body with `read_body` and through the `Bytes`
+    /// extractor; a slow but steady body still goes through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_body_that_stops_arriving_is_answered_408() {
+        let app = axum::Router::new()
+            .route(
+                "/bytes",
+                axum::routing::post(|b: axum::body::Bytes| async move { b.len().to_string() }),
+            )
+            .route(
+                "/read",
+                axum::routing::post(|h: axum::http::HeaderMap, b: axum::body::Body| async move {
+                    pico_http::pico::read_body(&h, b, 1 << 20)
+                        .await
+                        .map(|b| b.len().to_string())
+                }),
+            );
+        let timeouts = Timeouts {
+            body_idle: Duration::from_millis(200),
+            ..Timeouts::default()
+        };
+        let (addr, _stop) = serve_app(app.clone(), timeouts).await;
+        for path in ["/bytes", "/read"] {
+            let req: &'static [u8] = if path == "/bytes" {
+                b"POST /bytes HTTP/1.1\r\nhost: a\r\ncontent-length: 10\r\n\r\nab"
+            } else {
+                b"POST /read HTTP/1.1\r\nhost: a\r\ncontent-length: 10\r\n\r\nab"
+            };
+            let got = answer_then_close(addr, req)
+                .await
+                .unwrap_or_else(|| panic!("{path}: connection kept open"));
+            assert!(got.starts_with("HTTP/1.1 408"), "{path}: {got}");
+            assert!(got.contains("no data arrived"), "{path}: {got}");
+        }
+
+        // The timer restarts with every chunk: 4 gaps of 500 ms outlast a 1.5 s timer.
+        let timeouts = Timeouts {
+            body_idle: Duration::from_millis(1500),
+            ..Timeouts::default()
+        };
+        let (addr, _stop) = serve_app(app, timeouts).await;
+        let got = tokio::task::spawn_blocking(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(b"POST /read HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\n")
+                .unwrap();
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(500));
+                // A refused write (the server gave up) shows in the answer below.
+                if c.write_all(b"x").is_err() {
+                    break;
+                }
+            }
+            c.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
+            let mut buf = [0u8; 1024];
+            match c.read(&mut buf) {
+                Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+                Err(e) => format!("read failed: {e}"),
+            }
+        })
+        .await
+        .unwrap();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(got.ends_with("\r\n\r\n5"), "{got}");
+    }
+
+    /// An HTTP/1.1 client that stops reading a response: once the socket is full and nothing
+    /// goes out for the stall limit, the connection is dropped, and the response body with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_stops_reading_loses_its_connection() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let app = axum::Router::new().route("/flood", flood(dropped.clone()));
+        let timeouts = Timeouts {
+            stall: Duration::from_millis(300),
+            ..Timeouts::default()
+        };
+        let (addr, _stop) = serve_app(app, timeouts).await;
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /flood HTTP/1.1\r\nhost: a\r\n\r\n")
+            .unwrap();
+        assert!(turns_true(&dropped).await, "response to a non-reader kept");
+        drop(c);
+    }
+
+    /// An HTTP/2 client that keeps its connection alive (its connection task reads the socket
+    /// and answers pings) but never reads one response, so that stream's window stays shut:
+    /// the stream is dropped after the stall limit, and the connection serves on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http2_stream_whose_window_stays_shut_is_dropped() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let app = axum::Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route("/flood", flood(dropped.clone()));
+        let timeouts = Timeouts {
+            stall: Duration::from_millis(300),
+            ..Timeouts::default()
+        };
+        let (addr, _stop) = serve_app(app, timeouts).await;
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let req = |path: &str| {
+            hyper::Request::get(format!("http://localhost{path}"))
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let stuck = tokio::time::timeout(CLOSE_WITHIN, send.send_request(req("/flood")))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert_eq!(stuck.status(), 200);
+        assert!(turns_true(&dropped).await, "stalled stream kept");
+        let res = tokio::time::timeout(CLOSE_WITHIN, send.send_request(req("/")))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        drop(stuck);
+    }
+
+    #[tokio::test]
+    async fn accepted_sockets_get_tcp_keepalive() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        tune(&tcp);
+        let sock = socket2::SockRef::from(&tcp);
+        assert!(sock.keepalive().unwrap(), "SO_KEEPALIVE off");
+        assert!(tcp.nodelay().unwrap());
+        #[cfg(target_os = "linux")]
+        {
+            assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+            assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+            assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_RETRIES);
+        }
     }
 }

@@ -23,7 +23,7 @@ use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_server::{Node, StreamInfo};
 
-use crate::error::HttpError;
+use crate::error::{BodyTimeout, HttpError};
 use crate::headers::format_rfc3339_ms;
 
 pub fn router(node: Node) -> Router {
@@ -60,6 +60,8 @@ pub fn new_stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes (413) before buffering it.
+/// A client that stops sending is answered 408 once the listener's per-chunk idle timer runs
+/// out (the body then fails with [`BodyTimeout`]); this loop has no timer of its own.
 /// A body that arrives as one chunk is returned as is; otherwise the buffer is sized from
 /// `Content-Length` up front (see [`initial_capacity`]), so a large body is copied few times.
 pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, HttpError> {
@@ -76,8 +78,11 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     let mut buf = BytesMut::new();
     let mut total = 0usize;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk
-            .map_err(|e| HttpError::bad_request(format!("failed to read request body: {e}")))?;
+        let chunk = chunk.map_err(|e| match BodyTimeout::find(&e) {
+            // The listener's idle timer: the client stopped sending.
+            Some(t) => HttpError::request_timeout(t.to_string()),
+            None => HttpError::bad_request(format!("failed to read request body: {e}")),
+        })?;
         total = total.saturating_add(chunk.len());
         if total > limit {
             return Err(too_large());
@@ -272,6 +277,30 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1000"));
         let e = read_body(&h, Body::from("1"), 5).await.unwrap_err();
         assert_eq!(e.status, 413);
+    }
+
+    /// A client that stopped mid-body: the listener's timer fails the body with
+    /// [`BodyTimeout`], which must come out as 408 (not the 400 of a broken body).
+    #[tokio::test]
+    async fn a_body_that_times_out_is_answered_408() {
+        let idle = std::time::Duration::from_secs(30);
+        let parts: Vec<Result<Bytes, BodyTimeout>> =
+            vec![Ok(Bytes::from_static(b"ab")), Err(BodyTimeout { idle })];
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
+        let body = Body::from_stream(futures::stream::iter(parts));
+        let e = read_body(&h, body, 100).await.unwrap_err();
+        assert_eq!(e.status, 408, "{}", e.message);
+        assert!(
+            e.message.contains("no data arrived for 30s"),
+            "{}",
+            e.message
+        );
+        // Other body failures stay 400.
+        let parts: Vec<Result<Bytes, std::io::Error>> =
+            vec![Err(std::io::ErrorKind::ConnectionReset.into())];
+        let body = Body::from_stream(futures::stream::iter(parts));
+        assert_eq!(read_body(&h, body, 100).await.unwrap_err().status, 400);
     }
 
     fn chunked(chunks: &[&'static str]) -> Body {
