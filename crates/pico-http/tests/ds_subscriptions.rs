@@ -915,3 +915,164 @@ async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
         "the held wake event is written once the stream is free"
     );
 }
+
+/// Unbounded configs made every append slow (each append runs every subscription's pattern):
+/// patterns, descriptions and explicit membership are bounded, refused in the DS error shape.
+#[tokio::test]
+async fn oversized_configs_and_memberships_are_refused() {
+    let node = pico_server::testing::start_test_node().await;
+    let app = app(&node);
+    let pull_wake = |pattern: String| json!({"type": "pull-wake", "pattern": pattern, "wake_stream": "wake/big"});
+    // Under the 2 MiB body limit, far over the pattern limit.
+    let (s, _, err) = call(
+        &app,
+        "PUT",
+        &sub_path("big"),
+        Some(pull_wake("**/".repeat(300_000))),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, err["error"]["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("INVALID_REQUEST")),
+        "{}",
+        err["error"]
+    );
+    let (s, _, err) = call(
+        &app,
+        "PUT",
+        &sub_path("big"),
+        Some(pull_wake(["**"; 10].join("/x/"))),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    let mut described = pull_wake("a/*".into());
+    described["description"] = json!("d".repeat(100_000));
+    let (s, _, err) = call(&app, "PUT", &sub_path("big"), Some(described), None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{err}");
+    let (s, _, _) = call(&app, "GET", &sub_path("big"), None, None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "nothing was stored");
+
+    // Explicit membership: 1,000 streams per request, 10,000 links per subscription.
+    let (s, _, _) = call(
+        &app,
+        "PUT",
+        &sub_path("big"),
+        Some(pull_wake("a/*".into())),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let add = "/v1/stream/__ds/subscriptions/big/streams";
+    for batch in 0..10 {
+        let streams: Vec<String> = (0..1_000).map(|i| format!("m/{batch}/{i}")).collect();
+        let (s, _, err) = call(&app, "POST", add, Some(json!({"streams": streams})), None).await;
+        assert_eq!(s, StatusCode::NO_CONTENT, "{err}");
+    }
+    let (s, _, err) = call(
+        &app,
+        "POST",
+        add,
+        Some(json!({"streams": ["m/one-more"]})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, err["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("LIMIT_EXCEEDED")),
+        "{err}"
+    );
+    // Already linked: no new link, accepted.
+    let (s, _, _) = call(&app, "POST", add, Some(json!({"streams": ["m/0/0"]})), None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (_, _, got) = call(&app, "GET", &sub_path("big"), None, None).await;
+    assert_eq!(got["streams"].as_array().unwrap().len(), 10_000);
+}
+
+/// A subscription that never wakes again (here: a pull-wake nobody claims) used to keep a link,
+/// and a KV key, for every matching stream it ever saw; the timer now drops links of deleted
+/// streams, and an ack for one dropped during a claim is not an error.
+#[tokio::test]
+async fn links_of_deleted_streams_are_pruned_without_a_wake() {
+    let node = pico_server::testing::start_test_node().await;
+    let app = app(&node);
+    create_stream(&node, "wake/tmp", &[]).await;
+    let (s, _, _) = call(
+        &app,
+        "PUT",
+        &sub_path("tmp"),
+        Some(json!({"type": "pull-wake", "pattern": "tmp/*", "wake_stream": "wake/tmp"})),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    for i in 0..50 {
+        let name = format!("tmp/{i}");
+        create_stream(&node, &name, &[json!(i)]).await;
+        append(&node, &name, json!("more")).await;
+        node.delete(&StreamName::parse(&name).unwrap())
+            .await
+            .unwrap();
+    }
+    create_stream(&node, "tmp/keep", &[json!("live")]).await;
+    let linked = |app: Router| async move {
+        let (_, _, got) = call(&app, "GET", &sub_path("tmp"), None, None).await;
+        got["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["path"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let app2 = app.clone();
+    assert!(
+        wait_for(|| {
+            let app = app2.clone();
+            async move { linked(app).await == ["tmp/keep"] }
+        })
+        .await,
+        "only the live stream stays linked: {:?}",
+        linked(app.clone()).await
+    );
+
+    let claim = "/v1/stream/__ds/subscriptions/tmp/claim";
+    let (s, _, c) = call(&app, "POST", claim, Some(json!({"worker": "w"})), None).await;
+    assert_eq!(s, StatusCode::OK, "{c}");
+    let keep = c["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["path"] == "tmp/keep")
+        .cloned()
+        .unwrap();
+    node.delete(&StreamName::parse("tmp/keep").unwrap())
+        .await
+        .unwrap();
+    let app2 = app.clone();
+    assert!(
+        wait_for(|| {
+            let app = app2.clone();
+            async move { linked(app).await.is_empty() }
+        })
+        .await,
+        "the deleted stream is unlinked while the wake is claimed"
+    );
+    let done = json!({
+        "wake_id": c["wake_id"], "generation": c["generation"], "done": true,
+        "acks": [{"stream": "tmp/keep", "offset": keep["tail_offset"]}],
+    });
+    let (s, _, v) = call(
+        &app,
+        "POST",
+        "/v1/stream/__ds/subscriptions/tmp/ack",
+        Some(done),
+        c["token"].as_str(),
+    )
+    .await;
+    assert_eq!(
+        (s, v.clone()),
+        (StatusCode::OK, json!({"ok": true, "next_wake": false})),
+        "{v}"
+    );
+}

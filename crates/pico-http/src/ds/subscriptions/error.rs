@@ -31,6 +31,10 @@ pub enum SubError {
     InvalidOffset(String),
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// A per-node or per-subscription capacity is full (the same request can succeed once
+    /// subscriptions or links are removed).
+    #[error("{0}")]
+    LimitExceeded(String),
     #[error("subscription state unavailable: {0}")]
     Unavailable(String),
 }
@@ -52,6 +56,7 @@ impl SubError {
             SubError::NoPendingWork => "NO_PENDING_WORK",
             SubError::InvalidOffset(_) => "INVALID_OFFSET",
             SubError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            SubError::LimitExceeded(_) => "LIMIT_EXCEEDED",
             SubError::Unavailable(_) => "UNAVAILABLE",
         }
     }
@@ -66,7 +71,8 @@ impl SubError {
             | SubError::Fenced
             | SubError::AlreadyClaimed { .. }
             | SubError::NoPendingWork
-            | SubError::InvalidOffset(_) => StatusCode::CONFLICT,
+            | SubError::InvalidOffset(_)
+            | SubError::LimitExceeded(_) => StatusCode::CONFLICT,
             SubError::TokenInvalid => StatusCode::UNAUTHORIZED,
             SubError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             SubError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -6,7 +6,8 @@
 //! KV layout: `ds/sub/{id}` = [`Record`] JSON, `ds/sublink/{id}/{path}` = [`Link`] JSON,
 //! [`SEED_KEY`] = the 32-byte signing seed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -21,9 +22,12 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, OnceCell, Semaphore, broadcast};
 
 use super::error::SubError;
-use super::model::{Config, Link, Record, Status, StreamView, Sub, SubType, Wake, check_id};
+use super::model::{
+    Config, Link, MAX_LINKS_PER_SUB, MAX_SUBSCRIPTIONS, Record, Status, StreamView, Sub, SubType,
+    Wake, check_id,
+};
 use super::signing::{Keys, TokenClaims};
-use super::{glob, webhook_url};
+use super::webhook_url;
 
 /// Largest webhook response body read; a larger one counts as not `{"done": true}`.
 const MAX_WEBHOOK_RESPONSE: usize = 64 * 1024;
@@ -34,11 +38,16 @@ const LINK_PREFIX: &str = "ds/sublink/";
 /// Concurrent webhook requests across all subscriptions.
 const MAX_CONCURRENT_DELIVERIES: usize = 32;
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// An unreachable receiver fails fast instead of holding a delivery slot for the whole timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const RETRY_BASE_MS: u64 = 1_000;
 const RETRY_MAX_MS: u64 = 60_000;
 /// How often leases and retry schedules are checked.
 pub const TICK: Duration = Duration::from_millis(100);
 const LIST_PAGE: usize = 1_000;
+/// Links checked for a deleted stream per tick, across all subscriptions (deletes emit no
+/// event, so links are walked a bounded slice at a time).
+const PRUNE_BATCH: usize = 1_000;
 
 /// Ack/callback/release request body (`acks[].stream`, `acks[].path` accepted alike).
 #[derive(Debug, Default, Deserialize)]
@@ -73,7 +82,11 @@ enum Delivered {
 pub struct Manager {
     node: Node,
     keys: OnceCell<Arc<Keys>>,
-    subs: Mutex<HashMap<String, Sub>>,
+    /// Ordered so the link prune can resume where the last tick stopped.
+    subs: Mutex<BTreeMap<String, Sub>>,
+    /// Where the next link prune starts: (subscription id, last path checked). Only touched by
+    /// the timer task while it holds `subs`.
+    prune_cursor: std::sync::Mutex<Option<(String, String)>>,
     http: reqwest::Client,
     delivery_slots: Arc<Semaphore>,
     background: AtomicBool,
@@ -90,6 +103,7 @@ impl Manager {
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(DELIVERY_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
             .dns_resolver(Arc::new(webhook_url::PublicResolver))
             .user_agent("picomq-ds-subscriptions")
             .build()
@@ -100,7 +114,8 @@ impl Manager {
         Manager {
             node,
             keys: OnceCell::new(),
-            subs: Mutex::new(HashMap::new()),
+            subs: Mutex::new(BTreeMap::new()),
+            prune_cursor: std::sync::Mutex::new(None),
             http,
             delivery_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_DELIVERIES)),
             background: AtomicBool::new(false),
@@ -153,15 +168,7 @@ impl Manager {
             }
             match serde_json::from_slice::<Record>(value) {
                 Ok(rec) => {
-                    subs.insert(
-                        rec.id.clone(),
-                        Sub {
-                            rec,
-                            links: BTreeMap::new(),
-                            delivering: None,
-                            pending_event: None,
-                        },
-                    );
+                    subs.insert(rec.id.clone(), Sub::new(rec));
                 }
                 Err(e) => tracing::warn!(key, error = %e, "unreadable subscription record"),
             }
@@ -223,20 +230,10 @@ impl Manager {
         }
         let mut subs = self.subs.lock().await;
         for sub in subs.values_mut() {
-            let mut new_link = false;
-            if !sub.links.contains_key(path) && sub.rec.config.pattern_matches(path) {
-                // Discovered by an append: linked before it, so the append is pending.
-                sub.links.insert(
-                    path.to_string(),
-                    Link {
-                        explicit: false,
-                        glob: true,
-                        acked: None,
-                        stream_id: None,
-                    },
-                );
-                new_link = true;
-            }
+            // Discovered by an append: linked before it, so the append is pending.
+            let new_link = !sub.links.contains_key(path)
+                && sub.rec.config.pattern_matches(path)
+                && sub.link_glob(path, None);
             let Some(link) = sub.links.get_mut(path) else {
                 continue;
             };
@@ -287,24 +284,11 @@ impl Manager {
     /// Links matching streams not linked yet, as discovered by an append (acked `-1`): they
     /// appeared after the subscription was created (existing ones were linked at creation).
     async fn link_new_matches(&self, sub: &mut Sub) {
-        let Some(pattern) = sub.rec.config.pattern.clone() else {
-            return;
-        };
         let mut added = Vec::new();
-        for name in self.list_matching(&pattern) {
-            if sub.links.contains_key(&name) || !sub.rec.config.pattern_matches(&name) {
-                continue;
+        for name in self.unlinked_matches(sub) {
+            if sub.link_glob(&name, None) {
+                added.push(name);
             }
-            sub.links.insert(
-                name.clone(),
-                Link {
-                    explicit: false,
-                    glob: true,
-                    acked: None,
-                    stream_id: None,
-                },
-            );
-            added.push(name);
         }
         let refs: Vec<&str> = added.iter().map(String::as_str).collect();
         if let Err(e) = self.persist_links(sub, &refs).await {
@@ -321,6 +305,7 @@ impl Manager {
         }
         let now = now_ms();
         let mut subs = self.subs.lock().await;
+        self.prune_gone_links(&mut subs).await;
         for sub in subs.values_mut() {
             if let Some(trigger) = sub.pending_event.clone() {
                 if sub.rec.wake.as_ref().is_some_and(|w| w.holder.is_none()) {
@@ -379,23 +364,23 @@ impl Manager {
                 body: existing.to_json(ds_root, keys.kid()),
             });
         }
-        let mut sub = Sub {
-            rec: Record {
-                id: id.to_string(),
-                config_hash: hash,
-                created_at_ms: now_ms(),
-                base_url: ds_root.to_string(),
-                generation: 0,
-                wake: None,
-                status: Status::Active,
-                retry_count: 0,
-                next_attempt_at_ms: None,
-                config,
-            },
-            links: BTreeMap::new(),
-            delivering: None,
-            pending_event: None,
-        };
+        if subs.len() >= MAX_SUBSCRIPTIONS {
+            return Err(SubError::LimitExceeded(format!(
+                "this node already has the maximum of {MAX_SUBSCRIPTIONS} subscriptions"
+            )));
+        }
+        let mut sub = Sub::new(Record {
+            id: id.to_string(),
+            config_hash: hash,
+            created_at_ms: now_ms(),
+            base_url: ds_root.to_string(),
+            generation: 0,
+            wake: None,
+            status: Status::Active,
+            retry_count: 0,
+            next_attempt_at_ms: None,
+            config,
+        });
         // Existing streams are linked at their tail: creation does not replay history.
         for path in sub.rec.config.streams.clone() {
             let tail = self.tail(&path).await;
@@ -410,22 +395,9 @@ impl Manager {
                 },
             );
         }
-        if let Some(pattern) = sub.rec.config.pattern.clone() {
-            for path in self.list_matching(&pattern) {
-                if sub.links.contains_key(&path) || !sub.rec.config.pattern_matches(&path) {
-                    continue;
-                }
-                let tail = self.tail(&path).await.unwrap_or(0);
-                sub.links.insert(
-                    path,
-                    Link {
-                        explicit: false,
-                        glob: true,
-                        acked: Some(tail),
-                        stream_id: None,
-                    },
-                );
-            }
+        for path in self.unlinked_matches(&sub) {
+            let tail = self.tail(&path).await.unwrap_or(0);
+            sub.link_glob(&path, Some(tail));
         }
         let paths: Vec<String> = sub.links.keys().cloned().collect();
         let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
@@ -465,6 +437,16 @@ impl Manager {
         self.ready().await?;
         let mut subs = self.subs.lock().await;
         let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+        let new = streams
+            .iter()
+            .filter(|p| !sub.links.contains_key(*p))
+            .count();
+        if sub.links.len() + new > MAX_LINKS_PER_SUB {
+            return Err(SubError::LimitExceeded(format!(
+                "a subscription links at most {MAX_LINKS_PER_SUB} streams ({} linked, {new} new)",
+                sub.links.len()
+            )));
+        }
         let mut changed = Vec::new();
         for path in streams {
             match sub.links.get_mut(&path) {
@@ -895,6 +877,11 @@ impl Manager {
 
     /// Validates every ack, then applies them all. Returns the paths whose cursor moved.
     async fn apply_acks(&self, sub: &mut Sub, acks: &[AckItem]) -> Result<Vec<String>, SubError> {
+        if acks.len() > MAX_LINKS_PER_SUB {
+            return Err(SubError::invalid(format!(
+                "at most {MAX_LINKS_PER_SUB} acks per request"
+            )));
+        }
         let mut updates = Vec::with_capacity(acks.len());
         for ack in acks {
             let path = ack
@@ -903,9 +890,18 @@ impl Manager {
                 .or(ack.path.as_deref())
                 .map(|p| p.trim_matches('/'))
                 .unwrap_or("");
-            let link = sub.links.get(path).ok_or_else(|| {
-                SubError::InvalidOffset(format!("ack references an unlinked stream: {path:?}"))
-            })?;
+            let Some(link) = sub.links.get(path) else {
+                // A glob link dropped because its stream was deleted (maybe after this wake was
+                // handed out, see `prune_gone_links`): nothing is left to ack.
+                if sub.rec.config.pattern_matches(path)
+                    && matches!(self.tail(path).await, Err(TailError::Missing))
+                {
+                    continue;
+                }
+                return Err(SubError::InvalidOffset(format!(
+                    "ack references an unlinked stream: {path:?}"
+                )));
+            };
             let offset = match parse_offset(&ack.offset) {
                 Ok(OffsetSpec::At(o)) => o,
                 _ => {
@@ -949,10 +945,20 @@ impl Manager {
         }
     }
 
-    /// Stream names matching `pattern` (listing narrowed by its literal prefix).
-    fn list_matching(&self, pattern: &str) -> Vec<String> {
-        let prefix = glob::literal_prefix(pattern);
+    /// Existing streams matching the subscription's pattern and not linked yet (listing
+    /// narrowed by the pattern's literal prefix), no more than its free link slots: once full,
+    /// no listing at all.
+    fn unlinked_matches(&self, sub: &Sub) -> Vec<String> {
+        let Some(pattern) = &sub.rec.config.pattern else {
+            return Vec::new();
+        };
         let mut out = Vec::new();
+        if sub.links.len() >= MAX_LINKS_PER_SUB {
+            return out;
+        }
+        // One past the free slots, so that `link_glob` sees (and logs) the overflow.
+        let want = MAX_LINKS_PER_SUB + 1 - sub.links.len();
+        let prefix = pattern.literal_prefix();
         let mut after: Option<String> = None;
         loop {
             let page = self.node.list(ListRequest {
@@ -962,8 +968,11 @@ impl Manager {
             });
             for info in &page.streams {
                 let name = info.name.as_str();
-                if glob::matches(pattern, name) {
+                if !sub.links.contains_key(name) && sub.rec.config.pattern_matches(name) {
                     out.push(name.to_string());
+                    if out.len() >= want {
+                        return out;
+                    }
                 }
             }
             match (page.has_more, page.streams.last()) {
@@ -971,6 +980,58 @@ impl Manager {
                 _ => return out,
             }
         }
+    }
+
+    /// Drops glob-only links whose stream is gone, [`PRUNE_BATCH`] links per call, resuming
+    /// where the previous call stopped. Deletes emit no event, and a subscription that does not
+    /// wake (unclaimed, failing webhook) would otherwise keep a link, and a KV key, per stream
+    /// name it ever matched. Explicit links stay: the client added them.
+    async fn prune_gone_links(&self, subs: &mut BTreeMap<String, Sub>) {
+        let mut cursor = self
+            .prune_cursor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let from = match &cursor {
+            Some((id, _)) => Bound::Included(id.clone()),
+            None => Bound::Unbounded,
+        };
+        let mut budget = PRUNE_BATCH;
+        for (id, sub) in subs.range_mut((from, Bound::Unbounded)) {
+            let after = cursor
+                .take()
+                .filter(|(cursor_id, _)| cursor_id == id)
+                .map_or(Bound::Unbounded, |(_, path)| Bound::Excluded(path));
+            let mut gone = Vec::new();
+            let mut last = None;
+            for (path, link) in sub.links.range::<String, _>((after, Bound::Unbounded)) {
+                if budget == 0 {
+                    break;
+                }
+                budget -= 1;
+                last = Some(path);
+                if !link.explicit && matches!(self.tail(path).await, Err(TailError::Missing)) {
+                    gone.push(path.clone());
+                }
+            }
+            if budget == 0 {
+                cursor = last.map(|path| (id.clone(), path.clone()));
+            }
+            if !gone.is_empty() {
+                for path in &gone {
+                    sub.links.remove(path);
+                }
+                tracing::debug!(sub = %id, dropped = gone.len(), "links to deleted streams dropped");
+                let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
+                if let Err(e) = self.persist_links(sub, &refs).await {
+                    tracing::warn!(sub = %id, error = %e, "dropped links not persisted");
+                }
+            }
+            if budget == 0 {
+                break;
+            }
+        }
+        *self.prune_cursor.lock().unwrap_or_else(|p| p.into_inner()) = cursor;
     }
 
     /// Writes the record and the given links (deleted from the KV when no longer linked).
@@ -1167,28 +1228,23 @@ mod tests {
             true,
         )
         .unwrap();
-        Sub {
-            rec: Record {
-                id: "s".into(),
-                config_hash: config.hash(),
-                config,
-                created_at_ms: 0,
-                base_url: String::new(),
-                generation,
-                wake: Some(Wake {
-                    wake_id: wake_id.into(),
-                    snapshot: BTreeMap::new(),
-                    holder: Some("worker".into()),
-                    lease_expires_ms: None,
-                }),
-                status: Status::Active,
-                retry_count: 0,
-                next_attempt_at_ms: None,
-            },
-            links: BTreeMap::new(),
-            delivering: None,
-            pending_event: None,
-        }
+        Sub::new(Record {
+            id: "s".into(),
+            config_hash: config.hash(),
+            config,
+            created_at_ms: 0,
+            base_url: String::new(),
+            generation,
+            wake: Some(Wake {
+                wake_id: wake_id.into(),
+                snapshot: BTreeMap::new(),
+                holder: Some("worker".into()),
+                lease_expires_ms: None,
+            }),
+            status: Status::Active,
+            retry_count: 0,
+            next_attempt_at_ms: None,
+        })
     }
 
     fn req(generation: u64, wake_id: &str) -> WakeRequest {
@@ -1255,6 +1311,167 @@ mod tests {
             check_fence(&keys, &idle, Some(&good), &req(5, "w_cur")),
             Err(SubError::Fenced)
         );
+    }
+
+    const ROOT: &str = "http://127.0.0.1:4437/v1/stream/__ds";
+
+    fn pull_wake(pattern: &str) -> Config {
+        Config::parse(
+            &json!({"type": "pull-wake", "pattern": pattern, "wake_stream": "w"}),
+            true,
+        )
+        .unwrap()
+    }
+
+    async fn manager() -> Arc<Manager> {
+        Arc::new(Manager::new(pico_server::testing::start_test_node().await))
+    }
+
+    async fn create_stream(mgr: &Manager, name: &str) {
+        mgr.node
+            .create(pico_server::CreateRequest {
+                name: StreamName::parse(name).unwrap(),
+                config: pico_server::CreateConfig::default(),
+                initial: vec![DataRecord::from_value(b"1".to_vec())],
+            })
+            .await
+            .unwrap();
+    }
+
+    fn link(explicit: bool) -> Link {
+        Link {
+            explicit,
+            glob: !explicit,
+            acked: None,
+            stream_id: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn subscriptions_per_node_are_capped() {
+        let mgr = manager().await;
+        assert!(mgr.upsert("first", pull_wake("a/*"), ROOT).await.is_ok());
+        {
+            let mut subs = mgr.subs.lock().await;
+            let template = subs["first"].clone();
+            for i in 1..MAX_SUBSCRIPTIONS {
+                let mut filler = template.clone();
+                filler.rec.id = format!("filler-{i}");
+                subs.insert(filler.rec.id.clone(), filler);
+            }
+        }
+        let refused = mgr.upsert("one-more", pull_wake("b/*"), ROOT).await;
+        assert!(
+            matches!(refused, Err(SubError::LimitExceeded(_))),
+            "creating subscription {} must be refused",
+            MAX_SUBSCRIPTIONS + 1
+        );
+        assert!(!mgr.subs.lock().await.contains_key("one-more"));
+        // Re-confirming an existing subscription creates nothing.
+        let again = mgr.upsert("first", pull_wake("a/*"), ROOT).await;
+        assert!(again.is_ok_and(|u| !u.created));
+        mgr.delete("filler-1").await.unwrap();
+        let created = mgr.upsert("one-more", pull_wake("b/*"), ROOT).await;
+        assert!(created.is_ok_and(|u| u.created));
+    }
+
+    #[tokio::test]
+    async fn links_per_subscription_are_capped() {
+        let mgr = manager().await;
+        assert!(mgr.upsert("s", pull_wake("g/*"), ROOT).await.is_ok());
+        let fill = |subs: &mut BTreeMap<String, Sub>, n: usize| {
+            let sub = subs.get_mut("s").unwrap();
+            for i in 0..n {
+                sub.links.insert(format!("x/{i}"), link(true));
+            }
+        };
+        fill(&mut *mgr.subs.lock().await, MAX_LINKS_PER_SUB - 1);
+        // Two new explicit links do not fit: refused, none added.
+        let refused = mgr
+            .add_streams("s", vec!["e/1".to_string(), "e/2".to_string()])
+            .await;
+        assert!(
+            matches!(refused, Err(SubError::LimitExceeded(_))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            mgr.subs.lock().await["s"].links.len(),
+            MAX_LINKS_PER_SUB - 1
+        );
+        // One new (plus one already linked) fits.
+        let added = mgr
+            .add_streams("s", vec!["e/1".to_string(), "x/0".to_string()])
+            .await;
+        assert_eq!(added, Ok(()));
+        assert_eq!(mgr.subs.lock().await["s"].links.len(), MAX_LINKS_PER_SUB);
+        // A matching append beyond the cap is not linked; one already linked still counts.
+        mgr.on_append("g/new", 7, 1).await;
+        let subs = mgr.subs.lock().await;
+        assert!(!subs["s"].links.contains_key("g/new"));
+        assert!(subs["s"].link_cap_warned);
+        assert_eq!(subs["s"].links.len(), MAX_LINKS_PER_SUB);
+    }
+
+    #[tokio::test]
+    async fn glob_matches_at_creation_stop_at_the_link_cap() {
+        let mgr = manager().await;
+        assert!(mgr.upsert("s", pull_wake("g/*"), ROOT).await.is_ok());
+        {
+            let mut subs = mgr.subs.lock().await;
+            let sub = subs.get_mut("s").unwrap();
+            for i in 0..MAX_LINKS_PER_SUB - 1 {
+                sub.links.insert(format!("x/{i}"), link(true));
+            }
+        }
+        create_stream(&mgr, "g/a").await;
+        create_stream(&mgr, "g/b").await;
+        let mut subs = mgr.subs.lock().await;
+        let sub = subs.get_mut("s").unwrap();
+        mgr.link_new_matches(sub).await;
+        assert_eq!(sub.links.len(), MAX_LINKS_PER_SUB);
+        assert!(sub.links.contains_key("g/a") && !sub.links.contains_key("g/b"));
+        assert!(sub.link_cap_warned);
+    }
+
+    #[tokio::test]
+    async fn links_of_deleted_streams_are_pruned_a_batch_per_tick() {
+        let mgr = manager().await;
+        create_stream(&mgr, "g/live").await;
+        assert!(mgr.upsert("s", pull_wake("g/*"), ROOT).await.is_ok());
+        assert!(mgr.upsert("t", pull_wake("g/*"), ROOT).await.is_ok());
+        let gone = 1_500;
+        {
+            let mut subs = mgr.subs.lock().await;
+            let sub = subs.get_mut("s").unwrap();
+            let mut paths = vec!["g/explicit-gone".to_string()];
+            sub.links.insert(paths[0].clone(), link(true));
+            for i in 0..gone {
+                paths.push(format!("g/gone-{i:04}"));
+                sub.links.insert(format!("g/gone-{i:04}"), link(false));
+            }
+            let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+            mgr.persist_links(sub, &refs).await.unwrap();
+        }
+        let stored = |id: &str| {
+            let prefix = format!("{LINK_PREFIX}{id}/");
+            let view = mgr.node.meta().view();
+            view.kv
+                .range(prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&prefix))
+                .count()
+        };
+        assert_eq!(stored("s"), gone + 2);
+        let mut subs = mgr.subs.lock().await;
+        // One batch: the explicit link and 999 gone ones checked.
+        mgr.prune_gone_links(&mut subs).await;
+        assert_eq!(subs["s"].links.len(), gone + 2 - (PRUNE_BATCH - 1));
+        // The next one resumes there, finishes `s` and checks `t`.
+        mgr.prune_gone_links(&mut subs).await;
+        let left: Vec<&String> = subs["s"].links.keys().collect();
+        assert_eq!(left, ["g/explicit-gone", "g/live"]);
+        assert_eq!(subs["t"].links.len(), 1);
+        assert_eq!(stored("s"), 2);
+        assert!(mgr.prune_cursor.lock().unwrap().is_none());
     }
 
     #[test]

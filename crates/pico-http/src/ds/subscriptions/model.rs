@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::error::SubError;
-use super::{glob, webhook_url};
+use super::glob::Pattern;
+use super::webhook_url;
 
 pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
 pub const MIN_LEASE_TTL_MS: u64 = 1_000;
@@ -18,6 +19,16 @@ pub const MAX_LEASE_TTL_MS: u64 = 600_000;
 pub const MAX_ID_LEN: usize = 256;
 /// Most explicit streams in one request.
 pub const MAX_STREAMS_PER_REQUEST: usize = 1_000;
+/// Pattern bounds: every append is matched against every subscription's pattern.
+pub const MAX_PATTERN_LEN: usize = 1_024;
+pub const MAX_PATTERN_SEGMENTS: usize = 32;
+pub const MAX_PATTERN_DOUBLE_STARS: usize = 4;
+pub const MAX_DESCRIPTION_LEN: usize = 4_096;
+pub const MAX_WEBHOOK_URL_LEN: usize = 2_048;
+/// Subscriptions per node: each append is checked against all of them.
+pub const MAX_SUBSCRIPTIONS: usize = 10_000;
+/// Linked streams per subscription: each wake lists (and heartbeats rewrite) all of them.
+pub const MAX_LINKS_PER_SUB: usize = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SubType {
@@ -41,7 +52,7 @@ impl SubType {
 pub struct Config {
     #[serde(rename = "type")]
     pub kind: SubType,
-    pub pattern: Option<String>,
+    pub pattern: Option<Pattern>,
     /// Sorted, deduplicated, normalized.
     pub streams: Vec<String>,
     pub webhook_url: Option<String>,
@@ -68,7 +79,7 @@ impl Config {
         let pattern = match obj.get("pattern") {
             None | Some(Value::Null) => None,
             Some(Value::String(p)) if normalize_path(p).is_empty() => None,
-            Some(Value::String(p)) => Some(normalize_path(p)),
+            Some(Value::String(p)) => Some(parse_pattern(p)?),
             Some(_) => return Err(SubError::invalid("pattern must be a string")),
         };
         let streams = match obj.get("streams") {
@@ -91,6 +102,11 @@ impl Config {
         };
         let description = match obj.get("description") {
             None | Some(Value::Null) => None,
+            Some(Value::String(d)) if d.len() > MAX_DESCRIPTION_LEN => {
+                return Err(SubError::invalid(format!(
+                    "description must be at most {MAX_DESCRIPTION_LEN} bytes"
+                )));
+            }
             Some(Value::String(d)) => Some(d.clone()),
             Some(_) => return Err(SubError::invalid("description must be a string")),
         };
@@ -106,6 +122,11 @@ impl Config {
                     .ok_or_else(|| {
                         SubError::invalid("webhook subscriptions require webhook.url")
                     })?;
+                if url.len() > MAX_WEBHOOK_URL_LEN {
+                    return Err(SubError::invalid(format!(
+                        "webhook.url must be at most {MAX_WEBHOOK_URL_LEN} bytes"
+                    )));
+                }
                 webhook_url::validate(url, allow_local).map_err(SubError::WebhookUrlRejected)?;
                 webhook_url = Some(url.to_string());
             }
@@ -143,10 +164,32 @@ impl Config {
     /// stream: each wake event would otherwise wake it again).
     pub fn pattern_matches(&self, path: &str) -> bool {
         match &self.pattern {
-            Some(p) => glob::matches(p, path) && self.wake_stream.as_deref() != Some(path),
+            Some(p) => self.wake_stream.as_deref() != Some(path) && p.matches(path),
             None => false,
         }
     }
+}
+
+/// A request's pattern, normalized and bounded (stored patterns load unchecked).
+fn parse_pattern(raw: &str) -> Result<Pattern, SubError> {
+    let p = normalize_path(raw);
+    if p.len() > MAX_PATTERN_LEN {
+        return Err(SubError::invalid(format!(
+            "pattern must be at most {MAX_PATTERN_LEN} bytes"
+        )));
+    }
+    let segs = p.split('/').filter(|s| !s.is_empty());
+    if segs.clone().count() > MAX_PATTERN_SEGMENTS {
+        return Err(SubError::invalid(format!(
+            "pattern must have at most {MAX_PATTERN_SEGMENTS} segments"
+        )));
+    }
+    if segs.filter(|s| *s == "**").count() > MAX_PATTERN_DOUBLE_STARS {
+        return Err(SubError::invalid(format!(
+            "pattern must have at most {MAX_PATTERN_DOUBLE_STARS} ** segments"
+        )));
+    }
+    Ok(Pattern::new(&p))
 }
 
 /// `{"streams": [...]}` member or PUT `streams`: non-empty strings, normalized, deduplicated.
@@ -275,6 +318,9 @@ pub struct Sub {
     /// stream that triggered it, retried on the timer while the wake is unclaimed (not
     /// persisted).
     pub pending_event: Option<String>,
+    /// A glob match was skipped at [`MAX_LINKS_PER_SUB`] and logged (not persisted): warns once
+    /// per filling up, not on every append.
+    pub link_cap_warned: bool,
 }
 
 /// One stream as shown in wakes and claims.
@@ -303,6 +349,44 @@ impl StreamView {
 }
 
 impl Sub {
+    /// A subscription without links.
+    pub fn new(rec: Record) -> Sub {
+        Sub {
+            rec,
+            links: BTreeMap::new(),
+            delivering: None,
+            pending_event: None,
+            link_cap_warned: false,
+        }
+    }
+
+    /// Links `path` as a glob match with cursor `acked`, unless the subscription already has
+    /// [`MAX_LINKS_PER_SUB`] links (then the match is skipped, logged once). Returns whether it
+    /// was linked.
+    pub fn link_glob(&mut self, path: &str, acked: Option<u64>) -> bool {
+        if self.links.len() >= MAX_LINKS_PER_SUB {
+            if !self.link_cap_warned {
+                self.link_cap_warned = true;
+                tracing::warn!(
+                    sub = %self.rec.id, stream = path, max = MAX_LINKS_PER_SUB,
+                    "subscription link limit reached; further pattern matches are not linked"
+                );
+            }
+            return false;
+        }
+        self.link_cap_warned = false;
+        self.links.insert(
+            path.to_string(),
+            Link {
+                explicit: false,
+                glob: true,
+                acked,
+                stream_id: None,
+            },
+        );
+        true
+    }
+
     /// The API representation (GET, PUT responses).
     pub fn to_json(&self, ds_root: &str, kid: &str) -> Value {
         let c = &self.rec.config;
@@ -426,6 +510,70 @@ mod tests {
             "type": "webhook", "pattern": "a", "webhook": {"url": "http://10.0.0.1/hook"}
         }));
         assert!(matches!(unsafe_url, Err(SubError::WebhookUrlRejected(_))));
+    }
+
+    #[test]
+    fn patterns_descriptions_and_urls_are_bounded() {
+        let pw = |pattern: String| {
+            parse(json!({"type": "pull-wake", "pattern": pattern, "wake_stream": "w"}))
+        };
+        let invalid = |r: Result<Config, SubError>| matches!(r, Err(SubError::InvalidRequest(_)));
+        // The review's case: megabytes of `**/` made every append slow.
+        assert!(invalid(pw("**/".repeat(700_000))));
+        assert!(invalid(pw("a".repeat(MAX_PATTERN_LEN + 1))));
+        assert!(pw("a".repeat(MAX_PATTERN_LEN)).is_ok());
+        assert!(invalid(pw(vec!["a"; MAX_PATTERN_SEGMENTS + 1].join("/"))));
+        assert!(pw(vec!["a"; MAX_PATTERN_SEGMENTS].join("/")).is_ok());
+        assert!(invalid(
+            pw(["**"; MAX_PATTERN_DOUBLE_STARS + 1].join("/a/"))
+        ));
+        assert!(pw(["**"; MAX_PATTERN_DOUBLE_STARS].join("/a/")).is_ok());
+        // Slashes around and between segments are not segments.
+        assert!(
+            pw(format!(
+                "//{}//",
+                vec!["a"; MAX_PATTERN_SEGMENTS].join("//")
+            ))
+            .is_ok()
+        );
+
+        let described = |d: String| {
+            parse(
+                json!({"type": "pull-wake", "pattern": "a", "wake_stream": "w", "description": d}),
+            )
+        };
+        assert!(invalid(described("d".repeat(MAX_DESCRIPTION_LEN + 1))));
+        assert!(described("d".repeat(MAX_DESCRIPTION_LEN)).is_ok());
+
+        let hook = |url: String| {
+            parse(json!({"type": "webhook", "pattern": "a", "webhook": {"url": url}}))
+        };
+        let base = "http://127.0.0.1:9/";
+        assert!(invalid(hook(format!(
+            "{base}{}",
+            "p".repeat(MAX_WEBHOOK_URL_LEN - base.len() + 1)
+        ))));
+        assert!(
+            hook(format!(
+                "{base}{}",
+                "p".repeat(MAX_WEBHOOK_URL_LEN - base.len())
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn stored_configs_beyond_the_limits_still_load() {
+        let pattern = format!("{}x", "**/".repeat(100));
+        let stored = json!({
+            "type": "pull-wake", "pattern": pattern, "streams": [], "webhook_url": null,
+            "wake_stream": "w", "lease_ttl_ms": 30000, "description": "d".repeat(10_000)
+        });
+        let c: Config = serde_json::from_value(stored.clone()).unwrap();
+        assert!(c.pattern_matches("a/b/x"));
+        assert!(!c.pattern_matches("a/b/y"));
+        // It round-trips (and so hashes) as the text it was stored with.
+        assert_eq!(serde_json::to_value(&c).unwrap(), stored);
     }
 
     #[test]
