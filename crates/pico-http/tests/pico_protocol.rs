@@ -541,6 +541,61 @@ async fn sse_sends_data_then_control_and_ends_at_close() {
     assert_error(&r, 400, "bad_request");
 }
 
+/// A record of control bytes renders as JSON at 6× its size: a JSON read and an SSE response
+/// send it in bounded pieces, whole and exact, whatever the record size.
+#[tokio::test]
+async fn large_records_are_rendered_in_bounded_pieces() {
+    use futures::StreamExt;
+    let (app, _) = app().await;
+    put(&app, "/big", &[]).await;
+    let big = vec![1u8; 1 << 20];
+    assert_eq!(post(&app, "/big", &[], big.clone()).await.status, 200);
+    let end = post(&app, "/big", &[("pico-closed", "true")], "end").await;
+    assert_eq!(end.status, 200);
+    for uri in ["/big?seq=0&format=json", "/big?seq=0&live=sse"] {
+        let req = Request::get(uri).body(Body::empty()).unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "{uri}");
+        let mut body = resp.into_body().into_data_stream();
+        let mut all = Vec::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.unwrap();
+            assert!(
+                chunk.len() <= 256 * 1024,
+                "{uri}: a chunk of {} bytes",
+                chunk.len()
+            );
+            all.extend_from_slice(&chunk);
+        }
+        assert!(all.len() > 6 << 20, "{uri}: {} bytes", all.len());
+        let text = String::from_utf8(all).unwrap();
+        let records: Vec<Value> = if uri.contains("sse") {
+            let ev = sse_events(&text);
+            assert_eq!(ev.last().unwrap().2["closed"], true, "{uri}");
+            ev.iter()
+                .filter(|e| e.0 == "data")
+                .flat_map(|e| e.2.as_array().unwrap().clone())
+                .collect()
+        } else {
+            serde_json::from_str::<Value>(&text)
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(records[0]["seq"], 0, "{uri}");
+        assert_eq!(
+            records[0]["body"].as_str().unwrap().as_bytes(),
+            &big[..],
+            "{uri}"
+        );
+        if uri.contains("sse") {
+            assert_eq!(records.len(), 2);
+            assert_eq!(records[1]["body"], "end");
+        }
+    }
+}
+
 #[tokio::test]
 async fn sse_follows_live_appends_until_max_duration() {
     let node = start_test_node_with(NodeConfig {

@@ -4,7 +4,8 @@
 //! - [`batch`]: the stored record format (Kafka RecordBatch v2, CRC-32C).
 //! - [`headers`]: Pico and Durable Streams header names, batch content types.
 //! - [`ds_json`]: Durable Streams JSON mode (flatten one level, render arrays).
-//! - [`json_batch`]: the `application/vnd.picomq.batch+json` body and the `json` read format.
+//! - [`json_batch`]: the `application/vnd.picomq.batch+json` body and the `json` read format;
+//!   [`json_render`] renders that format a piece at a time for large reads.
 //! - [`binary`]: the `application/vnd.picomq.batch` framing.
 //! - [`cursor`]: live-read cursors that keep CDN cache keys moving.
 //! - [`offset`]: text forms of record offsets (Durable Streams).
@@ -17,6 +18,7 @@ pub mod cursor;
 pub mod ds_json;
 pub mod headers;
 pub mod json_batch;
+pub mod json_render;
 pub mod number;
 pub mod offset;
 mod reader;

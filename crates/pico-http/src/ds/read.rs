@@ -67,6 +67,11 @@ pub fn body_of(out: &ReadOutcome, json: bool) -> Bytes {
             out.records.iter().map(|r| &r.record.value[..]),
         ));
     }
+    // One record (any record larger than a read's byte limit comes alone): its bytes, shared
+    // with the cache rather than copied per reader.
+    if let [one] = out.records.as_slice() {
+        return one.record.value.clone();
+    }
     let mut buf = BytesMut::new();
     for r in &out.records {
         buf.extend_from_slice(&r.record.value);

@@ -4,12 +4,13 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
@@ -17,6 +18,7 @@ use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
 use pico_protocol::headers as h;
+use pico_protocol::json_render::JsonRecordsWriter;
 use pico_protocol::{encode_binary, render_json};
 use pico_server::{Node, ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
 use serde_json::json;
@@ -29,6 +31,31 @@ use crate::telemetry::{SseOpen, live_read};
 
 const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
 const SPURIOUS_WAKE_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Reads whose records hold more than this many bytes are rendered as JSON piece by piece
+/// ([`JsonRecordsWriter`]) rather than at once: a read returns at least one record whole,
+/// however large, and its JSON can be six times its size, per reader.
+const RENDER_AT_ONCE_MAX: usize = 64 * 1024;
+
+/// An SSE comment sent after this long without an event, as proxies drop idle responses.
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Record bytes of a read (values, keys and header values).
+fn payload_len(out: &ReadOutcome) -> usize {
+    out.records
+        .iter()
+        .map(|r| {
+            let rec = &r.record;
+            rec.value.len()
+                + rec.key.as_ref().map_or(0, |k| k.len())
+                + rec
+                    .headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
+        })
+        .sum()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -148,25 +175,44 @@ fn first_offset(out: &ReadOutcome) -> u64 {
     out.records.first().map_or(out.next_seq, |r| r.offset)
 }
 
-/// Body and content type of a read in `format`.
-fn render(out: &ReadOutcome, format: Format) -> Result<(Bytes, HeaderValue), HttpError> {
+/// Body and content type of a read in `format`. A large JSON read streams out as it is
+/// rendered; a raw read of one record shares its bytes.
+fn render(out: &ReadOutcome, format: Format) -> Result<(Body, HeaderValue), HttpError> {
     let recs = out.records.iter().map(|r| (r.offset, &r.record));
     Ok(match format {
+        Format::Json if payload_len(out) > RENDER_AT_ONCE_MAX => {
+            let w = JsonRecordsWriter::new(recs);
+            let chunks = futures::stream::unfold(w, |mut w| async move {
+                w.next_chunk().map(|c| (Ok::<Bytes, Infallible>(c), w))
+            });
+            (
+                Body::from_stream(chunks),
+                HeaderValue::from_static("application/json"),
+            )
+        }
         Format::Json => (
-            Bytes::from(render_json(recs)),
+            Body::from(render_json(recs)),
             HeaderValue::from_static("application/json"),
         ),
         Format::Binary => (
-            encode_binary(recs)
-                .map_err(|e| HttpError::internal(format!("cannot frame records: {e}")))?,
+            Body::from(
+                encode_binary(recs)
+                    .map_err(|e| HttpError::internal(format!("cannot frame records: {e}")))?,
+            ),
             HeaderValue::from_static(h::CONTENT_TYPE_BINARY_BATCH),
         ),
         Format::Raw => {
-            let mut buf = BytesMut::new();
-            for r in &out.records {
-                buf.extend_from_slice(&r.record.value);
-            }
-            (buf.freeze(), text_value(&out.info.content_type))
+            let body = match out.records.as_slice() {
+                [one] => one.record.value.clone(),
+                all => {
+                    let mut buf = BytesMut::new();
+                    for r in all {
+                        buf.extend_from_slice(&r.record.value);
+                    }
+                    buf.freeze()
+                }
+            };
+            (Body::from(body), text_value(&out.info.content_type))
         }
     })
 }
@@ -228,7 +274,7 @@ async fn catch_up(
         return Ok(resp);
     }
     let (body, ct) = render(&out, q.format)?;
-    let mut resp = Response::new(Body::from(body));
+    let mut resp = Response::new(body);
     let hm = resp.headers_mut();
     hm.insert(header::CONTENT_TYPE, ct);
     read_headers(hm, &out);
@@ -279,7 +325,7 @@ async fn long_poll(node: &Node, name: &StreamName, q: &ReadQuery) -> Result<Resp
         resp
     } else {
         let (body, ct) = render(&out, q.format)?;
-        let mut resp = Response::new(Body::from(body));
+        let mut resp = Response::new(body);
         resp.headers_mut().insert(header::CONTENT_TYPE, ct);
         read_headers(resp.headers_mut(), &out);
         resp
@@ -310,11 +356,97 @@ fn sse(node: Node, name: StreamName, q: ReadQuery, first: ReadOutcome) -> Respon
         _open: SseOpen::new("pico"),
     };
     let caught_up = st.absorb(first, true);
-    let mut resp = Sse::new(sse_events(st, caught_up))
-        .keep_alive(KeepAlive::default())
-        .into_response();
-    no_store(resp.headers_mut());
+    let events = KeepAlive {
+        inner: Box::pin(sse_events(st, caught_up)),
+        timer: Box::pin(tokio::time::sleep(SSE_KEEP_ALIVE)),
+    };
+    let mut resp = Response::new(Body::from_stream(events));
+    let hm = resp.headers_mut();
+    hm.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    no_store(hm);
     resp
+}
+
+/// An SSE event: `event`, an optional `id`, one `data` line (`data` holds no line break: JSON
+/// as `serde_json` writes it), as axum's `Event` renders them.
+fn event_bytes(event: &str, id: Option<u64>, data: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(data.len() + event.len() + 40);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(event.as_bytes());
+    out.push(b'\n');
+    if let Some(id) = id {
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(id.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// A piece of the response waiting to be sent.
+enum Piece {
+    Ready(Bytes),
+    /// A large `event: data`, rendered as it is sent.
+    Render(Box<DataEvent>),
+}
+
+/// `event: data` around a [`JsonRecordsWriter`].
+struct DataEvent {
+    head: Option<Bytes>,
+    json: JsonRecordsWriter,
+    ended: bool,
+}
+
+impl DataEvent {
+    fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.ended {
+            return None;
+        }
+        let Some(chunk) = self.json.next_chunk() else {
+            self.ended = true;
+            return Some(Bytes::from_static(b"\n\n"));
+        };
+        Some(match self.head.take() {
+            Some(head) => {
+                let mut v = Vec::with_capacity(head.len() + chunk.len());
+                v.extend_from_slice(&head);
+                v.extend_from_slice(&chunk);
+                Bytes::from(v)
+            }
+            None => chunk,
+        })
+    }
+}
+
+/// Sends an SSE comment (`:`) whenever the events have paused for [`SSE_KEEP_ALIVE`].
+struct KeepAlive<S> {
+    inner: Pin<Box<S>>,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<S: Stream<Item = Bytes>> Stream for KeepAlive<S> {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let out = match this.inner.as_mut().poll_next(cx) {
+            Poll::Ready(Some(b)) => b,
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {
+                if this.timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                Bytes::from_static(b":\n\n")
+            }
+        };
+        this.timer.as_mut().reset(Instant::now() + SSE_KEEP_ALIVE);
+        Poll::Ready(Some(Ok(out)))
+    }
 }
 
 struct SseState {
@@ -327,20 +459,20 @@ struct SseState {
     deadline: Instant,
     /// Longest single wait; a keep-alive control follows each one that times out.
     poll: Duration,
-    /// Events ready to send; at most three per step, so bounded.
-    pending: VecDeque<Event>,
+    /// Events to send; at most three per step, so bounded (a large one is rendered as it goes).
+    pending: VecDeque<Piece>,
     next: u64,
     done: bool,
     /// Counts this response in `pico_http_sse_streams` until the body is dropped.
     _open: SseOpen,
 }
 
-fn control(next_seq: u64, up_to_date: bool, closed: bool) -> Event {
+fn control(next_seq: u64, up_to_date: bool, closed: bool) -> Piece {
     let mut v = json!({ "next_seq": next_seq, "up_to_date": up_to_date });
     if closed {
         v["closed"] = json!(true);
     }
-    Event::default().event("control").data(v.to_string())
+    Piece::Ready(event_bytes("control", None, v.to_string().as_bytes()))
 }
 
 impl SseState {
@@ -348,13 +480,21 @@ impl SseState {
     fn absorb(&mut self, out: ReadOutcome, first: bool) -> bool {
         let has_data = !out.records.is_empty();
         if has_data {
-            let data = render_json(out.records.iter().map(|r| (r.offset, &r.record)));
-            self.pending.push_back(
-                Event::default()
-                    .event("data")
-                    .id(out.next_seq.to_string())
-                    .data(data),
-            );
+            let recs = out.records.iter().map(|r| (r.offset, &r.record));
+            let piece = if payload_len(&out) > RENDER_AT_ONCE_MAX {
+                Piece::Render(Box::new(DataEvent {
+                    head: Some(Bytes::from(format!(
+                        "event: data\nid: {}\ndata: ",
+                        out.next_seq
+                    ))),
+                    json: JsonRecordsWriter::new(recs),
+                    ended: false,
+                }))
+            } else {
+                let data = render_json(recs);
+                Piece::Ready(event_bytes("data", Some(out.next_seq), data.as_bytes()))
+            };
+            self.pending.push_back(piece);
         }
         self.next = out.next_seq;
         if has_data || first || out.closed {
@@ -369,8 +509,11 @@ impl SseState {
 
     fn fail(&mut self, err: HttpError) {
         let body = json!({ "error": err.code, "message": err.message });
-        self.pending
-            .push_back(Event::default().event("error").data(body.to_string()));
+        self.pending.push_back(Piece::Ready(event_bytes(
+            "error",
+            None,
+            body.to_string().as_bytes(),
+        )));
         self.done = true;
     }
 
@@ -431,11 +574,23 @@ impl SseState {
     }
 }
 
-fn sse_events(st: SseState, caught_up: bool) -> impl Stream<Item = Result<Event, Infallible>> {
+fn sse_events(st: SseState, caught_up: bool) -> impl Stream<Item = Bytes> {
     futures::stream::unfold((st, caught_up), |(mut st, mut caught_up)| async move {
         loop {
-            if let Some(ev) = st.pending.pop_front() {
-                return Some((Ok(ev), (st, caught_up)));
+            match st.pending.front_mut() {
+                Some(Piece::Render(ev)) => match ev.next_chunk() {
+                    Some(b) => return Some((b, (st, caught_up))),
+                    None => {
+                        st.pending.pop_front();
+                        continue;
+                    }
+                },
+                Some(Piece::Ready(_)) => {
+                    if let Some(Piece::Ready(b)) = st.pending.pop_front() {
+                        return Some((b, (st, caught_up)));
+                    }
+                }
+                None => {}
             }
             if st.done {
                 return None;
