@@ -7,7 +7,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use pico_client::{
     BatchRecord, Client, ClientError, IdempotentProducer, InFlight, ProducerConfig, ReadChunk,
-    ReadRecord,
+    ReadRecord, StreamMeta,
 };
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
@@ -238,7 +238,12 @@ pub async fn tail(
     lines: u64,
     format: ReadFormat,
 ) -> anyhow::Result<()> {
-    let meta = client.head(name).await?.ok_or_else(|| not_found(name))?;
+    let meta = if follow {
+        // Following outlives a server that is restarting, from its first request on.
+        head_retrying(client, name, FOLLOW_RETRY_FIRST).await?
+    } else {
+        client.head(name).await?.ok_or_else(|| not_found(name))?
+    };
     let from = meta.next.saturating_sub(lines).max(meta.start);
     let mut out = std::io::stdout();
     let (seq, closed) = if from < meta.next {
@@ -289,6 +294,27 @@ async fn follow_from(
         if chunk.closed {
             eprintln!("stream {name} closed at seq {seq}");
             return Ok(());
+        }
+    }
+}
+
+/// The stream's HEAD, retried while the failure may pass (see [`passing`]).
+async fn head_retrying(
+    client: &Client,
+    name: &str,
+    first_pause: Duration,
+) -> anyhow::Result<StreamMeta> {
+    let mut pause = first_pause;
+    loop {
+        match client.head(name).await {
+            Ok(Some(meta)) => return Ok(meta),
+            Ok(None) => return Err(not_found(name)),
+            Err(e) if passing(&e) => {
+                eprintln!("note: {name}: {e}; retrying in {pause:?}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(FOLLOW_RETRY_MAX);
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -525,6 +551,38 @@ mod tests {
             seen.iter().all(|l| l.starts_with("GET /s?seq=5&")),
             "{seen:?}"
         );
+    }
+
+    /// `tail -f` started while the server restarts waits for it rather than failing at once;
+    /// a missing stream still fails at once.
+    #[tokio::test]
+    async fn tail_follow_retries_its_first_head() {
+        let (endpoint, seen) = scripted_server(vec![
+            None,
+            response(
+                "503 Service Unavailable",
+                &[],
+                r#"{"error":"unavailable","message":"starting"}"#,
+            ),
+            response(
+                "200 OK",
+                &[("pico-next-seq", "9"), ("pico-start-seq", "2")],
+                "",
+            ),
+            response("404 Not Found", &[], ""),
+        ])
+        .await;
+        let client = Client::new(&endpoint, Default::default()).unwrap();
+        let meta = head_retrying(&client, "s", Duration::from_millis(1))
+            .await
+            .unwrap();
+        assert_eq!((meta.start, meta.next), (2, 9));
+        assert_eq!(seen.lock().unwrap().len(), 3);
+        let err = head_retrying(&client, "s", Duration::from_millis(1))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not found"), "{err:#}");
+        assert_eq!(seen.lock().unwrap().len(), 4);
     }
 
     /// A stream deleted under `tail -f` ends it with a clear error, not endless retries.
