@@ -69,7 +69,8 @@ pub fn encode_commands(cmds: &[Command]) -> Vec<u8> {
 pub fn decode_commands(bytes: &[u8]) -> Result<Vec<Command>, CodecError> {
     let mut r = Reader::versioned(bytes)?;
     let n = r.count("command count", 1)?;
-    let mut out = Vec::with_capacity(n);
+    // The count is checked against the bytes left, not against a command's size in memory.
+    let mut out = Vec::with_capacity(n.min(1024));
     for _ in 0..n {
         out.push(r.command()?);
     }
@@ -196,9 +197,16 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
             ..e
         };
         // One allocation per name: the key is the stream's own `name` when it is this entry's.
+        // A live entry naming another stream would have a delete of this name destroy that
+        // stream's data (streams decode before the registry).
         let key: Arc<str> = match s.streams.get(&e.stream_id) {
             Some(m) if *m.name == *name => m.name.clone(),
-            _ => Arc::from(name),
+            _ if e.soft_deleted => Arc::from(name),
+            _ => {
+                return Err(CodecError::Invariant(format!(
+                    "registry entry without its stream: name=`{name}`"
+                )));
+            }
         };
         s.registry.insert(key, Arc::new(e));
     }
@@ -1091,5 +1099,69 @@ mod tests {
         let mut over = s.clone();
         over.objects.get_mut("k").unwrap().live_refs = 5;
         assert_eq!(decode_state(&encode_state(&over)).unwrap(), over);
+        // A slice reading an object the snapshot does not know: the orphan pass would delete
+        // it from storage.
+        let mut bad = s.clone();
+        bad.objects.remove("k");
+        let err = decode_state(&encode_state(&bad)).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Invariant(m) if m.contains("unknown object")),
+            "{err:?}"
+        );
+        // GC deletes every destroyed key: one still read by a slice must not load.
+        let mut bad = s.clone();
+        bad.destroyed.insert("k".into());
+        let err = decode_state(&encode_state(&bad)).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Invariant(m) if m.contains("destroyed")),
+            "{err:?}"
+        );
+        // Name `a` pointing at stream 1 (`b`): deleting `a` would destroy `b`'s data.
+        let mut bad = s.clone();
+        Arc::make_mut(bad.registry.get_mut("a").unwrap()).stream_id = 1;
+        let err = decode_state(&encode_state(&bad)).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Invariant(m) if m.contains("without its stream")),
+            "{err:?}"
+        );
+    }
+
+    /// Only a damaged snapshot reaches the last stream id or epoch: apply refuses rather than
+    /// wrap (reusing id 0 over a live stream) or panic.
+    #[test]
+    fn exhausted_ids_and_epochs_are_refused() {
+        let config = StreamConfig {
+            content_type: "t".into(),
+            ttl_secs: None,
+            expires_at_ms: None,
+        };
+        let mut s = State::new();
+        s.apply(&Command::RegisterNode {
+            node_id: 1,
+            node_epoch: 1,
+            address: "x".into(),
+            now_ms: 0,
+        })
+        .unwrap();
+        let create = |name: &str| Command::CreateStream {
+            name: name.into(),
+            config: config.clone(),
+            closed: false,
+            initial: Default::default(),
+            now_ms: 0,
+        };
+        s.apply(&create("a")).unwrap();
+        s.next_stream_id = u64::MAX;
+        let before = s.clone();
+        assert!(matches!(s.apply(&create("x")), Err(crate::ApplyError::Invalid(_))));
+        assert_eq!(s.streams, before.streams);
+        Arc::make_mut(s.streams.get_mut(&0).unwrap()).epoch = i64::MAX;
+        let open = Command::OpenStream {
+            stream_id: 0,
+            node_id: 1,
+            node_epoch: 1,
+        };
+        assert!(matches!(s.apply(&open), Err(crate::ApplyError::Invalid(_))));
+        assert_eq!(s.streams[&0].epoch, i64::MAX);
     }
 }

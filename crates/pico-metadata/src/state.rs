@@ -346,7 +346,10 @@ impl State {
             } => {
                 self.check_node(*node_id, *node_epoch)?;
                 let s = self.live_stream_mut(*stream_id)?;
-                s.epoch += 1;
+                s.epoch = s
+                    .epoch
+                    .checked_add(1)
+                    .ok_or_else(|| ApplyError::Invalid("stream epochs exhausted".into()))?;
                 s.owner = Some(Owner {
                     node_id: *node_id,
                     node_epoch: *node_epoch,
@@ -583,6 +586,7 @@ impl State {
                 config_conflict(existing, config, closed, initial),
             );
         }
+        self.check_stream_ids_left()?;
         let id = self.next_stream_id;
         self.next_stream_id += 1;
         let key: Arc<str> = Arc::from(name);
@@ -618,6 +622,15 @@ impl State {
         })
     }
 
+    /// Refuses a new stream id past the last one (only a damaged snapshot gets there): wrapping
+    /// would reuse id 0 over a live stream, and the increment would panic in debug builds.
+    fn check_stream_ids_left(&self) -> Result<(), ApplyError> {
+        if self.next_stream_id == u64::MAX {
+            return Err(ApplyError::Invalid("stream ids exhausted".into()));
+        }
+        Ok(())
+    }
+
     fn fork_stream(&mut self, cmd: &Command) -> Result<Outcome, ApplyError> {
         let Command::ForkStream {
             name,
@@ -638,6 +651,7 @@ impl State {
         let name = name.as_str();
         let (inherit_end, offset_given, closed, initial, now_ms) =
             (*inherit_end, *offset_given, *closed, *initial, *now_ms);
+        self.check_stream_ids_left()?;
         if name.is_empty() {
             return Err(ApplyError::Invalid("stream name is empty".to_string()));
         }
@@ -909,7 +923,11 @@ impl State {
                 hi = mid;
             }
         }
-        s.slices.iter().skip(lo).take(max).cloned().collect()
+        // By index (O(log n) each): `iter().skip(lo)` steps through all `lo` slices before.
+        (lo..s.slices.len())
+            .take(max)
+            .map(|i| s.slices[i].clone())
+            .collect()
     }
 
     /// Registry entries whose name starts with `prefix`, in name order, strictly after
