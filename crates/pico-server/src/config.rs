@@ -29,6 +29,9 @@ pub struct NodeConfig {
     /// when the protocol listener itself is bound to loopback, so an exposed node cannot be
     /// made to call its own local services.
     pub allow_local_webhooks: bool,
+    /// Longest an append waits for its stream's turn and the engine's queue space together
+    /// (storage stalled or not keeping up); then 503.
+    pub submit_timeout: Duration,
 }
 
 impl Default for NodeConfig {
@@ -45,6 +48,7 @@ impl Default for NodeConfig {
             idle_release: Duration::from_secs(60),
             slots: None,
             allow_local_webhooks: true,
+            submit_timeout: Duration::from_secs(30),
         }
     }
 }

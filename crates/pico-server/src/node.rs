@@ -408,7 +408,16 @@ impl Node {
         open.touch(now);
         let engine = &self.inner.engine;
 
-        let mut w = open.writer.lock().await;
+        // One deadline for the stream's turn and the engine's space: with storage stalled the
+        // appends queued behind the lock would each wait their full timeout in turn, holding
+        // their bodies, so the k-th would hear 503 only after k timeouts.
+        let give_up = tokio::time::Instant::now() + self.inner.config.submit_timeout;
+        let busy = |_| {
+            AppendError::Unavailable("storage is not keeping up: stream busy, retry later".into())
+        };
+        let mut w = tokio::time::timeout_at(give_up, open.writer.lock())
+            .await
+            .map_err(busy)?;
         if let Some(p) = &req.producer {
             // Arrived ahead of its predecessors: hold it (bounded) until they are accepted.
             let deadline = tokio::time::Instant::now() + REORDER_WAIT;
@@ -417,7 +426,9 @@ impl Node {
                 let moved = open.producers_moved.notified();
                 drop(w);
                 let timed_out = tokio::time::timeout_at(deadline, moved).await.is_err();
-                w = open.writer.lock().await;
+                w = tokio::time::timeout_at(give_up, open.writer.lock())
+                    .await
+                    .map_err(busy)?;
                 if timed_out {
                     break; // decided below as it stands: most likely a real gap
                 }
@@ -592,7 +603,7 @@ impl Node {
             });
             // Queue space frees as the WAL and uploads make progress; when storage is down it
             // never does, so answer 503 rather than hang (offsets are assigned only on success).
-            match tokio::time::timeout(SUBMIT_TIMEOUT, submit).await {
+            match tokio::time::timeout_at(give_up, submit).await {
                 Ok(Ok(p)) => pending = Some(p),
                 Ok(Err(e)) => {
                     w.broken = true;
@@ -1709,8 +1720,6 @@ pub const MAX_READ_RECORDS: usize = 10_000;
 /// Largest accepted TTL (ten years): keeps every deadline computation far from overflow.
 pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 
-/// Longest an append waits for engine queue space before answering 503.
-const SUBMIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest an append that arrived ahead of its producer's earlier batches waits for them
 /// before it is answered as a sequence gap. Pipelined requests overtake each other by well
 /// under a millisecond here; a real gap (a lost batch, a client bug) costs this much more.

@@ -744,6 +744,61 @@ async fn a_failed_open_does_not_keep_counting_against_the_slots() {
     );
 }
 
+/// With the WAL stalled and the engine's queue full, appends queued behind one stream's lock
+/// each give up at their own deadline (the lock wait and the queue space together), rather
+/// than one full timeout after another while holding their bodies.
+#[tokio::test]
+async fn appends_queued_behind_a_stalled_stream_give_up_at_one_deadline() {
+    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+        .await
+        .unwrap();
+    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    let inner: Arc<dyn Wal> =
+        Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
+    let wal = Arc::new(s3stream::testing::FaultWal::new(inner));
+    let engine = EngineConfig {
+        max_unflushed_bytes: 4096,
+        ..EngineConfig::default()
+    };
+    let timeout = Duration::from_millis(400);
+    let config = NodeConfig {
+        node_epoch: 1,
+        submit_timeout: timeout,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config, meta, data, wal.clone(), engine)
+        .await
+        .unwrap();
+    node.create(create_req("s")).await.unwrap();
+    wal.hold_appends(true);
+    let big = "x".repeat(3000);
+    // Takes the queue's space and waits for the WAL, outside the stream's lock.
+    let first = tokio::spawn({
+        let (node, big) = (node.clone(), big.clone());
+        async move { node.append(append_req("s", &[&big])).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let queued: Vec<_> = (0..8)
+        .map(|_| {
+            let (node, big) = (node.clone(), big.clone());
+            tokio::spawn(async move { node.append(append_req("s", &[&big])).await })
+        })
+        .collect();
+    for q in queued {
+        let r = q.await.unwrap();
+        assert!(matches!(r, Err(AppendError::Unavailable(_))), "{r:?}");
+    }
+    // One after another would take 8 × 400 ms.
+    let took = started.elapsed();
+    assert!(
+        took < timeout * 4,
+        "the queued appends gave up after {took:?}"
+    );
+    wal.hold_appends(false);
+    assert!(first.await.unwrap().is_ok());
+}
+
 #[tokio::test]
 async fn a_read_inside_a_range_fenced_before_upload_is_unavailable() {
     // Uploads happen only when asked, so the appends stay unuploaded until the fence is set up.
