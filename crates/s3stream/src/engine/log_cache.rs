@@ -5,6 +5,8 @@
 //! - Not-yet-uploaded batches are never evicted: until committed they exist nowhere readable.
 //! - Uploaded batches are evicted oldest-uploaded first once their total exceeds the budget;
 //!   per stream they always form a prefix of its deque because uploads go in offset order.
+//! - Each batch is charged its payload plus a fixed bookkeeping overhead (`CachedBatch::cost`),
+//!   on insert and on every removal, so the budget bounds real memory for tiny batches too.
 //! - A stream's log belongs to one open generation; re-open replaces it, so batches of an old
 //!   epoch never mix with the new epoch's offsets.
 
@@ -23,6 +25,11 @@ struct CachedBatch {
 }
 
 impl CachedBatch {
+    /// Bytes charged for this batch in `total_bytes` and `uploaded_bytes`.
+    fn cost(&self) -> usize {
+        self.data.len() + BATCH_OVERHEAD_BYTES
+    }
+
     fn next_offset(&self) -> u64 {
         self.base_offset + u64::from(self.record_count)
     }
@@ -36,6 +43,10 @@ struct StreamLog {
 
 /// Eviction order entry: (stream, generation, base_offset).
 type FifoEntry = (u64, u64, u64);
+
+/// Fixed bookkeeping of one cached batch: its slot in the stream's deque and three FIFO slots
+/// (`compact_fifo` lets the FIFO reach twice the uploaded batches plus 64 before compacting).
+const BATCH_OVERHEAD_BYTES: usize = size_of::<CachedBatch>() + 3 * size_of::<FifoEntry>();
 
 #[derive(Debug)]
 pub(crate) struct LogCache {
@@ -82,9 +93,9 @@ impl LogCache {
     pub(crate) fn remove(&mut self, stream: u64) {
         if let Some(log) = self.logs.remove(&stream) {
             for b in &log.batches {
-                self.total_bytes -= b.data.len();
+                self.total_bytes -= b.cost();
                 if b.uploaded {
-                    self.uploaded_bytes -= b.data.len();
+                    self.uploaded_bytes -= b.cost();
                     self.uploaded_batches -= 1;
                 }
             }
@@ -107,13 +118,14 @@ impl LogCache {
         if log.gen_id != gen_id {
             return;
         }
-        self.total_bytes += data.len();
-        log.batches.push_back(CachedBatch {
+        let batch = CachedBatch {
             base_offset,
             record_count,
             data,
             uploaded: false,
-        });
+        };
+        self.total_bytes += batch.cost();
+        log.batches.push_back(batch);
     }
 
     /// Marks batches in [start, end) of generation `gen_id` as uploaded (evictable).
@@ -133,7 +145,7 @@ impl LogCache {
             }
             if !b.uploaded {
                 b.uploaded = true;
-                self.uploaded_bytes += b.data.len();
+                self.uploaded_bytes += b.cost();
                 self.uploaded_batches += 1;
                 self.fifo.push_back((stream, gen_id, b.base_offset));
             }
@@ -153,9 +165,9 @@ impl LogCache {
         log.batches.retain(|b| {
             let inside = b.base_offset >= start && b.base_offset < end;
             if inside {
-                total += b.data.len();
+                total += b.cost();
                 if b.uploaded {
-                    up += b.data.len();
+                    up += b.cost();
                     up_n += 1;
                 }
             }
@@ -181,7 +193,7 @@ impl LogCache {
                 && front.uploaded
                 && front.base_offset == base
             {
-                let len = front.data.len();
+                let len = front.cost();
                 log.batches.pop_front();
                 self.total_bytes -= len;
                 self.uploaded_bytes -= len;
@@ -264,19 +276,23 @@ mod tests {
         Bytes::from(vec![1u8; n])
     }
 
+    /// Bytes charged for a batch of `n` payload bytes.
+    fn cost(n: usize) -> usize {
+        n + BATCH_OVERHEAD_BYTES
+    }
+
     #[test]
     fn unuploaded_data_is_never_evicted_and_uploaded_is_bounded() {
-        let mut c = LogCache::new(250);
+        let mut c = LogCache::new(2 * cost(100) + cost(100) / 2);
         c.reset(1, 1);
         for i in 0..10 {
             c.insert(1, 1, i * 2, 2, data(100));
         }
         c.mark_uploaded(1, 0, 0, 100); // wrong generation: ignored
         assert_eq!(c.uploaded_bytes(), 0);
-        assert_eq!(c.total_bytes(), 1000);
+        assert_eq!(c.total_bytes(), 10 * cost(100));
         c.mark_uploaded(1, 1, 0, 10); // batches 0..5 uploaded
-        assert!(c.uploaded_bytes() <= 250);
-        assert_eq!(c.uploaded_bytes(), 200);
+        assert_eq!(c.uploaded_bytes(), 2 * cost(100));
         assert_eq!(c.batch_count(1), 7, "3 oldest uploaded batches evicted");
         // Reads before the cached range miss; reads inside hit from the containing batch.
         let (mut out, mut bytes) = (Vec::new(), 0);
@@ -325,9 +341,9 @@ mod tests {
         c.mark_uploaded(1, 1, 0, 100);
         c.mark_uploaded(1, 1, 100, 200);
         c.mark_uploaded(1, 1, 150, 300);
-        assert_eq!(c.uploaded_bytes(), 300 * 10);
+        assert_eq!(c.uploaded_bytes(), 300 * cost(10));
         c.mark_uploaded(1, 1, 300, n + 1);
-        assert_eq!(c.uploaded_bytes(), (n as usize + 1) * 10 + 3);
+        assert_eq!(c.uploaded_bytes(), (n as usize + 1) * cost(10) + cost(3));
         // Many closed streams leave stale FIFO entries; compaction must drop those and keep
         // every entry of the live stream, so eviction still reaches its batches.
         for s in 2..200u64 {
@@ -362,12 +378,46 @@ mod tests {
         c.insert(2, 5, 0, 1, data(7));
         c.insert(2, 4, 1, 1, data(7)); // stale generation: ignored
         c.mark_uploaded(1, 1, 0, 1);
-        assert_eq!((c.total_bytes(), c.uploaded_bytes()), (27, 10));
+        assert_eq!(
+            (c.total_bytes(), c.uploaded_bytes()),
+            (2 * cost(10) + cost(7), cost(10))
+        );
         c.drop_range(1, 1, 1, 2);
-        assert_eq!(c.total_bytes(), 17);
+        assert_eq!(c.total_bytes(), cost(10) + cost(7));
         c.reset(1, 2);
-        assert_eq!((c.total_bytes(), c.uploaded_bytes()), (7, 0));
+        assert_eq!((c.total_bytes(), c.uploaded_bytes()), (cost(7), 0));
         c.remove(2);
         assert_eq!(c.total_bytes(), 0);
+    }
+
+    /// Tiny batches: the budget bounds payload and bookkeeping together, not payload alone
+    /// (which let 10 B batches take several times the configured memory).
+    #[test]
+    fn tiny_batches_are_charged_their_bookkeeping() {
+        let budget = 1 << 20;
+        let mut c = LogCache::new(budget);
+        let n = 100_000u64;
+        for s in 1..=2 {
+            c.reset(s, 1);
+        }
+        for i in 0..n {
+            let s = 1 + i % 2;
+            c.insert(s, 1, i / 2, 1, data(10));
+            c.mark_uploaded(s, 1, i / 2, i / 2 + 1);
+        }
+        c.remove(2);
+        assert!(c.uploaded_bytes() <= budget);
+        let held: Vec<&CachedBatch> = c.logs.values().flat_map(|l| &l.batches).collect();
+        let charged: usize = held.iter().map(|b| b.cost()).sum();
+        assert_eq!((c.total_bytes(), c.uploaded_bytes()), (charged, charged));
+        assert_eq!(c.uploaded_batches, held.len());
+        // At least the payload, the deque slot and one FIFO slot are real memory.
+        let floor = 10 + size_of::<CachedBatch>() + size_of::<FifoEntry>();
+        assert!(
+            held.len() <= budget / floor,
+            "{} batches of at least {floor} B in a {budget} B budget",
+            held.len()
+        );
+        assert!(c.fifo.len() <= 2 * c.uploaded_batches + 64);
     }
 }

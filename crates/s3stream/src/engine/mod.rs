@@ -66,9 +66,9 @@ pub struct EngineConfig {
     /// are idempotent: same key, same bytes), so a hung store shows as upload errors instead
     /// of a silent stall of every upload behind it. A PUT gets one more second per MiB.
     pub upload_timeout: Duration,
-    /// Uploaded data kept for reads (unuploaded data is always kept).
+    /// Uploaded data kept for reads (unuploaded data is always kept), bookkeeping included.
     pub log_cache_bytes: usize,
-    /// Cache of object slices read from storage.
+    /// Cache of object slices read from storage, bookkeeping included.
     pub block_cache_bytes: usize,
 }
 
@@ -197,6 +197,7 @@ pub struct RecoveryReport {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
     pub open_streams: usize,
+    /// Log cache bytes charged: payload plus a fixed bookkeeping overhead per batch.
     pub log_cache_bytes: usize,
     pub log_cache_uploaded_bytes: usize,
     pub unuploaded_bytes: usize,
@@ -206,6 +207,7 @@ pub struct EngineStats {
     pub uploads: u64,
     pub upload_failures: u64,
     pub rejected_ranges: u64,
+    /// Block cache bytes charged: payload, key and a fixed bookkeeping overhead per block.
     pub block_cache_bytes: usize,
     pub block_cache_hits: u64,
     pub block_cache_misses: u64,
@@ -288,8 +290,16 @@ struct WriteItem {
 struct State {
     streams: HashMap<u64, OpenStream>,
     cache: LogCache,
-    /// Durable, not-yet-uploaded WAL entries, ascending by position.
+    /// Durable, not-yet-uploaded WAL entries, ascending by position. Change it only through
+    /// `push_durable` / `pop_durable` (and `forget`), which keep `queued_records` exact.
     queue: VecDeque<DurableEntry>,
+    /// Records per stream in `queue` (no entry when none): `forget` and `release` run under
+    /// this lock on every delete, and the queue can hold millions of records behind a slow
+    /// store, so they skip the walk for a stream with nothing queued.
+    queued_records: HashMap<u64, usize>,
+    /// Queue entries `forget` walked, so tests can tell that it skipped the walk.
+    #[cfg(test)]
+    forget_visits: usize,
     unuploaded_bytes: usize,
     /// Highest queue position the uploader has planned into a cycle (entries above it wait).
     planned_upto: Option<u64>,
@@ -305,6 +315,36 @@ struct State {
     next_gen: u64,
     shutting_down: bool,
     stopped: bool,
+}
+
+impl State {
+    /// Queues a durable WAL entry for upload.
+    fn push_durable(&mut self, entry: DurableEntry) {
+        for r in &entry.records {
+            *self.queued_records.entry(r.rec.stream).or_default() += 1;
+        }
+        self.queue.push_back(entry);
+    }
+
+    /// Takes the oldest queued entry off the queue (it was uploaded and trimmed).
+    fn pop_durable(&mut self) -> Option<DurableEntry> {
+        let entry = self.queue.pop_front()?;
+        for r in &entry.records {
+            if let Some(n) = self.queued_records.get_mut(&r.rec.stream) {
+                *n -= 1;
+                if *n == 0 {
+                    self.queued_records.remove(&r.rec.stream);
+                }
+            } else {
+                debug_assert!(
+                    false,
+                    "queued record of stream {} not counted",
+                    r.rec.stream
+                );
+            }
+        }
+        Some(entry)
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -442,6 +482,9 @@ impl Engine {
                 streams: HashMap::new(),
                 cache: LogCache::new(cfg.log_cache_bytes),
                 queue: VecDeque::new(),
+                queued_records: HashMap::new(),
+                #[cfg(test)]
+                forget_visits: 0,
                 unuploaded_bytes: 0,
                 planned_upto: None,
                 unplanned_bytes: 0,
@@ -683,20 +726,10 @@ impl Engine {
     /// writer or waiting for upload (release it later).
     pub fn release(&self, streams: &[(u64, i64)]) -> Vec<bool> {
         let mut st = self.shared().state();
-        // One pass over the upload queue for the whole batch, not one per stream.
-        let wanted: HashSet<u64> = streams.iter().map(|&(s, _)| s).collect();
-        let mut queued: HashSet<u64> = HashSet::new();
-        for entry in &st.queue {
-            for r in &entry.records {
-                if wanted.contains(&r.rec.stream) {
-                    queued.insert(r.rec.stream);
-                }
-            }
-        }
         streams
             .iter()
             .map(|&(stream, epoch)| {
-                let done = !queued.contains(&stream)
+                let done = !st.queued_records.contains_key(&stream)
                     && st.streams.get(&stream).is_some_and(|s| {
                         // A broken stream's appends still in the writer fail, never to be
                         // uploaded; a healthy one's are durable only once the end catches up.
@@ -716,14 +749,25 @@ impl Engine {
     /// uploaded; the host's catalog decides what to do with them.
     pub fn forget(&self, stream: u64) {
         let shared = self.shared();
-        let mut st = shared.state();
+        let mut guard = shared.state();
+        let st = &mut *guard;
         st.streams.remove(&stream);
         st.cache.remove(stream);
+        // Counted per stream: a stream with nothing queued (the common delete) costs no walk,
+        // and the walk stops at the stream's last queued record.
+        let mut left = st.queued_records.remove(&stream).unwrap_or(0);
         let mut freed_cost = 0u64;
         let mut freed_bytes = 0usize;
         let mut freed_unplanned = 0usize;
         let planned_upto = st.planned_upto;
         for entry in st.queue.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            #[cfg(test)]
+            {
+                st.forget_visits += 1;
+            }
             let unplanned = planned_upto.is_none_or(|p| entry.pos > p);
             entry.records.retain(|r| {
                 if r.rec.stream == stream {
@@ -733,15 +777,17 @@ impl Engine {
                     if unplanned {
                         freed_unplanned += bytes;
                     }
+                    left -= 1;
                     false
                 } else {
                     true
                 }
             });
         }
+        debug_assert_eq!(left, 0, "queued records of stream {stream} miscounted");
         st.unuploaded_bytes -= freed_bytes;
         st.unplanned_bytes -= freed_unplanned;
-        drop(st);
+        drop(guard);
         shared.release_space(freed_cost);
     }
 
@@ -864,5 +910,131 @@ impl Engine {
             block_cache_hits,
             block_cache_misses,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MemoryStorage;
+    use crate::testing::{FaultWal, MemCatalog, SlowStorage};
+    use crate::wal::ObjectWal;
+
+    async fn start(put_delay: Duration) -> (Engine, Arc<FaultWal>) {
+        let mem: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+        let storage: Arc<dyn ObjectStorage> = Arc::new(SlowStorage::new(
+            mem.clone(),
+            "data/",
+            Box::new(move |_, _| put_delay),
+        ));
+        let wal = Arc::new(FaultWal::new(Arc::new(ObjectWal::new(mem, "wal/0".into()))));
+        let cfg = EngineConfig {
+            upload_interval: Duration::from_secs(3600),
+            ..EngineConfig::default()
+        };
+        let (engine, _) = Engine::start(
+            cfg,
+            storage,
+            wal.clone(),
+            Arc::new(MemCatalog::new()),
+            Arc::new(|_, _| {}),
+        )
+        .await
+        .unwrap();
+        (engine, wal)
+    }
+
+    async fn append(engine: &Engine, stream: u64) -> PendingAppend {
+        let req = AppendRequest {
+            stream,
+            epoch: 1,
+            record_count: 1,
+            batch: Bytes::from_static(b"record"),
+            batch_crc: None,
+            aux: Bytes::new(),
+        };
+        engine.append(req).await.unwrap()
+    }
+
+    /// The per-stream counts equal a count over the queue itself, with no zero entries left.
+    fn assert_counts_exact(engine: &Engine) {
+        let st = engine.shared().state();
+        let mut brute: HashMap<u64, usize> = HashMap::new();
+        for entry in &st.queue {
+            for r in &entry.records {
+                *brute.entry(r.rec.stream).or_default() += 1;
+            }
+        }
+        assert_eq!(st.queued_records, brute);
+    }
+
+    fn visits(engine: &Engine) -> usize {
+        engine.shared().state().forget_visits
+    }
+
+    #[tokio::test]
+    async fn queued_counts_stay_exact_and_forget_skips_streams_with_nothing_queued() {
+        let (engine, wal) = start(Duration::from_millis(100)).await;
+        for s in 1..=5 {
+            engine.open(s, 1, 0);
+        }
+        for i in 0..30 {
+            append(&engine, 1 + i % 3).await.durable().await.unwrap();
+        }
+        assert_counts_exact(&engine);
+        assert_eq!(engine.shared().state().queued_records.get(&1), Some(&10));
+        assert!(engine.shared().state().queue.len() >= 10);
+
+        // Nothing of stream 4 is queued: its delete does not walk the queue.
+        engine.forget(4);
+        assert_eq!(
+            visits(&engine),
+            0,
+            "forget walked the queue for an idle stream"
+        );
+        assert_eq!(engine.release(&[(1, 1), (5, 1)]), vec![false, true]);
+
+        engine.forget(2);
+        assert!(visits(&engine) > 0);
+        assert_counts_exact(&engine);
+        assert!(!engine.shared().state().queued_records.contains_key(&2));
+
+        // An append in the WAL writer when its stream is forgotten is still queued (under a
+        // generation no longer open), and counted, so a second forget finds it.
+        wal.hold_appends(true);
+        let pending = append(&engine, 3).await;
+        engine.forget(3);
+        wal.hold_appends(false);
+        assert!(pending.durable().await.is_err());
+        assert_eq!(engine.shared().state().queued_records.get(&3), Some(&1));
+        assert_counts_exact(&engine);
+        engine.forget(3);
+        assert_counts_exact(&engine);
+
+        // Forgetting a stream while some of its records are planned into a cycle in flight,
+        // others not yet: upload then takes the rest off the queue.
+        engine.open(6, 1, 0);
+        for _ in 0..5 {
+            append(&engine, 6).await.durable().await.unwrap();
+        }
+        let flushing = tokio::spawn({
+            let engine = engine.clone();
+            async move { engine.flush().await }
+        });
+        while engine.shared().state().planned_upto.is_none() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for _ in 0..5 {
+            append(&engine, 6).await.durable().await.unwrap();
+            append(&engine, 1).await.durable().await.unwrap();
+        }
+        assert_counts_exact(&engine);
+        engine.forget(6);
+        assert_counts_exact(&engine);
+        flushing.await.unwrap().unwrap();
+        engine.flush().await.unwrap();
+        assert_counts_exact(&engine);
+        assert!(engine.shared().state().queued_records.is_empty());
+        assert_eq!(engine.release(&[(1, 1)]), vec![true]);
     }
 }

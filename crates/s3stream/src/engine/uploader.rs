@@ -581,7 +581,7 @@ impl Pipeline {
             let mut cost = 0u64;
             let mut bytes = 0usize;
             while st.queue.front().is_some_and(|e| e.pos <= upto) {
-                if let Some(e) = st.queue.pop_front() {
+                if let Some(e) = st.pop_durable() {
                     for r in e.records {
                         cost += u64::from(r.cost);
                         bytes += r.rec.batch.len() + r.rec.aux.len();

@@ -192,7 +192,7 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
                 rec,
             });
         }
-        st.queue.push_back(DurableEntry { pos, records });
+        st.push_durable(DurableEntry { pos, records });
         st.durable_pos = Some(pos);
         over_threshold = st.unplanned_bytes >= shared.cfg.upload_threshold_bytes;
     }
