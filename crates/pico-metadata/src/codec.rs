@@ -1153,7 +1153,10 @@ mod tests {
         s.apply(&create("a")).unwrap();
         s.next_stream_id = u64::MAX;
         let before = s.clone();
-        assert!(matches!(s.apply(&create("x")), Err(crate::ApplyError::Invalid(_))));
+        assert!(matches!(
+            s.apply(&create("x")),
+            Err(crate::ApplyError::Invalid(_))
+        ));
         assert_eq!(s.streams, before.streams);
         Arc::make_mut(s.streams.get_mut(&0).unwrap()).epoch = i64::MAX;
         let open = Command::OpenStream {

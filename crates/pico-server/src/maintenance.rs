@@ -2,6 +2,7 @@
 //! release, waiter cleanup. Single node: this node runs them all (the cluster issue moves GC and
 //! TTL sweeps behind a SQL lease).
 
+use crate::error::DeleteError;
 use crate::node::Node;
 use crate::open::OpenStream;
 use crate::ttl::persist_after_ms;
@@ -9,7 +10,8 @@ use futures::StreamExt;
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_metadata::Command;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -32,11 +34,20 @@ pub(crate) fn spawn_all(node: &Node) {
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), move |n| {
         idle_pass(n, idle.clone())
     }));
-    // Lists every object this node ever wrote: rare, and once right after start.
+    // Its own loop: an idle pass can wait minutes on a flush while the store is down, and
+    // abandoned waiter channels must not pile up meanwhile.
+    tasks.push(spawn_loop(
+        node.clone(),
+        Duration::from_secs(5),
+        waiter_pass,
+    ));
+    // Right after start it lists what this node wrote; later passes only retry older epochs
+    // whose cleaning failed.
+    let orphans = Arc::new(OrphanGc::default());
     tasks.push(spawn_loop(
         node.clone(),
         Duration::from_secs(600),
-        orphan_pass,
+        move |n| orphan_pass(n, orphans.clone()),
     ));
 }
 
@@ -133,30 +144,76 @@ const GC_DELETES_IN_FLIGHT: usize = 32;
 /// between upload and commit). Safe because an incarnation's commits need its node epoch to be
 /// current: once this node registered a newer epoch, an uncommitted object of an older epoch can
 /// never become visible. Objects of the current epoch are left alone (an upload may be in flight).
-pub(crate) async fn orphan_pass(node: Node) {
+///
+/// An older epoch's objects no longer change, so each is cleaned once per process: the first
+/// pass lists `data/{node}/` to find the older epochs, later ones list only `data/{node}/{epoch}/`
+/// of an epoch whose cleaning failed (each pass used to list every object this node ever wrote).
+pub(crate) async fn orphan_pass(node: Node, state: Arc<OrphanGc>) {
     let cfg = &node.inner.config;
-    let prefix = format!("data/{}/", cfg.node_id);
-    let keys = match node.inner.data.list(&prefix).await {
-        Ok(keys) => keys,
-        Err(e) => {
-            tracing::warn!(error = %e, "orphan gc: listing failed");
-            return;
-        }
-    };
-    let view = node.inner.meta.view();
-    let mut deleted = 0usize;
-    for key in keys {
-        let epoch = key
-            .strip_prefix(&prefix)
+    let root = format!("data/{}/", cfg.node_id);
+    let epoch_of = |key: &str| {
+        key.strip_prefix(&root)
             .and_then(|rest| rest.split('/').next())
-            .and_then(|e| e.parse::<u64>().ok());
-        let Some(epoch) = epoch else { continue };
-        if epoch >= cfg.node_epoch || view.objects.contains_key(&key) {
-            continue;
+            .and_then(|e| e.parse::<u64>().ok())
+    };
+    let mut by_epoch: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    match state.left() {
+        None => {
+            let keys = match node.inner.data.list(&root).await {
+                Ok(keys) => keys,
+                Err(e) => {
+                    tracing::warn!(error = %e, "orphan gc: listing failed");
+                    return;
+                }
+            };
+            for key in keys {
+                if let Some(epoch) = epoch_of(&key).filter(|e| *e < cfg.node_epoch) {
+                    by_epoch.entry(epoch).or_default().push(key);
+                }
+            }
+            state.found(by_epoch.keys().copied());
         }
-        match node.inner.data.delete(&key).await {
-            Ok(()) => deleted += 1,
-            Err(e) => tracing::warn!(error = %e, key, "orphan gc: delete failed"),
+        Some(epochs) => {
+            for epoch in epochs {
+                match node.inner.data.list(&format!("{root}{epoch}/")).await {
+                    Ok(keys) => {
+                        by_epoch.insert(epoch, keys);
+                    }
+                    Err(e) => tracing::warn!(error = %e, epoch, "orphan gc: listing failed"),
+                }
+            }
+        }
+    }
+    let mut deleted = 0usize;
+    for (epoch, keys) in by_epoch {
+        let view = node.inner.meta.view();
+        let orphans: Vec<String> = keys
+            .into_iter()
+            .filter(|k| !view.objects.contains_key(k))
+            .collect();
+        drop(view);
+        let data = &node.inner.data;
+        let (ok, failed) = futures::stream::iter(orphans)
+            .map(|key| async move {
+                let result = data.delete(&key).await;
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, key, "orphan gc: delete failed");
+                }
+                result.is_err()
+            })
+            .buffer_unordered(GC_DELETES_IN_FLIGHT)
+            .fold((0usize, 0usize), |(ok, failed), f| async move {
+                if f {
+                    (ok, failed + 1)
+                } else {
+                    (ok + 1, failed)
+                }
+            })
+            .await;
+        deleted += ok;
+        // A failed delete leaves the epoch to the next pass, which lists only its directory.
+        if failed == 0 {
+            state.cleaned(epoch);
         }
     }
     if deleted > 0 {
@@ -164,6 +221,27 @@ pub(crate) async fn orphan_pass(node: Node) {
             deleted,
             "orphan gc: removed uncommitted objects of earlier incarnations"
         );
+    }
+}
+
+/// The orphan pass's memory of older node epochs.
+#[derive(Default)]
+pub(crate) struct OrphanGc(std::sync::Mutex<Option<BTreeSet<u64>>>);
+
+impl OrphanGc {
+    /// Older epochs not cleaned yet; `None` until a listing of the node's prefix found them.
+    fn left(&self) -> Option<BTreeSet<u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn found(&self, epochs: impl IntoIterator<Item = u64>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(epochs.into_iter().collect());
+    }
+
+    fn cleaned(&self, epoch: u64) {
+        if let Some(left) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            left.remove(&epoch);
+        }
     }
 }
 
@@ -239,36 +317,84 @@ async fn persist_touches(node: &Node, touches: Vec<(u64, i64)>, all: bool) {
     }
 }
 
-/// Removes streams whose TTL or expiry passed.
+/// Removes streams whose TTL or expiry passed. One walk of the registry per pass, in batches:
+/// each batch collects up to `EXPIRY_BATCH` due names from where the last one stopped, drops the
+/// view and removes them concurrently (a pass used to remove at most 1,024, one at a time).
+/// When nothing is due a pass is one scan that allocates nothing.
 pub(crate) async fn expiry_pass(node: Node) {
-    let now = now_ms();
-    let view = node.inner.meta.view();
-    let expired: Vec<(std::sync::Arc<str>, u64)> = view
-        .registry
-        .iter()
-        .filter(|(_, e)| e.config.ttl_secs.is_some() || e.config.expires_at_ms.is_some())
-        .filter(|(_, e)| node.expired(e, e.stream_id, now))
-        .take(1024)
-        .map(|(n, e)| (n.clone(), e.stream_id))
-        .collect();
-    for (name, id) in expired {
-        let Ok(name) = StreamName::parse(&name) else {
-            continue;
-        };
-        if let Err(e) = node.remove_expired(&name, id).await {
-            tracing::warn!(error = %e, stream = %name, "ttl: remove failed");
+    let mut after: Option<Arc<str>> = None;
+    loop {
+        let now = now_ms();
+        let view = node.inner.meta.view();
+        let from = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        let mut due: Vec<(Arc<str>, u64)> = Vec::new();
+        let mut next = None;
+        for (name, e) in view.registry.range::<_, str>((from, Bound::Unbounded)) {
+            let may_expire = e.config.ttl_secs.is_some() || e.config.expires_at_ms.is_some();
+            if may_expire && node.expired(e, e.stream_id, now) {
+                due.push((name.clone(), e.stream_id));
+                if due.len() == EXPIRY_BATCH {
+                    next = Some(name.clone());
+                    break;
+                }
+            }
         }
+        // Awaiting with the view held would keep this snapshot of the whole state alive.
+        drop(view);
+        futures::stream::iter(due)
+            .for_each_concurrent(EXPIRY_REMOVALS_IN_FLIGHT, |(name, id)| {
+                let node = &node;
+                async move {
+                    let Ok(name) = StreamName::parse(&name) else {
+                        return;
+                    };
+                    match node.remove_expired(&name, id).await {
+                        // Removed meanwhile by a request that found it expired.
+                        Ok(()) | Err(DeleteError::NotFound(_) | DeleteError::Gone(_)) => {}
+                        Err(e) => tracing::warn!(error = %e, stream = %name, "ttl: remove failed"),
+                    }
+                }
+            })
+            .await;
+        match next {
+            Some(name) => after = Some(name),
+            None => return,
+        }
+        tokio::task::yield_now().await;
     }
+}
+
+/// Expired streams collected per batch of an expiry pass.
+const EXPIRY_BATCH: usize = 1024;
+/// Removals of expired streams in flight at once (each is a metadata command).
+const EXPIRY_REMOVALS_IN_FLIGHT: usize = 32;
+
+/// Drops waiter channels nobody listens on any more.
+pub(crate) async fn waiter_pass(node: Node) {
+    node.inner.waiters.sweep();
 }
 
 /// Releases streams idle for `idle_release`: flushes them into committed objects and drops their
 /// engine state, so memory follows the active set, not the number of streams ever written.
-/// One flush and one metadata row serve every stream released in a pass.
+/// Works in batches of up to `IDLE_BATCH` streams, one flush and one metadata row each, until no
+/// idle stream is left: one batch per pass capped release at ~800 streams a second, below the
+/// churn of a busy node. Stops at a failed flush or metadata write (the next pass retries).
 pub(crate) async fn idle_pass(node: Node, pending: Arc<IdleRelease>) {
-    node.inner.waiters.sweep();
     let cutoff = now_ms() - node.inner.config.idle_release.as_millis() as i64;
-    let idle = node.inner.open.idle(cutoff);
-    release_streams(&node, idle, &pending).await;
+    // Writers found busy: skipped for this pass, or each batch would pick them again.
+    let mut busy = HashSet::new();
+    loop {
+        let room = IDLE_BATCH.saturating_sub(pending.streams());
+        let idle = node.inner.open.idle(cutoff, room, &busy);
+        // Fewer than asked for: this batch takes the last idle streams.
+        let last = idle.len() < room || room == 0;
+        let batch = release_streams(&node, idle, &pending).await;
+        busy.extend(batch.busy);
+        if last || !batch.ok {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
 }
 
 /// Idle releases a pass could not finish, retried by the next pass. Without it a stream taken
@@ -286,6 +412,14 @@ struct Pending {
 }
 
 impl IdleRelease {
+    fn streams(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .streams
+            .len()
+    }
+
     fn take(&self) -> Pending {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -295,9 +429,21 @@ impl IdleRelease {
     }
 }
 
-/// Releases `idle` streams, and the ones an earlier pass left pending.
-async fn release_streams(node: &Node, idle: Vec<Arc<OpenStream>>, pending: &IdleRelease) {
+/// What one batch of idle releases did.
+struct Batch {
+    /// The flush and the metadata write went through (or were not needed).
+    ok: bool,
+    /// Idle streams skipped because their writer was busy.
+    busy: Vec<u64>,
+}
+
+/// Releases `idle` streams, and the ones an earlier batch left pending.
+async fn release_streams(node: &Node, idle: Vec<Arc<OpenStream>>, pending: &IdleRelease) -> Batch {
     let engine = &node.inner.engine;
+    let mut batch = Batch {
+        ok: true,
+        busy: Vec::new(),
+    };
     let Pending {
         mut streams,
         mut cmds,
@@ -305,10 +451,10 @@ async fn release_streams(node: &Node, idle: Vec<Arc<OpenStream>>, pending: &Idle
     // Re-opened meanwhile by a new request (which flushed this incarnation first), or deleted:
     // that engine state is not ours to release.
     streams.retain(|o| engine.is_open(o.stream_id) == Some(o.epoch));
-    let room = IDLE_BATCH.saturating_sub(streams.len());
-    for open in idle.into_iter().take(room) {
+    for open in idle {
         // A writer busy right now is not idle: skip it rather than wait.
         let Ok(mut w) = open.writer.try_lock() else {
+            batch.busy.push(open.stream_id);
             continue;
         };
         w.broken = true;
@@ -322,6 +468,7 @@ async fn release_streams(node: &Node, idle: Vec<Arc<OpenStream>>, pending: &Idle
             // The data stays in the WAL and the cache; the next pass retries.
             Err(e) => {
                 tracing::warn!(error = %e, streams = streams.len(), "idle release: flush failed");
+                batch.ok = false;
             }
             Ok(()) => {
                 let ids: Vec<(u64, i64)> = streams.iter().map(|o| (o.stream_id, o.epoch)).collect();
@@ -350,33 +497,42 @@ async fn release_streams(node: &Node, idle: Vec<Arc<OpenStream>>, pending: &Idle
         // which also makes a retry of the same commands safe.
         match node.inner.meta.propose_many(cmds.clone()).await {
             Ok(_) => cmds.clear(),
-            Err(e) => tracing::warn!(error = %e, "idle release: releasing ownership failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "idle release: releasing ownership failed");
+                batch.ok = false;
+            }
         }
     }
     pending.keep(Pending { streams, cmds });
+    batch
 }
 
-/// Streams released per idle pass (bounds one pass's work and its metadata row).
+/// Streams released per idle batch (bounds one batch's work and its metadata row).
 const IDLE_BATCH: usize = 4096;
 
 #[cfg(test)]
 mod tests {
-    use super::{IdleRelease, gc_pass, release_streams, touch_pass};
+    use super::{
+        IdleRelease, OrphanGc, expiry_pass, gc_pass, idle_pass, orphan_pass, release_streams,
+        touch_pass,
+    };
     use crate::api::{AppendRequest, CreateConfig, CreateRequest, ReadFrom, ReadRequest};
     use crate::config::NodeConfig;
     use crate::node::Node;
     use crate::open::OpenStream;
     use crate::testing::start_test_node;
     use bytes::Bytes;
+    use futures::StreamExt;
     use pico_common::StreamName;
     use pico_common::clock::now_ms;
-    use pico_metadata::Command;
+    use pico_metadata::{Command, Initial, StreamConfig};
     use pico_protocol::Record;
     use pico_sql::{MetaLog, MetaLogOptions};
     use s3stream::testing::SlowStorage;
-    use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal, StorageError};
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     /// A node on `data` with `engine`, its maintenance loops stopped: only the test's own
@@ -386,6 +542,14 @@ mod tests {
             node_epoch: 1,
             ..NodeConfig::default()
         };
+        node_with(config, data, engine).await
+    }
+
+    async fn node_with(
+        config: NodeConfig,
+        data: Arc<dyn ObjectStorage>,
+        engine: EngineConfig,
+    ) -> Node {
         let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
             .await
             .unwrap();
@@ -444,6 +608,22 @@ mod tests {
         ids
     }
 
+    /// Same, many at once.
+    async fn open_many(node: &Node, prefix: &str, count: usize) {
+        futures::stream::iter(0..count)
+            .for_each_concurrent(256, |i| async move {
+                let n = format!("{prefix}{i}");
+                let create = CreateRequest {
+                    name: name(&n),
+                    config: CreateConfig::default(),
+                    initial: vec![],
+                };
+                node.create(create).await.unwrap();
+                append_one(node, &n).await;
+            })
+            .await;
+    }
+
     fn opens(node: &Node, ids: &[u64]) -> Vec<Arc<OpenStream>> {
         ids.iter()
             .map(|id| node.inner.open.get(*id).expect("stream open"))
@@ -499,6 +679,25 @@ mod tests {
             let info = node.head(&name(&format!("idle{i}"))).await.unwrap();
             assert_eq!(info.next_seq, 1, "committed before release");
         }
+    }
+
+    /// One idle pass releases every idle stream, not one batch of 4096 (~800 a second, less
+    /// than a busy node's churn).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_idle_pass_releases_more_than_a_batch() {
+        let config = NodeConfig {
+            node_epoch: 1,
+            idle_release: Duration::ZERO,
+            ..NodeConfig::default()
+        };
+        let node = node_with(config, Arc::new(MemoryStorage::new()), uploads_on_demand()).await;
+        open_many(&node, "s", super::IDLE_BATCH + 1).await;
+        assert_eq!(node.open_streams(), super::IDLE_BATCH + 1);
+        // Used before the pass's cutoff, not in its very millisecond.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        idle_pass(node.clone(), Arc::new(IdleRelease::default())).await;
+        assert_eq!(node.open_streams(), 0, "idle streams left open");
+        assert_eq!(node.engine().stats().open_streams, 0, "engine state left");
     }
 
     /// `Engine::release` keeps a stream whose appends are not committed yet (dropping its state
@@ -603,6 +802,188 @@ mod tests {
         assert_eq!(
             node.inner.data.list("gc-test/").await.unwrap(),
             Vec::<String>::new()
+        );
+    }
+
+    /// One expiry pass removes every expired stream, not 1,024 of them, and keeps the others.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_expiry_pass_removes_thousands_of_expired_streams() {
+        let node = node_on(Arc::new(MemoryStorage::new()), EngineConfig::default()).await;
+        let config = |expires_at_ms| StreamConfig {
+            content_type: "application/octet-stream".into(),
+            ttl_secs: None,
+            expires_at_ms,
+        };
+        // Straight through the log: a request resolving them would start removals of its own.
+        let names: Vec<String> = (0..2000).map(|i| format!("e{i:04}")).collect();
+        for chunk in names.chunks(500) {
+            let cmds = chunk
+                .iter()
+                .map(|n| Command::CreateStream {
+                    name: n.clone(),
+                    config: config(Some(1)),
+                    closed: false,
+                    initial: Initial::None,
+                    now_ms: now_ms(),
+                })
+                .collect();
+            for outcome in node.inner.meta.propose_many(cmds).await.unwrap() {
+                outcome.unwrap();
+            }
+        }
+        for n in ["keep", "e0500x"] {
+            let cmd = Command::CreateStream {
+                name: n.into(),
+                config: config(Some(i64::MAX)),
+                closed: false,
+                initial: Initial::None,
+                now_ms: now_ms(),
+            };
+            node.inner.meta.propose(cmd).await.unwrap().unwrap();
+        }
+        expiry_pass(node.clone()).await;
+        let mut left: Vec<String> = node
+            .inner
+            .meta
+            .view()
+            .registry
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        left.sort_unstable();
+        assert_eq!(left.len(), 2, "{} expired streams left", left.len() - 2);
+        assert_eq!(left, ["e0500x", "keep"]);
+    }
+
+    /// Storage that counts the keys `list` returned per node epoch directory, and fails the
+    /// deletes it is told to.
+    struct CountingStorage {
+        inner: MemoryStorage,
+        listed: Mutex<HashMap<String, usize>>,
+        fail_deletes: AtomicUsize,
+    }
+
+    impl CountingStorage {
+        fn listed(&self, epoch_dir: &str) -> usize {
+            self.listed
+                .lock()
+                .unwrap()
+                .get(epoch_dir)
+                .copied()
+                .unwrap_or(0)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStorage for CountingStorage {
+        async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+            self.inner.put(key, data).await
+        }
+
+        async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+            self.inner.get(key).await
+        }
+
+        async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
+            self.inner.get_range(key, start, len).await
+        }
+
+        async fn delete(&self, key: &str) -> Result<(), StorageError> {
+            let fail = self
+                .fail_deletes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if fail.is_ok() {
+                return Err(StorageError::Other(format!("injected: {key}")));
+            }
+            self.inner.delete(key).await
+        }
+
+        async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+            let keys = self.inner.list(prefix).await?;
+            let mut listed = self.listed.lock().unwrap();
+            for key in &keys {
+                // `data/{node}/{epoch}/`
+                let dir: Vec<&str> = key.splitn(4, '/').take(3).collect();
+                *listed.entry(dir.join("/") + "/").or_default() += 1;
+            }
+            Ok(keys)
+        }
+    }
+
+    /// Orphans of older node epochs are deleted once: a later pass lists no key of a cleaned
+    /// epoch (committed objects stay there for good), only the directory of an epoch whose
+    /// cleaning failed. Each pass used to list everything this node ever wrote.
+    #[tokio::test]
+    async fn older_epochs_are_cleaned_of_orphans_once() {
+        let data = Arc::new(CountingStorage {
+            inner: MemoryStorage::new(),
+            listed: Mutex::default(),
+            fail_deletes: AtomicUsize::new(0),
+        });
+        let config = NodeConfig {
+            node_epoch: 5,
+            ..NodeConfig::default()
+        };
+        let node = node_with(config, data.clone(), uploads_on_demand()).await;
+        let root = format!("data/{}", node.inner.config.node_id);
+        let key = |k: &str| format!("{root}/{k}");
+        for k in [
+            "3/committed",
+            "3/orphan-a",
+            "3/orphan-b",
+            "4/committed",
+            "4/orphan",
+        ] {
+            data.inner
+                .put(&key(k), Bytes::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        data.inner
+            .put(&key("5/in-flight"), Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        // Committed objects are the GC's (destroyed, as they have no ranges), not orphans.
+        for k in ["3/committed", "4/committed"] {
+            let commit = Command::CommitObject {
+                node_id: node.inner.config.node_id,
+                node_epoch: 5,
+                key: key(k),
+                size: 1,
+                ranges: vec![],
+                now_ms: now_ms(),
+            };
+            node.inner.meta.propose(commit).await.unwrap().unwrap();
+        }
+        let stored = || async { data.inner.list(&format!("{root}/")).await.unwrap() };
+        let listed = |epoch: u64| data.listed(&format!("{root}/{epoch}/"));
+        // The first delete (an orphan of epoch 3) fails.
+        data.fail_deletes.store(1, Ordering::SeqCst);
+        let state = Arc::new(OrphanGc::default());
+        orphan_pass(node.clone(), state.clone()).await;
+        assert_eq!((listed(3), listed(4), listed(5)), (3, 2, 1));
+        let left = stored().await;
+        assert_eq!(
+            left.len(),
+            4,
+            "committed, in flight, one failed delete: {left:?}"
+        );
+
+        orphan_pass(node.clone(), state.clone()).await;
+        assert_eq!(listed(4), 2, "second pass listed keys of a cleaned epoch");
+        assert_eq!(listed(5), 1, "second pass listed the current epoch");
+        assert_eq!(listed(3), 3 + 2, "epoch 3 retried on its own");
+        let left = stored().await;
+        assert_eq!(
+            left,
+            [key("3/committed"), key("4/committed"), key("5/in-flight")]
+        );
+
+        orphan_pass(node.clone(), state).await;
+        assert_eq!(
+            (listed(3), listed(4), listed(5)),
+            (5, 2, 1),
+            "nothing left to list"
         );
     }
 

@@ -3,7 +3,7 @@
 //! are released by the maintenance loop, so memory does not grow with the number of streams.
 
 use crate::producers::ProducerState;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use tokio::sync::{Mutex, Notify, OnceCell};
@@ -145,13 +145,18 @@ impl OpenTable {
             .remove(&stream_id);
     }
 
-    /// Open streams not used since `before_ms`.
-    pub fn idle(&self, before_ms: i64) -> Vec<Arc<OpenStream>> {
+    /// At most `max` open streams not used since `before_ms`, except those in `skip`. Bounded
+    /// because the idle pass works in batches: cloning every idle stream under the lock held up
+    /// every open meanwhile.
+    pub fn idle(&self, before_ms: i64, max: usize, skip: &HashSet<u64>) -> Vec<Arc<OpenStream>> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots
             .values()
             .filter_map(|c| c.get())
-            .filter(|o| o.last_used_ms.load(Ordering::Relaxed) < before_ms)
+            .filter(|o| {
+                o.last_used_ms.load(Ordering::Relaxed) < before_ms && !skip.contains(&o.stream_id)
+            })
+            .take(max)
             .cloned()
             .collect()
     }
@@ -174,9 +179,11 @@ impl OpenTable {
 mod tests {
     use super::{OpenStream, OpenTable, Writer};
     use pico_metadata::state::{PRODUCER_PRUNE_MIN, PRODUCER_TTL_MS};
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
     use std::sync::Arc;
+    use std::sync::atomic::AtomicI64;
     use std::time::Duration;
+    use tokio::sync::Notify;
 
     #[test]
     fn an_unfilled_slot_goes_with_its_last_holder() {
@@ -202,6 +209,42 @@ mod tests {
         // Polled once (the open in flight), then dropped, as when its client goes away.
         assert!(tokio::time::timeout(Duration::ZERO, open).await.is_err());
         assert_eq!(table.len(), 0, "a cancelled open left an empty slot");
+    }
+
+    fn filled(table: &OpenTable, stream_id: u64, last_used_ms: i64) {
+        let open = Arc::new(OpenStream {
+            stream_id,
+            epoch: 0,
+            writer: tokio::sync::Mutex::new(Writer {
+                producers: HashMap::new(),
+                closed: false,
+                closed_by: None,
+                stream_seq: None,
+                broken: false,
+            }),
+            last_used_ms: AtomicI64::new(last_used_ms),
+            producers_moved: Notify::new(),
+        });
+        assert!(table.slot(stream_id).cell().set(open).is_ok());
+    }
+
+    /// `idle` takes at most the batch it is asked for, passing over recent and skipped streams.
+    #[test]
+    fn idle_takes_a_bounded_batch() {
+        let table = OpenTable::default();
+        for id in 0..10 {
+            filled(&table, id, 5);
+        }
+        filled(&table, 10, 50);
+        assert_eq!(table.idle(10, 4, &HashSet::new()).len(), 4);
+        let skip: HashSet<u64> = (0..8).collect();
+        let mut left: Vec<u64> = table
+            .idle(10, 100, &skip)
+            .iter()
+            .map(|o| o.stream_id)
+            .collect();
+        left.sort_unstable();
+        assert_eq!(left, [8, 9], "recent and skipped streams taken");
     }
 
     #[test]
