@@ -319,6 +319,45 @@ async fn wal_failure_fails_appends_breaks_stream_and_never_acks_after_a_hole() {
     );
 }
 
+/// A batch too large for the block cache, read in small pages as a reader pages through one
+/// large append, is fetched from storage once, not once per page.
+#[tokio::test]
+async fn paging_through_a_large_uploaded_batch_fetches_it_once() {
+    let storage = Arc::new(MemoryStorage::new());
+    let env = Env::on(storage.clone(), Arc::new(MemCatalog::new()));
+    let (engine, _) = env
+        .start(EngineConfig {
+            log_cache_bytes: 0,
+            block_cache_bytes: 1 << 20,
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    let big = Bytes::from(vec![7u8; 2 << 20]);
+    engine
+        .append(req(1, 1, 1000, big.clone()))
+        .await
+        .unwrap()
+        .durable()
+        .await
+        .unwrap();
+    let small = append_n(&engine, 1, 1, 1).await;
+    engine.flush().await.unwrap();
+    let gets = storage.get_count();
+    for from in (0..1000).step_by(50) {
+        let page = engine.read(1, from, 64).await.unwrap();
+        assert_eq!((page[0].base_offset, page[0].data.len()), (0, big.len()));
+    }
+    assert!(
+        storage.get_count() - gets <= 1,
+        "{} fetches for 20 pages of one batch",
+        storage.get_count() - gets
+    );
+    // Past it, reads go on as usual.
+    let page = engine.read(1, 1000, 64).await.unwrap();
+    assert_batches(&page, &small);
+}
+
 #[tokio::test]
 async fn flush_uploads_commits_trims_and_reads_come_from_objects() {
     let env = Env::memory();

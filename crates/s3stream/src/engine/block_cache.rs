@@ -71,12 +71,17 @@ impl BlockCache {
         }
     }
 
+    /// Whether a block of `len` bytes would be kept: one bigger than a quarter of the cache
+    /// would flush everything else out.
+    pub(crate) fn admits(&self, key: &str, len: u64) -> bool {
+        usize::try_from(len).is_ok_and(|len| block_cost(key, len) <= self.capacity / 4)
+    }
+
     pub(crate) fn insert(&mut self, key: &str, position: u64, len: u64, data: Bytes) {
-        // A block bigger than a quarter of the cache would flush everything else out.
-        let cost = block_cost(key, data.len());
-        if cost > self.capacity / 4 {
+        if !self.admits(key, data.len() as u64) {
             return;
         }
+        let cost = block_cost(key, data.len());
         let k = (key.to_string(), position, len);
         if self.blocks.contains_key(&k) {
             return;

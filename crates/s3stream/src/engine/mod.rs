@@ -389,6 +389,8 @@ struct Shared {
     upload_check: Notify,
     progress: watch::Sender<Progress>,
     block_cache: Mutex<BlockCache>,
+    /// The large slice last read, decoded (`read::slice_batches`).
+    large_slice: tokio::sync::Mutex<Option<read::LargeSlice>>,
     object_counter: AtomicU64,
     counters: Counters,
 }
@@ -496,6 +498,7 @@ impl Engine {
                 stopped: false,
             }),
             block_cache: Mutex::new(BlockCache::new(cfg.block_cache_bytes)),
+            large_slice: tokio::sync::Mutex::new(None),
             cfg,
             data,
             wal,

@@ -7,6 +7,8 @@
 //!   returned when any exists at or after it (a read below a trimmed start begins at the first
 //!   committed batch).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::{EngineError, ObjectSlice, Shared};
@@ -51,15 +53,11 @@ pub(super) async fn read(
             if slice.end_offset <= cur {
                 continue;
             }
-            if slice.start_offset > cur && !out.is_empty() {
-                break; // not contiguous with what we have
+            if !out.is_empty() && (slice.start_offset > cur || bytes >= max_bytes) {
+                break; // not contiguous with what we have, or the page is full: no fetch
             }
-            let data = fetch_slice(shared, &slice).await?;
-            let batches = format::decode_frames(&data).map_err(|source| EngineError::Corrupt {
-                key: slice.key.clone(),
-                source,
-            })?;
-            for b in batches {
+            let batches = slice_batches(shared, &slice).await?;
+            for b in batches.iter().cloned() {
                 if b.next_offset() <= cur {
                     continue;
                 }
@@ -76,6 +74,55 @@ pub(super) async fn read(
         }
     }
     Ok(out)
+}
+
+/// A slice's batches, decoded and checked. A slice too large for the block cache (one large
+/// append makes one batch, up to the request limit) is kept decoded in a slot of its own: a
+/// reader paging through it in 64 KiB reads would otherwise fetch and check the whole slice
+/// for every page. One slot, filled under its lock: at most one large slice held and one being
+/// fetched, whatever the readers, so cold reads of large slices take turns.
+async fn slice_batches(
+    shared: &Shared,
+    slice: &ObjectSlice,
+) -> Result<Arc<Vec<StoredBatch>>, EngineError> {
+    let decode = |data: &Bytes| {
+        format::decode_frames(data)
+            .map(Arc::new)
+            .map_err(|source| EngineError::Corrupt {
+                key: slice.key.clone(),
+                source,
+            })
+    };
+    if shared.blocks().admits(&slice.key, slice.len) {
+        return decode(&fetch_slice(shared, slice).await?);
+    }
+    let mut held = shared.large_slice.lock().await;
+    if let Some(l) = held.as_ref()
+        && (l.key.as_str(), l.position, l.len) == (slice.key.as_str(), slice.position, slice.len)
+    {
+        return Ok(l.batches.clone());
+    }
+    *held = None;
+    let data = shared
+        .data
+        .get_range(&slice.key, slice.position, slice.len)
+        .await?;
+    let batches = decode(&data)?;
+    *held = Some(LargeSlice {
+        key: slice.key.clone(),
+        position: slice.position,
+        len: slice.len,
+        batches: batches.clone(),
+    });
+    Ok(batches)
+}
+
+/// The large slice last read (see [`slice_batches`]).
+pub(super) struct LargeSlice {
+    key: String,
+    position: u64,
+    len: u64,
+    batches: Arc<Vec<StoredBatch>>,
 }
 
 async fn fetch_slice(shared: &Shared, slice: &ObjectSlice) -> Result<Bytes, EngineError> {
