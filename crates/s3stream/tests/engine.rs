@@ -333,7 +333,7 @@ async fn paging_through_a_large_uploaded_batch_fetches_it_once() {
         })
         .await;
     engine.open(1, 1, 0);
-    let big = Bytes::from(vec![7u8; 2 << 20]);
+    let big = Bytes::from(vec![7u8; 5 << 20]);
     engine
         .append(req(1, 1, 1000, big.clone()))
         .await

@@ -57,7 +57,7 @@ pub(super) async fn read(
                 break; // not contiguous with what we have, or the page is full: no fetch
             }
             let batches = slice_batches(shared, &slice).await?;
-            for b in batches.iter().cloned() {
+            for b in batches.iter() {
                 if b.next_offset() <= cur {
                     continue;
                 }
@@ -66,7 +66,7 @@ pub(super) async fn read(
                 }
                 cur = b.next_offset();
                 bytes += b.data.len();
-                out.push(b);
+                out.push(b.clone());
             }
         }
         if cur == before {
@@ -76,8 +76,8 @@ pub(super) async fn read(
     Ok(out)
 }
 
-/// A slice's batches, decoded and checked. A slice too large for the block cache (one large
-/// append makes one batch, up to the request limit) is kept decoded in a slot of its own: a
+/// A slice's batches, decoded and checked. A large slice the block cache does not take (one
+/// large append makes one batch, up to the request limit) is kept decoded in a slot of its own: a
 /// reader paging through it in 64 KiB reads would otherwise fetch and check the whole slice
 /// for every page. One slot, filled under its lock: at most one large slice held and one being
 /// fetched, whatever the readers, so cold reads of large slices take turns.
@@ -93,7 +93,7 @@ async fn slice_batches(
                 source,
             })
     };
-    if shared.blocks().admits(&slice.key, slice.len) {
+    if slice.len < LARGE_SLICE_BYTES || shared.blocks().admits(&slice.key, slice.len) {
         return decode(&fetch_slice(shared, slice).await?);
     }
     let mut held = shared.large_slice.lock().await;
@@ -116,6 +116,11 @@ async fn slice_batches(
     });
     Ok(batches)
 }
+
+/// Slices from this size up that the block cache does not take go through the one slot of
+/// [`slice_batches`]: only single large appends make them (ordinary slices are about
+/// `SLICE_TARGET_BYTES`), so a small block cache does not make every cold read take turns.
+const LARGE_SLICE_BYTES: u64 = 4 * super::SLICE_TARGET_BYTES as u64;
 
 /// The large slice last read (see [`slice_batches`]).
 pub(super) struct LargeSlice {
