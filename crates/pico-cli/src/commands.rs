@@ -298,6 +298,10 @@ async fn follow_from(
     }
 }
 
+/// Attempts of `tail -f`'s first HEAD (about 25 s with the backoff): long enough for a
+/// restart, short enough that a wrong endpoint fails.
+const FIRST_HEAD_ATTEMPTS: u32 = 10;
+
 /// The stream's HEAD, retried while the failure may pass (see [`passing`]).
 async fn head_retrying(
     client: &Client,
@@ -305,11 +309,13 @@ async fn head_retrying(
     first_pause: Duration,
 ) -> anyhow::Result<StreamMeta> {
     let mut pause = first_pause;
+    let mut attempt = 0;
     loop {
+        attempt += 1;
         match client.head(name).await {
             Ok(Some(meta)) => return Ok(meta),
             Ok(None) => return Err(not_found(name)),
-            Err(e) if passing(&e) => {
+            Err(e) if passing(&e) && attempt < FIRST_HEAD_ATTEMPTS => {
                 eprintln!("note: {name}: {e}; retrying in {pause:?}");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(FOLLOW_RETRY_MAX);
@@ -583,6 +589,15 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("not found"), "{err:#}");
         assert_eq!(seen.lock().unwrap().len(), 4);
+        // A server that never comes back (or a wrong endpoint): it gives up.
+        let busy = || response("503 Service Unavailable", &[], "");
+        let (endpoint, seen) = scripted_server(vec![busy(); 12]).await;
+        let client = Client::new(&endpoint, Default::default()).unwrap();
+        let err = head_retrying(&client, "s", Duration::from_millis(1))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("503"), "{err:#}");
+        assert_eq!(seen.lock().unwrap().len(), FIRST_HEAD_ATTEMPTS as usize);
     }
 
     /// A stream deleted under `tail -f` ends it with a clear error, not endless retries.
