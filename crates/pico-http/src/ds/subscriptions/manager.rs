@@ -48,6 +48,8 @@ const LIST_PAGE: usize = 1_000;
 /// Links checked for a deleted stream per tick, across all subscriptions (deletes emit no
 /// event, so links are walked a bounded slice at a time).
 const PRUNE_BATCH: usize = 1_000;
+/// Ticks between two prune slices (1 s): at most 1,000 links checked per second.
+const PRUNE_EVERY_TICKS: u64 = 10;
 
 /// Ack/callback/release request body (`acks[].stream`, `acks[].path` accepted alike).
 #[derive(Debug, Default, Deserialize)]
@@ -87,6 +89,8 @@ pub struct Manager {
     /// Where the next link prune starts: (subscription id, last path checked). Only touched by
     /// the timer task while it holds `subs`.
     prune_cursor: std::sync::Mutex<Option<(String, String)>>,
+    /// Timer ticks so far (the link prune runs every `PRUNE_EVERY_TICKS`).
+    ticks: std::sync::atomic::AtomicU64,
     http: reqwest::Client,
     delivery_slots: Arc<Semaphore>,
     background: AtomicBool,
@@ -116,6 +120,7 @@ impl Manager {
             keys: OnceCell::new(),
             subs: Mutex::new(BTreeMap::new()),
             prune_cursor: std::sync::Mutex::new(None),
+            ticks: std::sync::atomic::AtomicU64::new(0),
             http,
             delivery_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_DELIVERIES)),
             background: AtomicBool::new(false),
@@ -305,7 +310,15 @@ impl Manager {
         }
         let now = now_ms();
         let mut subs = self.subs.lock().await;
-        self.prune_gone_links(&mut subs).await;
+        // Every few ticks, not every tick: each checked link is a stream lookup under this
+        // lock, and most ticks have no deleted stream to find.
+        if self
+            .ticks
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(PRUNE_EVERY_TICKS)
+        {
+            self.prune_gone_links(&mut subs).await;
+        }
         for sub in subs.values_mut() {
             if let Some(trigger) = sub.pending_event.clone() {
                 if sub.rec.wake.as_ref().is_some_and(|w| w.holder.is_none()) {
