@@ -11,6 +11,7 @@
 //! - [`routing`]: 307 to the owning node for streams open elsewhere.
 //! - [`admin`]: probe handlers and the Prometheus scrape.
 //! - [`telemetry`]: the listener's request and SSE figures on `/metrics`.
+//! - [`pieces`]: streamed bodies whose large reads are rendered as they are sent.
 
 pub mod admin;
 pub mod cors;
@@ -18,6 +19,7 @@ pub mod ds;
 pub mod error;
 pub mod headers;
 pub mod pico;
+pub mod pieces;
 pub mod routing;
 pub mod telemetry;
 

@@ -30,16 +30,18 @@ use crate::wait_timer::WaitTimer;
 /// Middleware (state: the request body's idle timeout): see the module docs.
 pub async fn guard(State(body_idle): State<Duration>, req: Request, next: Next) -> Response {
     let h2 = req.version() == Version::HTTP_2;
-    // Bodiless requests (GET, HEAD: most of the traffic) need no timer and no allocation.
+    // Bodiless requests (GET, HEAD: most of the traffic) need no timer.
     let fired = (!req.body().is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
     let req = match &fired {
         Some(fired) => req.map(|b| Body::new(IdleBody::new(b, body_idle, fired.clone()))),
         None => req,
     };
     let res = next.run(req).await;
-    if fired.is_some_and(|f| f.load(Ordering::Relaxed)) {
+    if fired.is_some_and(|f| f.load(Ordering::Relaxed))
+        && res.status() != axum::http::StatusCode::REQUEST_TIMEOUT
+    {
         // Whatever the handler made of the failed body (an extractor's 400), the cause is the
-        // client's silence.
+        // client's silence; a handler that answered 408 itself keeps its protocol's form.
         let msg = BodyTimeout { idle: body_idle }.to_string();
         return HttpError::request_timeout(msg).into_response();
     }

@@ -23,7 +23,8 @@ use pico_server::{Node, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 
-use super::sse::{RENDER_AT_ONCE_MAX, data_frame, payload_len};
+use super::sse::data_frame;
+use crate::pieces::{RENDER_AT_ONCE_MAX, payload_len};
 
 /// Frames a hub buffers for slow subscribers. A subscriber further behind gets `Lagged` and
 /// catches up with its own reads; this bounds a hub's memory to this many rendered chunks.
@@ -40,12 +41,12 @@ pub struct Frame {
     pub from: u64,
     pub next: u64,
     /// The rendered `event: data` frame; empty when the read had no records (a bare close)
-    /// or when `unshared`.
+    /// or when it is too large to render once and hold (`values`).
     pub data: Bytes,
-    /// The records were too large to render once and hold for all: each subscriber reads and
-    /// renders them itself, piece by piece (the hub's buffer would hold up to 6× their size
-    /// per frame otherwise).
-    pub unshared: bool,
+    /// A read of more record bytes than is rendered at once: its values (shared with the
+    /// cache, not copied), which each subscriber renders piece by piece as it sends them
+    /// (rendered whole, the hub's buffer would hold up to 6× their size per frame).
+    pub values: Option<Arc<[Bytes]>>,
     pub up_to_date: bool,
     pub closed: bool,
 }
@@ -234,8 +235,9 @@ async fn run(f: Follow, tx: broadcast::Sender<Arc<Frame>>, published: Arc<Atomic
 }
 
 fn frame_of(from: u64, out: &ReadOutcome, render: Render) -> Frame {
-    let unshared = payload_len(out) > RENDER_AT_ONCE_MAX;
-    let data = if out.records.is_empty() || unshared {
+    let values = (payload_len(out) > RENDER_AT_ONCE_MAX)
+        .then(|| out.records.iter().map(|r| r.record.value.clone()).collect());
+    let data = if out.records.is_empty() || values.is_some() {
         Bytes::new()
     } else {
         let mut buf = Vec::new();
@@ -246,7 +248,7 @@ fn frame_of(from: u64, out: &ReadOutcome, render: Render) -> Frame {
         from,
         next: out.next_seq,
         data,
-        unshared,
+        values,
         up_to_date: out.up_to_date || out.closed,
         closed: out.closed,
     }

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
 use pico_protocol::OffsetSpec;
@@ -67,16 +67,7 @@ pub fn body_of(out: &ReadOutcome, json: bool) -> Bytes {
             out.records.iter().map(|r| &r.record.value[..]),
         ));
     }
-    // One record (any record larger than a read's byte limit comes alone): its bytes, shared
-    // with the cache rather than copied per reader.
-    if let [one] = out.records.as_slice() {
-        return one.record.value.clone();
-    }
-    let mut buf = BytesMut::new();
-    for r in &out.records {
-        buf.extend_from_slice(&r.record.value);
-    }
-    buf.freeze()
+    crate::pieces::raw_body(out)
 }
 
 fn read_headers(hm: &mut HeaderMap, out: &ReadOutcome) {

@@ -10,7 +10,6 @@
 //! reads for itself again.
 
 use std::borrow::Cow;
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Poll, Waker};
@@ -37,6 +36,7 @@ use super::hub::{Follow, Frame, Render, Subscription};
 use super::read::{body_of, cursor, read_from};
 use super::sse_render::DataFrameWriter;
 use super::{Ds, set, sse_is_text};
+use crate::pieces::{Pieces, RENDER_AT_ONCE_MAX, payload_len};
 
 /// Appends one SSE event; every payload line gets its own `data: ` line (CR, LF and CRLF all
 /// end a line in SSE, so none can smuggle an event boundary). Parsers strip one space after the
@@ -116,23 +116,6 @@ const INLINE_DATA: usize = 4 * 1024;
 /// Room for one control event (its longest form is about 110 bytes).
 const CONTROL_LEN: usize = 128;
 
-/// Reads whose records hold more than this many bytes are rendered piece by piece
-/// ([`DataFrameWriter`]) instead of at once: SSE framing can multiply a payload by 6, and a
-/// read returns at least one record whole, however large.
-pub const RENDER_AT_ONCE_MAX: usize = 64 * 1024;
-
-/// The payload bytes of a read's records (before framing).
-pub fn payload_len(out: &ReadOutcome) -> usize {
-    out.records.iter().map(|r| r.record.value.len()).sum()
-}
-
-/// A piece of the response waiting to be sent.
-enum Piece {
-    Ready(Bytes),
-    /// A large data frame, rendered as it is sent.
-    Render(Box<DataFrameWriter>),
-}
-
 struct SseState {
     ds: Ds,
     name: StreamName,
@@ -156,7 +139,7 @@ struct SseState {
     /// fired, polling it again is skipped (one timer poll per subscriber per append saved).
     keepalive_waker: Option<Waker>,
     /// Frames to send; at most two per step, so bounded (a large one is rendered as it goes).
-    pending: VecDeque<Piece>,
+    pending: Pieces,
     /// Counts this response in `pico_http_sse_streams` until the body is dropped.
     _open: SseOpen,
 }
@@ -188,7 +171,7 @@ impl SseState {
             hub: None,
             keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
             keepalive_waker: None,
-            pending: VecDeque::new(),
+            pending: Pieces::default(),
             _open: SseOpen::new("ds"),
         }
     }
@@ -209,7 +192,7 @@ impl SseState {
             if payload_len(out) > RENDER_AT_ONCE_MAX {
                 let values = out.records.iter().map(|r| r.record.value.clone());
                 let writer = DataFrameWriter::new(values, self.render);
-                self.pending.push_back(Piece::Render(Box::new(writer)));
+                self.pending.render(writer);
             } else {
                 data_frame(&mut buf, out, self.render);
             }
@@ -219,7 +202,7 @@ impl SseState {
             control_frame(&mut buf, self.cursor, out.next_seq, up_to_date, out.closed);
         }
         if !buf.is_empty() {
-            self.pending.push_back(Piece::Ready(Bytes::from(buf)));
+            self.pending.ready(Bytes::from(buf));
         }
         self.next = out.next_seq;
         self.caught_up = out.up_to_date;
@@ -230,20 +213,21 @@ impl SseState {
 
     /// Queues a hub frame that starts at this subscriber's offset.
     fn take(&mut self, f: &Frame) {
-        if f.unshared {
-            // Too large to render once for all: read and render it as its own.
-            self.caught_up = false;
-            return;
-        }
-        if f.data.len() <= INLINE_DATA {
+        if let Some(values) = &f.values {
+            // Too large to render once for all: rendered for this subscriber as it is sent.
+            let writer = DataFrameWriter::new(values.iter().cloned(), self.render);
+            self.pending.render(writer);
+            let c = self.control(f.next, f.up_to_date, f.closed);
+            self.pending.ready(c);
+        } else if f.data.len() <= INLINE_DATA {
             let mut buf = Vec::with_capacity(f.data.len() + CONTROL_LEN);
             buf.extend_from_slice(&f.data);
             control_frame(&mut buf, self.cursor, f.next, f.up_to_date, f.closed);
-            self.pending.push_back(Piece::Ready(Bytes::from(buf)));
+            self.pending.ready(Bytes::from(buf));
         } else {
-            self.pending.push_back(Piece::Ready(f.data.clone()));
+            self.pending.ready(f.data.clone());
             let c = self.control(f.next, f.up_to_date, f.closed);
-            self.pending.push_back(Piece::Ready(c));
+            self.pending.ready(c);
         }
         self.next = f.next;
         if f.closed {
@@ -305,7 +289,7 @@ impl SseState {
             None => {
                 if Instant::now() < self.deadline {
                     let c = self.control(self.next, true, false);
-                    self.pending.push_back(Piece::Ready(c));
+                    self.pending.ready(c);
                 } else {
                     self.done = true;
                 }
@@ -406,20 +390,8 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
 fn body(st: SseState) -> Body {
     Body::from_stream(futures::stream::unfold(st, |mut st| async move {
         loop {
-            match st.pending.front_mut() {
-                Some(Piece::Render(w)) => match w.next_chunk() {
-                    Some(b) => return Some((Ok::<Bytes, Infallible>(b), st)),
-                    None => {
-                        st.pending.pop_front();
-                        continue;
-                    }
-                },
-                Some(Piece::Ready(_)) => {
-                    if let Some(Piece::Ready(b)) = st.pending.pop_front() {
-                        return Some((Ok(b), st));
-                    }
-                }
-                None => {}
+            if let Some(b) = st.pending.next_bytes() {
+                return Some((Ok::<Bytes, Infallible>(b), st));
             }
             if st.done {
                 return None;

@@ -148,6 +148,12 @@ impl DataFrameWriter {
     }
 }
 
+impl crate::pieces::Render for DataFrameWriter {
+    fn next_chunk(&mut self) -> Option<Bytes> {
+        DataFrameWriter::next_chunk(self)
+    }
+}
+
 /// Turns payload bytes into `data:` lines, fed in pieces.
 #[derive(Default)]
 struct LineFramer {

@@ -2,7 +2,6 @@
 //! (`live=sse`). Query: `seq` (number or `now`; absent = the stream's start), `count`, `bytes`,
 //! `format=json|binary|raw`, `live`, `cursor`.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -12,7 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::Stream;
 use pico_common::StreamName;
 use pico_common::clock::now_ms;
@@ -27,35 +26,14 @@ use tokio::time::Instant;
 use super::{Params, no_store, set, set_true, stream_name, text_value};
 use crate::error::HttpError;
 use crate::headers::{Live, header_list, header_str};
+use crate::pieces::{Pieces, RENDER_AT_ONCE_MAX, Render, payload_len};
 use crate::telemetry::{SseOpen, live_read};
 
 const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
 const SPURIOUS_WAKE_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Reads whose records hold more than this many bytes are rendered as JSON piece by piece
-/// ([`JsonRecordsWriter`]) rather than at once: a read returns at least one record whole,
-/// however large, and its JSON can be six times its size, per reader.
-const RENDER_AT_ONCE_MAX: usize = 64 * 1024;
-
 /// An SSE comment sent after this long without an event, as proxies drop idle responses.
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
-
-/// Record bytes of a read (values, keys and header values).
-fn payload_len(out: &ReadOutcome) -> usize {
-    out.records
-        .iter()
-        .map(|r| {
-            let rec = &r.record;
-            rec.value.len()
-                + rec.key.as_ref().map_or(0, |k| k.len())
-                + rec
-                    .headers
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len())
-                    .sum::<usize>()
-        })
-        .sum()
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -201,19 +179,10 @@ fn render(out: &ReadOutcome, format: Format) -> Result<(Body, HeaderValue), Http
             ),
             HeaderValue::from_static(h::CONTENT_TYPE_BINARY_BATCH),
         ),
-        Format::Raw => {
-            let body = match out.records.as_slice() {
-                [one] => one.record.value.clone(),
-                all => {
-                    let mut buf = BytesMut::new();
-                    for r in all {
-                        buf.extend_from_slice(&r.record.value);
-                    }
-                    buf.freeze()
-                }
-            };
-            (Body::from(body), text_value(&out.info.content_type))
-        }
+        Format::Raw => (
+            Body::from(crate::pieces::raw_body(out)),
+            text_value(&out.info.content_type),
+        ),
     })
 }
 
@@ -350,7 +319,7 @@ fn sse(node: Node, name: StreamName, q: ReadQuery, first: ReadOutcome) -> Respon
         bytes: q.bytes,
         deadline,
         poll,
-        pending: VecDeque::new(),
+        pending: Pieces::default(),
         next: 0,
         done: false,
         _open: SseOpen::new("pico"),
@@ -388,13 +357,6 @@ fn event_bytes(event: &str, id: Option<u64>, data: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-/// A piece of the response waiting to be sent.
-enum Piece {
-    Ready(Bytes),
-    /// A large `event: data`, rendered as it is sent.
-    Render(Box<DataEvent>),
-}
-
 /// `event: data` around a [`JsonRecordsWriter`].
 struct DataEvent {
     head: Option<Bytes>,
@@ -402,7 +364,7 @@ struct DataEvent {
     ended: bool,
 }
 
-impl DataEvent {
+impl Render for DataEvent {
     fn next_chunk(&mut self) -> Option<Bytes> {
         if self.ended {
             return None;
@@ -460,19 +422,19 @@ struct SseState {
     /// Longest single wait; a keep-alive control follows each one that times out.
     poll: Duration,
     /// Events to send; at most three per step, so bounded (a large one is rendered as it goes).
-    pending: VecDeque<Piece>,
+    pending: Pieces,
     next: u64,
     done: bool,
     /// Counts this response in `pico_http_sse_streams` until the body is dropped.
     _open: SseOpen,
 }
 
-fn control(next_seq: u64, up_to_date: bool, closed: bool) -> Piece {
+fn control(next_seq: u64, up_to_date: bool, closed: bool) -> Bytes {
     let mut v = json!({ "next_seq": next_seq, "up_to_date": up_to_date });
     if closed {
         v["closed"] = json!(true);
     }
-    Piece::Ready(event_bytes("control", None, v.to_string().as_bytes()))
+    event_bytes("control", None, v.to_string().as_bytes())
 }
 
 impl SseState {
@@ -481,25 +443,25 @@ impl SseState {
         let has_data = !out.records.is_empty();
         if has_data {
             let recs = out.records.iter().map(|r| (r.offset, &r.record));
-            let piece = if payload_len(&out) > RENDER_AT_ONCE_MAX {
-                Piece::Render(Box::new(DataEvent {
+            if payload_len(&out) > RENDER_AT_ONCE_MAX {
+                self.pending.render(DataEvent {
                     head: Some(Bytes::from(format!(
                         "event: data\nid: {}\ndata: ",
                         out.next_seq
                     ))),
                     json: JsonRecordsWriter::new(recs),
                     ended: false,
-                }))
+                });
             } else {
                 let data = render_json(recs);
-                Piece::Ready(event_bytes("data", Some(out.next_seq), data.as_bytes()))
-            };
-            self.pending.push_back(piece);
+                self.pending
+                    .ready(event_bytes("data", Some(out.next_seq), data.as_bytes()));
+            }
         }
         self.next = out.next_seq;
         if has_data || first || out.closed {
             self.pending
-                .push_back(control(out.next_seq, out.up_to_date, out.closed));
+                .ready(control(out.next_seq, out.up_to_date, out.closed));
         }
         if out.closed {
             self.done = true;
@@ -509,11 +471,8 @@ impl SseState {
 
     fn fail(&mut self, err: HttpError) {
         let body = json!({ "error": err.code, "message": err.message });
-        self.pending.push_back(Piece::Ready(event_bytes(
-            "error",
-            None,
-            body.to_string().as_bytes(),
-        )));
+        self.pending
+            .ready(event_bytes("error", None, body.to_string().as_bytes()));
         self.done = true;
     }
 
@@ -534,7 +493,7 @@ impl SseState {
                     if Instant::now() >= self.deadline {
                         self.done = true;
                     } else {
-                        self.pending.push_back(control(self.next, true, false));
+                        self.pending.ready(control(self.next, true, false));
                     }
                     return true;
                 }
@@ -577,20 +536,8 @@ impl SseState {
 fn sse_events(st: SseState, caught_up: bool) -> impl Stream<Item = Bytes> {
     futures::stream::unfold((st, caught_up), |(mut st, mut caught_up)| async move {
         loop {
-            match st.pending.front_mut() {
-                Some(Piece::Render(ev)) => match ev.next_chunk() {
-                    Some(b) => return Some((b, (st, caught_up))),
-                    None => {
-                        st.pending.pop_front();
-                        continue;
-                    }
-                },
-                Some(Piece::Ready(_)) => {
-                    if let Some(Piece::Ready(b)) = st.pending.pop_front() {
-                        return Some((b, (st, caught_up)));
-                    }
-                }
-                None => {}
+            if let Some(b) = st.pending.next_bytes() {
+                return Some((b, (st, caught_up)));
             }
             if st.done {
                 return None;
