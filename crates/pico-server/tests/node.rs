@@ -1210,28 +1210,14 @@ async fn a_create_with_records_never_writes_into_or_closes_another_stream() {
 /// in between finishes the append and the close, once.
 #[tokio::test]
 async fn a_retried_create_finishes_what_its_first_attempt_left() {
-    use pico_metadata::{Command, Initial, StreamConfig};
+    use pico_metadata::Initial;
     let node = start_test_node().await;
     for (n, initial, closed) in [
         ("half-open", Initial::Records, false),
         ("half-closed", Initial::RecordsThenClose, true),
     ] {
         // The first attempt's command landed; its append never happened.
-        node.meta()
-            .propose(Command::CreateStream {
-                name: n.into(),
-                config: StreamConfig {
-                    content_type: normalize_content_type(None).into(),
-                    ttl_secs: None,
-                    expires_at_ms: None,
-                },
-                closed: false,
-                initial,
-                now_ms: 1,
-            })
-            .await
-            .unwrap()
-            .unwrap();
+        create_command_only(&node, n, initial).await;
         let retry = || CreateRequest {
             name: name(n),
             config: CreateConfig {
@@ -1253,29 +1239,36 @@ async fn a_retried_create_finishes_what_its_first_attempt_left() {
     }
 }
 
+/// What a create with records leaves when only its metadata command landed: the stream,
+/// open, made by a create of that kind, with nothing written.
+async fn create_command_only(node: &Node, name: &str, initial: pico_metadata::Initial) {
+    use pico_metadata::{Command, StreamConfig};
+    node.meta()
+        .propose(Command::CreateStream {
+            name: name.into(),
+            config: StreamConfig {
+                content_type: normalize_content_type(None).into(),
+                ttl_secs: None,
+                expires_at_ms: None,
+            },
+            closed: false,
+            initial,
+            now_ms: 1,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// A retried create-with-records-and-close whose stream another writer closed in between: done
 /// if its records had landed (only its close failed), refused as closed if they had not (they
 /// can never be written now), never a success with the records missing.
 #[tokio::test]
 async fn a_retried_create_meets_a_close_by_another_writer() {
-    use pico_metadata::{Command, Initial, StreamConfig};
+    use pico_metadata::Initial;
     let node = start_test_node().await;
     for (n, landed) in [("never-written", false), ("written-not-closed", true)] {
-        node.meta()
-            .propose(Command::CreateStream {
-                name: n.into(),
-                config: StreamConfig {
-                    content_type: normalize_content_type(None).into(),
-                    ttl_secs: None,
-                    expires_at_ms: None,
-                },
-                closed: false,
-                initial: Initial::RecordsThenClose,
-                now_ms: 1,
-            })
-            .await
-            .unwrap()
-            .unwrap();
+        create_command_only(&node, n, Initial::RecordsThenClose).await;
         if landed {
             // The first attempt's records, under the create's reserved claim.
             node.append(AppendRequest {
