@@ -30,6 +30,10 @@ use crate::pieces::{RENDER_AT_ONCE_MAX, payload_len};
 /// catches up with its own reads; this bounds a hub's memory to this many rendered chunks.
 const CAPACITY: usize = 64;
 
+/// Record bytes of one read the hub still holds for its subscribers (as values); a larger
+/// read (a single huge append) is left to each subscriber's own read.
+const SHARE_MAX: usize = 1024 * 1024;
+
 /// Pause after a wake-up that found nothing to read (the view lags the durable tail): retry
 /// shortly instead of spinning.
 const EMPTY_WAKE_PAUSE: Duration = Duration::from_millis(20);
@@ -47,6 +51,9 @@ pub struct Frame {
     /// cache, not copied), which each subscriber renders piece by piece as it sends them
     /// (rendered whole, the hub's buffer would hold up to 6× their size per frame).
     pub values: Option<Arc<[Bytes]>>,
+    /// A read too large for the hub to hold at all (over [`SHARE_MAX`]): each subscriber reads
+    /// it for itself, so the 64 frames of the channel pin at most 64 × `SHARE_MAX`.
+    pub unshared: bool,
     pub up_to_date: bool,
     pub closed: bool,
 }
@@ -235,9 +242,11 @@ async fn run(f: Follow, tx: broadcast::Sender<Arc<Frame>>, published: Arc<Atomic
 }
 
 fn frame_of(from: u64, out: &ReadOutcome, render: Render) -> Frame {
-    let values = (payload_len(out) > RENDER_AT_ONCE_MAX)
+    let len = payload_len(out);
+    let unshared = len > SHARE_MAX;
+    let values = (len > RENDER_AT_ONCE_MAX && !unshared)
         .then(|| out.records.iter().map(|r| r.record.value.clone()).collect());
-    let data = if out.records.is_empty() || values.is_some() {
+    let data = if out.records.is_empty() || values.is_some() || unshared {
         Bytes::new()
     } else {
         let mut buf = Vec::new();
@@ -249,6 +258,7 @@ fn frame_of(from: u64, out: &ReadOutcome, render: Render) -> Frame {
         next: out.next_seq,
         data,
         values,
+        unshared,
         up_to_date: out.up_to_date || out.closed,
         closed: out.closed,
     }
@@ -377,6 +387,13 @@ mod tests {
     /// no rendered copy of it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn large_records_reach_subscribers_in_bounded_pieces() {
+        // Shared by the hub as values, and too large for the hub to hold.
+        for size in [SHARE_MAX, SHARE_MAX + 1] {
+            large_record_reaches_subscribers_in_bounded_pieces(size).await;
+        }
+    }
+
+    async fn large_record_reaches_subscribers_in_bounded_pieces(size: usize) {
         let (app, _hubs) = app().await;
         let u = format!("{DS_ROOT}/big-lines");
         assert_eq!(
@@ -384,7 +401,7 @@ mod tests {
             201
         );
         let small = b"head\n".to_vec();
-        let big = vec![b'\n'; 1 << 20];
+        let big = vec![b'\n'; size];
         assert_eq!(
             call(&app, Method::POST, &u, "text/plain", small.clone().into()).await,
             204
@@ -463,9 +480,9 @@ mod tests {
             live_raw += chunk.len();
             live.buf.push_str(std::str::from_utf8(&chunk).unwrap());
         }
-        assert!(live_raw > 6 << 20, "{live_raw}");
+        assert!(live_raw > 6 * size, "{live_raw}");
         assert_eq!(live_data.len(), 1);
-        assert_eq!(live_data[0].matches("data:\n").count(), (1 << 20) + 1);
+        assert_eq!(live_data[0].matches("data:\n").count(), size + 1);
     }
 
     /// Several subscribers of one stream, one of them not read while the appends happen (so it

@@ -213,6 +213,11 @@ impl SseState {
 
     /// Queues a hub frame that starts at this subscriber's offset.
     fn take(&mut self, f: &Frame) {
+        if f.unshared {
+            // Too large for the hub to hold: read and rendered as its own.
+            self.caught_up = false;
+            return;
+        }
         if let Some(values) = &f.values {
             // Too large to render once for all: rendered for this subscriber as it is sent.
             let writer = DataFrameWriter::new(values.iter().cloned(), self.render);
