@@ -409,14 +409,18 @@ impl ObjectStorage for FileStorage {
 // ---------------------------------------------------------------------------------------------
 
 /// In-memory storage for tests. Share it through an `Arc` to survive a simulated crash.
-/// Fault injection: `fail_puts(n)` / `fail_gets(n)` make the next n calls fail.
+/// Fault injection: `fail_puts(n)` / `fail_gets(n)` / `fail_deletes(n)` make the next n calls
+/// fail.
 #[derive(Debug, Default)]
 pub struct MemoryStorage {
     objects: Mutex<BTreeMap<String, Bytes>>,
     fail_puts: AtomicUsize,
     fail_gets: AtomicUsize,
+    fail_deletes: AtomicUsize,
     puts: AtomicU64,
     gets: AtomicU64,
+    /// Every key `list` returned, in order (what a listing cost).
+    listed: Mutex<Vec<String>>,
 }
 
 /// Takes one injected failure from `counter` if any are left (test doubles' fault injection).
@@ -439,6 +443,19 @@ impl MemoryStorage {
     /// The next `n` gets / range gets fail with an injected error.
     pub fn fail_gets(&self, n: usize) {
         self.fail_gets.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` deletes fail with an injected error (nothing is deleted).
+    pub fn fail_deletes(&self, n: usize) {
+        self.fail_deletes.store(n, Ordering::SeqCst);
+    }
+
+    /// Every key `list` has returned so far, in order.
+    pub fn listed_keys(&self) -> Vec<String> {
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Successful puts so far.
@@ -502,17 +519,27 @@ impl ObjectStorage for MemoryStorage {
     }
 
     async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        if take_failure(&self.fail_deletes) {
+            return Err(StorageError::Other(format!(
+                "injected delete failure: key=`{key}`"
+            )));
+        }
         self.lock().remove(key);
         Ok(())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
-        Ok(self
+        let keys: Vec<String> = self
             .lock()
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, _)| k.clone())
-            .collect())
+            .collect();
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(keys.iter().cloned());
+        Ok(keys)
     }
 }
 
