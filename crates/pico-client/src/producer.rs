@@ -846,35 +846,32 @@ mod tests {
     async fn an_unanswered_attempt_times_out_and_is_resent() {
         use axum::http::{HeaderMap as AxHeaders, StatusCode as AxStatus};
         let seen: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
-        let app = {
+        let handler = {
             let seen = seen.clone();
-            axum::Router::new().route(
-                "/s",
-                axum::routing::post(move |h: AxHeaders| {
-                    let seen = seen.clone();
-                    async move {
-                        let seq = producer_seq(&h);
-                        let first = {
-                            let mut seen = seen.lock().unwrap();
-                            seen.push(seq);
-                            seen.len() == 1
-                        };
-                        if first {
-                            std::future::pending::<()>().await;
-                        }
-                        let next = (seq + 1).to_string();
-                        (
-                            AxStatus::OK,
-                            [
-                                ("pico-next-seq", next.clone()),
-                                ("pico-start-seq", seq.to_string()),
-                            ],
-                        )
+            move |h: AxHeaders| {
+                let seen = seen.clone();
+                async move {
+                    let seq = producer_seq(&h);
+                    let first = {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(seq);
+                        seen.len() == 1
+                    };
+                    if first {
+                        std::future::pending::<()>().await;
                     }
-                }),
-            )
+                    let next = (seq + 1).to_string();
+                    (
+                        AxStatus::OK,
+                        [
+                            ("pico-next-seq", next.clone()),
+                            ("pico-start-seq", seq.to_string()),
+                        ],
+                    )
+                }
+            }
         };
-        let base = serve(app).await;
+        let base = serve(handler).await;
         // Long enough that only the request that never gets an answer times out, even on a
         // loaded machine.
         let options = crate::ClientOptions {
@@ -1181,8 +1178,13 @@ mod tests {
         assert!(matches!(err, ClientError::Transport(_)), "{err:?}");
     }
 
-    /// Serves `app` on a local port; returns its base URL.
-    async fn serve(app: axum::Router) -> String {
+    /// A stand-in server answering `POST /s` with `handler`; returns its base URL.
+    async fn serve<H, T>(handler: H) -> String
+    where
+        H: axum::handler::Handler<T, ()>,
+        T: 'static,
+    {
+        let app = axum::Router::new().route("/s", axum::routing::post(handler));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -1200,27 +1202,24 @@ mod tests {
     async fn a_lost_ack_then_a_refusal_reads_as_outcome_unknown() {
         use axum::http::{HeaderMap as AxHeaders, StatusCode as AxStatus};
         let written: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
-        let app = {
+        let handler = {
             let written = written.clone();
-            axum::Router::new().route(
-                "/s",
-                axum::routing::post(move |h: AxHeaders| {
-                    let written = written.clone();
-                    async move {
-                        let mut written = written.lock().unwrap();
-                        if written.is_empty() {
-                            written.push(producer_seq(&h));
-                            return (AxStatus::SERVICE_UNAVAILABLE, String::new());
-                        }
-                        (
-                            AxStatus::FORBIDDEN,
-                            r#"{"error":"fenced","message":"stale producer epoch"}"#.to_string(),
-                        )
+            move |h: AxHeaders| {
+                let written = written.clone();
+                async move {
+                    let mut written = written.lock().unwrap();
+                    if written.is_empty() {
+                        written.push(producer_seq(&h));
+                        return (AxStatus::SERVICE_UNAVAILABLE, String::new());
                     }
-                }),
-            )
+                    (
+                        AxStatus::FORBIDDEN,
+                        r#"{"error":"fenced","message":"stale producer epoch"}"#.to_string(),
+                    )
+                }
+            }
         };
-        let base = serve(app).await;
+        let base = serve(handler).await;
         let client = Client::new(&base, crate::ClientOptions::default()).unwrap();
         let mut config = ProducerConfig::new("p", 0, 2);
         config.retry = quick_retries();
@@ -1341,27 +1340,24 @@ mod tests {
         use axum::http::StatusCode as AxStatus;
         let first: Arc<std::sync::Mutex<Option<std::time::Instant>>> = Arc::default();
         let requests = Arc::new(AtomicU32::new(0));
-        let app = {
+        let handler = {
             let (first, requests) = (first.clone(), requests.clone());
-            axum::Router::new().route(
-                "/s",
-                axum::routing::post(move || {
-                    let (first, requests) = (first.clone(), requests.clone());
-                    async move {
-                        requests.fetch_add(1, Ordering::SeqCst);
-                        let first = *first
-                            .lock()
-                            .unwrap()
-                            .get_or_insert_with(std::time::Instant::now);
-                        if first.elapsed() < Duration::from_secs(3) {
-                            return (AxStatus::SERVICE_UNAVAILABLE, [("retry-after", "1")]);
-                        }
-                        (AxStatus::OK, [("pico-next-seq", "1")])
+            move || {
+                let (first, requests) = (first.clone(), requests.clone());
+                async move {
+                    requests.fetch_add(1, Ordering::SeqCst);
+                    let first = *first
+                        .lock()
+                        .unwrap()
+                        .get_or_insert_with(std::time::Instant::now);
+                    if first.elapsed() < Duration::from_secs(3) {
+                        return (AxStatus::SERVICE_UNAVAILABLE, [("retry-after", "1")]);
                     }
-                }),
-            )
+                    (AxStatus::OK, [("pico-next-seq", "1")])
+                }
+            }
         };
-        let client = Client::new(&serve(app).await, crate::ClientOptions::default()).unwrap();
+        let client = Client::new(&serve(handler).await, crate::ClientOptions::default()).unwrap();
         let producer =
             IdempotentProducer::new(client, "s", ProducerConfig::new("p", 0, 1)).unwrap();
         let ack = producer
@@ -1403,21 +1399,18 @@ mod tests {
     #[tokio::test]
     async fn an_empty_batch_is_refused_and_the_producer_stays_usable() {
         use axum::http::{HeaderMap as AxHeaders, StatusCode as AxStatus};
-        let app = axum::Router::new().route(
-            "/s",
-            axum::routing::post(|h: AxHeaders, body: axum::body::Bytes| async move {
-                let seq = producer_seq(&h);
-                if pico_protocol::decode_binary(&body).unwrap().is_empty() {
-                    return (
-                        AxStatus::BAD_REQUEST,
-                        [("pico-next-seq", String::new())],
-                        r#"{"error":"bad_request","message":"empty append"}"#,
-                    );
-                }
-                (AxStatus::OK, [("pico-next-seq", (seq + 1).to_string())], "")
-            }),
-        );
-        let client = Client::new(&serve(app).await, crate::ClientOptions::default()).unwrap();
+        let handler = |h: AxHeaders, body: axum::body::Bytes| async move {
+            let seq = producer_seq(&h);
+            if pico_protocol::decode_binary(&body).unwrap().is_empty() {
+                return (
+                    AxStatus::BAD_REQUEST,
+                    [("pico-next-seq", String::new())],
+                    r#"{"error":"bad_request","message":"empty append"}"#,
+                );
+            }
+            (AxStatus::OK, [("pico-next-seq", (seq + 1).to_string())], "")
+        };
+        let client = Client::new(&serve(handler).await, crate::ClientOptions::default()).unwrap();
         let producer =
             IdempotentProducer::new(client, "s", ProducerConfig::new("p", 0, 2)).unwrap();
         let err = producer.send(vec![]).await.unwrap_err();
@@ -1444,71 +1437,68 @@ mod tests {
         let applied: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
         let last: Arc<std::sync::Mutex<Option<u64>>> = Arc::default();
         let lost_ack_sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let app = {
+        let handler = {
             let applied = applied.clone();
-            axum::Router::new().route(
-                "/s",
-                axum::routing::post(move |h: AxHeaders, body: axum::body::Bytes| {
-                    let applied = applied.clone();
-                    let last = last.clone();
-                    let lost_ack_sent = lost_ack_sent.clone();
-                    async move {
-                        let seq = producer_seq(&h);
-                        assert_eq!(h["pico-producer-epoch"], "3");
-                        assert_eq!(h["content-type"], BATCH_BINARY_CONTENT_TYPE);
-                        assert_eq!(pico_protocol::decode_binary(&body).unwrap().len(), 2);
-                        tokio::time::sleep(Duration::from_millis((seq * 7) % 5)).await;
-                        let mut last = last.lock().unwrap();
-                        let expected = last.map_or(0, |l| l + 1);
-                        let n = applied.lock().unwrap().len();
-                        let ok = |dup: bool| {
-                            let next = (n * 2).to_string();
-                            let start = if dup {
-                                next.clone()
-                            } else {
-                                (n * 2 - 2).to_string()
-                            };
-                            (
-                                AxStatus::OK,
-                                [("pico-next-seq", next), ("pico-start-seq", start)],
-                                String::new(),
-                            )
+            move |h: AxHeaders, body: axum::body::Bytes| {
+                let applied = applied.clone();
+                let last = last.clone();
+                let lost_ack_sent = lost_ack_sent.clone();
+                async move {
+                    let seq = producer_seq(&h);
+                    assert_eq!(h["pico-producer-epoch"], "3");
+                    assert_eq!(h["content-type"], BATCH_BINARY_CONTENT_TYPE);
+                    assert_eq!(pico_protocol::decode_binary(&body).unwrap().len(), 2);
+                    tokio::time::sleep(Duration::from_millis((seq * 7) % 5)).await;
+                    let mut last = last.lock().unwrap();
+                    let expected = last.map_or(0, |l| l + 1);
+                    let n = applied.lock().unwrap().len();
+                    let ok = |dup: bool| {
+                        let next = (n * 2).to_string();
+                        let start = if dup {
+                            next.clone()
+                        } else {
+                            (n * 2 - 2).to_string()
                         };
-                        if seq < expected {
-                            return ok(true);
-                        }
-                        if seq > expected {
-                            return (
-                                AxStatus::CONFLICT,
-                                [
-                                    ("pico-expected-seq", expected.to_string()),
-                                    ("pico-received-seq", seq.to_string()),
-                                ],
-                                r#"{"error":"sequence_gap","message":"gap"}"#.to_string(),
-                            );
-                        }
-                        *last = Some(seq);
-                        applied.lock().unwrap().push(seq);
-                        drop(last);
-                        if seq == 7 && !lost_ack_sent.swap(true, Ordering::SeqCst) {
-                            return (
-                                AxStatus::SERVICE_UNAVAILABLE,
-                                [("x-a", String::new()), ("x-b", String::new())],
-                                String::new(),
-                            );
-                        }
-                        let n = n + 1;
-                        let (next, start) = ((n * 2).to_string(), (n * 2 - 2).to_string());
                         (
                             AxStatus::OK,
                             [("pico-next-seq", next), ("pico-start-seq", start)],
                             String::new(),
                         )
+                    };
+                    if seq < expected {
+                        return ok(true);
                     }
-                }),
-            )
+                    if seq > expected {
+                        return (
+                            AxStatus::CONFLICT,
+                            [
+                                ("pico-expected-seq", expected.to_string()),
+                                ("pico-received-seq", seq.to_string()),
+                            ],
+                            r#"{"error":"sequence_gap","message":"gap"}"#.to_string(),
+                        );
+                    }
+                    *last = Some(seq);
+                    applied.lock().unwrap().push(seq);
+                    drop(last);
+                    if seq == 7 && !lost_ack_sent.swap(true, Ordering::SeqCst) {
+                        return (
+                            AxStatus::SERVICE_UNAVAILABLE,
+                            [("x-a", String::new()), ("x-b", String::new())],
+                            String::new(),
+                        );
+                    }
+                    let n = n + 1;
+                    let (next, start) = ((n * 2).to_string(), (n * 2 - 2).to_string());
+                    (
+                        AxStatus::OK,
+                        [("pico-next-seq", next), ("pico-start-seq", start)],
+                        String::new(),
+                    )
+                }
+            }
         };
-        (serve(app).await, applied)
+        (serve(handler).await, applied)
     }
 
     #[tokio::test]
