@@ -1027,20 +1027,23 @@ mod tests {
         assert_eq!(p.last_ms, crate::state::PRODUCER_SEEN_UNKNOWN);
     }
 
-    #[test]
-    fn a_snapshot_breaking_an_invariant_is_rejected() {
-        let config = StreamConfig {
-            content_type: "t".into(),
-            ttl_secs: None,
-            expires_at_ms: None,
-        };
-        let create = |name: &str| Command::CreateStream {
+    /// A plain create of `name`.
+    fn create(name: &str) -> Command {
+        Command::CreateStream {
             name: name.into(),
-            config: config.clone(),
+            config: StreamConfig {
+                content_type: "t".into(),
+                ttl_secs: None,
+                expires_at_ms: None,
+            },
             closed: false,
             initial: Default::default(),
             now_ms: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn a_snapshot_breaking_an_invariant_is_rejected() {
         let cmds = [
             Command::RegisterNode {
                 node_id: 1,
@@ -1130,11 +1133,6 @@ mod tests {
     /// wrap (reusing id 0 over a live stream) or panic.
     #[test]
     fn exhausted_ids_and_epochs_are_refused() {
-        let config = StreamConfig {
-            content_type: "t".into(),
-            ttl_secs: None,
-            expires_at_ms: None,
-        };
         let mut s = State::new();
         s.apply(&Command::RegisterNode {
             node_id: 1,
@@ -1143,13 +1141,6 @@ mod tests {
             now_ms: 0,
         })
         .unwrap();
-        let create = |name: &str| Command::CreateStream {
-            name: name.into(),
-            config: config.clone(),
-            closed: false,
-            initial: Default::default(),
-            now_ms: 0,
-        };
         s.apply(&create("a")).unwrap();
         s.next_stream_id = u64::MAX;
         let before = s.clone();
