@@ -2,8 +2,13 @@
 
 use crate::error::ClientError;
 use crate::types::*;
-use crate::wire::{self, *};
+use crate::wire;
 use bytes::Bytes;
+use pico_protocol::headers::{
+    CONTENT_TYPE_JSON_BATCH, PICO_CLOSED, PICO_KEY, PICO_MATCH_SEQ, PICO_NEXT_SEQ,
+    PICO_PRODUCER_EPOCH, PICO_PRODUCER_ID, PICO_PRODUCER_SEQ, PICO_START_SEQ, PICO_TRIM_SEQ,
+    PICO_TTL, PICO_UP_TO_DATE,
+};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
 use reqwest::{Method, Response, StatusCode, Url};
 use std::time::Duration;
@@ -106,7 +111,7 @@ impl Client {
     /// The URL of stream `name`; refuses names the server would not accept (see
     /// [`wire::stream_path`]) before anything is sent.
     fn stream_url(&self, name: &str, query: &[(&str, String)]) -> Result<Url, ClientError> {
-        self.url(&stream_path(name)?, query)
+        self.url(&wire::stream_path(name)?, query)
     }
 
     /// Sends a request, following 307/308 to `Location` with the same method, headers and body.
@@ -232,7 +237,7 @@ impl Client {
             headers.insert(CONTENT_TYPE, header_value(ct)?);
         }
         if let Some(ttl) = ttl_secs {
-            headers.insert(H_TTL, HeaderValue::from(ttl));
+            headers.insert(PICO_TTL, HeaderValue::from(ttl));
         }
         let url = self.stream_url(name, &[])?;
         let (status, _, _) = self.exchange_ok(Method::PUT, url, headers, None).await?;
@@ -261,10 +266,10 @@ impl Client {
         }
         let h = &h;
         Ok(Some(StreamMeta {
-            start: header_u64(h, H_START_SEQ)?.unwrap_or(0),
-            next: header_u64(h, H_NEXT_SEQ)?
+            start: header_u64(h, PICO_START_SEQ)?.unwrap_or(0),
+            next: header_u64(h, PICO_NEXT_SEQ)?
                 .ok_or_else(|| ClientError::Decode("HEAD without Pico-Next-Seq".into()))?,
-            closed: header_true(h, H_CLOSED),
+            closed: header_true(h, PICO_CLOSED),
             content_type: h
                 .get(CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
@@ -295,18 +300,18 @@ impl Client {
             headers.insert(CONTENT_TYPE, header_value(ct)?);
         }
         if let Some(key) = &options.key {
-            headers.insert(H_KEY, header_value(key)?);
+            headers.insert(PICO_KEY, header_value(key)?);
         }
         if let Some(p) = &options.producer {
-            headers.insert(H_PRODUCER_ID, header_value(&p.id)?);
-            headers.insert(H_PRODUCER_EPOCH, HeaderValue::from(p.epoch));
-            headers.insert(H_PRODUCER_SEQ, HeaderValue::from(p.seq));
+            headers.insert(PICO_PRODUCER_ID, header_value(&p.id)?);
+            headers.insert(PICO_PRODUCER_EPOCH, HeaderValue::from(p.epoch));
+            headers.insert(PICO_PRODUCER_SEQ, HeaderValue::from(p.seq));
         }
         if let Some(seq) = options.match_seq {
-            headers.insert(H_MATCH_SEQ, HeaderValue::from(seq));
+            headers.insert(PICO_MATCH_SEQ, HeaderValue::from(seq));
         }
         if options.close {
-            headers.insert(H_CLOSED, HeaderValue::from_static("true"));
+            headers.insert(PICO_CLOSED, HeaderValue::from_static("true"));
         }
         self.post(name, headers, body.into()).await
     }
@@ -320,7 +325,7 @@ impl Client {
         let mut headers = HeaderMap::new();
         headers.insert(
             CONTENT_TYPE,
-            HeaderValue::from_static(BATCH_JSON_CONTENT_TYPE),
+            HeaderValue::from_static(CONTENT_TYPE_JSON_BATCH),
         );
         self.post(name, headers, Bytes::from(wire::encode_json_batch(records)))
             .await
@@ -329,19 +334,19 @@ impl Client {
     /// Closes the stream to appends (`POST` with `Pico-Closed: true` and no body).
     pub async fn close(&self, name: &str) -> Result<AppendAck, ClientError> {
         let mut headers = HeaderMap::new();
-        headers.insert(H_CLOSED, HeaderValue::from_static("true"));
+        headers.insert(PICO_CLOSED, HeaderValue::from_static("true"));
         self.post(name, headers, Bytes::new()).await
     }
 
     /// Drops records below `seq`; returns the new start offset.
     pub async fn trim(&self, name: &str, seq: u64) -> Result<u64, ClientError> {
         let mut headers = HeaderMap::new();
-        headers.insert(H_TRIM_SEQ, HeaderValue::from(seq));
+        headers.insert(PICO_TRIM_SEQ, HeaderValue::from(seq));
         let url = self.stream_url(name, &[])?;
         let (_, h, _) = self
             .exchange_ok(Method::POST, url, headers, Some(Bytes::new()))
             .await?;
-        Ok(header_u64(&h, H_START_SEQ)?.unwrap_or(seq))
+        Ok(header_u64(&h, PICO_START_SEQ)?.unwrap_or(seq))
     }
 
     async fn post(
@@ -355,9 +360,9 @@ impl Client {
             .exchange_ok(Method::POST, url, headers, Some(body))
             .await?;
         let h = &h;
-        let next_seq = header_u64(h, H_NEXT_SEQ)?
+        let next_seq = header_u64(h, PICO_NEXT_SEQ)?
             .ok_or_else(|| ClientError::Decode("append response without Pico-Next-Seq".into()))?;
-        let start_seq = header_u64(h, H_START_SEQ)?.unwrap_or(next_seq);
+        let start_seq = header_u64(h, PICO_START_SEQ)?.unwrap_or(next_seq);
         Ok(AppendAck {
             start_seq,
             next_seq,
@@ -407,15 +412,15 @@ impl Client {
         } else {
             wire::decode_read_json(&body)?
         };
-        let next_seq = match header_u64(&headers, H_NEXT_SEQ)? {
+        let next_seq = match header_u64(&headers, PICO_NEXT_SEQ)? {
             Some(n) => n,
             None => records.last().map(|r| r.seq + 1).unwrap_or(seq),
         };
         Ok(ReadChunk {
             records,
             next_seq,
-            up_to_date: status == StatusCode::NO_CONTENT || header_true(&headers, H_UP_TO_DATE),
-            closed: header_true(&headers, H_CLOSED),
+            up_to_date: status == StatusCode::NO_CONTENT || header_true(&headers, PICO_UP_TO_DATE),
+            closed: header_true(&headers, PICO_CLOSED),
         })
     }
 

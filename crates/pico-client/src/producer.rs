@@ -13,9 +13,13 @@
 use crate::client::{Client, Failure};
 use crate::error::ClientError;
 use crate::types::{AppendAck, BatchRecord};
-use crate::wire::{self, *};
+use crate::wire;
 use bytes::Bytes;
 use pico_protocol::Record;
+use pico_protocol::headers::{
+    CONTENT_TYPE_BINARY_BATCH, CONTENT_TYPE_JSON_BATCH, PICO_NEXT_SEQ, PICO_PRODUCER_EPOCH,
+    PICO_PRODUCER_ID, PICO_PRODUCER_SEQ, PICO_START_SEQ,
+};
 use reqwest::Method;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use std::collections::BTreeSet;
@@ -589,9 +593,9 @@ impl ProducerInner {
     ) -> Result<ProducerAck, ClientError> {
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(body.1));
-        headers.insert(H_PRODUCER_ID, self.id_header.clone());
-        headers.insert(H_PRODUCER_EPOCH, HeaderValue::from(self.config.epoch));
-        headers.insert(H_PRODUCER_SEQ, HeaderValue::from(seq));
+        headers.insert(PICO_PRODUCER_ID, self.id_header.clone());
+        headers.insert(PICO_PRODUCER_EPOCH, HeaderValue::from(self.config.epoch));
+        headers.insert(PICO_PRODUCER_SEQ, HeaderValue::from(seq));
         drive(&self.window, seq, &self.config.retry, || {
             let headers = headers.clone();
             let body = body.0.clone();
@@ -621,8 +625,8 @@ fn classify(seq: u64, res: Result<(u16, HeaderMap, Bytes), Failure>) -> Attempt<
         Err(f) => return Attempt::Fatal(f.error),
     };
     if (200..300).contains(&status) {
-        let next = header_num(&headers, H_NEXT_SEQ);
-        let start = header_num(&headers, H_START_SEQ);
+        let next = header_num(&headers, PICO_NEXT_SEQ);
+        let start = header_num(&headers, PICO_START_SEQ);
         return match next {
             Some(next_seq) => Attempt::Done(ProducerAck {
                 seq,
@@ -667,7 +671,7 @@ fn encode_records(records: &[BatchRecord]) -> Result<(Bytes, &'static str), Clie
     if records.iter().any(|r| r.key.is_some()) {
         return Ok((
             Bytes::from(wire::encode_json_batch(records)),
-            BATCH_JSON_CONTENT_TYPE,
+            CONTENT_TYPE_JSON_BATCH,
         ));
     }
     let recs: Vec<Record> = records
@@ -685,7 +689,7 @@ fn encode_records(records: &[BatchRecord]) -> Result<(Bytes, &'static str), Clie
         .collect();
     let body = pico_protocol::encode_binary(recs.iter().map(|r| (0, r)))
         .map_err(|e| ClientError::Transport(format!("cannot encode batch: {e}")))?;
-    Ok((body, BATCH_BINARY_CONTENT_TYPE))
+    Ok((body, CONTENT_TYPE_BINARY_BATCH))
 }
 
 #[cfg(test)]
@@ -1446,7 +1450,7 @@ mod tests {
                 async move {
                     let seq = producer_seq(&h);
                     assert_eq!(h["pico-producer-epoch"], "3");
-                    assert_eq!(h["content-type"], BATCH_BINARY_CONTENT_TYPE);
+                    assert_eq!(h["content-type"], CONTENT_TYPE_BINARY_BATCH);
                     assert_eq!(pico_protocol::decode_binary(&body).unwrap().len(), 2);
                     tokio::time::sleep(Duration::from_millis((seq * 7) % 5)).await;
                     let mut last = last.lock().unwrap();

@@ -305,23 +305,26 @@ pub fn record_to_json(seq: u64, record: &Record) -> Value {
         obj.insert(field, v);
     }
     if !record.headers.is_empty() {
-        // Header values are shown as text; non-UTF-8 bytes are replaced (U+FFFD) since the
-        // object form has no room for a per-value encoding.
-        let map: Map<String, Value> = record
-            .headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    Value::String(String::from_utf8_lossy(v).into_owned()),
-                )
-            })
-            .collect();
-        obj.insert("headers".into(), Value::Object(map));
+        obj.insert("headers".into(), headers_to_json(&record.headers));
     }
     let (field, v) = text_or_b64("body", &record.value);
     obj.insert(field, v);
     Value::Object(obj)
+}
+
+/// Header values are shown as text; non-UTF-8 bytes are replaced (U+FFFD) since the object
+/// form has no room for a per-value encoding.
+fn headers_to_json(headers: &[(String, Bytes)]) -> Value {
+    let map: Map<String, Value> = headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                Value::String(String::from_utf8_lossy(v).into_owned()),
+            )
+        })
+        .collect();
+    Value::Object(map)
 }
 
 fn text_or_b64(field: &str, bytes: &[u8]) -> (String, Value) {
@@ -338,6 +341,106 @@ pub fn render_json<'a>(records: impl IntoIterator<Item = (u64, &'a Record)>) -> 
         .map(|(seq, r)| record_to_json(seq, r))
         .collect();
     Value::Array(arr).to_string()
+}
+
+/// Encodes records as a batch POST body, the inverse of [`parse_json_batch`]: UTF-8 bodies and
+/// keys go as `body` / `key`, other bytes as `body_b64` / `key_b64`. Header values go as text
+/// (non-UTF-8 bytes replaced), as the object form has no per-value encoding.
+pub fn encode_json_batch(records: &[Record]) -> Vec<u8> {
+    let items: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let mut obj = Map::new();
+            let (field, v) = text_or_b64("body", &r.value);
+            obj.insert(field, v);
+            if let Some(k) = &r.key {
+                let (field, v) = text_or_b64("key", k);
+                obj.insert(field, v);
+            }
+            if !r.headers.is_empty() {
+                obj.insert("headers".into(), headers_to_json(&r.headers));
+            }
+            Value::Object(obj)
+        })
+        .collect();
+    let mut root = Map::new();
+    root.insert("records".into(), Value::Array(items));
+    // A tree of strings, numbers and arrays always serializes.
+    serde_json::to_vec(&Value::Object(root)).unwrap_or_default()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("bad json read body: {0}")]
+pub struct JsonReadError(String);
+
+/// Parses a `json` read body (what [`render_json`] renders) into `(seq, record)` pairs; an
+/// empty or all-whitespace body is no records. Headers may also come as `[["k","v"]]` pairs.
+pub fn parse_read_json(body: &[u8]) -> Result<Vec<(u64, Record)>, JsonReadError> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(Vec::new());
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| JsonReadError(format!("not JSON: {e}")))?;
+    let items = value
+        .as_array()
+        .ok_or_else(|| JsonReadError("not a JSON array".into()))?;
+    items.iter().map(read_record).collect()
+}
+
+fn read_record(v: &Value) -> Result<(u64, Record), JsonReadError> {
+    let bad = |what: &str| JsonReadError(format!("{what}: record={v}"));
+    let obj = v.as_object().ok_or_else(|| bad("not an object"))?;
+    let seq = obj
+        .get("seq")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad("missing seq"))?;
+    let timestamp_ms = obj.get("timestamp").and_then(Value::as_i64).unwrap_or(0);
+    let key = bytes_field(obj, "key").map_err(|e| bad(&e))?;
+    let headers = read_headers(obj.get("headers")).ok_or_else(|| bad("bad headers"))?;
+    let value = bytes_field(obj, "body")
+        .map_err(|e| bad(&e))?
+        .ok_or_else(|| bad("missing body"))?;
+    let record = Record {
+        timestamp_ms,
+        key,
+        value,
+        headers,
+    };
+    Ok((seq, record))
+}
+
+/// `field` as text or `field_b64` as base64; `None` when neither is present.
+fn bytes_field(obj: &Map<String, Value>, field: &str) -> Result<Option<Bytes>, String> {
+    let b64 = format!("{field}_b64");
+    match (obj.get(field), obj.get(&b64)) {
+        (Some(Value::String(s)), _) => Ok(Some(Bytes::from(s.clone().into_bytes()))),
+        (_, Some(Value::String(s))) => B64
+            .decode(s)
+            .map(|b| Some(Bytes::from(b)))
+            .map_err(|_| format!("{b64} is not base64")),
+        (None | Some(Value::Null), None | Some(Value::Null)) => Ok(None),
+        _ => Err(format!("{field} is not a string")),
+    }
+}
+
+/// Headers as an object (`{"k":"v"}`) or as pairs (`[["k","v"]]`).
+fn read_headers(v: Option<&Value>) -> Option<Vec<(String, Bytes)>> {
+    let text = |v: &Value| v.as_str().map(|s| Bytes::from(s.to_string().into_bytes()));
+    match v {
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| Some((k.clone(), text(v)?)))
+            .collect(),
+        Some(Value::Array(pairs)) => pairs
+            .iter()
+            .map(|pair| match pair.as_array()?.as_slice() {
+                [k, v] => Some((k.as_str()?.to_string(), text(v)?)),
+                _ => None,
+            })
+            .collect(),
+        Some(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -542,5 +645,84 @@ mod tests {
             ])
         );
         assert_eq!(render_json([]), "[]");
+    }
+
+    /// Records with sorted, unique, UTF-8 header keys and values (the JSON forms hold header
+    /// values as text and headers as an object, so only those round-trip exactly).
+    fn arb_record() -> impl proptest::strategy::Strategy<Value = Record> {
+        use proptest::prelude::*;
+        (
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..16)),
+            proptest::collection::vec(any::<u8>(), 0..64),
+            proptest::collection::btree_map("[a-z]{1,8}", ".{0,8}", 0..4),
+        )
+            .prop_map(|(key, value, headers)| Record {
+                timestamp_ms: 0,
+                key: key.map(Bytes::from),
+                value: Bytes::from(value),
+                headers: headers
+                    .into_iter()
+                    .map(|(k, v)| (k, Bytes::from(v.into_bytes())))
+                    .collect(),
+            })
+    }
+
+    proptest::proptest! {
+        /// What a client encodes is what the server parses.
+        #[test]
+        fn prop_batch_encoding_round_trips(records in proptest::collection::vec(arb_record(), 0..8)) {
+            let body = encode_json_batch(&records);
+            proptest::prop_assert_eq!(parse_json_batch(&body, 8).unwrap(), records);
+        }
+
+        /// What the server renders is what a client parses.
+        #[test]
+        fn prop_read_rendering_round_trips(
+            records in proptest::collection::vec((proptest::arbitrary::any::<u64>(), proptest::arbitrary::any::<i64>(), arb_record()), 0..8)
+        ) {
+            let records: Vec<(u64, Record)> = records
+                .into_iter()
+                .map(|(seq, ts, mut r)| {
+                    r.timestamp_ms = ts;
+                    (seq, r)
+                })
+                .collect();
+            let body = render_json(records.iter().map(|(s, r)| (*s, r)));
+            proptest::prop_assert_eq!(parse_read_json(body.as_bytes()).unwrap(), records);
+        }
+    }
+
+    #[test]
+    fn read_json_takes_header_pairs_and_empty_bodies() {
+        let body = br#"[{"seq":9,"timestamp":1,"headers":[["p","q"]],"body":"","key_b64":"/w=="}]"#;
+        let recs = parse_read_json(body).unwrap();
+        assert_eq!(recs.len(), 1);
+        let (seq, r) = &recs[0];
+        assert_eq!(*seq, 9);
+        assert_eq!(r.headers, vec![("p".to_string(), Bytes::from_static(b"q"))]);
+        assert!(r.value.is_empty());
+        assert_eq!(r.key.as_deref(), Some(&[0xff][..]));
+        assert!(parse_read_json(b"").unwrap().is_empty());
+        assert!(parse_read_json(b" \n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn read_json_rejects_malformed() {
+        for bad in [
+            &b"{}"[..],
+            br#"[{"timestamp":1,"body":"a"}]"#,
+            br#"[{"seq":1}]"#,
+            br#"[{"seq":1,"body_b64":"***"}]"#,
+            br#"[{"seq":1,"body":1}]"#,
+            br#"[{"seq":1,"body":"a","headers":[["k"]]}]"#,
+            br#"[{"seq":1,"body":"a","headers":{"k":1}}]"#,
+            b"[",
+        ] {
+            assert!(
+                parse_read_json(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

@@ -4,7 +4,8 @@
 //! - [`batch`]: the stored record format (Kafka RecordBatch v2, CRC-32C).
 //! - [`headers`]: Pico and Durable Streams header names, batch content types.
 //! - [`ds_json`]: Durable Streams JSON mode (flatten one level, render arrays).
-//! - [`json_batch`]: the `application/vnd.picomq.batch+json` body and the `json` read format;
+//! - [`json_batch`]: the `application/vnd.picomq.batch+json` body and the `json` read format,
+//!   both directions (the server parses batches and renders reads, the client the reverse);
 //!   [`json_render`] renders that format a piece at a time for large reads.
 //! - [`binary`]: the `application/vnd.picomq.batch` framing.
 //! - [`cursor`]: live-read cursors that keep CDN cache keys moving.
@@ -32,7 +33,10 @@ pub use binary::{
     BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, MAX_HEADERS_PER_APPEND, check_storable,
     decode_binary, decode_binary_append, decode_binary_records, encode_binary,
 };
-pub use json_batch::{JsonBatchError, parse_json_batch, record_to_json, render_json};
+pub use json_batch::{
+    JsonBatchError, JsonReadError, encode_json_batch, parse_json_batch, parse_read_json,
+    record_to_json, render_json,
+};
 pub use number::{NumberError, parse_strict_u64, push_decimal};
 pub use offset::{OffsetError, OffsetSpec, format_offset, parse_offset, push_offset};
 pub use record::Record;
