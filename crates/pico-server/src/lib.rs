@@ -21,6 +21,7 @@ mod maintenance;
 pub mod node;
 pub mod open;
 pub mod producers;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod ttl;
 pub mod waiters;

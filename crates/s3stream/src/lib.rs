@@ -22,6 +22,7 @@ pub mod parts;
 pub mod segment_wal;
 pub mod storage;
 pub mod telemetry;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod wal;
 
