@@ -1,0 +1,123 @@
+//! Shared setup for the maintenance loops' tests: nodes whose loops are stopped, so only a
+//! test's own passes run, and helpers that create, open and count streams.
+
+pub(super) use crate::api::{AppendRequest, CreateConfig, CreateRequest, ReadFrom, ReadRequest};
+pub(super) use crate::config::NodeConfig;
+pub(super) use crate::node::Node;
+pub(super) use crate::open::OpenStream;
+pub(super) use crate::testing::start_test_node;
+pub(super) use bytes::Bytes;
+pub(super) use futures::StreamExt;
+pub(super) use pico_common::StreamName;
+pub(super) use pico_common::clock::now_ms;
+pub(super) use pico_metadata::{Command, Initial, StreamConfig};
+pub(super) use pico_protocol::Record;
+pub(super) use pico_sql::{MetaLog, MetaLogOptions};
+pub(super) use s3stream::testing::SlowStorage;
+pub(super) use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
+pub(super) use std::sync::Arc;
+pub(super) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(super) use std::time::Duration;
+
+/// A node on `data` with `engine`, its maintenance loops stopped: only the test's own
+/// passes run.
+pub(super) async fn node_on(data: Arc<dyn ObjectStorage>, engine: EngineConfig) -> Node {
+    let config = NodeConfig {
+        node_epoch: 1,
+        ..NodeConfig::default()
+    };
+    node_with(config, data, engine).await
+}
+
+pub(super) async fn node_with(
+    config: NodeConfig,
+    data: Arc<dyn ObjectStorage>,
+    engine: EngineConfig,
+) -> Node {
+    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+        .await
+        .unwrap();
+    let wal = Arc::new(ObjectWal::new(
+        Arc::new(MemoryStorage::new()),
+        "wal".to_string(),
+    ));
+    let node = Node::start(config, meta, data, wal, engine).await.unwrap();
+    for task in node.inner.tasks.lock().unwrap().drain(..) {
+        task.abort();
+    }
+    node
+}
+
+/// Engine uploads only when asked (a flush): every object is one the test caused.
+pub(super) fn uploads_on_demand() -> EngineConfig {
+    EngineConfig {
+        upload_interval: Duration::from_secs(3600),
+        ..EngineConfig::default()
+    }
+}
+
+pub(super) fn name(n: &str) -> StreamName {
+    StreamName::parse(n).unwrap()
+}
+
+pub(super) async fn append_one(node: &Node, n: &str) {
+    node.append(AppendRequest {
+        name: name(n),
+        records: vec![Record::from_value("x")],
+        producer: None,
+        match_seq: None,
+        close: false,
+        content_type: None,
+    })
+    .await
+    .unwrap();
+}
+
+/// Creates `count` streams and appends a record to each (which opens it); returns their ids.
+pub(super) async fn open_streams(node: &Node, prefix: &str, count: usize) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for i in 0..count {
+        let n = format!("{prefix}{i}");
+        let created = node
+            .create(CreateRequest {
+                name: name(&n),
+                config: CreateConfig::default(),
+                initial: vec![],
+            })
+            .await
+            .unwrap();
+        append_one(node, &n).await;
+        ids.push(created.info.stream_id);
+    }
+    ids
+}
+
+/// Same, many at once.
+pub(super) async fn open_many(node: &Node, prefix: &str, count: usize) {
+    futures::stream::iter(0..count)
+        .for_each_concurrent(256, |i| async move {
+            let n = format!("{prefix}{i}");
+            let create = CreateRequest {
+                name: name(&n),
+                config: CreateConfig::default(),
+                initial: vec![],
+            };
+            node.create(create).await.unwrap();
+            append_one(node, &n).await;
+        })
+        .await;
+}
+
+pub(super) fn opens(node: &Node, ids: &[u64]) -> Vec<Arc<OpenStream>> {
+    ids.iter()
+        .map(|id| node.inner.open.get(*id).expect("stream open"))
+        .collect()
+}
+
+/// How many of `ids` the metadata still has an owner for.
+pub(super) fn owned(node: &Node, ids: &[u64]) -> usize {
+    let view = node.inner.meta.view();
+    ids.iter()
+        .filter(|id| view.streams.get(id).is_some_and(|m| m.owner.is_some()))
+        .count()
+}
