@@ -10,7 +10,7 @@
 //! - [`waiters`]: long-poll/SSE wake-ups, one channel per awaited stream.
 //! - [`ttl`]: sliding-TTL touches kept in memory and persisted in batches.
 //! - [`catalog`]: the engine's object index and commit path over the metadata log.
-//! - `maintenance`: GC, TTL sweeps, idle release.
+//! - `maintenance/`: loops that run without a request, one file each (GC, orphans, TTL, idle release).
 //! - [`testing`]: a real node on in-memory storage, for tests.
 
 pub mod api;
