@@ -4,7 +4,7 @@
 //! - [`name`]: stream-name rules (`/orders/42` → canonical `orders/42`).
 //! - [`uri`]: bucket URIs with a numeric bucket id before the scheme (`-2@file://./objects`).
 //! - [`error`]: [`ErrorKind`], the small prescriptive error vocabulary every protocol maps.
-//! - [`clock`]: wall-clock milliseconds; the only place the time is read.
+//! - [`clock`]: the injected [`clock::Clock`] (system and manual); the only place the time is read.
 //! - [`fs`]: directories created durably (each new entry synced into its parent).
 
 pub mod clock;
