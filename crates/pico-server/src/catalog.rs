@@ -13,6 +13,8 @@ pub struct MetaCatalog {
     pub meta: MetaLog,
     pub node_id: u32,
     pub node_epoch: u64,
+    /// Stamps commits (`now_ms`: producer ageing in the metadata state).
+    pub clock: pico_common::clock::SharedClock,
 }
 
 #[async_trait::async_trait]
@@ -74,7 +76,7 @@ impl Catalog for MetaCatalog {
             key: commit.key,
             size: commit.size,
             ranges,
-            now_ms: pico_common::clock::now_ms(),
+            now_ms: self.clock.now_ms(),
         };
         match self.meta.propose(cmd).await {
             Err(e) => Err(CatalogError(e.to_string())),
@@ -202,6 +204,7 @@ mod tests {
             meta,
             node_id: 1,
             node_epoch: 1,
+            clock: pico_common::clock::system(),
         };
         let commit = || ObjectCommit {
             key: "k".into(),

@@ -1,5 +1,6 @@
 //! Node configuration (what `pico serve` flags become once parsed).
 
+use pico_common::clock::SharedClock;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -32,6 +33,9 @@ pub struct NodeConfig {
     /// Longest an append waits for its stream's turn and the engine's queue space together
     /// (storage stalled or not keeping up); then 503.
     pub submit_timeout: Duration,
+    /// Where wall time comes from (TTL, expiry, producer ageing, idle release); tests pass a
+    /// manual clock.
+    pub clock: SharedClock,
 }
 
 impl Default for NodeConfig {
@@ -49,6 +53,7 @@ impl Default for NodeConfig {
             slots: None,
             allow_local_webhooks: true,
             submit_timeout: Duration::from_secs(30),
+            clock: pico_common::clock::system(),
         }
     }
 }

@@ -10,7 +10,6 @@ use crate::producers::{self, Aux, Decision, ProducerState};
 use crate::ttl::Touches;
 use crate::waiters::{Signal, Waiters};
 use pico_common::StreamName;
-use pico_common::clock::now_ms;
 use pico_metadata::{
     ApplyError, Command, ForkOrigin, Initial, Outcome, ProducerMark, RegistryEntry, StreamConfig,
     StreamMeta,
@@ -127,7 +126,7 @@ impl Node {
                 node_id: config.node_id,
                 node_epoch: config.node_epoch,
                 address: config.advertised_url.clone(),
-                now_ms: now_ms(),
+                now_ms: config.clock.now_ms(),
             })
             .await
             .map_err(|e| StartError::Meta(e.to_string()))?;
@@ -141,6 +140,7 @@ impl Node {
             meta: meta.clone(),
             node_id: config.node_id,
             node_epoch: config.node_epoch,
+            clock: config.clock.clone(),
         });
         let (engine, report) = Engine::start(
             engine_config,
@@ -182,6 +182,11 @@ impl Node {
     }
 
     /// The metadata log (admin API, tests).
+    /// Wall time from the node's clock (`NodeConfig::clock`).
+    pub fn now_ms(&self) -> i64 {
+        self.inner.config.clock.now_ms()
+    }
+
     pub fn meta(&self) -> &MetaLog {
         &self.inner.meta
     }
@@ -203,7 +208,7 @@ impl Node {
                 "ttl too large: max={MAX_TTL_SECS} seconds"
             )));
         }
-        let now = now_ms();
+        let now = self.now_ms();
         // An expired stream behaves as absent: remove it so the name is free again.
         if let Some(r) = self.resolve_raw(&req.name)
             && self.expired(&r.entry, r.meta.id, now)
@@ -355,7 +360,7 @@ impl Node {
         req: AppendRequest,
         opts: AppendOptions,
     ) -> Result<AppendOutcome, AppendError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let r = self.resolve(&req.name, now).ok_or_else(|| {
             if self.is_gone(&req.name) {
                 AppendError::Gone(req.name.to_string())
@@ -667,7 +672,7 @@ impl Node {
 
     /// Catch-up read: never waits.
     pub async fn read(&self, req: ReadRequest) -> Result<ReadOutcome, ReadError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let r = self
             .resolve(&req.name, now)
             .ok_or_else(|| self.read_missing(&req.name))?;
@@ -821,7 +826,7 @@ impl Node {
         timeout: Duration,
     ) -> Result<WaitOutcome, ReadError> {
         let r = self
-            .resolve(name, now_ms())
+            .resolve(name, self.now_ms())
             .ok_or_else(|| self.read_missing(name))?;
         let stream_id = r.meta.id;
         let deadline = tokio::time::Instant::now() + timeout;
@@ -862,7 +867,7 @@ impl Node {
 
     /// Metadata without touching the TTL.
     pub async fn head(&self, name: &StreamName) -> Result<StreamInfo, ReadError> {
-        self.resolve(name, now_ms())
+        self.resolve(name, self.now_ms())
             .map(|r| self.info(&r))
             .ok_or_else(|| self.read_missing(name))
     }
@@ -870,7 +875,7 @@ impl Node {
     /// Deletes the stream; one that forks still reference is soft-deleted (its name stays
     /// reserved, answering "gone", until the last fork is deleted).
     pub async fn delete(&self, name: &StreamName) -> Result<(), DeleteError> {
-        let r = self.resolve(name, now_ms()).ok_or_else(|| {
+        let r = self.resolve(name, self.now_ms()).ok_or_else(|| {
             if self.is_gone(name) {
                 DeleteError::Gone(name.to_string())
             } else {
@@ -899,7 +904,7 @@ impl Node {
                 "ttl too large: max={MAX_TTL_SECS} seconds"
             )));
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let src = self.resolve(&req.source, now).ok_or_else(|| {
             if self.is_gone(&req.source) {
                 ForkError::Conflict {
@@ -1080,7 +1085,7 @@ impl Node {
                 .await?;
         }
         let info = self
-            .resolve(&req.name, now_ms())
+            .resolve(&req.name, self.now_ms())
             .map(|r| self.info(&r))
             .ok_or_else(|| ForkError::Conflict {
                 name: req.name.to_string(),
@@ -1091,7 +1096,7 @@ impl Node {
 
     /// Trims records below `seq`; returns the new start offset.
     pub async fn trim(&self, name: &StreamName, seq: u64) -> Result<u64, TrimError> {
-        let now = now_ms();
+        let now = self.now_ms();
         let r = self
             .resolve(name, now)
             .ok_or_else(|| TrimError::NotFound(name.to_string()))?;
@@ -1122,7 +1127,7 @@ impl Node {
 
     pub fn list(&self, req: ListRequest) -> ListOutcome {
         let view = self.inner.meta.view();
-        let now = now_ms();
+        let now = self.now_ms();
         let prefix = req
             .prefix
             .as_deref()
@@ -1340,7 +1345,7 @@ impl Node {
         id: u64,
     ) -> Result<(), DeleteError> {
         match self.resolve_raw(name) {
-            Some(r) if r.meta.id == id && self.expired(&r.entry, id, now_ms()) => {
+            Some(r) if r.meta.id == id && self.expired(&r.entry, id, self.now_ms()) => {
                 self.remove_stream(name, id).await
             }
             _ => Ok(()),
@@ -1516,7 +1521,7 @@ impl Node {
                         stream_seq,
                         broken: false,
                     }),
-                    last_used_ms: AtomicI64::new(now_ms()),
+                    last_used_ms: AtomicI64::new(self.now_ms()),
                     producers_moved: tokio::sync::Notify::new(),
                 }))
             })

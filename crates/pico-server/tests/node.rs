@@ -307,20 +307,26 @@ async fn long_poll_wakes_on_append_and_times_out() {
     assert_eq!(t, WaitOutcome::Timeout);
 }
 
+/// The TTL slides with each access and expires exactly when it lapses, on the node's clock.
 #[tokio::test]
 async fn ttl_expires_stream() {
-    let node = start_test_node().await;
+    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
+    let node = pico_server::testing::start_test_node_with(NodeConfig {
+        clock: clock.clone(),
+        ..NodeConfig::default()
+    })
+    .await;
     let mut c = create_req("t");
     c.config.ttl_secs = Some(2);
     node.create(c).await.unwrap();
     node.append(append_req("t", &["x"])).await.unwrap();
-    // Wide margins (0.8 s either way): a loaded CI machine only makes sleeps longer.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    clock.advance(Duration::from_millis(1_200));
     // A read slides the TTL.
     read_all(&node, "t", 0).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    clock.advance(Duration::from_millis(1_999));
     assert!(node.head(&name("t")).await.is_ok(), "read slid the ttl");
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    // The head above slid it too: 2 s after it, the stream is gone.
+    clock.advance(Duration::from_millis(2_000));
     assert!(matches!(
         node.head(&name("t")).await,
         Err(ReadError::NotFound(_))

@@ -2,7 +2,6 @@
 
 use crate::node::Node;
 use crate::open::OpenStream;
-use pico_common::clock::now_ms;
 use pico_metadata::Command;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use std::sync::Arc;
 /// idle stream is left: one batch per pass capped release at ~800 streams a second, below the
 /// churn of a busy node. Stops at a failed flush or metadata write (the next pass retries).
 pub(crate) async fn idle_pass(node: Node, pending: Arc<IdleRelease>) {
-    let cutoff = now_ms() - node.inner.config.idle_release.as_millis() as i64;
+    let cutoff = node.now_ms() - node.inner.config.idle_release.as_millis() as i64;
     // Writers found busy: skipped for this pass, or each batch would pick them again.
     let mut busy = HashSet::new();
     loop {

@@ -5,7 +5,6 @@ use crate::node::Node;
 use crate::ttl::persist_after_ms;
 use futures::StreamExt;
 use pico_common::StreamName;
-use pico_common::clock::now_ms;
 use pico_metadata::Command;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -90,7 +89,7 @@ async fn persist_touches(node: &Node, touches: Vec<(u64, i64)>, all: bool) {
 pub(crate) async fn expiry_pass(node: Node) {
     let mut after: Option<Arc<str>> = None;
     loop {
-        let now = now_ms();
+        let now = node.now_ms();
         let view = node.inner.meta.view();
         let from = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let mut due: Vec<(Arc<str>, u64)> = Vec::new();
@@ -158,7 +157,7 @@ mod tests {
                     config: config(Some(1)),
                     closed: false,
                     initial: Initial::None,
-                    now_ms: now_ms(),
+                    now_ms: node.now_ms(),
                 })
                 .collect();
             for outcome in node.inner.meta.propose_many(cmds).await.unwrap() {
@@ -171,7 +170,7 @@ mod tests {
                 config: config(Some(i64::MAX)),
                 closed: false,
                 initial: Initial::None,
-                now_ms: now_ms(),
+                now_ms: node.now_ms(),
             };
             node.inner.meta.propose(cmd).await.unwrap().unwrap();
         }
@@ -207,7 +206,7 @@ mod tests {
             .unwrap();
         // A read that resolved `gone` before the delete touches it after the delete's cleanup;
         // `live` is touched too recently to be persisted yet.
-        let now = now_ms();
+        let now = node.now_ms();
         node.inner.touches.touch(gone, now, false);
         node.inner.touches.touch(live, now, false);
         // A pass that only takes due touches leaves both; the sweep drops the deleted one.
