@@ -3,13 +3,15 @@
 //! form of record offsets, so both protocols address the same positions.
 //!
 //! - [`write`]: `PUT` (create, create-closed, fork), `POST` (append, close), `DELETE`.
-//! - [`read`]: `GET` catch-up and long-poll, `HEAD`.
+//! - [`read`]: `GET` catch-up and long-poll, `HEAD`; [`catch_up`] streams a catch-up body that
+//!   spans many pages.
 //! - [`sse`]: `GET ?live=sse`; [`sse_render`] renders a large read's frame piece by piece.
 //! - [`hub`]: the shared per-stream fan-out behind caught-up SSE subscribers.
 //! - [`headers`]: strict header and query parsing.
 //! - [`error`]: DS status codes and error headers.
 //! - `subscriptions`: the reserved `__ds` namespace (routed before stream paths).
 
+pub mod catch_up;
 pub mod error;
 pub mod headers;
 pub mod hub;
