@@ -1,11 +1,14 @@
 //! Stream names are URL-path-like (`logs/api/prod`). The canonical form has no leading or
 //! trailing slash; `/orders/42`, `orders/42` and `orders/42/` name the same stream.
 //!
-//! Names are the raw (still percent-encoded) request path and are compared byte for byte:
-//! `a%2fb` and `a%2Fb` are two streams, as are `a%41` and `aA` (see docs/design/streams.md for
-//! why they are not normalised). So a `%` must start a well-formed escape, and a segment a URL
-//! parser resolves as `.` or `..` (`%2e`, `.%2E`, …) is refused: a client would send another
-//! path than the name.
+//! A name means its percent-decoded text: `/%61` and `/a` are one stream, as are `a:b` and
+//! `a%3A` (see "Names" in docs/design/streams.md). [`StreamName::from_path`] is the one rule
+//! every request path goes through, in both protocols: it decodes once, refuses what would give
+//! a name two meanings (an encoded `/`, an encoded control character, bytes that are not UTF-8,
+//! a `%` that starts no escape, a `.` or `..` segment however spelled) and spells the result in
+//! one canonical way, which is what the registry stores and listings show: characters allowed
+//! in a path segment as themselves, every other character as `%HH` escapes of its UTF-8 bytes
+//! with upper-case hex. So the stored spelling is itself a URL path naming the same stream.
 
 use std::fmt;
 use thiserror::Error;
@@ -32,6 +35,15 @@ pub enum NameError {
     #[error("stream name has a `%` not followed by two hex digits: name=`{0}`")]
     BadEscape(String),
     #[error(
+        "stream name has an encoded `/` (`%2F`): `/` separates segments, so it must be sent \
+         as itself: name=`{0}`"
+    )]
+    EncodedSlash(String),
+    #[error("stream name has an encoded control character (`%00`-`%1F`, `%7F`): name=`{0}`")]
+    ControlChar(String),
+    #[error("stream name is not UTF-8 once percent-decoded: name=`{0}`")]
+    NotUtf8(String),
+    #[error(
         "stream name is reserved (first segment `_sys`, `_groups` or `__ds`, or `v1/stream` \
          and below): name=`{0}`"
     )]
@@ -43,10 +55,10 @@ pub enum NameError {
 pub struct StreamName(String);
 
 impl StreamName {
-    /// Validates a name that addresses a stream (leading/trailing `/` ignored) and returns its
-    /// canonical form. Stored names are read back with this, and requests for existing streams
-    /// go through it: it keeps the rules names were created under before the stricter ones of
-    /// [`Self::parse_new`], so no stored stream becomes unreachable or undeletable.
+    /// Validates a stored name, or one built by the server itself, and returns its canonical
+    /// form (leading/trailing `/` dropped). Names read back from the registry go through this:
+    /// it keeps the rules names were created under before [`Self::from_path`], so no stream
+    /// stored earlier fails to load, list or expire. Request paths use [`Self::from_path`].
     pub fn parse(raw: &str) -> Result<StreamName, NameError> {
         let trimmed = raw.trim_matches('/');
         if trimmed.is_empty() {
@@ -61,24 +73,57 @@ impl StreamName {
         {
             return Err(NameError::BadSegment(trimmed.to_string()));
         }
-        let ok = |c: char| c.is_ascii_alphanumeric() || "-._~:@!$&'()*+,;=%/".contains(c);
-        if !trimmed.chars().all(ok) {
+        if !trimmed
+            .chars()
+            .all(|c| c == '%' || c == '/' || is_literal(c))
+        {
             return Err(NameError::BadChar(trimmed.to_string()));
         }
         Ok(StreamName(trimmed.to_string()))
     }
 
-    /// The rule for a name a client creates (both facades, and the client library): [`Self::parse`],
-    /// plus every `%` a two-hex-digit escape, no segment that is `.` or `..` once `%2e` is decoded
-    /// (URL parsers resolve those), and not [reserved](Self::is_reserved).
+    /// The stream a request path (or a client's name) names, in both protocols: the path is
+    /// percent-decoded once, the decoded text must be UTF-8 without control characters, its
+    /// segments separated by literal `/` only and none empty, `.` or `..`; the result is spelled
+    /// canonically (see the module docs). Two paths name one stream exactly when they decode to
+    /// the same text.
+    pub fn from_path(raw: &str) -> Result<StreamName, NameError> {
+        let trimmed = raw.trim_matches('/');
+        // An escape is three characters for one: anything longer cannot fit once decoded.
+        if trimmed.len() > 3 * MAX_NAME_LEN {
+            return Err(NameError::TooLong(trimmed.len()));
+        }
+        let text = decode(trimmed)?;
+        StreamName::from_text(&text)
+    }
+
+    /// The name whose decoded text is `text` (segments separated by `/`, no escapes).
+    pub fn from_text(text: &str) -> Result<StreamName, NameError> {
+        let text = text.trim_matches('/');
+        if text.is_empty() {
+            return Err(NameError::Empty);
+        }
+        let canonical = encode(text);
+        if text.chars().any(char::is_control) {
+            return Err(NameError::ControlChar(canonical));
+        }
+        if text
+            .split('/')
+            .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        {
+            return Err(NameError::BadSegment(canonical));
+        }
+        if canonical.len() > MAX_NAME_LEN {
+            return Err(NameError::TooLong(canonical.len()));
+        }
+        Ok(StreamName(canonical))
+    }
+
+    /// The rule for a name a client creates (both facades, and the client library):
+    /// [`Self::from_path`], and not [reserved](Self::is_reserved) (however spelled: `%5Fsys` is
+    /// `_sys`).
     pub fn parse_new(raw: &str) -> Result<StreamName, NameError> {
-        let name = StreamName::parse(raw)?;
-        if name.0.split('/').any(is_dot_segment) {
-            return Err(NameError::BadSegment(name.0));
-        }
-        if !escapes_well_formed(name.0.as_bytes()) {
-            return Err(NameError::BadEscape(name.0));
-        }
+        let name = StreamName::from_path(raw)?;
         if name.is_reserved() {
             return Err(NameError::Reserved(name.0));
         }
@@ -101,6 +146,12 @@ impl StreamName {
         &self.0
     }
 
+    /// What the name means: its percent-decoded text. `None` only for a name stored before
+    /// [`Self::from_path`] that it refuses (`a%2Fb`, `%ff`, a malformed escape).
+    pub fn text(&self) -> Option<String> {
+        decode(&self.0).ok()
+    }
+
     /// The name as a URL path, with one leading slash.
     pub fn to_path(&self) -> String {
         format!("/{}", self.0)
@@ -111,31 +162,64 @@ impl StreamName {
     }
 }
 
-/// Whether `seg` is `.` or `..` once `%2e` is decoded: WHATWG URL parsers resolve those.
-fn is_dot_segment(seg: &str) -> bool {
-    // `%2e%2e` is the longest spelling; longer segments skip the allocation.
-    seg.len() <= 6
-        && matches!(
-            seg.to_ascii_lowercase().replace("%2e", ".").as_str(),
-            "." | ".."
-        )
+/// Characters a canonical name holds as themselves: RFC 3986's unreserved characters and the
+/// sub-delimiters, `:` and `@` (what a path segment may hold unescaped), bar `%`.
+fn is_literal(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._~:@!$&'()*+,;=".contains(c)
 }
 
-/// Every `%` is followed by two hex digits.
-fn escapes_well_formed(name: &[u8]) -> bool {
+/// Percent-decodes `raw` once into UTF-8 text. An escape may not stand for `/` or a control
+/// character; outside escapes only literal characters and `/` may appear.
+fn decode(raw: &str) -> Result<String, NameError> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
-    while i < name.len() {
-        if name[i] == b'%' {
-            let hex = |j: usize| name.get(j).is_some_and(u8::is_ascii_hexdigit);
-            if !(hex(i + 1) && hex(i + 2)) {
-                return false;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b != b'%' {
+            if b != b'/' && !is_literal(char::from(b)) {
+                return Err(NameError::BadChar(raw.to_string()));
             }
-            i += 3;
-        } else {
+            out.push(b);
             i += 1;
+            continue;
+        }
+        let hex = |j: usize| bytes.get(j).and_then(|&h| char::from(h).to_digit(16));
+        let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
+            return Err(NameError::BadEscape(raw.to_string()));
+        };
+        // Both digits are below 16, so the value fits a byte.
+        let d = (hi * 16 + lo) as u8;
+        if d == b'/' {
+            return Err(NameError::EncodedSlash(raw.to_string()));
+        }
+        if d < 0x20 || d == 0x7f {
+            return Err(NameError::ControlChar(raw.to_string()));
+        }
+        out.push(d);
+        i += 3;
+    }
+    String::from_utf8(out).map_err(|_| NameError::NotUtf8(raw.to_string()))
+}
+
+/// The canonical spelling of decoded `text`: literal characters and `/` as themselves, every
+/// other character as `%HH` escapes of its UTF-8 bytes, upper-case hex.
+fn encode(text: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '/' || is_literal(c) {
+            out.push(c);
+            continue;
+        }
+        let mut buf = [0u8; 4];
+        for &b in c.encode_utf8(&mut buf).as_bytes() {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
         }
     }
-    true
+    out
 }
 
 impl fmt::Display for StreamName {
@@ -147,6 +231,7 @@ impl fmt::Display for StreamName {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn canonical_forms_agree() {
@@ -187,22 +272,85 @@ mod tests {
     fn percent_must_start_a_two_digit_escape() {
         for bad in ["a%", "a%2", "%", "a%zz", "a%2g/b", "a%%41", "a/b%4"] {
             assert!(
-                matches!(StreamName::parse_new(bad), Err(NameError::BadEscape(_))),
+                matches!(StreamName::from_path(bad), Err(NameError::BadEscape(_))),
                 "{bad}"
             );
-            // A stream stored under it before the rule stays reachable.
+            // A stream stored under it before the rule still loads from the registry.
             assert_eq!(
                 StreamName::parse(bad).unwrap().as_str(),
                 bad.trim_matches('/')
             );
         }
-        // Escapes are kept as spelled: two spellings are two names.
-        for good in ["a%20b", "a%2Fb", "a%2fb", "%41", "x/%7e%7E"] {
-            assert_eq!(StreamName::parse(good).unwrap().as_str(), good);
+    }
+
+    #[test]
+    fn a_name_means_its_decoded_text() {
+        let canon = |p: &str| StreamName::from_path(p).unwrap().into_string();
+        // One spelling per text: escapes of characters a segment holds as themselves are
+        // decoded, the others kept with upper-case hex.
+        for (path, want) in [
+            ("/%61", "a"),
+            ("a", "a"),
+            ("%41%42c", "ABc"),
+            ("x/%7e%7E", "x/~~"),
+            ("a%3Ab%40c%21", "a:b@c!"),
+            ("a%20b", "a%20b"),
+            ("a b", "a b"), // not a URL path: refused below
+            ("caf%c3%a9", "caf%C3%A9"),
+            ("a%3fb", "a%3Fb"),
+            ("100%25", "100%25"),
+            ("%2e%2e%2e", "..."),
+            ("a%2eb", "a.b"),
+        ] {
+            if path.contains(' ') {
+                assert!(matches!(
+                    StreamName::from_path(path),
+                    Err(NameError::BadChar(_))
+                ));
+                continue;
+            }
+            assert_eq!(canon(path), want, "{path}");
+            // The canonical spelling is a fixed point, and a name `parse` accepts.
+            assert_eq!(canon(want), want);
+            assert_eq!(StreamName::parse(want).unwrap().as_str(), want);
         }
-        assert_ne!(
-            StreamName::parse("a%2fb").unwrap(),
-            StreamName::parse("a%2Fb").unwrap()
+        assert_eq!(canon("%61"), canon("a"));
+        assert_eq!(canon("a%3a"), canon("a:"));
+        assert_eq!(
+            StreamName::from_path("caf%C3%A9")
+                .unwrap()
+                .text()
+                .as_deref(),
+            Some("café")
+        );
+        assert_eq!(StreamName::from_text("café").unwrap().as_str(), "caf%C3%A9");
+    }
+
+    #[test]
+    fn names_with_two_meanings_are_refused() {
+        for (bad, want) in [
+            ("a%2Fb", "EncodedSlash"),
+            ("a%2fb", "EncodedSlash"),
+            ("%2F", "EncodedSlash"),
+            ("a%00", "ControlChar"),
+            ("a%0Ab", "ControlChar"),
+            ("a%7f", "ControlChar"),
+            ("a%C2%85", "ControlChar"), // U+0085, a C1 control
+            ("%ff%fe", "NotUtf8"),
+            ("a%C3", "NotUtf8"),
+            ("%C3%28", "NotUtf8"),
+            ("a?b", "BadChar"),
+            ("a//b", "BadSegment"),
+        ] {
+            let e = StreamName::from_path(bad).unwrap_err();
+            assert!(format!("{e:?}").starts_with(want), "{bad}: {e:?}");
+            assert!(StreamName::parse_new(bad).is_err(), "{bad}");
+        }
+        assert!(
+            StreamName::from_path("a%2Fb")
+                .unwrap_err()
+                .to_string()
+                .contains("encoded `/`")
         );
     }
 
@@ -218,14 +366,74 @@ mod tests {
             "a/.%2e",
             "%2e/a",
         ] {
-            let e = StreamName::parse_new(bad).unwrap_err();
+            let e = StreamName::from_path(bad).unwrap_err();
             assert!(matches!(e, NameError::BadSegment(_)), "{bad}: {e:?}");
             assert!(e.to_string().contains("`%2e` counts as `.`"), "{e}");
-            assert!(StreamName::parse(bad).is_ok(), "{bad} stays reachable");
+            assert!(StreamName::parse(bad).is_ok(), "{bad} still loads");
         }
-        for good in ["...", "%2e%2e%2e", "a%2eb", ".a", "%2ea", "a.", "%2e%2"] {
-            let r = StreamName::parse_new(good);
-            assert!(!matches!(r, Err(NameError::BadSegment(_))), "{good}: {r:?}");
+        for good in ["...", "%2e%2e%2e", "a%2eb", ".a", "%2ea", "a."] {
+            assert!(StreamName::parse_new(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn long_names_are_measured_canonically() {
+        // 400 `é` are 800 bytes of text but 2,400 canonical bytes.
+        let e = StreamName::from_text(&"é".repeat(400)).unwrap_err();
+        assert_eq!(e, NameError::TooLong(2_400));
+        let ok = "a".repeat(MAX_NAME_LEN);
+        // `%61` spells `a`: a long spelling of a short name is fine.
+        assert_eq!(
+            StreamName::from_path(&"%61".repeat(MAX_NAME_LEN))
+                .unwrap()
+                .as_str(),
+            ok
+        );
+    }
+
+    /// A text name: segments of printable characters (any script), none `.`, `..` or empty.
+    fn text_name() -> impl Strategy<Value = String> {
+        let seg = "[^/\\p{Cc}]{1,12}".prop_filter("dot segment", |s| s != "." && s != "..");
+        prop::collection::vec(seg, 1..4).prop_map(|segs| segs.join("/"))
+    }
+
+    /// Some spelling of `text`: each character as itself where a path allows it, or escaped
+    /// with hex of either case.
+    fn spell(text: &str, escape: &[bool], upper: &[bool]) -> String {
+        let mut out = String::new();
+        for (i, c) in text.chars().enumerate() {
+            let pick = |v: &[bool]| v.get(i % v.len().max(1)).copied().unwrap_or(false);
+            if c == '/' || (is_literal(c) && !pick(escape)) {
+                out.push(c);
+                continue;
+            }
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                if pick(upper) {
+                    out.push_str(&format!("%{b:02X}"));
+                } else {
+                    out.push_str(&format!("%{b:02x}"));
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn every_spelling_of_a_name_is_the_same_stream(
+            text in text_name(),
+            escape in prop::collection::vec(any::<bool>(), 1..8),
+            upper in prop::collection::vec(any::<bool>(), 1..8),
+        ) {
+            let name = StreamName::from_text(&text).unwrap();
+            prop_assert_eq!(name.text(), Some(text.clone()));
+            let path = spell(&text, &escape, &upper);
+            prop_assert_eq!(StreamName::from_path(&path).unwrap(), name.clone());
+            prop_assert_eq!(StreamName::from_path(&format!("/{path}/")).unwrap(), name.clone());
+            // The stored spelling reads back as the same name, by either rule.
+            prop_assert_eq!(StreamName::from_path(name.as_str()).unwrap(), name.clone());
+            prop_assert_eq!(StreamName::parse(name.as_str()).unwrap(), name);
         }
     }
 

@@ -30,7 +30,7 @@ fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
     if control(rest) || (ds_at_root && control(path)) {
         return None;
     }
-    StreamName::parse(rest).ok()
+    StreamName::from_path(rest).ok()
 }
 
 pub async fn redirect_to_owner(
@@ -85,5 +85,8 @@ mod tests {
             "__dsq"
         );
         assert_eq!(stream_of("/__dsq", true).unwrap().as_str(), "__dsq");
+        // The handlers' rule: one stream however spelled, none for a name they refuse.
+        assert_eq!(stream_of("/v1/stream/%61", false).unwrap().as_str(), "a");
+        assert!(stream_of("/a%2Fb", false).is_none());
     }
 }

@@ -3,13 +3,15 @@
 //! form of record offsets, so both protocols address the same positions.
 //!
 //! - [`write`]: `PUT` (create, create-closed, fork), `POST` (append, close), `DELETE`.
-//! - [`read`]: `GET` catch-up and long-poll, `HEAD`.
+//! - [`read`]: `GET` catch-up and long-poll, `HEAD`; [`catch_up`] streams a catch-up body that
+//!   spans many pages.
 //! - [`sse`]: `GET ?live=sse`; [`sse_render`] renders a large read's frame piece by piece.
 //! - [`hub`]: the shared per-stream fan-out behind caught-up SSE subscribers.
 //! - [`headers`]: strict header and query parsing.
 //! - [`error`]: DS status codes and error headers.
 //! - `subscriptions`: the reserved `__ds` namespace (routed before stream paths).
 
+pub mod catch_up;
 pub mod error;
 pub mod headers;
 pub mod hub;
@@ -103,8 +105,8 @@ async fn dispatch(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// The stream a DS path names: the raw (still percent-encoded) path below `root`, so a DS path
-/// and the Pico path `/{name}` name the same stream.
+/// The stream a DS path names: the path below `root`, by the rule the Pico path `/{name}` uses
+/// too ([`StreamName::from_path`]), so both name the same stream.
 pub fn stream_name(root: &str, uri: &Uri) -> Result<StreamName, DsError> {
     let rest = uri
         .path()
@@ -114,14 +116,13 @@ pub fn stream_name(root: &str, uri: &Uri) -> Result<StreamName, DsError> {
     stream_name_from(rest)
 }
 
-/// An existing stream's name, by the lenient rule ([`StreamName::parse`]) and the Pico
-/// facade's message.
+/// A stream's name from a path, with the Pico facade's message.
 fn stream_name_from(path: &str) -> Result<StreamName, DsError> {
-    StreamName::parse(path).map_err(|e| DsError::bad_request(format!("bad stream name: {e}")))
+    StreamName::from_path(path).map_err(|e| DsError::bad_request(format!("bad stream name: {e}")))
 }
 
-/// A create's name must also pass the rule for new names ([`StreamName::parse_new`]), with the
-/// Pico facade's message: both name the same streams, so a name one of them reserves (`__ds`,
+/// A create's name must also not be reserved ([`StreamName::parse_new`]), with the Pico
+/// facade's message: both name the same streams, so a name one of them reserves (`__ds`,
 /// `_sys`, `_groups`, `v1/stream`) is refused by the other too.
 fn new_stream_name(name: &StreamName) -> Result<(), DsError> {
     StreamName::parse_new(name.as_str())
@@ -195,22 +196,23 @@ mod tests {
         assert_eq!(new_name(DS_ROOT, "/v1/stream/__ds").unwrap_err(), 400);
         assert_eq!(name("", "/orders").unwrap(), "orders");
         assert_eq!(name(DS_ROOT, "/v1/stream/a/../b").unwrap_err(), 400);
-        // The Pico facade's reserved names, and names a URL parser would not send as spelled.
-        for bad in [
-            "_sys/x",
-            "_groups",
-            "v1/stream",
-            "v1/stream/x",
-            "a/%2E%2e",
-            "a%2",
-        ] {
+        assert_eq!(name(DS_ROOT, "/v1/stream/%61%2e").unwrap(), "a.");
+        // The Pico facade's reserved names: addressable, not creatable.
+        for bad in ["_sys/x", "_groups", "v1/stream", "v1/stream/x", "%5F%5Fds"] {
             assert_eq!(
                 new_name(DS_ROOT, &format!("/v1/stream/{bad}")).unwrap_err(),
                 400
             );
             assert_eq!(new_name("", &format!("/{bad}")).unwrap_err(), 400);
-            // A stream stored under such a name before the rule stays reachable.
             assert!(name("", &format!("/{bad}")).is_ok(), "{bad}");
+        }
+        // Names with two meanings, or a URL parser would not send as spelled: refused always.
+        for bad in ["a/%2E%2e", "a%2", "a%2fb", "%ff%fe"] {
+            assert_eq!(
+                name(DS_ROOT, &format!("/v1/stream/{bad}")).unwrap_err(),
+                400
+            );
+            assert_eq!(name("", &format!("/{bad}")).unwrap_err(), 400);
         }
     }
 

@@ -1,5 +1,6 @@
-//! `GET` catch-up (ETag/304, chunk cap, `offset=now`), `GET ?live=long-poll` (204 with a cursor
-//! on timeout, immediate on closed streams) and `HEAD` (metadata, does not slide the TTL).
+//! `GET` catch-up (ETag/304, up to the tail as of the request, `offset=now`), `GET
+//! ?live=long-poll` (one page, 204 with a cursor on timeout, immediate on closed streams) and
+//! `HEAD` (metadata, does not slide the TTL).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -125,6 +126,9 @@ pub async fn get(
     }
 }
 
+/// A catch-up read answers everything from the offset up to the tail as it was when the request
+/// came in: the first page is read here (its errors are the response's status), the rest while
+/// the body is sent ([`super::catch_up`]). DS clients end a non-live read after one response.
 async fn catch_up(
     ds: &Ds,
     name: &StreamName,
@@ -148,14 +152,16 @@ async fn catch_up(
         return Ok(resp);
     }
     let from = out.records.first().map_or(out.next_seq, |r| r.offset);
-    let tag = etag(&out, from);
+    // The response's range: the first page's, or up to the tail when that page stops short.
+    let whole = whole_range(&out);
+    let tag = etag(&whole, from);
     let tag_value = HeaderValue::from_str(&tag).ok();
     if let Some(inm) = header_list(headers, "if-none-match")?
         && if_none_match(&inm, &tag)
     {
         let mut resp = StatusCode::NOT_MODIFIED.into_response();
         let hm = resp.headers_mut();
-        read_headers(hm, &out);
+        read_headers(hm, &whole);
         hm.remove(header::CONTENT_TYPE);
         if let Some(v) = tag_value {
             hm.insert(header::ETAG, v);
@@ -163,14 +169,38 @@ async fn catch_up(
         hm.insert(header::CACHE_CONTROL, HeaderValue::from_static(CACHE_READ));
         return Ok(resp);
     }
-    let mut resp = Response::new(Body::from(body_of(&out, json)));
+    let body = if out.up_to_date {
+        Body::from(body_of(&out, json))
+    } else {
+        super::catch_up::body(ds.clone(), name.clone(), out, whole.next_seq, json)
+    };
+    let mut resp = Response::new(body);
     let hm = resp.headers_mut();
-    read_headers(hm, &out);
+    read_headers(hm, &whole);
     if let Some(v) = tag_value {
         hm.insert(header::ETAG, v);
     }
     hm.insert(header::CACHE_CONTROL, HeaderValue::from_static(CACHE_READ));
     Ok(resp)
+}
+
+/// What a catch-up response covers, without its records: `out` when it reached the tail, else
+/// the range up to `out`'s tail, which is then up to date and, on a closed stream (whose tail
+/// is its final offset), closed.
+fn whole_range(out: &ReadOutcome) -> ReadOutcome {
+    let (next_seq, up_to_date, closed) = if out.up_to_date {
+        (out.next_seq, out.up_to_date, out.closed)
+    } else {
+        (out.tail, true, out.info.closed)
+    };
+    ReadOutcome {
+        records: Vec::new(),
+        next_seq,
+        tail: out.tail,
+        up_to_date,
+        closed,
+        info: out.info.clone(),
+    }
 }
 
 async fn long_poll(ds: &Ds, name: &StreamName, q: &ReadQuery) -> Result<Response, DsError> {

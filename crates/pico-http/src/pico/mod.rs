@@ -43,15 +43,15 @@ async fn method_not_allowed() -> HttpError {
     HttpError::method_not_allowed("method not allowed: use GET, HEAD, PUT, POST, DELETE or OPTIONS")
 }
 
-/// The stream named by the raw (still percent-encoded) request path: `%` is a legal name
-/// character, so decoding would make two spellings of one path name two streams. Existing
-/// streams are addressed by the lenient rule ([`StreamName::parse`]); see [`new_stream_name`].
+/// The stream the request path names, by the one rule both protocols use
+/// ([`StreamName::from_path`]): the decoded path, so `/%61` is `/a`; an encoded `/`, bytes that
+/// are not UTF-8 once decoded, and `.`/`..` segments however spelled are 400.
 pub fn stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
-    StreamName::parse(uri.path())
+    StreamName::from_path(uri.path())
         .map_err(|e| HttpError::bad_request(format!("bad stream name: {e}")))
 }
 
-/// The name a create asks for, by the rule for new names ([`StreamName::parse_new`]): reserved
+/// The name a create asks for ([`StreamName::parse_new`]): [`stream_name`]'s rule, and reserved
 /// names (`_sys`, `_groups`, `__ds`, the DS mount `v1/stream`) are refused as in the DS facade,
 /// with the same message.
 pub fn new_stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
@@ -221,18 +221,23 @@ mod tests {
     fn names_from_paths() {
         assert_eq!(name("/orders/42").unwrap().as_str(), "orders/42");
         assert_eq!(name("/a%20b").unwrap().as_str(), "a%20b");
-        // Not for new streams; a stream stored under one before the rule stays reachable.
-        for bad in [
+        assert_eq!(name("/%61/b%3a").unwrap().as_str(), "a/b:");
+        // Reserved: addressable (the server's own streams), not creatable.
+        for reserved in [
             "/_sys/x",
             "/_groups",
             "/v1/stream/x",
             "/v1/stream",
             "/__ds/x",
-            "/a/%2e%2E/b",
-            "/a%zz",
         ] {
+            assert_eq!(new_name(reserved).unwrap_err().status, 400, "{reserved}");
+            assert!(name(reserved).is_ok(), "{reserved}");
+        }
+        assert_eq!(new_name("/%5Fsys/x").unwrap_err().status, 400);
+        // Two meanings: refused for every request.
+        for bad in ["/a/%2e%2E/b", "/a%zz", "/a%2Fb", "/%ff%fe", "/a%00"] {
+            assert_eq!(name(bad).unwrap_err().status, 400, "{bad}");
             assert_eq!(new_name(bad).unwrap_err().status, 400, "{bad}");
-            assert!(name(bad).is_ok(), "{bad}");
         }
         assert_eq!(new_name("/v1/streams").unwrap().as_str(), "v1/streams");
         assert_eq!(name("/a/../b").unwrap_err().status, 400);
