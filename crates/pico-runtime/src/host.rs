@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostPolicy {
     /// `None`: any host (a non-loopback bind). Else loopback names plus these (normalized by
-    /// [`normalize`]).
+    /// [`normalize`], compared ignoring case).
     allowed: Option<Vec<String>>,
 }
 
@@ -69,13 +69,12 @@ impl HostPolicy {
         let Some(authority) = request_authority(req) else {
             return Ok(());
         };
-        let host = authority
-            .parse::<axum::http::uri::Authority>()
-            .ok()
-            .filter(|a| !a.as_str().contains('@'))
-            .and_then(|a| normalize(a.host()));
+        // Plain string work, no allocation: this runs for every request.
+        let host = host_part(authority).filter(|_| !authority.contains('@'));
         match host {
-            Some(h) if is_loopback_name(&h) || allowed.contains(&h) => Ok(()),
+            Some(h) if is_loopback_name(h) || allowed.iter().any(|a| a.eq_ignore_ascii_case(h)) => {
+                Ok(())
+            }
             _ => Err(HttpError::new(
                 StatusCode::MISDIRECTED_REQUEST,
                 "misdirected_request",
@@ -89,24 +88,32 @@ impl HostPolicy {
     }
 }
 
-/// A host name or address as compared: lowercase, without IPv6 brackets, port or a trailing
-/// dot. `None` for an empty one.
+/// A configured host as compared: lowercase, without IPv6 brackets, port or a trailing dot.
+/// `None` for an empty one.
 pub fn normalize(host: &str) -> Option<String> {
-    let h = host.trim();
-    let h = match h.strip_prefix('[') {
+    host_part(host.trim()).map(str::to_ascii_lowercase)
+}
+
+/// The host of `host[:port]`, without IPv6 brackets or a trailing dot; `None` if empty.
+fn host_part(authority: &str) -> Option<&str> {
+    let h = match authority.strip_prefix('[') {
         Some(rest) => rest.split(']').next().unwrap_or(""),
         // `host:port`; a bare IPv6 address (more than one colon) has no port.
-        None if h.matches(':').count() == 1 => h.split(':').next().unwrap_or(""),
-        None => h,
+        None if authority.matches(':').count() == 1 => authority.split(':').next().unwrap_or(""),
+        None => authority,
     };
-    let h = h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase();
+    let h = h.strip_suffix('.').unwrap_or(h);
     (!h.is_empty()).then_some(h)
 }
 
-/// `localhost`, any `*.localhost` (RFC 6761: always loopback), and loopback addresses.
+/// `localhost`, any `*.localhost` (RFC 6761: always loopback), and loopback addresses; any
+/// letter case.
 fn is_loopback_name(host: &str) -> bool {
-    host == "localhost"
-        || host.ends_with(".localhost")
+    const SUFFIX: &str = ".localhost";
+    let b = host.as_bytes();
+    host.eq_ignore_ascii_case("localhost")
+        || (b.len() > SUFFIX.len()
+            && b[b.len() - SUFFIX.len()..].eq_ignore_ascii_case(SUFFIX.as_bytes()))
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
