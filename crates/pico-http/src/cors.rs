@@ -108,7 +108,17 @@ fn parse_origin(item: &str) -> Result<String, String> {
     {
         return bad("has no valid host and port");
     }
-    Ok(trimmed.to_ascii_lowercase())
+    // Browsers leave a scheme's default port out of `Origin`.
+    let origin = trimmed.to_ascii_lowercase();
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => ":80",
+        "https" => ":443",
+        _ => "",
+    };
+    Ok(match origin.strip_suffix(default_port) {
+        Some(bare) if !default_port.is_empty() => bare.to_string(),
+        _ => origin,
+    })
 }
 
 /// The host (and port) a request is for: the URI's authority (HTTP/2's `:authority`, or an
@@ -305,6 +315,18 @@ mod tests {
             panic!("not a list");
         };
         assert_eq!(&l[..], ["https://app.example.com", "http://localhost:5173"]);
+        let CorsOrigins::List(l) = CorsOrigins::parse(&[
+            "https://a.example:443",
+            "http://b.example:80",
+            "http://c:443",
+        ])
+        .unwrap() else {
+            panic!("not a list");
+        };
+        assert_eq!(
+            &l[..],
+            ["https://a.example", "http://b.example", "http://c:443"]
+        );
         for bad in [
             "app.example.com",
             "https://",
