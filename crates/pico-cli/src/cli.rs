@@ -269,6 +269,14 @@ pub struct ServeArgs {
     /// File holding the bootstrap admin token.
     #[arg(long, env = "PICO_AUTH_BOOTSTRAP_TOKEN_FILE", hide = true)]
     pub auth_bootstrap_token_file: Option<PathBuf>,
+    /// Web origins that may call the protocol listener from a browser, comma-separated exact
+    /// origins (https://app.example.com,http://localhost:5173), or `*` for any [default: none].
+    #[arg(long, env = "PICO_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+    /// Host names a loopback node also answers, comma-separated (besides localhost, *.localhost,
+    /// loopback addresses and the host of --http-address); others get 421.
+    #[arg(long, env = "PICO_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Seconds of a long-poll wait or an SSE response: at least 1, at most

@@ -50,6 +50,9 @@ pub fn to_config(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<Config>
         insecure_allow_remote: args.insecure_allow_remote,
         auth_bootstrap_token: args.auth_bootstrap_token.clone(),
         auth_bootstrap_token_file: args.auth_bootstrap_token_file.clone(),
+        cors_origins: args.cors_origins.clone(),
+        allowed_hosts: args.allowed_hosts.clone(),
+        ..Config::default()
     };
     check_exposure(&config)?;
     Ok(config)
@@ -209,6 +212,8 @@ mod tests {
         assert_eq!(c.cluster_id, d.cluster_id);
         assert_eq!(c.routing, d.routing);
         assert_eq!(c.auth, d.auth);
+        assert_eq!(c.cors_origins, d.cors_origins);
+        assert_eq!(c.allowed_hosts, d.allowed_hosts);
     }
 
     #[test]
@@ -232,6 +237,22 @@ mod tests {
         assert_eq!(c.max_request_size, 4096);
         assert_eq!(c.storage.id, -5);
         assert_eq!(c.meta_url, "sqlite::memory:");
+        let c = config(&[
+            "--cors-origins",
+            "https://app.example.com,http://localhost:5173",
+            "--allowed-hosts",
+            "pico.internal",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.cors_origins,
+            ["https://app.example.com", "http://localhost:5173"]
+        );
+        assert_eq!(c.allowed_hosts, ["pico.internal"]);
+        pico_runtime::validate(&c).unwrap();
+        let bad = config(&["--cors-origins", "app.example.com"]).unwrap();
+        let err = pico_runtime::validate(&bad).unwrap_err().to_string();
+        assert!(err.contains("--cors-origins"), "{err}");
     }
 
     #[test]

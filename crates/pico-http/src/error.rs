@@ -26,7 +26,7 @@ pub struct HttpError {
 }
 
 impl HttpError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> HttpError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> HttpError {
         HttpError {
             status,
             code,
@@ -94,13 +94,26 @@ impl HttpError {
     }
 }
 
-/// A request body's idle timer ran out: no data arrived for `idle` while the handler waited
-/// for it. The listener wraps request bodies with that timer and yields this as the body's
-/// error; handlers answer it with [`HttpError::request_timeout`].
+/// A request body the listener gave up on (its timers wrap every request body and yield this
+/// as the body's error); handlers answer it with [`HttpError::request_timeout`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("request body timed out: no data arrived for {}s", .idle.as_secs_f64())]
-pub struct BodyTimeout {
-    pub idle: Duration,
+pub enum BodyTimeout {
+    /// No data arrived for this long while the handler waited for it.
+    #[error("request body timed out: no data arrived for {}s", .0.as_secs_f64())]
+    Idle(Duration),
+    /// Past its grace period, the body arrived slower on average than the listener's minimum.
+    #[error(
+        "request body too slow: {received} bytes in {}s, below the minimum of {min_rate} bytes/s",
+        .elapsed.as_secs_f64()
+    )]
+    TooSlow {
+        received: u64,
+        elapsed: Duration,
+        min_rate: u64,
+    },
+    /// The body was still arriving when its time ran out.
+    #[error("request body timed out: not complete after {}s", .0.as_secs_f64())]
+    Deadline(Duration),
 }
 
 impl BodyTimeout {

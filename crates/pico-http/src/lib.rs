@@ -7,7 +7,8 @@
 //! - [`ds`]: the Durable Streams protocol under `/v1/stream` (and at `/` with `--protocol ds`).
 //! - [`headers`]: strict request-header parsing (TTL, Expires-At, producer triple, integers).
 //! - [`error`]: the one mapping of service errors to status, JSON body and headers.
-//! - [`cors`]: CORS preflight and the headers every response carries.
+//! - [`cors`]: which web origins may call a listener (CORS, `--cors-origins`) and the headers
+//!   every response carries.
 //! - [`routing`]: 307 to the owning node for streams open elsewhere.
 //! - [`admin`]: probe handlers and the Prometheus scrape.
 //! - [`telemetry`]: the listener's request and SSE figures on `/metrics`.
@@ -32,13 +33,15 @@ use pico_server::Node;
 pub use error::HttpError;
 
 /// Protocol listener options.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HttpOptions {
     /// `--routing local`: never 307 to a stream's owner.
     pub routing_local: bool,
     /// `--protocol ds`: serve Durable Streams at the root instead of the Pico protocol (DS stays
     /// under `/v1/stream` too).
     pub ds_at_root: bool,
+    /// `--cors-origins`: the web origins granted CORS (none by default).
+    pub cors: cors::CorsOrigins,
 }
 
 /// The protocol listener's router. Its request counters are taken from the metrics recorder
@@ -47,6 +50,7 @@ pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
     let HttpOptions {
         routing_local,
         ds_at_root,
+        cors,
     } = opts;
     let mut r = ds::router(node.clone(), ds_at_root);
     if !ds_at_root {
@@ -58,8 +62,11 @@ pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
             routing::redirect_to_owner,
         ));
     }
-    let metrics = Some(Arc::new(telemetry::HttpMetrics::new()));
-    r.layer(from_fn_with_state(metrics, cors::cors))
+    let state = Arc::new(cors::Cors {
+        metrics: Some(telemetry::HttpMetrics::new()),
+        origins: cors,
+    });
+    r.layer(from_fn_with_state(state, cors::cors))
 }
 
 /// The admin listener's router; `metrics` is the handle of the process's Prometheus recorder.
@@ -68,5 +75,5 @@ pub fn admin_router(
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 ) -> Router {
     // No CORS here: a web page in an operator's browser must not read the admin listener.
-    admin::router(node, metrics).layer(axum::middleware::from_fn(cors::nosniff))
+    admin::router(node, metrics).layer(axum::middleware::from_fn(cors::same_origin_only))
 }

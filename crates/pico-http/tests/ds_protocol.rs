@@ -553,7 +553,11 @@ async fn fork_inherits_ttl_unless_given() {
 
 #[tokio::test]
 async fn cors_preflight_allows_if_none_match() {
-    let (app, _) = app().await;
+    let (app, _) = app_with(HttpOptions {
+        cors: pico_http::cors::CorsOrigins::parse(&["https://example.com"]).unwrap(),
+        ..HttpOptions::default()
+    })
+    .await;
     let r = send(
         &app,
         axum::http::Method::OPTIONS,
@@ -567,6 +571,10 @@ async fn cors_preflight_allows_if_none_match() {
     )
     .await;
     assert_eq!(r.code(), 204);
+    assert_eq!(
+        r.h("access-control-allow-origin"),
+        Some("https://example.com")
+    );
     assert!(
         r.h("access-control-allow-headers")
             .unwrap()

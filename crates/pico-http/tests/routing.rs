@@ -64,7 +64,7 @@ async fn redirects_to_owner_unless_local_routing() {
         node,
         HttpOptions {
             routing_local: true,
-            ds_at_root: false,
+            ..HttpOptions::default()
         },
     );
     assert_eq!(

@@ -63,6 +63,16 @@ pub struct Config {
     pub insecure_allow_remote: bool,
     pub auth_bootstrap_token: Option<String>,
     pub auth_bootstrap_token_file: Option<PathBuf>,
+    /// `--cors-origins`: web origins granted CORS on the protocol listener (`*`, or exact
+    /// `scheme://host[:port]` origins); empty = none.
+    pub cors_origins: Vec<String>,
+    /// `--allowed-hosts`: `Host` names a loopback listener answers besides loopback names.
+    pub allowed_hosts: Vec<String>,
+    /// Request body limits (see `guard::BodyLimits`): least average rate in bytes/s after the
+    /// grace period (0: none), and longest time for a whole body.
+    pub body_min_rate: u64,
+    pub body_rate_grace: Duration,
+    pub body_deadline: Duration,
 }
 
 impl Default for Config {
@@ -99,6 +109,11 @@ impl Default for Config {
             insecure_allow_remote: false,
             auth_bootstrap_token: None,
             auth_bootstrap_token_file: None,
+            cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            body_min_rate: crate::listener::BODY_MIN_RATE,
+            body_rate_grace: crate::listener::BODY_RATE_GRACE,
+            body_deadline: crate::listener::BODY_DEADLINE,
         }
     }
 }

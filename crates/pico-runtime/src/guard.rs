@@ -1,79 +1,211 @@
-//! The per-request guards the listener puts around every app it serves.
+//! The per-request guards the listener puts around every app it serves: one function call per
+//! request ([`guard`]), no further layers.
 //!
-//! - Request bodies get an idle timer ([`IdleBody`]): once a request's headers are in, hyper's
-//!   header read timer no longer applies, so a client that declares a 32 MiB body and stops
-//!   sending would hold its task, socket and buffer for good. The timer counts only while a
-//!   handler waits for the next chunk, and restarts with every chunk, so a slow but steady
-//!   upload is fine. When it runs out the body fails with [`BodyTimeout`]: `read_body` answers
-//!   that 408 itself, and for handlers that take the body through an extractor (`Bytes`, whose
-//!   rejection would be a 400) [`guard`] turns the answer into the same 408.
+//! - The `Host` ([`HostPolicy`]): a loopback listener answers loopback names and configured
+//!   hosts only (DNS rebinding); HTTP/1.1 without `Host` is a 400.
+//! - Codings we would store undecoded: a transfer coding other than `chunked` (`gzip, chunked`:
+//!   hyper undoes the chunking, not the gzip) is a 400, and a request body with a
+//!   `Content-Encoding` other than `identity` a 415, both before the body is read.
+//! - Request bodies get timers ([`GuardedBody`], limits in [`BodyLimits`]): once a request's
+//!   headers are in, hyper's header read timer no longer applies, so a client that declares a
+//!   32 MiB body and then trickles it (or stops) would hold its task, socket and buffer for
+//!   good, and enough of them exhaust file descriptors. When a timer runs out the body fails
+//!   with [`BodyTimeout`]: `read_body` answers that 408 itself, and for handlers that take the
+//!   body through an extractor (`Bytes`, whose rejection would be a 400) [`guard`] turns the
+//!   answer into the same 408. hyper then closes the connection, the body being unread.
 //! - HTTP/2 response bodies report their progress to the stream watchdog of
 //!   [`ConnExec`](crate::conn_exec) ([`Watched`]).
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::Version;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper::body::{Body as _, Frame, SizeHint};
 use pico_http::HttpError;
 use pico_http::error::BodyTimeout;
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::time::{Instant, Sleep};
 
 use crate::conn_exec::Watched;
-use crate::wait_timer::WaitTimer;
+use crate::host::HostPolicy;
 
-/// Middleware (state: the request body's idle timeout): see the module docs.
-pub async fn guard(State(body_idle): State<Duration>, req: Request, next: Next) -> Response {
-    let h2 = req.version() == Version::HTTP_2;
+/// What a request body must do to be read to its end; any of them failing is a 408.
+///
+/// The idle timer alone lets a body trickle in forever (one byte every few seconds restarts
+/// it), so the body as a whole must also keep an average rate, counted from its first read:
+/// after `rate_grace`, at least `min_rate` bytes per second (a small body just has to be in
+/// within the grace). Every body must also be complete within `deadline`, whatever its rate:
+/// that bounds how long any one request can hold a connection. The defaults (30 s idle, 1 KiB/s
+/// after 10 s, 5 minutes) cost an honest client nothing: at the deadline a 32 MiB body (the
+/// default `--max-request-size`) needs ~110 KiB/s; an operator whose clients upload that much
+/// over slower links raises the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// Longest wait for the next chunk.
+    pub idle: Duration,
+    /// Least average rate, bytes per second, once `rate_grace` has passed (0: no minimum).
+    pub min_rate: u64,
+    pub rate_grace: Duration,
+    /// Longest a whole body may take.
+    pub deadline: Duration,
+}
+
+/// The guard's settings for one listener, built once.
+#[derive(Debug, Clone)]
+pub struct Edge {
+    pub body: BodyLimits,
+    pub hosts: HostPolicy,
+}
+
+/// Middleware (state: the listener's [`Edge`]): see the module docs.
+pub async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
+    let version = req.version();
+    if let Err(e) = edge.hosts.check(&req).and_then(|()| check_codings(&req)) {
+        return refuse(e, version);
+    }
     // Bodiless requests (GET, HEAD: most of the traffic) need no timer.
-    let fired = (!req.body().is_end_stream()).then(|| Arc::new(AtomicBool::new(false)));
+    let fired = (!req.body().is_end_stream()).then(|| Arc::new(OnceLock::new()));
     let req = match &fired {
-        Some(fired) => req.map(|b| Body::new(IdleBody::new(b, body_idle, fired.clone()))),
+        Some(fired) => req.map(|b| Body::new(GuardedBody::new(b, edge.body, fired.clone()))),
         None => req,
     };
     let res = next.run(req).await;
-    if fired.is_some_and(|f| f.load(Ordering::Relaxed))
-        && res.status() != axum::http::StatusCode::REQUEST_TIMEOUT
+    if let Some(e) = fired.as_deref().and_then(OnceLock::get)
+        && res.status() != StatusCode::REQUEST_TIMEOUT
     {
         // Whatever the handler made of the failed body (an extractor's 400), the cause is the
-        // client's silence; a handler that answered 408 itself keeps its protocol's form.
-        let msg = BodyTimeout { idle: body_idle }.to_string();
-        return HttpError::request_timeout(msg).into_response();
+        // client's pace; a handler that answered 408 itself keeps its protocol's form.
+        return HttpError::request_timeout(e.to_string()).into_response();
     }
-    if h2 && !res.body().is_end_stream() {
+    if version == Version::HTTP_2 && !res.body().is_end_stream() {
         return res.map(|b| Body::new(Watched(b)));
     }
     res
 }
 
-/// A request body that fails with [`BodyTimeout`] once no chunk has arrived for `idle` while
-/// it was being waited for.
-#[derive(Debug)]
-pub struct IdleBody {
-    inner: Body,
-    idle: Duration,
-    timer: WaitTimer,
-    /// Set when the timer ran out, for [`guard`].
-    fired: Arc<AtomicBool>,
+/// An answer given instead of serving: its body (if any) is left unread, so an HTTP/1.1
+/// connection must not be reused (its next bytes would be that body).
+fn refuse(e: HttpError, version: Version) -> Response {
+    let mut resp = e.into_response();
+    if version < Version::HTTP_2 {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
-impl IdleBody {
-    pub fn new(inner: Body, idle: Duration, fired: Arc<AtomicBool>) -> Self {
-        IdleBody {
+/// Refuses codings the handlers would not undo: they would store the encoded bytes as if they
+/// were the body.
+fn check_codings(req: &Request) -> Result<(), HttpError> {
+    let h = req.headers();
+    if let Some(te) = other_coding(h, header::TRANSFER_ENCODING, "chunked") {
+        return Err(HttpError::bad_request(format!(
+            "Transfer-Encoding `{te}` is not supported: only `chunked` is; send the body \
+             uncompressed"
+        )));
+    }
+    if !req.body().is_end_stream()
+        && let Some(ce) = other_coding(h, header::CONTENT_ENCODING, "identity")
+    {
+        return Err(HttpError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("Content-Encoding `{ce}` is not supported: send the body uncompressed"),
+        ));
+    }
+    Ok(())
+}
+
+/// The whole header, if any of its codings is not `allowed`.
+fn other_coding(h: &HeaderMap, name: header::HeaderName, allowed: &str) -> Option<String> {
+    h.get_all(&name).iter().find_map(|v| {
+        let s = String::from_utf8_lossy(v.as_bytes());
+        s.split(',')
+            .map(str::trim)
+            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(allowed))
+            .then(|| s.into_owned())
+    })
+}
+
+/// Which limit the armed timer stands for.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    Idle,
+    Rate,
+    Deadline,
+}
+
+/// A request body that fails with [`BodyTimeout`] once one of its [`BodyLimits`] is broken
+/// while it is being waited for. Data that is ready is never refused: only the client's time
+/// counts, not the handler's.
+#[derive(Debug)]
+pub struct GuardedBody {
+    inner: Body,
+    limits: BodyLimits,
+    /// The first read.
+    start: Option<Instant>,
+    received: u64,
+    /// A wait is being counted, with the timer armed for this limit.
+    waiting: Option<Limit>,
+    /// Allocated at the first wait only: most bodies are in before they are read.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Set when a timer ran out, for [`guard`].
+    fired: Arc<OnceLock<BodyTimeout>>,
+}
+
+impl GuardedBody {
+    pub fn new(inner: Body, limits: BodyLimits, fired: Arc<OnceLock<BodyTimeout>>) -> Self {
+        GuardedBody {
             inner,
-            idle,
-            timer: WaitTimer::default(),
+            limits,
+            start: None,
+            received: 0,
+            waiting: None,
+            sleep: None,
             fired,
+        }
+    }
+
+    /// The earliest limit the wait starting `now` can break, and when.
+    fn next_limit(&self, start: Instant, now: Instant) -> Option<(Instant, Limit)> {
+        let l = &self.limits;
+        let mut next = now.checked_add(l.idle).map(|at| (at, Limit::Idle));
+        let mut consider = |at: Option<Instant>, limit| {
+            if let Some(at) = at
+                && next.is_none_or(|(n, _)| at < n)
+            {
+                next = Some((at, limit));
+            }
+        };
+        if l.min_rate > 0 {
+            // The moment the average falls below the minimum if nothing more arrives.
+            let earned = Duration::try_from_secs_f64(self.received as f64 / l.min_rate as f64)
+                .unwrap_or(Duration::MAX);
+            consider(start.checked_add(earned.max(l.rate_grace)), Limit::Rate);
+        }
+        consider(start.checked_add(l.deadline), Limit::Deadline);
+        next
+    }
+
+    fn error(&self, limit: Limit, start: Instant) -> BodyTimeout {
+        match limit {
+            Limit::Idle => BodyTimeout::Idle(self.limits.idle),
+            Limit::Rate => BodyTimeout::TooSlow {
+                received: self.received,
+                elapsed: start.elapsed(),
+                min_rate: self.limits.min_rate,
+            },
+            Limit::Deadline => BodyTimeout::Deadline(self.limits.deadline),
         }
     }
 }
 
-impl hyper::body::Body for IdleBody {
+impl hyper::body::Body for GuardedBody {
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -82,16 +214,40 @@ impl hyper::body::Body for IdleBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
+        let start = *this.start.get_or_insert_with(Instant::now);
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.timer.stop();
+            if let Some(Ok(f)) = &frame
+                && let Some(d) = f.data_ref()
+            {
+                this.received = this.received.saturating_add(d.len() as u64);
+            }
+            this.waiting = None;
             return Poll::Ready(frame);
         }
-        if !this.timer.expired(cx, this.idle) {
+        let limit = match this.waiting {
+            Some(limit) => limit,
+            None => {
+                let Some((at, limit)) = this.next_limit(start, Instant::now()) else {
+                    return Poll::Pending;
+                };
+                match this.sleep.as_mut() {
+                    Some(s) => s.as_mut().reset(at),
+                    None => this.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+                }
+                this.waiting = Some(limit);
+                limit
+            }
+        };
+        let expired = this
+            .sleep
+            .as_mut()
+            .is_some_and(|s| s.as_mut().poll(cx).is_ready());
+        if !expired {
             return Poll::Pending;
         }
-        this.fired.store(true, Ordering::Relaxed);
-        let e = BodyTimeout { idle: this.idle };
+        let e = this.error(limit, start);
         tracing::debug!(error = %e, "request body timed out");
+        let _ = this.fired.set(e);
         Poll::Ready(Some(Err(axum::Error::new(e))))
     }
 

@@ -5,7 +5,9 @@
 //! - [`coalesce`]: HTTP/2 write coalescing (one write per fan-out round, not per stream).
 //! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task, and drops
 //!   those whose client stopped taking their response.
-//! - [`guard`]: per-request guards (request body idle timer → 408, HTTP/2 response progress).
+//! - [`guard`]: per-request guards (`Host`, transfer and content codings, request body timers
+//!   → 408, HTTP/2 response progress).
+//! - [`host`]: which `Host` a loopback listener answers (DNS rebinding).
 //! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY and keepalive, HTTP/2 stream
 //!   limit, timers that close connections gone quiet or no longer reading).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
@@ -15,6 +17,7 @@ pub mod coalesce;
 pub mod config;
 pub mod conn_exec;
 pub mod guard;
+pub mod host;
 pub mod listener;
 pub mod stores;
 mod wait_timer;
@@ -145,7 +148,36 @@ pub fn validate(config: &Config) -> Result<(), RuntimeError> {
     if let Some(url) = &config.http_address {
         check_http_address(url)?;
     }
+    pico_http::cors::CorsOrigins::parse(&config.cors_origins).map_err(RuntimeError::Config)?;
+    for h in &config.allowed_hosts {
+        if host::normalize(h).is_none() || h.contains(['/', '@', ' ']) {
+            return Err(RuntimeError::Config(format!(
+                "--allowed-hosts: `{h}` is not a host name or address (like pico.internal)"
+            )));
+        }
+    }
+    if config.body_deadline.is_zero() || config.body_deadline > MAX_LIVE_WAIT {
+        return Err(RuntimeError::Config(format!(
+            "the request body deadline must be between 1 second and one week: {:?}",
+            config.body_deadline
+        )));
+    }
     Ok(())
+}
+
+/// The `Host` names loopback listeners answer besides loopback ones: `--allowed-hosts`, and
+/// the host of `--http-address` (what clients are sent to).
+fn allowed_hosts(config: &Config) -> Vec<String> {
+    let mut hosts = config.allowed_hosts.clone();
+    if let Some(host) = config
+        .http_address
+        .as_deref()
+        .and_then(|u| u.parse::<hyper::Uri>().ok())
+        .and_then(|u| u.host().map(str::to_string))
+    {
+        hosts.push(host);
+    }
+    hosts
 }
 
 /// The URL other nodes send clients to in their 307s: `--http-address`, else the listener's
@@ -285,7 +317,16 @@ pub async fn run(
     let opts = pico_http::HttpOptions {
         routing_local: config.routing == Routing::Local,
         ds_at_root: config.protocol == RootProtocol::Ds,
+        cors: pico_http::cors::CorsOrigins::parse(&config.cors_origins)
+            .map_err(RuntimeError::Config)?,
     };
+    let timeouts = listener::Timeouts {
+        body_min_rate: config.body_min_rate,
+        body_rate_grace: config.body_rate_grace,
+        body_deadline: config.body_deadline,
+        ..listener::Timeouts::default()
+    };
+    let extra_hosts = allowed_hosts(&config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let proto_app = pico_http::protocol_router(node.clone(), opts);
     let listen = listener::ListenOptions {
@@ -296,7 +337,8 @@ pub async fn run(
         protocol,
         proto_app,
         listen,
-        listener::Timeouts::default(),
+        timeouts,
+        host::HostPolicy::for_listener(local, &extra_hosts),
         stop_rx.clone(),
     )));
     tracing::info!(addr = %local, "protocol listener ready");
@@ -308,7 +350,8 @@ pub async fn run(
             admin,
             pico_http::admin_router(node.clone(), metrics),
             listen,
-            listener::Timeouts::default(),
+            timeouts,
+            host::HostPolicy::for_listener(addr, &extra_hosts),
             stop_rx,
         )));
         tracing::info!(addr = %addr, "admin listener ready");

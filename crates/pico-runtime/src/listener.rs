@@ -19,8 +19,9 @@
 //! - HTTP/1.1 then has its header read timer (also between requests on a kept-alive
 //!   connection);
 //! - HTTP/2 pings a connection that has gone quiet and closes it when no answer comes;
-//! - a request body that stops arriving mid-way fails after [`BODY_IDLE_TIMEOUT`] and is
-//!   answered 408 ([`guard`](crate::guard));
+//! - a request body that stops arriving mid-way fails after [`BODY_IDLE_TIMEOUT`], one that
+//!   trickles in below [`BODY_MIN_RATE`] (after [`BODY_RATE_GRACE`]) or is not complete within
+//!   [`BODY_DEADLINE`] fails too, and each is answered 408 ([`guard`](crate::guard));
 //! - a client that stops reading its responses: writes to a full socket that make no progress
 //!   for [`STALL_LIMIT`] fail the connection ([`WriteStall`]; hyper only polls a response body
 //!   when it can write, so no deadline inside the body would fire), and an HTTP/2 stream whose
@@ -29,7 +30,8 @@
 
 use crate::coalesce::{Coalesce, Sniff, sniff};
 use crate::conn_exec::ConnExec;
-use crate::guard::guard;
+use crate::guard::{BodyLimits, Edge, guard};
+use crate::host::HostPolicy;
 use crate::wait_timer::WaitTimer;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -38,6 +40,7 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -57,6 +60,16 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest wait for the next chunk of a request body a handler is reading.
 pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Least average rate of a request body once [`BODY_RATE_GRACE`] has passed (see
+/// [`BodyLimits`]).
+pub const BODY_MIN_RATE: u64 = 1024;
+
+/// How long a request body may arrive at any pace before [`BODY_MIN_RATE`] applies.
+pub const BODY_RATE_GRACE: Duration = Duration::from_secs(10);
+
+/// Longest a whole request body may take, whatever its rate.
+pub const BODY_DEADLINE: Duration = Duration::from_secs(300);
 
 /// Longest a response may wait for a client that takes none of it: a write to a full socket,
 /// or an HTTP/2 stream's frame waiting for its flow-control window. Generous, as a client on a
@@ -78,8 +91,24 @@ pub struct Timeouts {
     pub header_read: Duration,
     /// The wait for each chunk of a request body being read (then 408).
     pub body_idle: Duration,
+    /// A request body's least average rate in bytes/s after `body_rate_grace` (0: none).
+    pub body_min_rate: u64,
+    pub body_rate_grace: Duration,
+    /// Longest a whole request body may take.
+    pub body_deadline: Duration,
     /// How long responses may wait for a client that takes none of their bytes.
     pub stall: Duration,
+}
+
+impl Timeouts {
+    pub fn body_limits(&self) -> BodyLimits {
+        BodyLimits {
+            idle: self.body_idle,
+            min_rate: self.body_min_rate,
+            rate_grace: self.body_rate_grace,
+            deadline: self.body_deadline,
+        }
+    }
 }
 
 impl Default for Timeouts {
@@ -87,6 +116,9 @@ impl Default for Timeouts {
         Timeouts {
             header_read: HEADER_READ_TIMEOUT,
             body_idle: BODY_IDLE_TIMEOUT,
+            body_min_rate: BODY_MIN_RATE,
+            body_rate_grace: BODY_RATE_GRACE,
+            body_deadline: BODY_DEADLINE,
             stall: STALL_LIMIT,
         }
     }
@@ -132,18 +164,21 @@ fn builder_with(
 /// Serves `app` until `stop` turns true, then waits for open connections to finish their
 /// in-flight requests (the caller bounds that wait with its drain timeout).
 ///
-/// `timeouts` are [`Timeouts::default`] in production; tests shorten them.
+/// `timeouts` are [`Timeouts::default`] in production; tests shorten them. `hosts` are the
+/// `Host` values it answers ([`HostPolicy::for_listener`]).
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     opts: ListenOptions,
     timeouts: Timeouts,
+    hosts: HostPolicy,
     mut stop: watch::Receiver<bool>,
 ) {
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        timeouts.body_idle,
-        guard,
-    ));
+    let edge = Arc::new(Edge {
+        body: timeouts.body_limits(),
+        hosts,
+    });
+    let app = app.layer(axum::middleware::from_fn_with_state(edge, guard));
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -410,7 +445,8 @@ mod tests {
         let opts = ListenOptions {
             http2_max_streams: 16,
         };
-        tokio::spawn(serve(listener, app, opts, timeouts, stop_rx));
+        let hosts = HostPolicy::for_listener(addr, &[]);
+        tokio::spawn(serve(listener, app, opts, timeouts, hosts, stop_rx));
         (addr, stop_tx)
     }
 
@@ -566,9 +602,9 @@ mod tests {
         let (addr, _stop) = serve_app(app.clone(), timeouts).await;
         for path in ["/bytes", "/read"] {
             let req: &'static [u8] = if path == "/bytes" {
-                b"POST /bytes HTTP/1.1\r\nhost: a\r\ncontent-length: 10\r\n\r\nab"
+                b"POST /bytes HTTP/1.1\r\nhost: localhost\r\ncontent-length: 10\r\n\r\nab"
             } else {
-                b"POST /read HTTP/1.1\r\nhost: a\r\ncontent-length: 10\r\n\r\nab"
+                b"POST /read HTTP/1.1\r\nhost: localhost\r\ncontent-length: 10\r\n\r\nab"
             };
             let got = answer_then_close(addr, req)
                 .await
@@ -585,7 +621,7 @@ mod tests {
         let (addr, _stop) = serve_app(app, timeouts).await;
         let got = tokio::task::spawn_blocking(move || {
             let mut c = TcpStream::connect(addr).unwrap();
-            c.write_all(b"POST /read HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\n")
+            c.write_all(b"POST /read HTTP/1.1\r\nhost: localhost\r\ncontent-length: 5\r\n\r\n")
                 .unwrap();
             for _ in 0..5 {
                 std::thread::sleep(Duration::from_millis(500));
@@ -619,7 +655,7 @@ mod tests {
         };
         let (addr, _stop) = serve_app(app, timeouts).await;
         let mut c = TcpStream::connect(addr).unwrap();
-        c.write_all(b"GET /flood HTTP/1.1\r\nhost: a\r\n\r\n")
+        c.write_all(b"GET /flood HTTP/1.1\r\nhost: localhost\r\n\r\n")
             .unwrap();
         assert!(turns_true(&dropped).await, "response to a non-reader kept");
         drop(c);
@@ -664,6 +700,203 @@ mod tests {
             .unwrap();
         assert_eq!(res.status(), 200);
         drop(stuck);
+    }
+
+    /// An app whose `/read` reads the whole body (up to 16 MiB) and answers its length.
+    fn reader() -> axum::Router {
+        axum::Router::new().route(
+            "/read",
+            axum::routing::post(|h: axum::http::HeaderMap, b: axum::body::Body| async move {
+                pico_http::pico::read_body(&h, b, 16 << 20)
+                    .await
+                    .map(|b| b.len().to_string())
+            }),
+        )
+    }
+
+    /// Sends `head`, then one body byte every `every` (at most `bytes`), and returns what the
+    /// server answered once it closed the connection: `None` if it was still open after
+    /// [`CLOSE_WITHIN`].
+    async fn trickle(
+        addr: std::net::SocketAddr,
+        head: String,
+        every: Duration,
+        bytes: usize,
+    ) -> Option<String> {
+        tokio::task::spawn_blocking(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(head.as_bytes()).unwrap();
+            let mut w = c.try_clone().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let writer = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..bytes {
+                        std::thread::sleep(every);
+                        if stop.load(Ordering::SeqCst) || w.write_all(b"x").is_err() {
+                            break;
+                        }
+                    }
+                })
+            };
+            c.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            let answer = loop {
+                match c.read(&mut buf) {
+                    Ok(0) => break Some(String::from_utf8_lossy(&got).into_owned()),
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                        break Some(String::from_utf8_lossy(&got).into_owned());
+                    }
+                    Err(_) => break None,
+                }
+            };
+            stop.store(true, Ordering::SeqCst);
+            writer.join().unwrap();
+            answer
+        })
+        .await
+        .unwrap()
+    }
+
+    /// The slow body: a declared large body sent a byte at a time, each byte well
+    /// within the idle timer, used to be held for as long as the client liked. Past its grace
+    /// it must keep the minimum rate; a fast upload of several MiB is untouched.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_trickling_body_is_cut_off_and_a_fast_one_is_not() {
+        let timeouts = Timeouts {
+            body_min_rate: 1000,
+            body_rate_grace: Duration::from_millis(300),
+            ..Timeouts::default()
+        };
+        let (addr, _stop) = serve_app(reader(), timeouts).await;
+        let head = "POST /read HTTP/1.1\r\nhost: localhost\r\ncontent-length: 1000000\r\n\r\n";
+        // 20 bytes a second, for up to 20 s.
+        let got = trickle(addr, head.into(), Duration::from_millis(50), 400)
+            .await
+            .expect("a trickling body kept its connection open");
+        assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+        assert!(got.contains("too slow"), "{got}");
+        assert!(got.contains("below the minimum of 1000 bytes/s"), "{got}");
+
+        let len = 8 << 20;
+        let got = tokio::task::spawn_blocking(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            let head =
+                format!("POST /read HTTP/1.1\r\nhost: localhost\r\ncontent-length: {len}\r\n\r\n");
+            c.write_all(head.as_bytes()).unwrap();
+            c.write_all(&vec![b'x'; len]).unwrap();
+            c.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
+            let mut buf = [0u8; 1024];
+            let n = c.read(&mut buf).unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        })
+        .await
+        .unwrap();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(got.ends_with(&format!("\r\n\r\n{len}")), "{got}");
+    }
+
+    /// A body that keeps a good rate but is still arriving at the deadline is cut off too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_body_still_arriving_at_its_deadline_is_cut_off() {
+        let timeouts = Timeouts {
+            body_min_rate: 0,
+            body_deadline: Duration::from_millis(500),
+            ..Timeouts::default()
+        };
+        let (addr, _stop) = serve_app(reader(), timeouts).await;
+        let head = "POST /read HTTP/1.1\r\nhost: localhost\r\ncontent-length: 1000\r\n\r\n";
+        let got = trickle(addr, head.into(), Duration::from_millis(20), 1000)
+            .await
+            .expect("a body past its deadline kept its connection open");
+        assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+        assert!(got.contains("not complete after 0.5s"), "{got}");
+    }
+
+    /// hyper undoes `chunked` only: a gzip transfer coding, or a gzip content coding, would be
+    /// stored still compressed as if it were the body. Both are refused before it is read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn codings_that_would_be_stored_undecoded_are_refused() {
+        let (addr, _stop) = serve_app(reader(), Timeouts::default()).await;
+        let got = answer_then_close(
+            addr,
+            b"POST /read HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        )
+        .await
+        .expect("connection kept open");
+        assert!(got.starts_with("HTTP/1.1 400"), "{got}");
+        assert!(
+            got.contains("Transfer-Encoding `gzip, chunked` is not supported"),
+            "{got}"
+        );
+        let got = answer_then_close(
+            addr,
+            b"POST /read HTTP/1.1\r\nhost: localhost\r\ncontent-encoding: gzip\r\ncontent-length: 3\r\n\r\nabc",
+        )
+        .await
+        .expect("connection kept open");
+        assert!(got.starts_with("HTTP/1.1 415"), "{got}");
+        assert!(
+            got.contains("Content-Encoding `gzip` is not supported"),
+            "{got}"
+        );
+        // Plain chunking and the identity coding are fine.
+        for req in [
+            &b"POST /read HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n"[..],
+            &b"POST /read HTTP/1.1\r\nhost: localhost\r\ncontent-encoding: identity\r\ncontent-length: 3\r\nconnection: close\r\n\r\nabc"[..],
+        ] {
+            let got = answer_then_close(addr, req).await.expect("connection kept open");
+            assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+            assert!(got.ends_with("\r\n\r\n3"), "{got}");
+        }
+    }
+
+    /// A loopback listener answers loopback names only (DNS rebinding), over HTTP/1.1 and
+    /// HTTP/2; an HTTP/1.1 request without a Host is a 400.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_loopback_listener_refuses_foreign_hosts() {
+        let (addr, _stop) = server().await;
+        let got = answer_then_close(
+            addr,
+            b"GET / HTTP/1.1\r\nhost: evil.example:4437\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .expect("connection kept open");
+        assert!(got.starts_with("HTTP/1.1 421"), "{got}");
+        assert!(got.contains("misdirected_request"), "{got}");
+        let got = answer_then_close(addr, b"GET / HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("connection kept open");
+        assert!(got.starts_with("HTTP/1.1 400"), "{got}");
+        assert!(got.contains("needs a Host header"), "{got}");
+        let got = answer_then_close(
+            addr,
+            b"GET / HTTP/1.1\r\nhost: 127.0.0.1:4437\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .expect("connection kept open");
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        for (uri, status) in [("http://evil.example/", 421), ("http://localhost:1/", 200)] {
+            let req = hyper::Request::get(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = tokio::time::timeout(CLOSE_WITHIN, send.send_request(req))
+                .await
+                .expect("no answer")
+                .unwrap();
+            assert_eq!(res.status(), status, "{uri}");
+        }
     }
 
     #[tokio::test]

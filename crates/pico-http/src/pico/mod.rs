@@ -60,8 +60,9 @@ pub fn new_stream_name(uri: &Uri) -> Result<StreamName, HttpError> {
 }
 
 /// Reads the whole request body, refusing more than `limit` bytes (413) before buffering it.
-/// A client that stops sending is answered 408 once the listener's per-chunk idle timer runs
-/// out (the body then fails with [`BodyTimeout`]); this loop has no timer of its own.
+/// A client that stops sending, or sends too slowly, is answered 408 once one of the listener's
+/// body timers runs out (the body then fails with [`BodyTimeout`]); this loop has no timer of
+/// its own.
 /// A body that arrives as one chunk is returned as is; otherwise the buffer is sized from
 /// `Content-Length` up front (see [`initial_capacity`]), so a large body is copied few times.
 pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, HttpError> {
@@ -290,7 +291,7 @@ mod tests {
     async fn a_body_that_times_out_is_answered_408() {
         let idle = std::time::Duration::from_secs(30);
         let parts: Vec<Result<Bytes, BodyTimeout>> =
-            vec![Ok(Bytes::from_static(b"ab")), Err(BodyTimeout { idle })];
+            vec![Ok(Bytes::from_static(b"ab")), Err(BodyTimeout::Idle(idle))];
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
         let body = Body::from_stream(futures::stream::iter(parts));
