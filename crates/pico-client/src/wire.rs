@@ -9,12 +9,11 @@ use serde_json::Value;
 
 /// The URL path of a stream: one leading slash, no trailing one (`streams/a/` → `/streams/a`).
 ///
-/// Only names the server accepts ([`StreamName::parse_new`], the server's own rule) become
-/// paths, unescaped: the server reads the name from the raw path, so a `?` or `#` would cut the
-/// name short and target another stream, and escaping them would name a third (`%` is a name
-/// character: `a%3Fb` is a legal name of its own). The same rule refuses a segment the URL
-/// parser resolves as `.` or `..` (`%2e`, `.%2E`, …), which would reach the wrong stream, and
-/// the reserved names the server answers 400 for.
+/// A name is given as a path spelling, the server's rule ([`StreamName::parse_new`]): it is
+/// percent-decoded once, so `a%3Fb` is the stream named `a?b`, and the path sent is its
+/// canonical spelling. Names the server would refuse are refused here before anything is
+/// sent: a raw `?` or `#` would cut the name short and target another stream, and an encoded
+/// slash, a `.`/`..` segment however spelled, or a reserved name get 400 there.
 pub fn stream_path(name: &str) -> Result<String, ClientError> {
     let name = StreamName::parse_new(name).map_err(|e| ClientError::Invalid(e.to_string()))?;
     Ok(name.to_path())
@@ -95,8 +94,9 @@ mod tests {
     fn stream_paths_are_canonical() {
         assert_eq!(stream_path("/streams/orders").unwrap(), "/streams/orders");
         assert_eq!(stream_path("streams/orders/").unwrap(), "/streams/orders");
-        // Legal name characters go as they are: the server does not decode the path.
+        // Escapes are decoded once and the canonical spelling sent: `%41` is `A`.
         assert_eq!(stream_path("a%20b/c:d@e").unwrap(), "/a%20b/c:d@e");
+        assert_eq!(stream_path("%41/b").unwrap(), "/A/b");
     }
 
     /// Names the server would not accept, or that a URL would turn into another path, are
