@@ -3,10 +3,9 @@
 use crate::cli::{AuthArg, Protocol, RoutingArg, ServeArgs};
 use anyhow::{Context, bail};
 use pico_runtime::{AuthMode, Config, RootProtocol, Routing};
-use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Builds the runtime configuration and refuses unsafe exposure.
+/// Builds the runtime configuration (checked by [`pico_runtime::validate`] when it runs).
 pub fn to_config(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<Config> {
     if args.node_id == 0 {
         bail!("--node-id must be at least 1");
@@ -54,32 +53,7 @@ pub fn to_config(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<Config>
         allowed_hosts: args.allowed_hosts.clone(),
         ..Config::default()
     };
-    check_exposure(&config)?;
     Ok(config)
-}
-
-/// Authentication is off by default, so binding anything but loopback must be a decision:
-/// `--auth required` or `--insecure-allow-remote`.
-pub fn check_exposure(config: &Config) -> anyhow::Result<()> {
-    if config.auth == AuthMode::Required || config.insecure_allow_remote {
-        return Ok(());
-    }
-    let listeners: [(&str, Option<SocketAddr>); 3] = [
-        ("--listen", Some(config.listen)),
-        ("--admin-listen", config.admin_listen),
-        ("--kafka-listen", config.kafka_listen),
-    ];
-    for (flag, addr) in listeners {
-        if let Some(addr) = addr
-            && !addr.ip().is_loopback()
-        {
-            bail!(
-                "{flag} {addr} is not loopback and authentication is off: \
-                 pass --auth required, or --insecure-allow-remote to expose it without auth"
-            );
-        }
-    }
-    Ok(())
 }
 
 pub async fn serve(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<()> {
@@ -256,19 +230,28 @@ mod tests {
     }
 
     #[test]
-    fn remote_binds_need_auth_or_explicit_opt_in() {
-        let err = config(&["--listen", "0.0.0.0:4437"])
+    fn remote_binds_need_an_explicit_opt_in() {
+        let checked = |args: &[&str]| pico_runtime::validate(&config(args).unwrap());
+        for (flag, addr) in [
+            ("--listen", "0.0.0.0:4437"),
+            ("--admin-listen", "10.0.0.1:9090"),
+            ("--kafka-listen", "0.0.0.0:9092"),
+        ] {
+            let err = checked(&[flag, addr]).unwrap_err().to_string();
+            assert!(
+                err.contains(flag) && err.contains("--insecure-allow-remote"),
+                "{err}"
+            );
+        }
+        // Authentication is not built: asking for it is refused, not ignored.
+        let err = checked(&["--listen", "0.0.0.0:4437", "--auth", "required"])
             .unwrap_err()
             .to_string();
-        assert!(
-            err.contains("--listen") && err.contains("--insecure-allow-remote"),
-            "{err}"
-        );
-        assert!(config(&["--admin-listen", "10.0.0.1:9090"]).is_err());
-        assert!(config(&["--listen", "0.0.0.0:4437", "--auth", "required"]).is_ok());
-        assert!(config(&["--listen", "0.0.0.0:4437", "--insecure-allow-remote"]).is_ok());
-        assert!(config(&["--admin-listen", "10.0.0.1:9090", "--no-admin"]).is_ok());
-        assert!(config(&["--listen", "[::1]:4437"]).is_ok());
+        assert!(err.contains("--auth required"), "{err}");
+        checked(&["--listen", "0.0.0.0:4437", "--insecure-allow-remote"]).unwrap();
+        checked(&["--admin-listen", "10.0.0.1:9090", "--no-admin"]).unwrap();
+        checked(&["--kafka-listen", "0.0.0.0:9092", "--no-kafka"]).unwrap();
+        checked(&["--listen", "[::1]:4437"]).unwrap();
     }
 
     /// 0.0.0.0 is where a node listens, never where others can reach it: the node must be told

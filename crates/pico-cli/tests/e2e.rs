@@ -1654,9 +1654,6 @@ fn serve_help_lists_a_pico_env_var_for_every_flag() {
         "--listen",
         "--admin-listen",
         "--no-admin",
-        "--kafka-listen",
-        "--kafka-advertise",
-        "--no-kafka",
         "--http-address",
         "--meta-url",
         "--storage",
@@ -1672,16 +1669,24 @@ fn serve_help_lists_a_pico_env_var_for_every_flag() {
         "--shutdown-drain-sec",
         "--wal-cache-size",
         "--block-cache-size",
-        "--auth",
         "--insecure-allow-remote",
-        "--auth-bootstrap-token",
-        "--auth-bootstrap-token-file",
         "--endpoint",
         "--http2",
-        "--profile",
         "--token",
     ] {
         assert!(flags.contains(want), "serve --help lacks {want}");
+    }
+    // Flags of features not built yet parse but are not offered.
+    for hidden in [
+        "--kafka-listen",
+        "--kafka-advertise",
+        "--no-kafka",
+        "--auth",
+        "--auth-bootstrap-token",
+        "--auth-bootstrap-token-file",
+        "--profile",
+    ] {
+        assert!(!flags.contains(hidden), "serve --help offers {hidden}");
     }
 }
 
@@ -1696,7 +1701,7 @@ fn serve_refuses_remote_binds_without_auth() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--insecure-allow-remote") && err.contains("--auth required"),
+        err.contains("--listen") && err.contains("--insecure-allow-remote"),
         "{err}"
     );
     // The env var form is honoured the same way.

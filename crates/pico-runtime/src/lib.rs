@@ -103,16 +103,31 @@ pub fn metrics_handle() -> Option<metrics_exporter_prometheus::PrometheusHandle>
         .clone()
 }
 
+/// Authentication is off, so binding any listener to anything but loopback must be a decision
+/// (`--insecure-allow-remote`). The one check for every listener.
+fn check_exposure(config: &Config) -> Result<(), RuntimeError> {
+    if config.auth == AuthMode::Required || config.insecure_allow_remote {
+        return Ok(());
+    }
+    let listeners = [
+        ("--listen", Some(config.listen)),
+        ("--admin-listen", config.admin_listen),
+        ("--kafka-listen", config.kafka_listen),
+    ];
+    for (flag, addr) in listeners {
+        if let Some(addr) = addr.filter(|a| !a.ip().is_loopback()) {
+            return Err(RuntimeError::Config(format!(
+                "{flag} {addr} is not loopback and authentication is off: pass \
+                 --insecure-allow-remote to expose it without authentication"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks the settings that must hold before anything is opened.
 pub fn validate(config: &Config) -> Result<(), RuntimeError> {
-    let exposed = |a: &SocketAddr| !a.ip().is_loopback();
-    let remote = exposed(&config.listen) || config.admin_listen.as_ref().is_some_and(exposed);
-    if remote && config.auth != AuthMode::Required && !config.insecure_allow_remote {
-        return Err(RuntimeError::Config(
-            "binding a non-loopback address needs --auth required or --insecure-allow-remote"
-                .into(),
-        ));
-    }
+    check_exposure(config)?;
     if config.auth == AuthMode::Required {
         return Err(RuntimeError::Config(
             "--auth required is not supported by this build yet; bind loopback or pass --insecure-allow-remote".into(),
