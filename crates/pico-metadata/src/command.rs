@@ -52,7 +52,7 @@ pub struct CommitRange {
 /// the body; asking for another closed status is a conflict).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Initial {
-    /// No records of its own (or stored before codec version 4, which did not record it).
+    /// No records of its own.
     #[default]
     None,
     /// Records, stream left open.
