@@ -304,6 +304,8 @@ impl Writer {
         self.str(&p.id);
         self.u64(p.epoch);
         self.u64(p.seq);
+        self.u64(p.start_offset);
+        self.u64(p.end_offset);
     }
     fn stream(&mut self, m: &StreamMeta) {
         self.u64(m.id);
@@ -333,6 +335,8 @@ impl Writer {
             self.str(id);
             self.u64(p.epoch);
             self.u64(p.seq);
+            self.u64(p.start_offset);
+            self.u64(p.end_offset);
             self.i64(p.last_ms);
         }
         self.opt_str(m.stream_seq.as_deref());
@@ -622,6 +626,8 @@ impl<'a> Reader<'a> {
             id: self.str("producer id")?,
             epoch: self.u64("producer epoch")?,
             seq: self.u64("producer seq")?,
+            start_offset: self.u64("producer start_offset")?,
+            end_offset: self.u64("producer end_offset")?,
         })
     }
     fn stream(&mut self) -> Result<StreamMeta, CodecError> {
@@ -650,11 +656,13 @@ impl<'a> Reader<'a> {
             });
         }
         let mut producers = std::collections::BTreeMap::new();
-        for _ in 0..self.count("producers", 4 + 24)? {
+        for _ in 0..self.count("producers", 4 + 40)? {
             let pid = self.str("producer id")?;
             let st = ProducerState {
                 epoch: self.u64("producer epoch")?,
                 seq: self.u64("producer seq")?,
+                start_offset: self.u64("producer start_offset")?,
+                end_offset: self.u64("producer end_offset")?,
                 last_ms: self.i64("producer last_ms")?,
             };
             producers.insert(pid, st);
@@ -741,7 +749,7 @@ impl<'a> Reader<'a> {
                     let end_offset = self.u64("range end")?;
                     let position = self.u64("range position")?;
                     let len = self.u64("range len")?;
-                    let np = self.count("range producers", 20)?;
+                    let np = self.count("range producers", 36)?;
                     let mut producers = Vec::with_capacity(np);
                     for _ in 0..np {
                         producers.push(self.producer()?);

@@ -38,11 +38,14 @@ pub struct Slice {
     pub len: u64,
 }
 
-/// Last committed (epoch, seq) of a producer on a stream, and when it was last committed.
+/// Last committed (epoch, seq) of a producer on a stream, the offsets `[start_offset,
+/// end_offset)` of that append, and when it was last committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerState {
     pub epoch: u64,
     pub seq: u64,
+    pub start_offset: u64,
+    pub end_offset: u64,
     /// `now_ms` of the commit that last moved it.
     pub last_ms: i64,
 }
@@ -803,6 +806,8 @@ impl State {
                     ProducerState {
                         epoch: p.epoch,
                         seq: p.seq,
+                        start_offset: p.start_offset,
+                        end_offset: p.end_offset,
                         last_ms: now_ms,
                     },
                 );
