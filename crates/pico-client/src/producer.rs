@@ -403,9 +403,11 @@ impl ProducerConfig {
 pub struct ProducerAck {
     /// The batch's producer sequence number.
     pub seq: u64,
-    /// Offsets of the append; for a duplicate (a retry the server had already applied) both
-    /// are the stream's tail at that time.
+    /// Offsets of the append; for a duplicate (a retry the server had already applied) the
+    /// original append's, or, when the server no longer knows them (an older seq than the
+    /// producer's last), both the stream's tail at that time.
     pub append: AppendAck,
+    /// The server answered `Pico-Duplicate: true`.
     pub duplicate: bool,
 }
 
@@ -634,7 +636,9 @@ fn classify(seq: u64, res: Result<(u16, HeaderMap, Bytes), Failure>) -> Attempt<
                     start_seq: start.unwrap_or(next_seq),
                     next_seq,
                 },
-                duplicate: start == Some(next_seq),
+                duplicate: headers
+                    .get("pico-duplicate")
+                    .is_some_and(|v| v.as_bytes() == b"true"),
             }),
             None => Attempt::Fatal(ClientError::Decode(
                 "append response without Pico-Next-Seq".into(),
@@ -1456,21 +1460,16 @@ mod tests {
                     let mut last = last.lock().unwrap();
                     let expected = last.map_or(0, |l| l + 1);
                     let n = applied.lock().unwrap().len();
-                    let ok = |dup: bool| {
-                        let next = (n * 2).to_string();
-                        let start = if dup {
-                            next.clone()
-                        } else {
-                            (n * 2 - 2).to_string()
-                        };
-                        (
-                            AxStatus::OK,
-                            [("pico-next-seq", next), ("pico-start-seq", start)],
-                            String::new(),
-                        )
-                    };
+                    // A duplicate, answered as one whose place is unknown: the tail, no start.
                     if seq < expected {
-                        return ok(true);
+                        return (
+                            AxStatus::OK,
+                            [
+                                ("pico-next-seq", (n * 2).to_string()),
+                                ("pico-duplicate", "true".to_string()),
+                            ],
+                            String::new(),
+                        );
                     }
                     if seq > expected {
                         return (
@@ -1526,6 +1525,8 @@ mod tests {
         for (i, p) in pending.into_iter().enumerate() {
             let ack = p.ack().await.unwrap();
             assert_eq!(ack.seq, i as u64);
+            // Its lost ack made seq 7's retry a duplicate, which the server says in a header.
+            assert_eq!(ack.duplicate, i == 7, "seq {i}");
         }
         // The 503 is one retry; resends after an ordering gap are none.
         assert_eq!(retries.load(Ordering::SeqCst), 1);

@@ -222,6 +222,27 @@ async fn producers_and_stream_seq() {
     assert_eq!(post(&app, &u, &p("0", "1e3"), "x").await.code(), 400);
     assert_eq!(get(&app, &u).await.text(), "abc");
 
+    // A duplicate of the producer's last append answers the offset after the original (not
+    // the tail); an older one's place is unknown, and the tail is all it gets.
+    let u2 = format!("{S}/p2");
+    put(&app, &u2, &[TEXT], Body::empty()).await;
+    assert_eq!(post(&app, &u2, &p("0", "0"), "a").await.code(), 200);
+    assert_eq!(post(&app, &u2, &[TEXT], "b").await.code(), 204);
+    let r = post(&app, &u2, &p("0", "0"), "a").await;
+    let next = format_offset(1);
+    assert_eq!(
+        (r.code(), r.h("stream-next-offset")),
+        (204, Some(next.as_str()))
+    );
+    assert_eq!(post(&app, &u2, &p("0", "1"), "c").await.code(), 200);
+    let r = post(&app, &u2, &p("0", "0"), "a").await;
+    let tail = format_offset(3);
+    assert_eq!(
+        (r.code(), r.h("stream-next-offset")),
+        (204, Some(tail.as_str()))
+    );
+    assert_eq!(get(&app, &u2).await.text(), "abc");
+
     // Stream-Seq: byte-wise increasing per stream.
     let s = |seq: &'static str| vec![TEXT, ("stream-seq", seq)];
     assert_eq!(post(&app, &u, &s("2"), "d").await.code(), 204);

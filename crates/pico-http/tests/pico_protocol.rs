@@ -660,6 +660,51 @@ async fn idempotent_producers() {
     assert_eq!(get(&app, "/s").await.json().as_array().unwrap().len(), 2);
 }
 
+/// A retried producer append is answered with where the original's records lie, marked
+/// `Pico-Duplicate: true`; for an older seq than the producer's last, whose place is no longer
+/// known, without `Pico-Start-Seq` (and `Pico-Next-Seq` is only the tail).
+#[tokio::test]
+async fn a_duplicate_append_answers_where_the_original_lies() {
+    let (app, _) = app().await;
+    put(&app, "/s", &[]).await;
+    let p = |seq: &'static str| {
+        [
+            ("pico-producer-id", "p1"),
+            ("pico-producer-epoch", "0"),
+            ("pico-producer-seq", seq),
+        ]
+    };
+    let offsets = |r: &Resp| {
+        (
+            r.h("pico-start-seq").map(str::to_string),
+            r.h("pico-next-seq").map(str::to_string),
+            r.h("pico-duplicate").map(str::to_string),
+        )
+    };
+    let some = |s: &str| Some(s.to_string());
+    assert_eq!(post(&app, "/s", &[], "a").await.status, 200);
+    let first = post(&app, "/s", &p("0"), "b").await;
+    assert_eq!(
+        (first.status.as_u16(), offsets(&first)),
+        (200, (some("1"), some("2"), None))
+    );
+    assert_eq!(post(&app, "/s", &[], "c").await.status, 200);
+    let dup = post(&app, "/s", &p("0"), "b").await;
+    assert_eq!(
+        (dup.status.as_u16(), offsets(&dup)),
+        (200, (some("1"), some("2"), some("true")))
+    );
+    assert_eq!(post(&app, "/s", &p("1"), "d").await.status, 200);
+    let old = post(&app, "/s", &p("0"), "b").await;
+    assert_eq!(
+        (old.status.as_u16(), offsets(&old)),
+        (200, (None, some("4"), some("true"))),
+        "an older seq: no start, the next seq is the tail"
+    );
+    assert_eq!(old.h("pico-producer-seq"), Some("1"));
+    assert_eq!(get(&app, "/s").await.json().as_array().unwrap().len(), 4);
+}
+
 #[tokio::test]
 async fn match_seq() {
     let (app, _) = app().await;

@@ -3,8 +3,9 @@
 //! Layout: the first byte is the codec version ([`VERSION`]); then little-endian fixed-width
 //! integers, `u32` length-prefixed strings/bytes/lists, a `u8` tag for enums and options.
 //! Decoding checks every length against the bytes left, so garbage yields a [`CodecError`]
-//! (never a panic, never a huge allocation). New fields mean a new version byte; old versions
-//! keep decoding so old log rows and snapshots stay readable.
+//! (never a panic, never a huge allocation). There is one version: any other version byte is
+//! refused (see "Format version and upgrades" in docs/design/metadata-log.md for the rule once
+//! a release exists).
 
 use crate::command::{Command, CommitRange, ForkOrigin, Initial, ProducerMark, StreamConfig};
 use crate::invariants;
@@ -14,19 +15,14 @@ use crate::state::{
 use std::sync::Arc;
 use thiserror::Error;
 
-/// Current codec version (first byte of every encoded value). Version 2 added forks, soft
-/// delete and `Stream-Seq` state, version 3 each producer's last commit time and forks created
-/// closed, version 4 what a create or fork carried ([`Initial`]) and `KvInit`; older values still decode
-/// (new fields take defaults).
-pub const VERSION: u8 = 4;
-/// Oldest version still decoded.
-pub const MIN_VERSION: u8 = 1;
+/// The codec version (first byte of every encoded value), the only one decoded.
+pub const VERSION: u8 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CodecError {
     #[error("empty input")]
     Empty,
-    #[error("unsupported codec version: version={0} supported={MIN_VERSION}..={VERSION}")]
+    #[error("unsupported codec version: version={0} supported={VERSION}")]
     UnsupportedVersion(u8),
     #[error("truncated input: reading={0}")]
     Truncated(&'static str),
@@ -176,21 +172,10 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
                 }
             },
             last_touch_ms: r.i64("last_touch_ms")?,
-            fork: None,
-            forks: 0,
-            soft_deleted: false,
-            initial: Initial::None,
-        };
-        let e = if r.version >= 2 {
-            RegistryEntry {
-                fork: r.fork()?.map(Box::new),
-                forks: r.u32("forks")?,
-                soft_deleted: r.bool("soft_deleted")?,
-                initial: r.initial()?,
-                ..e
-            }
-        } else {
-            e
+            fork: r.fork()?.map(Box::new),
+            forks: r.u32("forks")?,
+            soft_deleted: r.bool("soft_deleted")?,
+            initial: r.initial()?,
         };
         let e = RegistryEntry {
             config: s.content_types.config(&e.config),
@@ -319,6 +304,8 @@ impl Writer {
         self.str(&p.id);
         self.u64(p.epoch);
         self.u64(p.seq);
+        self.u64(p.start_offset);
+        self.u64(p.end_offset);
     }
     fn stream(&mut self, m: &StreamMeta) {
         self.u64(m.id);
@@ -348,6 +335,8 @@ impl Writer {
             self.str(id);
             self.u64(p.epoch);
             self.u64(p.seq);
+            self.u64(p.start_offset);
+            self.u64(p.end_offset);
             self.i64(p.last_ms);
         }
         self.opt_str(m.stream_seq.as_deref());
@@ -513,19 +502,15 @@ impl Writer {
 
 struct Reader<'a> {
     buf: &'a [u8],
-    version: u8,
 }
 
 impl<'a> Reader<'a> {
     fn versioned(bytes: &'a [u8]) -> Result<Reader<'a>, CodecError> {
         let (&v, rest) = bytes.split_first().ok_or(CodecError::Empty)?;
-        if !(MIN_VERSION..=VERSION).contains(&v) {
+        if v != VERSION {
             return Err(CodecError::UnsupportedVersion(v));
         }
-        Ok(Reader {
-            buf: rest,
-            version: v,
-        })
+        Ok(Reader { buf: rest })
     }
     fn finish(&self) -> Result<(), CodecError> {
         if self.buf.is_empty() {
@@ -551,11 +536,7 @@ impl<'a> Reader<'a> {
     fn u8(&mut self, what: &'static str) -> Result<u8, CodecError> {
         Ok(self.array::<1>(what)?[0])
     }
-    /// Absent before version 4: unknown, taken as no records of its own.
     fn initial(&mut self) -> Result<Initial, CodecError> {
-        if self.version < 4 {
-            return Ok(Initial::None);
-        }
         Ok(match self.u8("initial")? {
             0 => Initial::None,
             1 => Initial::Records,
@@ -645,6 +626,8 @@ impl<'a> Reader<'a> {
             id: self.str("producer id")?,
             epoch: self.u64("producer epoch")?,
             seq: self.u64("producer seq")?,
+            start_offset: self.u64("producer start_offset")?,
+            end_offset: self.u64("producer end_offset")?,
         })
     }
     fn stream(&mut self) -> Result<StreamMeta, CodecError> {
@@ -673,25 +656,18 @@ impl<'a> Reader<'a> {
             });
         }
         let mut producers = std::collections::BTreeMap::new();
-        let producer_len = if self.version >= 3 { 4 + 24 } else { 4 + 16 };
-        for _ in 0..self.count("producers", producer_len)? {
+        for _ in 0..self.count("producers", 4 + 40)? {
             let pid = self.str("producer id")?;
             let st = ProducerState {
                 epoch: self.u64("producer epoch")?,
                 seq: self.u64("producer seq")?,
-                last_ms: if self.version >= 3 {
-                    self.i64("producer last_ms")?
-                } else {
-                    crate::state::PRODUCER_SEEN_UNKNOWN
-                },
+                start_offset: self.u64("producer start_offset")?,
+                end_offset: self.u64("producer end_offset")?,
+                last_ms: self.i64("producer last_ms")?,
             };
             producers.insert(pid, st);
         }
-        let stream_seq = if self.version >= 2 {
-            self.opt_str("stream_seq")?.map(String::into_boxed_str)
-        } else {
-            None
-        };
+        let stream_seq = self.opt_str("stream_seq")?.map(String::into_boxed_str);
         Ok(StreamMeta {
             id,
             name: name.into(),
@@ -773,16 +749,12 @@ impl<'a> Reader<'a> {
                     let end_offset = self.u64("range end")?;
                     let position = self.u64("range position")?;
                     let len = self.u64("range len")?;
-                    let np = self.count("range producers", 20)?;
+                    let np = self.count("range producers", 36)?;
                     let mut producers = Vec::with_capacity(np);
                     for _ in 0..np {
                         producers.push(self.producer()?);
                     }
-                    let stream_seq = if self.version >= 2 {
-                        self.opt_str("range stream_seq")?
-                    } else {
-                        None
-                    };
+                    let stream_seq = self.opt_str("range stream_seq")?;
                     ranges.push(CommitRange {
                         stream_id,
                         epoch,
@@ -817,7 +789,7 @@ impl<'a> Reader<'a> {
             12 => Command::KvDelete {
                 key: self.str("key")?,
             },
-            14 if self.version >= 4 => Command::KvInit {
+            14 => Command::KvInit {
                 key: self.str("key")?,
                 value: self.bytes("value")?,
             },
@@ -833,7 +805,7 @@ impl<'a> Reader<'a> {
                     inherit_end: self.u64("inherit_end")?,
                     offset_given: self.bool("offset_given")?,
                     config: self.config()?,
-                    closed: self.version >= 3 && self.bool("closed")?,
+                    closed: self.bool("closed")?,
                     now_ms: self.i64("now_ms")?,
                     initial: self.initial()?,
                 }
@@ -852,179 +824,29 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    /// There is one version: rows and snapshots at any other version byte are refused, never
+    /// read as something they are not.
     #[test]
-    fn version_1_rows_still_decode() {
-        // A v1 commit row is the v2 row without the per-range `stream_seq` tag.
-        let cmd = Command::CommitObject {
-            node_id: 1,
-            node_epoch: 2,
-            key: "k".into(),
-            size: 9,
-            ranges: vec![CommitRange {
-                stream_id: 3,
-                epoch: 0,
-                start_offset: 0,
-                end_offset: 4,
-                position: 0,
-                len: 9,
-                producers: vec![],
-                stream_seq: None,
-            }],
-            now_ms: 5,
-        };
-        let v4 = encode_command(&cmd);
-        assert_eq!(v4[0], 4);
-        assert_eq!(decode_command(&v4).unwrap(), cmd);
-        // Versions 3 and 4 changed no field of this command: v2 and v3 rows are the same bytes.
-        let mut v3 = v4.clone();
-        v3[0] = 3;
-        assert_eq!(decode_command(&v3).unwrap(), cmd);
-        let mut v2 = v3.clone();
-        v2[0] = 2;
-        assert_eq!(decode_command(&v2).unwrap(), cmd);
-        let tag_at = v2.len() - 8 - 1; // the None tag sits just before now_ms
-        assert_eq!(v2[tag_at], 0);
-        let mut v1 = v2.clone();
-        v1.remove(tag_at);
-        v1[0] = 1;
-        assert_eq!(decode_command(&v1).unwrap(), cmd);
-        assert_eq!(
-            decode_command(&[5, 10]),
-            Err(CodecError::UnsupportedVersion(5))
-        );
-    }
-
-    /// Version 4 appended what a create or fork carried; older rows decode as "no records".
-    #[test]
-    fn version_3_creates_decode_as_made_without_records() {
-        let config = StreamConfig {
-            content_type: "t".into(),
-            ttl_secs: None,
-            expires_at_ms: None,
-        };
-        let create = Command::CreateStream {
-            name: "a".into(),
-            config: config.clone(),
-            closed: false,
-            initial: Initial::RecordsThenClose,
-            now_ms: 7,
-        };
-        let fork = Command::ForkStream {
-            name: "b".into(),
-            origin: ForkOrigin {
-                source: "a".into(),
-                source_stream_id: 0,
-                offset: 1,
-                sub_offset: 0,
-            },
-            inherit_end: 1,
-            offset_given: true,
-            config,
-            closed: false,
-            initial: Initial::Records,
-            now_ms: 7,
-        };
-        for cmd in [create, fork] {
-            let v4 = encode_command(&cmd);
-            assert_eq!(decode_command(&v4).unwrap(), cmd);
-            let mut v3 = v4[..v4.len() - 1].to_vec();
-            v3[0] = 3;
-            let mut old = cmd.clone();
-            match &mut old {
-                Command::CreateStream { initial, .. } | Command::ForkStream { initial, .. } => {
-                    *initial = Initial::None
-                }
-                _ => unreachable!(),
-            }
-            assert_eq!(decode_command(&v3).unwrap(), old);
+    fn only_the_current_version_decodes() {
+        let row = encode_commands(&[create("a")]);
+        assert_eq!(row[0], VERSION);
+        assert_eq!(decode_commands(&row).unwrap(), vec![create("a")]);
+        let snapshot = encode_state(&State::new());
+        assert_eq!(decode_state(&snapshot).unwrap(), State::new());
+        for v in (0..=u8::MAX).filter(|v| *v != VERSION) {
+            let mut bad = row.clone();
+            bad[0] = v;
+            let err = decode_commands(&bad).unwrap_err();
+            assert_eq!(err, CodecError::UnsupportedVersion(v));
+            assert!(
+                err.to_string()
+                    .contains(&format!("version={v} supported=1")),
+                "{err}"
+            );
+            let mut bad = snapshot.clone();
+            bad[0] = v;
+            assert_eq!(decode_state(&bad), Err(CodecError::UnsupportedVersion(v)));
         }
-    }
-
-    #[test]
-    fn version_2_snapshots_decode_producers_of_unknown_age() {
-        let mut s = State::new();
-        let commands = [
-            Command::RegisterNode {
-                node_id: 1,
-                node_epoch: 1,
-                address: "n".into(),
-                now_ms: 1,
-            },
-            Command::CreateStream {
-                name: "a".into(),
-                config: StreamConfig {
-                    content_type: "t".into(),
-                    ttl_secs: None,
-                    expires_at_ms: None,
-                },
-                closed: false,
-                initial: Default::default(),
-                now_ms: 1,
-            },
-            Command::OpenStream {
-                stream_id: 0,
-                node_id: 1,
-                node_epoch: 1,
-            },
-        ];
-        for c in &commands {
-            s.apply(c).unwrap();
-        }
-        let seen_at: i64 = 0x1122_3344_5566_7788;
-        let accepted = s.apply(&Command::CommitObject {
-            node_id: 1,
-            node_epoch: 1,
-            key: "k".into(),
-            size: 4,
-            ranges: vec![CommitRange {
-                stream_id: 0,
-                epoch: 0,
-                start_offset: 0,
-                end_offset: 1,
-                position: 0,
-                len: 4,
-                producers: vec![ProducerMark {
-                    id: "p".into(),
-                    epoch: 2,
-                    seq: 7,
-                }],
-                stream_seq: None,
-            }],
-            now_ms: seen_at,
-        });
-        assert_eq!(
-            accepted,
-            Ok(crate::Outcome::Committed {
-                accepted: vec![true]
-            })
-        );
-        let v4 = encode_state(&s);
-        assert_eq!(decode_state(&v4).unwrap(), s);
-        // The v3 layout is the v4 one without the entry's `initial`: the one byte that differs
-        // when the entry records another value.
-        let mut other = s.clone();
-        Arc::make_mut(other.registry.get_mut("a").unwrap()).initial = Initial::Records;
-        let at = v4
-            .iter()
-            .zip(&encode_state(&other))
-            .position(|(a, b)| a != b)
-            .unwrap();
-        let mut v3 = v4.clone();
-        v3.remove(at);
-        v3[0] = 3;
-        assert_eq!(decode_state(&v3).unwrap(), s);
-        // The v2 layout is the v3 one without the producer's last_ms.
-        let at = v3
-            .windows(8)
-            .position(|w| w == seen_at.to_le_bytes())
-            .unwrap();
-        let mut v2 = v3.clone();
-        v2.drain(at..at + 8);
-        v2[0] = 2;
-        let old = decode_state(&v2).unwrap();
-        let p = old.streams[&0].producers["p"];
-        assert_eq!((p.epoch, p.seq), (2, 7));
-        assert_eq!(p.last_ms, crate::state::PRODUCER_SEEN_UNKNOWN);
     }
 
     /// A plain create of `name`.

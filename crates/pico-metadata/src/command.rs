@@ -11,12 +11,16 @@ pub struct StreamConfig {
     pub expires_at_ms: Option<i64>,
 }
 
-/// A producer's last (epoch, seq) as seen by a commit or a close.
+/// A producer's last (epoch, seq) as seen by a commit or a close, and the offsets
+/// `[start_offset, end_offset)` that append was given (equal, at the tail, for a close without
+/// records): a retry of that same triple is answered with them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerMark {
     pub id: String,
     pub epoch: u64,
     pub seq: u64,
+    pub start_offset: u64,
+    pub end_offset: u64,
 }
 
 /// Where a fork came from: the source's name and incarnation, and the fork point the client
@@ -52,7 +56,7 @@ pub struct CommitRange {
 /// the body; asking for another closed status is a conflict).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Initial {
-    /// No records of its own (or stored before codec version 4, which did not record it).
+    /// No records of its own.
     #[default]
     None,
     /// Records, stream left open.

@@ -38,13 +38,15 @@ pub struct Slice {
     pub len: u64,
 }
 
-/// Last committed (epoch, seq) of a producer on a stream, and when it was last committed.
+/// Last committed (epoch, seq) of a producer on a stream, the offsets `[start_offset,
+/// end_offset)` of that append, and when it was last committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProducerState {
     pub epoch: u64,
     pub seq: u64,
-    /// `now_ms` of the commit that last moved it; [`PRODUCER_SEEN_UNKNOWN`] when it came from a
-    /// snapshot older than this field (its clock starts at the next prune pass).
+    pub start_offset: u64,
+    pub end_offset: u64,
+    /// `now_ms` of the commit that last moved it.
     pub last_ms: i64,
 }
 
@@ -52,9 +54,6 @@ pub struct ProducerState {
 /// 7-day TTL). Without it the map grows with every producer id a stream ever saw. A producer
 /// silent for longer is unknown again: its next append must start at seq 0.
 pub const PRODUCER_TTL_MS: i64 = 7 * 24 * 60 * 60 * 1000;
-
-/// `last_ms` of a producer decoded from a snapshot written before the field existed.
-pub const PRODUCER_SEEN_UNKNOWN: i64 = i64::MIN;
 
 /// Maps smaller than this are never pruned (a pass would cost more than it frees).
 pub const PRODUCER_PRUNE_MIN: usize = 64;
@@ -73,9 +72,7 @@ pub fn producer_prune_due(before: usize, after: usize) -> bool {
 /// send one): the claim a create's records are appended under is what makes a retried create
 /// append them at most once, so it is never forgotten.
 pub fn producer_live(id: &str, last_ms: i64, now_ms: i64) -> bool {
-    id.starts_with('\0')
-        || last_ms == PRODUCER_SEEN_UNKNOWN
-        || now_ms.saturating_sub(last_ms) < PRODUCER_TTL_MS
+    id.starts_with('\0') || now_ms.saturating_sub(last_ms) < PRODUCER_TTL_MS
 }
 
 /// Producer state of one stream (see [`StreamMeta::producers`]).
@@ -809,6 +806,8 @@ impl State {
                     ProducerState {
                         epoch: p.epoch,
                         seq: p.seq,
+                        start_offset: p.start_offset,
+                        end_offset: p.end_offset,
                         last_ms: now_ms,
                     },
                 );
@@ -1007,12 +1006,7 @@ fn existing_outcome(
     }
 }
 
-/// Forgets producers silent for [`PRODUCER_TTL_MS`]; those of unknown age start their clock.
+/// Forgets producers silent for [`PRODUCER_TTL_MS`].
 fn prune_producers(producers: &mut BTreeMap<String, ProducerState>, now_ms: i64) {
-    producers.retain(|id, p| {
-        if p.last_ms == PRODUCER_SEEN_UNKNOWN {
-            p.last_ms = now_ms;
-        }
-        producer_live(id, p.last_ms, now_ms)
-    });
+    producers.retain(|id, p| producer_live(id, p.last_ms, now_ms));
 }

@@ -78,6 +78,8 @@ fn range(stream_id: u64, epoch: i64, start: u64, end: u64) -> CommitRange {
             id: "p1".into(),
             epoch: 0,
             seq: end,
+            start_offset: start,
+            end_offset: end,
         }],
         stream_seq: None,
     }
@@ -335,6 +337,9 @@ fn commit_accepts_only_tail_ranges_of_owned_streams() {
     assert_eq!(m.end_offset, 7);
     assert_eq!(m.slices.len(), 2);
     assert_eq!(m.producers["p1"].seq, 7);
+    // Where the producer's last append lies, for answering its retry.
+    let p = m.producers["p1"];
+    assert_eq!((p.start_offset, p.end_offset), (3, 7));
     assert_eq!(s.objects["k1"].live_refs, 2);
     // Stale node epoch: the whole command is rejected.
     register(&mut s, 1, 2);
@@ -464,6 +469,8 @@ fn seal_is_idempotent_and_stops_commits_past_close() {
         id: "p1".into(),
         epoch: 0,
         seq: 9,
+        start_offset: 5,
+        end_offset: 5,
     };
     assert_eq!(
         ok(
@@ -836,6 +843,8 @@ fn producers_silent_for_the_ttl_are_forgotten_once_the_map_grows() {
                 id,
                 epoch: 0,
                 seq: 0,
+                start_offset: end - 1,
+                end_offset: end,
             })
             .collect();
         let c = Command::CommitObject {

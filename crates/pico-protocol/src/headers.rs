@@ -16,6 +16,8 @@ pub const LAST_EVENT_ID: &str = "last-event-id";
 // `pico-producer-seq` are shared with requests).
 pub const PICO_NEXT_SEQ: &str = "pico-next-seq";
 pub const PICO_START_SEQ: &str = "pico-start-seq";
+/// `true` on the answer to a producer append already applied (nothing written).
+pub const PICO_DUPLICATE: &str = "pico-duplicate";
 pub const PICO_TIMESTAMP: &str = "pico-timestamp";
 pub const PICO_UP_TO_DATE: &str = "pico-up-to-date";
 pub const PICO_CURSOR: &str = "pico-cursor";
@@ -35,6 +37,7 @@ pub const ALL_PICO_HEADERS: &[&str] = &[
     PICO_KEY,
     PICO_NEXT_SEQ,
     PICO_START_SEQ,
+    PICO_DUPLICATE,
     PICO_TIMESTAMP,
     PICO_UP_TO_DATE,
     PICO_CURSOR,

@@ -57,9 +57,12 @@ pub struct AppendRequest {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppendOutcome {
-    /// Offset of the first record of this append (= next_seq when nothing was written).
-    pub start_seq: u64,
-    /// The stream's next offset after this append.
+    /// Offset of the first record of this append (= next_seq when it had none). A duplicate
+    /// answers the original append's; `None` when that is no longer known (a duplicate of a
+    /// producer seq older than its last).
+    pub start_seq: Option<u64>,
+    /// The stream's next offset after this append (a duplicate: after the original; when its
+    /// offsets are unknown, the stream's tail).
     pub next_seq: u64,
     /// The producer triple was already applied: nothing was written.
     pub duplicate: bool,

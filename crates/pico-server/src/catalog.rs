@@ -6,7 +6,7 @@
 use crate::producers::decode_aux;
 use pico_metadata::{ApplyError, Command, CommitRange, Outcome, ProducerMark};
 use pico_sql::MetaLog;
-use s3stream::{Catalog, CatalogError, ObjectCommit, ObjectSlice};
+use s3stream::{Catalog, CatalogError, ObjectCommit, ObjectSlice, RangeAux};
 use std::collections::BTreeMap;
 
 pub struct MetaCatalog {
@@ -139,20 +139,28 @@ impl MetaCatalog {
     }
 }
 
-/// The last claim per producer id among a range's aux blobs.
-fn producer_marks(aux: &[bytes::Bytes]) -> Vec<ProducerMark> {
-    let mut last: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for claim in aux.iter().filter_map(|a| decode_aux(a).producer) {
-        last.insert(claim.id, (claim.epoch, claim.seq));
+/// The last claim per producer id among a range's aux blobs, with the offsets of its append
+/// (a retry of that claim is answered with them).
+fn producer_marks(aux: &[RangeAux]) -> Vec<ProducerMark> {
+    let mut last: BTreeMap<String, ProducerMark> = BTreeMap::new();
+    for a in aux {
+        if let Some(claim) = decode_aux(&a.aux).producer {
+            let mark = ProducerMark {
+                id: claim.id.clone(),
+                epoch: claim.epoch,
+                seq: claim.seq,
+                start_offset: a.base_offset,
+                end_offset: a.next_offset,
+            };
+            last.insert(claim.id, mark);
+        }
     }
-    last.into_iter()
-        .map(|(id, (epoch, seq))| ProducerMark { id, epoch, seq })
-        .collect()
+    last.into_values().collect()
 }
 
 /// The last `Stream-Seq` among a range's aux blobs.
-fn last_stream_seq(aux: &[bytes::Bytes]) -> Option<String> {
-    aux.iter().rev().find_map(|a| decode_aux(a).stream_seq)
+fn last_stream_seq(aux: &[RangeAux]) -> Option<String> {
+    aux.iter().rev().find_map(|a| decode_aux(&a.aux).stream_seq)
 }
 
 #[cfg(test)]

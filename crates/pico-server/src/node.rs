@@ -6,7 +6,7 @@ use crate::catalog::MetaCatalog;
 use crate::config::NodeConfig;
 use crate::error::*;
 use crate::open::{OpenStream, OpenTable, Writer};
-use crate::producers::{self, Aux, Decision, ProducerState};
+use crate::producers::{self, Aux, Decision, Placed, ProducerState};
 use crate::ttl::Touches;
 use crate::waiters::{Signal, Waiters};
 use pico_common::StreamName;
@@ -451,14 +451,17 @@ impl Node {
             .next_offset(stream_id)
             .ok_or_else(|| AppendError::Unavailable("stream not open on the engine".into()))?;
         if w.closed {
-            let same_closer = match (&req.producer, &w.closed_by) {
-                (Some(p), Some(cb)) => {
-                    (p.id.as_str(), p.epoch, p.seq) == (cb.0.as_str(), cb.1, cb.2)
+            let closer = match (&req.producer, &w.closed_by) {
+                (Some(p), Some(cb))
+                    if (p.id.as_str(), p.epoch, p.seq) == (&*cb.id, cb.epoch, cb.seq) =>
+                {
+                    Some((cb.start_offset, cb.end_offset))
                 }
-                _ => false,
+                _ => None,
             };
-            // The retry of the producer append that closed the stream is a duplicate.
-            if same_closer {
+            // The retry of the producer append that closed the stream is a duplicate, answered
+            // with where that append's records lie.
+            if let Some((start, end)) = closer {
                 let producer = req.producer.as_ref().map(|p| (p.epoch, p.seq));
                 drop(w);
                 // Acknowledge only what is true: the original's data is durable and the close
@@ -466,8 +469,8 @@ impl Node {
                 self.wait_durable(&open, next).await?;
                 self.wait_sealed(&open, &r.name).await?;
                 return Ok(AppendOutcome {
-                    start_seq: next,
-                    next_seq: next,
+                    start_seq: Some(start),
+                    next_seq: end,
                     duplicate: true,
                     closed: true,
                     producer,
@@ -493,15 +496,20 @@ impl Node {
                 Decision::Accept => {}
                 // The retry of an append-and-close whose records became durable but whose
                 // close failed: the records are a duplicate, the close is still owed.
-                Decision::Duplicate { last_seq } if req.close && last_seq == p.seq => {
-                    w.closed = true;
-                    w.closed_by = Some((p.id.clone(), p.epoch, p.seq));
-                    drop(w);
+                Decision::Duplicate {
+                    last_seq,
+                    original: Some(at),
+                } if req.close => {
                     let mark = ProducerMark {
                         id: p.id.clone(),
                         epoch: p.epoch,
                         seq: p.seq,
+                        start_offset: at.start,
+                        end_offset: at.next,
                     };
+                    w.closed = true;
+                    w.closed_by = Some(mark.clone());
+                    drop(w);
                     self.finish_detached(&open, None, next, next, Some(Some(mark)), now, &r.name)
                         .await?;
                     let _ = self.inner.events.send(StreamEvent::Appended {
@@ -511,23 +519,25 @@ impl Node {
                         closed: true,
                     });
                     return Ok(AppendOutcome {
-                        start_seq: next,
-                        next_seq: next,
+                        start_seq: Some(at.start),
+                        next_seq: at.next,
                         duplicate: true,
                         closed: true,
                         producer: Some((p.epoch, last_seq)),
                         timestamp_ms: now,
                     });
                 }
-                Decision::Duplicate { last_seq } => {
+                Decision::Duplicate { last_seq, original } => {
                     let closed = w.closed;
                     drop(w);
                     // The original may still be in flight: acknowledge only once it is durable
                     // in this same incarnation of the stream.
                     self.wait_durable(&open, next).await?;
+                    // An older seq's offsets are no longer kept: say so (no start) rather than
+                    // pass the tail off as where its records lie.
                     return Ok(AppendOutcome {
-                        start_seq: next,
-                        next_seq: next,
+                        start_seq: original.map(|at| at.start),
+                        next_seq: original.map_or(next, |at| at.next),
                         duplicate: true,
                         closed,
                         producer: Some((p.epoch, last_seq)),
@@ -628,29 +638,33 @@ impl Node {
         {
             w.stream_seq = Some(seq.clone());
         }
+        // Where this append's records lie (`next` is their base: the writer lock serializes
+        // offset assignment).
+        let at = Placed {
+            start: pending.as_ref().map_or(next, |p| p.base_offset),
+            next: pending.as_ref().map_or(next, |p| p.next_offset),
+        };
+        let new_next = at.next;
         if let Some(p) = &req.producer {
-            w.accept_producer(&p.id, p.epoch, p.seq, now);
+            w.accept_producer(&p.id, p.epoch, p.seq, at, now);
             open.producers_moved.notify_waiters();
         }
+        let mark = req.producer.as_ref().map(|p| ProducerMark {
+            id: p.id.clone(),
+            epoch: p.epoch,
+            seq: p.seq,
+            start_offset: at.start,
+            end_offset: at.next,
+        });
         if req.close {
             w.closed = true;
-            w.closed_by = req
-                .producer
-                .as_ref()
-                .map(|p| (p.id.clone(), p.epoch, p.seq));
+            w.closed_by = mark.clone();
         }
-        let new_next = pending.as_ref().map(|p| p.next_offset).unwrap_or(next);
         drop(w);
 
         // Durability wait and seal run in their own task: a client that disconnects must not
         // leave a close decided in memory but never committed.
-        let close = req.close.then(|| {
-            req.producer.as_ref().map(|p| ProducerMark {
-                id: p.id.clone(),
-                epoch: p.epoch,
-                seq: p.seq,
-            })
-        });
+        let close = req.close.then_some(mark);
         self.finish_detached(&open, pending, next, new_next, close, now, &r.name)
             .await?;
         // Nobody listening is fine: the channel is a bounded, lossy broadcast.
@@ -661,7 +675,7 @@ impl Node {
             closed: req.close,
         });
         Ok(AppendOutcome {
-            start_seq: next,
+            start_seq: Some(at.start),
             next_seq: new_next,
             duplicate: false,
             closed: req.close,
@@ -1495,6 +1509,10 @@ impl Node {
                                     ProducerState {
                                         epoch: p.epoch,
                                         seq: p.seq,
+                                        at: Placed {
+                                            start: p.start_offset,
+                                            next: p.end_offset,
+                                        },
                                         last_ms: p.last_ms,
                                     },
                                 )
@@ -1508,9 +1526,7 @@ impl Node {
                     .and_then(|m| m.stream_seq.as_deref().map(str::to_string));
                 let entry = view.registry.get(r.name.as_str());
                 let closed = entry.is_some_and(|e| e.closed);
-                let closed_by = entry
-                    .and_then(|e| e.closed_by.as_ref())
-                    .map(|m| (m.id.clone(), m.epoch, m.seq));
+                let closed_by = entry.and_then(|e| e.closed_by.as_deref()).cloned();
                 Ok(Arc::new(OpenStream {
                     stream_id,
                     epoch,

@@ -2,7 +2,8 @@
 //! match-seq checks with offset assignment. Only streams with recent activity are here; idle ones
 //! are released by the maintenance loop, so memory does not grow with the number of streams.
 
-use crate::producers::ProducerState;
+use crate::producers::{Placed, ProducerState};
+use pico_metadata::ProducerMark;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -24,9 +25,10 @@ pub struct OpenStream {
 /// Writer state: the in-flight view of producers and closure, ahead of the committed metadata.
 pub struct Writer {
     pub producers: HashMap<String, ProducerState>,
-    /// Closed by a client (appends rejected); `closed_by` is the producer claim that closed it.
+    /// Closed by a client (appends rejected); `closed_by` is the producer claim that closed it,
+    /// with the offsets of that request's records.
     pub closed: bool,
-    pub closed_by: Option<(String, u64, u64)>,
+    pub closed_by: Option<ProducerMark>,
     /// Last accepted Durable Streams `Stream-Seq` (per stream, byte-wise lexicographic).
     pub stream_seq: Option<String>,
     /// An append failed to become durable: the stream must be reopened before more appends.
@@ -34,13 +36,15 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Records an accepted producer claim. The map is bounded like the committed one: producers
-    /// silent for `PRODUCER_TTL_MS` are dropped whenever it grows past a power of two.
-    pub fn accept_producer(&mut self, id: &str, epoch: u64, seq: u64, now_ms: i64) {
+    /// Records an accepted producer claim and where its append lies. The map is bounded like
+    /// the committed one: producers silent for `PRODUCER_TTL_MS` are dropped whenever it grows
+    /// past a power of two.
+    pub fn accept_producer(&mut self, id: &str, epoch: u64, seq: u64, at: Placed, now_ms: i64) {
         use pico_metadata::state::{producer_live, producer_prune_due};
         let state = ProducerState {
             epoch,
             seq,
+            at,
             last_ms: now_ms,
         };
         match self.producers.get_mut(id) {
@@ -178,6 +182,7 @@ impl OpenTable {
 #[cfg(test)]
 mod tests {
     use super::{OpenStream, OpenTable, Writer};
+    use crate::producers::Placed;
     use pico_metadata::state::{PRODUCER_PRUNE_MIN, PRODUCER_TTL_MS};
     use std::collections::{HashMap, HashSet};
     use std::sync::Arc;
@@ -247,6 +252,8 @@ mod tests {
         assert_eq!(left, [8, 9], "recent and skipped streams taken");
     }
 
+    const AT: Placed = Placed { start: 0, next: 1 };
+
     #[test]
     fn silent_producers_leave_the_writer_once_it_grows() {
         let mut w = Writer {
@@ -257,14 +264,14 @@ mod tests {
             broken: false,
         };
         for i in 0..PRODUCER_PRUNE_MIN - 3 {
-            w.accept_producer(&format!("old{i}"), 0, 0, 10);
+            w.accept_producer(&format!("old{i}"), 0, 0, AT, 10);
         }
         // The server's own claim: as old, never forgotten.
-        w.accept_producer("\u{0}initial", 0, 0, 10);
-        w.accept_producer("recent", 0, 0, 10 + PRODUCER_TTL_MS - 1);
-        w.accept_producer("recent", 0, 1, 10 + PRODUCER_TTL_MS - 1);
+        w.accept_producer("\u{0}initial", 0, 0, AT, 10);
+        w.accept_producer("recent", 0, 0, AT, 10 + PRODUCER_TTL_MS - 1);
+        w.accept_producer("recent", 0, 1, AT, 10 + PRODUCER_TTL_MS - 1);
         assert_eq!(w.producers.len(), PRODUCER_PRUNE_MIN - 1);
-        w.accept_producer("new", 1, 0, 10 + PRODUCER_TTL_MS);
+        w.accept_producer("new", 1, 0, AT, 10 + PRODUCER_TTL_MS);
         let mut left: Vec<&str> = w.producers.keys().map(String::as_str).collect();
         left.sort_unstable();
         assert_eq!(left, ["\u{0}initial", "new", "recent"]);

@@ -6,12 +6,22 @@
 use crate::api::ProducerClaim;
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// A producer's last accepted (epoch, seq), and when (ms) it was last accepted.
+/// A producer's last accepted (epoch, seq), where that append lies, and when (ms) it was last
+/// accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProducerState {
     pub epoch: u64,
     pub seq: u64,
+    pub at: Placed,
     pub last_ms: i64,
+}
+
+/// Where an append lies: offsets `[start, next)` (equal, at the tail, for a close without
+/// records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    pub start: u64,
+    pub next: u64,
 }
 
 /// What to do with a producer append.
@@ -19,8 +29,13 @@ pub struct ProducerState {
 pub enum Decision {
     /// Write it; the producer's state becomes the claim.
     Accept,
-    /// Already applied: acknowledge without writing. Carries the highest accepted seq.
-    Duplicate { last_seq: u64 },
+    /// Already applied: acknowledge without writing. Carries the highest accepted seq and,
+    /// when the claim is that very seq, where its append lies; an older seq's offsets are no
+    /// longer known (`None`), and the answer must say so rather than invent them.
+    Duplicate {
+        last_seq: u64,
+        original: Option<Placed>,
+    },
     /// Epoch lower than the stored one.
     Fenced { current: u64 },
     /// Same epoch, seq skipped ahead.
@@ -49,7 +64,10 @@ pub fn decide(stored: Option<ProducerState>, claim: &ProducerClaim) -> Decision 
         }
         Some(s) => {
             if claim.seq <= s.seq {
-                Decision::Duplicate { last_seq: s.seq }
+                Decision::Duplicate {
+                    last_seq: s.seq,
+                    original: (claim.seq == s.seq).then_some(s.at),
+                }
             } else if claim.seq == s.seq + 1 {
                 Decision::Accept
             } else {
@@ -202,16 +220,34 @@ mod tests {
     fn rules_of_the_surface() {
         assert_eq!(decide(None, &claim(0, 0)), Decision::Accept);
         assert_eq!(decide(None, &claim(0, 3)), Decision::Gap { expected: 0 });
+        let at = Placed {
+            start: 40,
+            next: 43,
+        };
         let s = Some(ProducerState {
             epoch: 2,
             seq: 5,
+            at,
             last_ms: 0,
         });
         assert_eq!(decide(s, &claim(1, 6)), Decision::Fenced { current: 2 });
         assert_eq!(decide(s, &claim(3, 0)), Decision::Accept);
         assert_eq!(decide(s, &claim(3, 1)), Decision::EpochMustStartAtZero);
-        assert_eq!(decide(s, &claim(2, 5)), Decision::Duplicate { last_seq: 5 });
-        assert_eq!(decide(s, &claim(2, 0)), Decision::Duplicate { last_seq: 5 });
+        // The last seq again: answered with where it lies; an older one's place is unknown.
+        assert_eq!(
+            decide(s, &claim(2, 5)),
+            Decision::Duplicate {
+                last_seq: 5,
+                original: Some(at)
+            }
+        );
+        assert_eq!(
+            decide(s, &claim(2, 0)),
+            Decision::Duplicate {
+                last_seq: 5,
+                original: None
+            }
+        );
         assert_eq!(decide(s, &claim(2, 6)), Decision::Accept);
         assert_eq!(decide(s, &claim(2, 8)), Decision::Gap { expected: 6 });
     }
@@ -228,6 +264,7 @@ mod tests {
         let s = Some(ProducerState {
             epoch: 2,
             seq: 5,
+            at: Placed { start: 9, next: 10 },
             last_ms: 0,
         });
         assert!(!early(s, &claim(2, 5)), "duplicate");

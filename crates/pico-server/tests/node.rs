@@ -106,9 +106,9 @@ async fn create_append_read_round_trip() {
     ));
 
     let a1 = node.append(append_req("a/b", &["x", "y"])).await.unwrap();
-    assert_eq!((a1.start_seq, a1.next_seq), (0, 2));
+    assert_eq!((a1.start_seq, a1.next_seq), (Some(0), 2));
     let a2 = node.append(append_req("a/b", &["z"])).await.unwrap();
-    assert_eq!((a2.start_seq, a2.next_seq), (2, 3));
+    assert_eq!((a2.start_seq, a2.next_seq), (Some(2), 3));
     let all = read_all(&node, "a/b", 0).await;
     assert_eq!(all, vec![(0, "x".into()), (1, "y".into()), (2, "z".into())]);
     let mid = read_all(&node, "a/b", 1).await;
@@ -199,7 +199,10 @@ async fn producer_batches_that_overtake_their_predecessors_wait_for_them() {
         early1.await.unwrap().unwrap(),
         early2.await.unwrap().unwrap(),
     );
-    assert_eq!((first.start_seq, one.start_seq, two.start_seq), (0, 1, 2));
+    assert_eq!(
+        (first.start_seq, one.start_seq, two.start_seq),
+        (Some(0), Some(1), Some(2))
+    );
     assert!(!one.duplicate && !two.duplicate);
     let next_epoch = tokio::spawn({
         let (node, req) = (node.clone(), with(1, 1, "e"));
@@ -207,7 +210,7 @@ async fn producer_batches_that_overtake_their_predecessors_wait_for_them() {
     });
     tokio::time::sleep(Duration::from_millis(2)).await;
     node.append(with(1, 0, "d")).await.unwrap();
-    assert_eq!(next_epoch.await.unwrap().unwrap().start_seq, 4);
+    assert_eq!(next_epoch.await.unwrap().unwrap().start_seq, Some(4));
     let bodies: Vec<_> = read_all(&node, "o", 0)
         .await
         .into_iter()
@@ -470,7 +473,7 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
             })
             .await
             .unwrap();
-        assert_eq!(next.start_seq, 50);
+        assert_eq!(next.start_seq, Some(50));
         node.shutdown().await;
     });
 
@@ -481,6 +484,180 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
         let all = read_all(&node, "c", 0).await;
         assert_eq!(all.len(), 51);
         assert_eq!(all[50], (50, "r50".to_string()));
+    });
+}
+
+/// `bodies` appended to `stream` under producer `id` (epoch 0) at `seq`, closing if `close`.
+fn producer_req(stream: &str, id: &str, seq: u64, close: bool, bodies: &[&str]) -> AppendRequest {
+    AppendRequest {
+        producer: Some(ProducerClaim {
+            id: id.into(),
+            epoch: 0,
+            seq,
+        }),
+        close,
+        ..append_req(stream, bodies)
+    }
+}
+
+/// Where the committed producer state says `id`'s last append on `stream` lies.
+fn committed_place(node: &Node, stream: &str, id: &str) -> (u64, u64) {
+    let view = node.meta().view();
+    let p = view.streams[&view.registry[stream].stream_id].producers[id];
+    (p.start_offset, p.end_offset)
+}
+
+/// A retried producer append is answered with where the original's records lie, not the tail
+/// (issue 36: acked at 5916, stored at 5915): exactly for the producer's last seq, and with no
+/// start (unknown) for an older one, whose offsets are no longer kept.
+#[tokio::test]
+async fn a_duplicate_producer_append_answers_its_original_offsets() {
+    let node = start_test_node().await;
+    node.create(create_req("d")).await.unwrap();
+    node.append(append_req("d", &["a", "b", "c"]))
+        .await
+        .unwrap();
+    let first = node
+        .append(producer_req("d", "w", 0, false, &["p0", "p0'"]))
+        .await
+        .unwrap();
+    assert_eq!((first.start_seq, first.next_seq), (Some(3), 5));
+    // Others append meanwhile, with and without a producer.
+    node.append(append_req("d", &["x"])).await.unwrap();
+    node.append(producer_req("d", "v", 0, false, &["v0"]))
+        .await
+        .unwrap();
+    let retry = node
+        .append(producer_req("d", "w", 0, false, &["p0", "p0'"]))
+        .await
+        .unwrap();
+    assert!(retry.duplicate);
+    assert_eq!((retry.start_seq, retry.next_seq), (Some(3), 5));
+    assert_eq!(retry.producer, Some((0, 0)));
+
+    let second = node
+        .append(producer_req("d", "w", 1, false, &["p1"]))
+        .await
+        .unwrap();
+    assert_eq!((second.start_seq, second.next_seq), (Some(7), 8));
+    node.append(append_req("d", &["y"])).await.unwrap();
+    let old = node
+        .append(producer_req("d", "w", 0, false, &["p0"]))
+        .await
+        .unwrap();
+    assert!(old.duplicate);
+    assert_eq!(
+        (old.start_seq, old.next_seq),
+        (None, 9),
+        "an older seq: no start (unknown), the next seq is the tail"
+    );
+    assert_eq!(old.producer, Some((0, 1)));
+    let again = node
+        .append(producer_req("d", "w", 1, false, &["p1"]))
+        .await
+        .unwrap();
+    assert!(again.duplicate);
+    assert_eq!((again.start_seq, again.next_seq), (Some(7), 8));
+    assert_eq!(
+        read_all(&node, "d", 0).await.len(),
+        9,
+        "duplicates wrote nothing"
+    );
+
+    // Uploaded: the committed producer state keeps the place, and the answer stays the same.
+    node.engine().flush().await.unwrap();
+    assert_eq!(committed_place(&node, "d", "w"), (7, 8));
+    assert_eq!(committed_place(&node, "d", "v"), (6, 7));
+    let uploaded = node
+        .append(producer_req("d", "w", 1, false, &["p1"]))
+        .await
+        .unwrap();
+    assert_eq!((uploaded.start_seq, uploaded.next_seq), (Some(7), 8));
+
+    // The retry of an append-and-close is answered with its records' place too.
+    node.create(create_req("e")).await.unwrap();
+    node.append(append_req("e", &["a", "b"])).await.unwrap();
+    let closing = node
+        .append(producer_req("e", "w", 0, true, &["last"]))
+        .await
+        .unwrap();
+    assert_eq!((closing.start_seq, closing.next_seq), (Some(2), 3));
+    let retry = node
+        .append(producer_req("e", "w", 0, true, &["last"]))
+        .await
+        .unwrap();
+    assert!(retry.duplicate && retry.closed);
+    assert_eq!((retry.start_seq, retry.next_seq), (Some(2), 3));
+}
+
+/// What a node answers the retries of [`a_duplicate_producer_append_answers_its_original_offsets_after_restarts`].
+async fn check_restarted_duplicates(node: &Node) {
+    let dup = node
+        .append(producer_req("c", "w", 1, false, &["p1", "p1'"]))
+        .await
+        .unwrap();
+    assert!(dup.duplicate);
+    assert_eq!((dup.start_seq, dup.next_seq), (Some(4), 6));
+    let old = node
+        .append(producer_req("c", "w", 0, false, &["p0"]))
+        .await
+        .unwrap();
+    assert!(old.duplicate);
+    assert_eq!((old.start_seq, old.next_seq), (None, 7));
+    let closer = node
+        .append(producer_req("z", "q", 0, true, &["last"]))
+        .await
+        .unwrap();
+    assert!(closer.duplicate && closer.closed);
+    assert_eq!((closer.start_seq, closer.next_seq), (Some(1), 2));
+}
+
+/// The original offsets of a producer's last append survive a crash (rebuilt from the WAL) and
+/// a clean restart (from the committed objects' metadata), as does the place of the append that
+/// closed a stream.
+#[test]
+fn a_duplicate_producer_append_answers_its_original_offsets_after_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt1 = tokio::runtime::Runtime::new().unwrap();
+    let node = file_node(&rt1, dir.path(), 1);
+    rt1.block_on(async {
+        node.create(create_req("c")).await.unwrap();
+        node.append(append_req("c", &["a", "b"])).await.unwrap();
+        node.append(producer_req("c", "w", 0, false, &["p0"]))
+            .await
+            .unwrap();
+        node.append(append_req("c", &["x"])).await.unwrap();
+        let last = node
+            .append(producer_req("c", "w", 1, false, &["p1", "p1'"]))
+            .await
+            .unwrap();
+        assert_eq!((last.start_seq, last.next_seq), (Some(4), 6));
+        node.append(append_req("c", &["y"])).await.unwrap();
+        node.create(create_req("z")).await.unwrap();
+        node.append(append_req("z", &["a"])).await.unwrap();
+        node.append(producer_req("z", "q", 0, true, &["last"]))
+            .await
+            .unwrap();
+    });
+    // Crash: no shutdown, no flush; every task dies with the runtime.
+    drop(node);
+    rt1.shutdown_background();
+
+    let rt2 = tokio::runtime::Runtime::new().unwrap();
+    let node = file_node(&rt2, dir.path(), 2);
+    rt2.block_on(async {
+        check_restarted_duplicates(&node).await;
+        node.shutdown().await;
+    });
+    drop(node);
+
+    let rt3 = tokio::runtime::Runtime::new().unwrap();
+    let node = file_node(&rt3, dir.path(), 3);
+    rt3.block_on(async {
+        assert_eq!(committed_place(&node, "c", "w"), (4, 6));
+        check_restarted_duplicates(&node).await;
+        assert_eq!(read_all(&node, "c", 0).await.len(), 7);
+        node.shutdown().await;
     });
 }
 
@@ -1113,7 +1290,7 @@ async fn records_that_binary_reads_cannot_frame_are_refused() {
     // Nothing of a refused append is stored; the limits themselves are fine.
     let ok = vec![("k".repeat(65_535), Bytes::from_static(b"v"))];
     let out = node.append(with_headers(ok)).await.unwrap();
-    assert_eq!((out.start_seq, out.next_seq), (0, 2));
+    assert_eq!((out.start_seq, out.next_seq), (Some(0), 2));
 }
 
 #[tokio::test]

@@ -28,7 +28,7 @@ pub mod wal;
 
 pub use engine::{
     AppendRequest, Appended, Catalog, CatalogError, CommitRange, DurableHook, Engine, EngineConfig,
-    EngineError, EngineStats, ObjectCommit, ObjectSlice, PendingAppend, RecoveryReport,
+    EngineError, EngineStats, ObjectCommit, ObjectSlice, PendingAppend, RangeAux, RecoveryReport,
     SLICE_TARGET_BYTES,
 };
 pub use format::StoredBatch;

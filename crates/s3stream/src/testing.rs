@@ -159,7 +159,7 @@ impl MemCatalog {
             if ok {
                 m.end = r.end_offset;
                 m.last_epoch = r.epoch;
-                m.aux.extend(r.aux.iter().cloned());
+                m.aux.extend(r.aux.iter().map(|a| a.aux.clone()));
                 m.slices.push(ObjectSlice {
                     key: commit.key.clone(),
                     start_offset: r.start_offset,

@@ -55,7 +55,14 @@ pub async fn append(
     let mut resp = StatusCode::OK.into_response();
     let hm = resp.headers_mut();
     set(hm, h::PICO_NEXT_SEQ, out.next_seq);
-    set(hm, h::PICO_START_SEQ, out.start_seq);
+    // A duplicate carries the original append's offsets; without a start they are no longer
+    // known, and the next seq is only the stream's tail.
+    if let Some(start) = out.start_seq {
+        set(hm, h::PICO_START_SEQ, start);
+    }
+    if out.duplicate {
+        set_true(hm, h::PICO_DUPLICATE);
+    }
     set(hm, h::PICO_TIMESTAMP, out.timestamp_ms);
     if let Some((epoch, seq)) = out.producer {
         set(hm, h::PICO_PRODUCER_EPOCH, epoch);

@@ -31,7 +31,15 @@ pub fn config() -> impl Strategy<Value = StreamConfig> {
 }
 
 pub fn producer() -> impl Strategy<Value = ProducerMark> {
-    ("p[0-2]", 0u64..3, 0u64..100).prop_map(|(id, epoch, seq)| ProducerMark { id, epoch, seq })
+    ("p[0-2]", 0u64..3, 0u64..100, 0u64..100, 0u64..5).prop_map(
+        |(id, epoch, seq, start_offset, len)| ProducerMark {
+            id,
+            epoch,
+            seq,
+            start_offset,
+            end_offset: start_offset + len,
+        },
+    )
 }
 
 pub fn range() -> impl Strategy<Value = CommitRange> {
@@ -284,6 +292,8 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                             id: "p".into(),
                             epoch: 0,
                             seq: start + n,
+                            start_offset: start,
+                            end_offset: start + n,
                         }],
                         stream_seq: Some(format!("{:08}", start + n)),
                     });

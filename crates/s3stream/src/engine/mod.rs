@@ -151,7 +151,17 @@ pub struct CommitRange {
     pub position: u64,
     pub len: u64,
     /// Non-empty aux blobs of the appends in this range, in order.
-    pub aux: Vec<Bytes>,
+    pub aux: Vec<RangeAux>,
+}
+
+/// One append's aux blob in a [`CommitRange`], with the offsets the append was given: the host
+/// keeps them with what the blob describes (a producer's last append, so that its retry can be
+/// answered with where the records lie).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RangeAux {
+    pub base_offset: u64,
+    pub next_offset: u64,
+    pub aux: Bytes,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -27,7 +27,7 @@ use futures::{StreamExt, stream};
 use tokio::task::{self, JoinSet};
 use tokio::time::Instant;
 
-use super::{CommitRange, EngineError, ObjectCommit, SLICE_TARGET_BYTES, Shared};
+use super::{CommitRange, EngineError, ObjectCommit, RangeAux, SLICE_TARGET_BYTES, Shared};
 use crate::format::{self, DATA_HEADER_LEN};
 use crate::parts::{Parts, PartsWriter};
 use crate::storage::StorageError;
@@ -156,7 +156,11 @@ pub(super) fn plan_objects(
                     r.range.end_offset = rec.next_offset();
                     r.range.len += written as u64;
                     if !rec.aux.is_empty() {
-                        r.range.aux.push(rec.aux.clone());
+                        r.range.aux.push(RangeAux {
+                            base_offset: rec.base_offset,
+                            next_offset: rec.next_offset(),
+                            aux: rec.aux.clone(),
+                        });
                     }
                 }
             }
@@ -658,11 +662,17 @@ mod tests {
             })
             .collect();
         assert_eq!(ranges, vec![(1, 1, 0, 3), (3, 1, 5, 6), (3, 2, 5, 6)]);
-        assert_eq!(set.ranges[0].range.aux, vec![Bytes::from("a")]);
+        // Each aux blob keeps the offsets of its own append.
+        let aux = |base_offset, next_offset, aux: &'static str| RangeAux {
+            base_offset,
+            next_offset,
+            aux: Bytes::from(aux),
+        };
+        assert_eq!(set.ranges[0].range.aux, vec![aux(0, 2, "a")]);
         let big = &objects[1];
         assert_eq!(big.ranges.len(), 1);
         assert_eq!(big.ranges[0].range.stream, 2);
-        assert_eq!(big.ranges[0].range.aux, vec![Bytes::from("b")]);
+        assert_eq!(big.ranges[0].range.aux, vec![aux(1, 2, "b")]);
         // Every range decodes on its own to exactly its batches.
         for obj in &objects {
             let data = obj.data.concat();
