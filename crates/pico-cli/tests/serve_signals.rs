@@ -123,13 +123,13 @@ fn a_second_signal_ends_a_graceful_shutdown_at_once() {
 
     let (_, created) = exchange(
         port,
-        "PUT /s/sig HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "PUT /s/sig HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     );
     assert!(created.starts_with("HTTP/1.1 201"), "{created}");
     // An SSE response in flight: the graceful shutdown waits for it.
     let (_sse, head) = exchange(
         port,
-        "GET /s/sig?seq=0&live=sse HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /s/sig?seq=0&live=sse HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
     );
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 
