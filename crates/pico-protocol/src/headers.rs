@@ -1,4 +1,5 @@
-//! Pico protocol header names (lowercase, as `http::HeaderName` wants them) and content types.
+//! Pico protocol header names (lowercase, as `http::HeaderName` wants them), and content types
+//! and how they compare: one home for both protocols and the node.
 
 // Request headers.
 pub const PICO_TTL: &str = "pico-ttl";
@@ -100,6 +101,37 @@ pub fn media_type(content_type: &str) -> String {
         .to_ascii_lowercase()
 }
 
+/// The stored form of a content type: the media type lowercased (parameters kept as given),
+/// `application/octet-stream` when absent, so creates compare case-insensitively.
+pub fn normalize_content_type(ct: Option<&str>) -> String {
+    let ct = ct.map(str::trim).filter(|c| !c.is_empty());
+    let Some(ct) = ct else {
+        return "application/octet-stream".to_string();
+    };
+    match ct.split_once(';') {
+        Some((media, params)) => {
+            format!("{}; {}", media.trim().to_ascii_lowercase(), params.trim())
+        }
+        None => ct.to_ascii_lowercase(),
+    }
+}
+
+/// Whether a content type selects Durable Streams JSON mode (one record per message).
+pub fn is_json(ct: &str) -> bool {
+    ct.split(';')
+        .next()
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Content types match on their essence (type/subtype), case-insensitively, ignoring parameters.
+pub fn content_type_matches(a: &str, b: &str) -> bool {
+    // Runs twice per DS append: compare in place rather than lowercase into new strings.
+    fn essence(s: &str) -> &str {
+        s.split(';').next().unwrap_or("").trim()
+    }
+    essence(a).eq_ignore_ascii_case(essence(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,5 +146,22 @@ mod tests {
             CONTENT_TYPE_JSON_BATCH
         );
         assert_eq!(media_type(""), "");
+    }
+
+    #[test]
+    fn content_types_match_on_their_essence() {
+        assert!(content_type_matches("text/plain", "text/plain"));
+        assert!(content_type_matches(
+            " Text/Plain ; charset=utf-8",
+            "text/plain"
+        ));
+        assert!(content_type_matches(
+            "application/json",
+            "APPLICATION/JSON;x=1"
+        ));
+        assert!(!content_type_matches("text/plain", "text/html"));
+        assert!(!content_type_matches("text/plain", "text/plainx"));
+        assert!(!content_type_matches("", "text/plain"));
+        assert!(content_type_matches("", " ; charset=x"));
     }
 }

@@ -29,6 +29,4 @@ pub mod waiters;
 pub use api::*;
 pub use config::NodeConfig;
 pub use error::*;
-pub use node::{
-    Node, StartError, StreamEvent, content_type_matches, is_json, normalize_content_type,
-};
+pub use node::{Node, StartError, StreamEvent};

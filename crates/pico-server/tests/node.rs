@@ -1430,7 +1430,7 @@ async fn create_command_only(node: &Node, name: &str, initial: pico_metadata::In
         .propose(Command::CreateStream {
             name: name.into(),
             config: StreamConfig {
-                content_type: normalize_content_type(None).into(),
+                content_type: pico_protocol::headers::normalize_content_type(None).into(),
                 ttl_secs: None,
                 expires_at_ms: None,
             },

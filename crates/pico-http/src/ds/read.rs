@@ -14,7 +14,8 @@ use pico_protocol::OffsetSpec;
 use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
 use pico_protocol::ds_json::render_array;
 use pico_protocol::headers as h;
-use pico_server::{ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome, is_json};
+use pico_protocol::headers::is_json;
+use pico_server::{ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
 
 use super::error::DsError;
 use super::headers::ReadQuery;

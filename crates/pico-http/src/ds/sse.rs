@@ -23,8 +23,9 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_protocol::headers as h;
+use pico_protocol::headers::is_json;
 use pico_protocol::{OffsetSpec, push_decimal, push_offset};
-use pico_server::{ReadOutcome, is_json};
+use pico_server::ReadOutcome;
 use tokio::sync::broadcast;
 use tokio::time::{Instant, Sleep};
 

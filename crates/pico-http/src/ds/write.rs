@@ -13,7 +13,7 @@ use pico_protocol::headers as h;
 use pico_server::node::MAX_RECORDS_PER_APPEND;
 use pico_server::{
     AppendError, AppendOptions, AppendRequest, CreateConfig, CreateRequest, ForkError, ForkRequest,
-    ReadError, StreamInfo, is_json,
+    ReadError, StreamInfo,
 };
 
 use super::error::DsError;
@@ -27,7 +27,7 @@ fn records(stream_ct: &str, body: Bytes) -> Result<Vec<Record>, DsError> {
     if body.is_empty() {
         return Ok(Vec::new());
     }
-    if is_json(stream_ct) {
+    if h::is_json(stream_ct) {
         let msgs = split_messages(&body, MAX_RECORDS_PER_APPEND).map_err(|e| match e {
             DsJsonError::TooMany { .. } => DsError::too_large(e.to_string()),
             DsJsonError::Invalid(_) => DsError::bad_request(e.to_string()),
@@ -77,7 +77,7 @@ pub async fn put(
     };
     let out = match fork {
         None => {
-            let ct = pico_server::normalize_content_type(config.content_type.as_deref());
+            let ct = h::normalize_content_type(config.content_type.as_deref());
             let initial = records(&ct, body)?;
             ds.node
                 .create(CreateRequest {
@@ -162,7 +162,7 @@ pub async fn post(
         };
         // Frame by the stream's type; a mismatching request type is left to the service (409).
         let info = ds.node.head(&name).await?;
-        let frame_ct = if pico_server::content_type_matches(ct, &info.content_type) {
+        let frame_ct = if h::content_type_matches(ct, &info.content_type) {
             info.content_type.as_str()
         } else {
             h::CONTENT_TYPE_OCTET_STREAM

@@ -1,0 +1,500 @@
+//! Appends: validate, decide (producers, match, closed), submit to the engine, finish.
+
+use super::*;
+use crate::api::*;
+use crate::error::*;
+use crate::open::OpenStream;
+use crate::producers::{self, Aux, Decision, Placed};
+use crate::waiters::Signal;
+use pico_common::StreamName;
+use pico_metadata::{ApplyError, Command, ProducerMark};
+use pico_protocol::{Record, crc_parts, encode_batch};
+use s3stream::crc;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Node {
+    /// Append records (and/or close); returns once durable.
+    pub async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, AppendError> {
+        self.append_with(req, AppendOptions::default()).await
+    }
+
+    /// [`Node::append`] with options (Durable Streams `Stream-Seq`).
+    pub async fn append_with(
+        &self,
+        req: AppendRequest,
+        opts: AppendOptions,
+    ) -> Result<AppendOutcome, AppendError> {
+        let now = self.now_ms();
+        let r = self.resolve(&req.name, now).ok_or_else(|| {
+            if self.is_gone(&req.name) {
+                AppendError::Gone(req.name.to_string())
+            } else {
+                AppendError::NotFound(req.name.to_string())
+            }
+        })?;
+        if let Some(p) = &req.producer
+            && (p.id.is_empty() || p.id.len() > producers::MAX_PRODUCER_ID_LEN)
+        {
+            return Err(AppendError::BadRequest(format!(
+                "producer id must be 1..={} bytes",
+                producers::MAX_PRODUCER_ID_LEN
+            )));
+        }
+        if opts
+            .stream_seq
+            .as_ref()
+            .is_some_and(|q| q.len() > producers::MAX_STREAM_SEQ_LEN)
+        {
+            return Err(AppendError::BadRequest(format!(
+                "stream-seq longer than {} bytes",
+                producers::MAX_STREAM_SEQ_LEN
+            )));
+        }
+        if req.records.is_empty() && !req.close {
+            return Err(AppendError::BadRequest("empty append".into()));
+        }
+        check_records(&req.records)?;
+        // A protocol that names the request's content type has parsed the records as that type
+        // (Durable Streams splits a JSON array into its values); any other append to a JSON
+        // stream is checked here, or its values would break every JSON read of the stream.
+        if req.content_type.is_none()
+            && is_json(&r.entry.config.content_type)
+            && let Err(e) = check_json_values(&req.records)
+        {
+            // Any append to a closed stream is refused as such, whatever its records.
+            return Err(if r.entry.closed {
+                AppendError::Closed {
+                    name: r.name.to_string(),
+                    next_seq: self.tail(&r.meta),
+                }
+            } else {
+                e
+            });
+        }
+        let stream_id = r.meta.id;
+        self.touch(&r, now);
+        let open = self.open_stream(&r).await?;
+        open.touch(now);
+        let engine = &self.inner.engine;
+
+        // One deadline for the stream's turn and the engine's space: with storage stalled the
+        // appends queued behind the lock would each wait their full timeout in turn, holding
+        // their bodies, so the k-th would hear 503 only after k timeouts.
+        let give_up = tokio::time::Instant::now() + self.inner.config.submit_timeout;
+        let busy = |_| {
+            AppendError::Unavailable("storage is not keeping up: stream busy, retry later".into())
+        };
+        let mut w = tokio::time::timeout_at(give_up, open.writer.lock())
+            .await
+            .map_err(busy)?;
+        if let Some(p) = &req.producer {
+            // Arrived ahead of its predecessors: hold it (bounded) until they are accepted.
+            let deadline = tokio::time::Instant::now() + REORDER_WAIT;
+            while !w.broken && !w.closed && producers::early(w.producers.get(&p.id).copied(), p) {
+                // Created before the lock is released, so no move between the two is missed.
+                let moved = open.producers_moved.notified();
+                drop(w);
+                let timed_out = tokio::time::timeout_at(deadline, moved).await.is_err();
+                w = tokio::time::timeout_at(give_up, open.writer.lock())
+                    .await
+                    .map_err(busy)?;
+                if timed_out {
+                    break; // decided below as it stands: most likely a real gap
+                }
+            }
+        }
+        if w.broken {
+            drop(w);
+            self.inner.open.remove_open(&open);
+            return Err(AppendError::Unavailable(format!(
+                "stream is being reopened, retry: name=`{}`",
+                r.name
+            )));
+        }
+        let next = engine
+            .next_offset(stream_id)
+            .ok_or_else(|| AppendError::Unavailable("stream not open on the engine".into()))?;
+        if w.closed {
+            let closer = match (&req.producer, &w.closed_by) {
+                (Some(p), Some(cb))
+                    if (p.id.as_str(), p.epoch, p.seq) == (&*cb.id, cb.epoch, cb.seq) =>
+                {
+                    Some((cb.start_offset, cb.end_offset))
+                }
+                _ => None,
+            };
+            // The retry of the producer append that closed the stream is a duplicate, answered
+            // with where that append's records lie.
+            if let Some((start, end)) = closer {
+                let producer = req.producer.as_ref().map(|p| (p.epoch, p.seq));
+                drop(w);
+                // Acknowledge only what is true: the original's data is durable and the close
+                // is committed (it may still be in flight, or have failed).
+                self.wait_durable(&open, next).await?;
+                self.wait_sealed(&open, &r.name).await?;
+                return Ok(AppendOutcome {
+                    start_seq: Some(start),
+                    next_seq: end,
+                    duplicate: true,
+                    closed: true,
+                    producer,
+                    timestamp_ms: now,
+                });
+            }
+            return Err(AppendError::Closed {
+                name: r.name.to_string(),
+                next_seq: next,
+            });
+        }
+        if let Some(ct) = &req.content_type
+            && !req.records.is_empty()
+            && !content_type_matches(ct, &r.entry.config.content_type)
+        {
+            return Err(AppendError::ContentType {
+                stream: r.entry.config.content_type.to_string(),
+                request: ct.clone(),
+            });
+        }
+        if let Some(p) = &req.producer {
+            match producers::decide(w.producers.get(&p.id).copied(), p) {
+                Decision::Accept => {}
+                // The retry of an append-and-close whose records became durable but whose
+                // close failed: the records are a duplicate, the close is still owed.
+                Decision::Duplicate {
+                    last_seq,
+                    original: Some(at),
+                } if req.close => {
+                    let mark = ProducerMark {
+                        id: p.id.clone(),
+                        epoch: p.epoch,
+                        seq: p.seq,
+                        start_offset: at.start,
+                        end_offset: at.next,
+                    };
+                    w.closed = true;
+                    w.closed_by = Some(mark.clone());
+                    drop(w);
+                    self.finish_detached(&open, None, next, next, Some(Some(mark)), now, &r.name)
+                        .await?;
+                    let _ = self.inner.events.send(StreamEvent::Appended {
+                        name: r.name.clone(),
+                        stream_id,
+                        next_seq: next,
+                        closed: true,
+                    });
+                    return Ok(AppendOutcome {
+                        start_seq: Some(at.start),
+                        next_seq: at.next,
+                        duplicate: true,
+                        closed: true,
+                        producer: Some((p.epoch, last_seq)),
+                        timestamp_ms: now,
+                    });
+                }
+                Decision::Duplicate { last_seq, original } => {
+                    let closed = w.closed;
+                    drop(w);
+                    // The original may still be in flight: acknowledge only once it is durable
+                    // in this same incarnation of the stream.
+                    self.wait_durable(&open, next).await?;
+                    // An older seq's offsets are no longer kept: say so (no start) rather than
+                    // pass the tail off as where its records lie.
+                    return Ok(AppendOutcome {
+                        start_seq: original.map(|at| at.start),
+                        next_seq: original.map_or(next, |at| at.next),
+                        duplicate: true,
+                        closed,
+                        producer: Some((p.epoch, last_seq)),
+                        timestamp_ms: now,
+                    });
+                }
+                Decision::Fenced { current } => {
+                    return Err(AppendError::Fenced {
+                        producer: p.id.clone(),
+                        given: p.epoch,
+                        current,
+                    });
+                }
+                Decision::Gap { expected } => {
+                    return Err(AppendError::SequenceGap {
+                        producer: p.id.clone(),
+                        expected,
+                        received: p.seq,
+                    });
+                }
+                Decision::EpochMustStartAtZero => {
+                    return Err(AppendError::EpochSeq {
+                        producer: p.id.clone(),
+                        epoch: p.epoch,
+                        seq: p.seq,
+                    });
+                }
+            }
+        }
+        // Stream-Seq after producer dedup: a retried duplicate carries the same seq.
+        if let Some(seq) = &opts.stream_seq
+            && !req.records.is_empty()
+            && let Some(last) = &w.stream_seq
+            && seq.as_bytes() <= last.as_bytes()
+        {
+            return Err(AppendError::SeqRegression {
+                last: last.clone(),
+                given: seq.clone(),
+            });
+        }
+        if let Some(expected) = req.match_seq
+            && expected != next
+        {
+            return Err(AppendError::MatchFailed {
+                expected,
+                next_seq: next,
+            });
+        }
+
+        let mut pending = None;
+        if !req.records.is_empty() {
+            let records: Vec<Record> = req
+                .records
+                .into_iter()
+                .map(|mut rec| {
+                    rec.timestamp_ms = now;
+                    rec
+                })
+                .collect();
+            let batch = encode_batch(next, &records);
+            let aux = producers::encode_aux(&Aux {
+                producer: req.producer.clone(),
+                stream_seq: opts.stream_seq.clone(),
+            });
+            // The encoder has just checksummed the records: the engine's CRC of a large batch
+            // combines that with the header's instead of reading the batch again (a small one
+            // is cheaper to read).
+            let batch_crc = crc_parts(&batch)
+                .filter(|_| batch.len() >= crc::COMBINE_MIN)
+                .map(|(head, rest, len)| crc::combine(head, rest, len));
+            let submit = engine.append(s3stream::AppendRequest {
+                stream: stream_id,
+                epoch: open.epoch,
+                record_count: records.len() as u32,
+                batch,
+                batch_crc,
+                aux,
+            });
+            // Queue space frees as the WAL and uploads make progress; when storage is down it
+            // never does, so answer 503 rather than hang (offsets are assigned only on success).
+            match tokio::time::timeout_at(give_up, submit).await {
+                Ok(Ok(p)) => pending = Some(p),
+                Ok(Err(e)) => {
+                    w.broken = true;
+                    drop(w);
+                    self.inner.open.remove_open(&open);
+                    return Err(engine_append_error(e));
+                }
+                Err(_) => {
+                    return Err(AppendError::Unavailable(
+                        "storage is not keeping up: append queue full, retry later".into(),
+                    ));
+                }
+            }
+        }
+        if pending.is_some()
+            && let Some(seq) = &opts.stream_seq
+        {
+            w.stream_seq = Some(seq.clone());
+        }
+        // Where this append's records lie (`next` is their base: the writer lock serializes
+        // offset assignment).
+        let at = Placed {
+            start: pending.as_ref().map_or(next, |p| p.base_offset),
+            next: pending.as_ref().map_or(next, |p| p.next_offset),
+        };
+        let new_next = at.next;
+        if let Some(p) = &req.producer {
+            w.accept_producer(&p.id, p.epoch, p.seq, at, now);
+            open.producers_moved.notify_waiters();
+        }
+        let mark = req.producer.as_ref().map(|p| ProducerMark {
+            id: p.id.clone(),
+            epoch: p.epoch,
+            seq: p.seq,
+            start_offset: at.start,
+            end_offset: at.next,
+        });
+        if req.close {
+            w.closed = true;
+            w.closed_by = mark.clone();
+        }
+        drop(w);
+
+        // Durability wait and seal run in their own task: a client that disconnects must not
+        // leave a close decided in memory but never committed.
+        let close = req.close.then_some(mark);
+        self.finish_detached(&open, pending, next, new_next, close, now, &r.name)
+            .await?;
+        // Nobody listening is fine: the channel is a bounded, lossy broadcast.
+        let _ = self.inner.events.send(StreamEvent::Appended {
+            name: r.name.clone(),
+            stream_id,
+            next_seq: new_next,
+            closed: req.close,
+        });
+        Ok(AppendOutcome {
+            start_seq: Some(at.start),
+            next_seq: new_next,
+            duplicate: false,
+            closed: req.close,
+            producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
+            timestamp_ms: now,
+        })
+    }
+
+    /// [`Node::finish_append`] in a task of its own: a client that disconnects must not leave
+    /// a close decided in memory but never committed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn finish_detached(
+        &self,
+        open: &Arc<OpenStream>,
+        pending: Option<s3stream::PendingAppend>,
+        next: u64,
+        new_next: u64,
+        close: Option<Option<ProducerMark>>,
+        now: i64,
+        name: &StreamName,
+    ) -> Result<(), AppendError> {
+        let node = self.clone();
+        let finishing = open.clone();
+        tokio::spawn(async move {
+            node.finish_append(finishing, pending, next, new_next, close, now)
+                .await
+        })
+        .await
+        .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))?
+        .map_err(|e| match e {
+            AppendError::NotFound(_) => AppendError::NotFound(name.to_string()),
+            e => e,
+        })
+    }
+
+    /// Second half of an append: waits for durability (or, close-only, for everything before
+    /// it), then commits the close. Any failure breaks the open stream so the next request
+    /// reloads the committed state instead of trusting what this writer decided in memory.
+    pub(crate) async fn finish_append(
+        &self,
+        open: Arc<OpenStream>,
+        pending: Option<s3stream::PendingAppend>,
+        next: u64,
+        new_next: u64,
+        close: Option<Option<ProducerMark>>,
+        now: i64,
+    ) -> Result<(), AppendError> {
+        match pending {
+            Some(p) => {
+                if let Err(e) = p.durable().await {
+                    self.break_open(&open).await;
+                    return Err(AppendError::Durability(e.to_string()));
+                }
+            }
+            None => self.wait_durable(&open, next).await?,
+        }
+        if let Some(mark) = close {
+            let sealed = self
+                .propose(Command::SealStream {
+                    stream_id: open.stream_id,
+                    closed_at: new_next,
+                    producer: mark,
+                    now_ms: now,
+                })
+                .await;
+            match sealed {
+                Ok(Ok(_)) => self.inner.waiters.notify_closed(open.stream_id),
+                // Deleted meanwhile (a racing DELETE): the caller names the stream.
+                Ok(Err(ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. })) => {
+                    self.break_open(&open).await;
+                    return Err(AppendError::NotFound(String::new()));
+                }
+                Ok(Err(e)) => {
+                    self.break_open(&open).await;
+                    return Err(AppendError::Internal(format!("close rejected: {e}")));
+                }
+                Err(e) => {
+                    self.break_open(&open).await;
+                    return Err(AppendError::Unavailable(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks an open stream unusable and drops it from the table (if it is still there).
+    pub(crate) async fn break_open(&self, open: &Arc<OpenStream>) {
+        open.writer.lock().await.broken = true;
+        self.inner.open.remove_open(open);
+    }
+
+    /// Waits until everything submitted below `target` is durable in this incarnation of the
+    /// stream. A re-open or a failed write in between means it may never be: answer 503 so the
+    /// client retries against the committed state.
+    pub(crate) async fn wait_durable(
+        &self,
+        open: &Arc<OpenStream>,
+        target: u64,
+    ) -> Result<(), AppendError> {
+        let engine = &self.inner.engine;
+        let stream_id = open.stream_id;
+        let mut rx = self.inner.waiters.subscribe(stream_id, Signal::default());
+        let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
+        loop {
+            if engine.is_open(stream_id) != Some(open.epoch)
+                || open.writer.try_lock().is_ok_and(|w| w.broken)
+            {
+                return Err(AppendError::Unavailable(
+                    "stream was reopened before earlier appends were confirmed: retry".into(),
+                ));
+            }
+            if engine.durable_end(stream_id).is_some_and(|d| d >= target) {
+                return Ok(());
+            }
+            // A failed write sets `broken` without moving the tail: poll as well as listen.
+            let tick = tokio::time::sleep(Duration::from_millis(20));
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tick => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(AppendError::Durability(
+                    "earlier appends did not become durable in time".into(),
+                ));
+            }
+        }
+    }
+
+    /// Waits until the stream's close is committed (a retry of the closing request).
+    pub(crate) async fn wait_sealed(
+        &self,
+        open: &Arc<OpenStream>,
+        name: &StreamName,
+    ) -> Result<(), AppendError> {
+        let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
+        loop {
+            let sealed = self
+                .inner
+                .meta
+                .view()
+                .registry
+                .get(name.as_str())
+                .is_some_and(|e| e.stream_id == open.stream_id && e.closed_at.is_some());
+            if sealed {
+                return Ok(());
+            }
+            if open.writer.try_lock().is_ok_and(|w| w.broken)
+                || tokio::time::Instant::now() >= deadline
+            {
+                return Err(AppendError::Unavailable(
+                    "the close of this stream was not committed: retry".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

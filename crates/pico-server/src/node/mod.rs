@@ -1,0 +1,384 @@
+//! The node: the stream service every facade calls. Routing questions and committed state come
+//! from the metadata view (never SQL); record data goes through the engine. One file per
+//! operation, each an `impl Node` block:
+//! - `create`: creating streams, and the records a create carries.
+//! - `append`: validate → decide (producers, match, closed) → submit to the engine → finish.
+//! - `read`: catch-up reads, long-poll waits, heads.
+//! - `fork`: a new stream that starts as a prefix of another.
+//! - `remove`: delete, trim, removal of expired streams.
+//! - `registry`: name resolution through the view, listing, TTL and expiry, stream info.
+//! - `ownership`: lazy open on this node; where a stream owned elsewhere lives.
+//!
+//! This file holds the node itself: start, shutdown, readiness, events and proposals.
+
+mod append;
+mod create;
+mod fork;
+mod ownership;
+mod read;
+mod registry;
+mod remove;
+
+use crate::api::*;
+use crate::catalog::MetaCatalog;
+use crate::config::NodeConfig;
+use crate::error::*;
+use crate::open::OpenTable;
+use crate::ttl::Touches;
+use crate::waiters::Waiters;
+use pico_common::StreamName;
+use pico_metadata::{ApplyError, Command, Outcome, RegistryEntry, StreamMeta};
+use pico_protocol::headers::{content_type_matches, is_json, normalize_content_type};
+use pico_protocol::{Record, check_storable};
+use pico_sql::MetaLog;
+use s3stream::{Engine, EngineConfig, EngineError, ObjectStorage, Wal};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use thiserror::Error;
+
+/// A running node. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: NodeConfig,
+    pub(crate) meta: MetaLog,
+    pub(crate) engine: Engine,
+    pub(crate) data: Arc<dyn ObjectStorage>,
+    pub(crate) open: OpenTable,
+    pub(crate) waiters: Arc<Waiters>,
+    pub(crate) touches: Touches,
+    pub(crate) serving: AtomicBool,
+    pub(crate) registered: AtomicBool,
+    pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    pub(crate) events: tokio::sync::broadcast::Sender<StreamEvent>,
+    /// Expired streams whose background removal is in flight.
+    pub(crate) removing: Arc<std::sync::Mutex<HashSet<u64>>>,
+}
+
+/// A stream id's place in [`Inner::removing`], released on drop (even if the task panics).
+struct RemovalClaim {
+    set: Arc<std::sync::Mutex<HashSet<u64>>>,
+    stream_id: u64,
+}
+
+impl RemovalClaim {
+    /// `None` when a removal of `stream_id` is already in flight.
+    fn take(set: &Arc<std::sync::Mutex<HashSet<u64>>>, stream_id: u64) -> Option<RemovalClaim> {
+        let fresh = set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(stream_id);
+        fresh.then(|| RemovalClaim {
+            set: set.clone(),
+            stream_id,
+        })
+    }
+}
+
+impl Drop for RemovalClaim {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.stream_id);
+    }
+}
+
+/// Stream changes, for listeners such as Durable Streams subscriptions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// Records were appended (and/or the stream closed); `next_seq` is the new tail.
+    Appended {
+        name: StreamName,
+        stream_id: u64,
+        next_seq: u64,
+        closed: bool,
+    },
+}
+
+/// Capacity of the event broadcast; a listener that falls further behind gets `Lagged` and must
+/// rescan from the view.
+const EVENT_CAPACITY: usize = 4096;
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("metadata log unavailable: {0}")]
+    Meta(String),
+    #[error("node registration rejected: {0}")]
+    Register(String),
+    #[error("engine recovery failed: {0}")]
+    Engine(String),
+}
+
+/// A stream resolved from the view: its registry entry and internal state.
+pub(crate) struct Resolved {
+    name: StreamName,
+    /// Shared with the metadata view: resolving a name copies two pointers, not the entries.
+    entry: Arc<RegistryEntry>,
+    meta: Arc<StreamMeta>,
+}
+
+impl Node {
+    /// Registers this incarnation (new node epoch), recovers the WAL into committed objects, and
+    /// starts the maintenance loops. Returns once the node can serve.
+    pub async fn start(
+        config: NodeConfig,
+        meta: MetaLog,
+        data: Arc<dyn ObjectStorage>,
+        wal: Arc<dyn Wal>,
+        mut engine_config: EngineConfig,
+    ) -> Result<Node, StartError> {
+        let registered = meta
+            .propose(Command::RegisterNode {
+                node_id: config.node_id,
+                node_epoch: config.node_epoch,
+                address: config.advertised_url.clone(),
+                now_ms: config.clock.now_ms(),
+            })
+            .await
+            .map_err(|e| StartError::Meta(e.to_string()))?;
+        registered.map_err(|e| StartError::Register(e.to_string()))?;
+
+        engine_config.node_id = config.node_id;
+        engine_config.node_epoch = config.node_epoch;
+        let waiters = Arc::new(Waiters::default());
+        let hook_waiters = waiters.clone();
+        let catalog = Arc::new(MetaCatalog {
+            meta: meta.clone(),
+            node_id: config.node_id,
+            node_epoch: config.node_epoch,
+            clock: config.clock.clone(),
+        });
+        let (engine, report) = Engine::start(
+            engine_config,
+            data.clone(),
+            wal,
+            catalog,
+            Arc::new(move |stream, end| hook_waiters.notify_tail(stream, end)),
+        )
+        .await
+        .map_err(|e| StartError::Engine(e.to_string()))?;
+        tracing::info!(
+            wal_entries = report.wal_entries,
+            records = report.records_replayed,
+            skipped = report.skipped,
+            "wal recovered"
+        );
+        let node = Node {
+            inner: Arc::new(Inner {
+                config,
+                meta,
+                engine,
+                data,
+                open: OpenTable::default(),
+                waiters,
+                touches: Touches::default(),
+                serving: AtomicBool::new(true),
+                registered: AtomicBool::new(true),
+                tasks: std::sync::Mutex::new(Vec::new()),
+                events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
+                removing: Arc::default(),
+            }),
+        };
+        crate::maintenance::spawn_all(&node);
+        Ok(node)
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
+    /// The metadata log (admin API, tests).
+    /// Wall time from the node's clock (`NodeConfig::clock`).
+    pub fn now_ms(&self) -> i64 {
+        self.inner.config.clock.now_ms()
+    }
+
+    pub fn meta(&self) -> &MetaLog {
+        &self.inner.meta
+    }
+
+    /// The engine (stats, tests).
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    pub fn ready(&self) -> ReadyInfo {
+        let serving = self.inner.serving.load(Ordering::Relaxed);
+        let registered = self.inner.registered.load(Ordering::Relaxed);
+        let metadata_stopped = self.inner.meta.health().err().map(|e| e.to_string());
+        ReadyInfo {
+            ready: serving && registered && metadata_stopped.is_none(),
+            serving,
+            registered,
+            metadata_stopped,
+            applied_index: self.inner.meta.applied_index(),
+            node_id: self.inner.config.node_id,
+        }
+    }
+
+    /// Stops serving, flushes every open stream into committed objects, stops background tasks.
+    pub async fn shutdown(&self) {
+        self.inner.serving.store(false, Ordering::Relaxed);
+        // Maintenance first, so no idle release races the final flush. Writers are not locked:
+        // an append stuck waiting for queue space would hold up shutdown, and the engine rejects
+        // new appends once it is shutting down.
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            t.abort();
+        }
+        if let Err(e) = self.inner.engine.shutdown().await {
+            tracing::error!(error = %e, "engine shutdown did not flush everything (the WAL keeps it)");
+        }
+        // Touches not yet due would be lost by a restart, and their streams expire early.
+        crate::maintenance::flush_touches(self).await;
+        self.inner.meta.close().await;
+    }
+
+    /// Appends and closes as they become durable (bounded, lossy: see [`StreamEvent`]).
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<StreamEvent> {
+        self.inner.events.subscribe()
+    }
+
+    pub(crate) async fn propose(
+        &self,
+        cmd: Command,
+    ) -> Result<Result<Outcome, ApplyError>, String> {
+        self.inner
+            .meta
+            .propose(cmd)
+            .await
+            .map_err(|e| format!("metadata log: {e}"))
+    }
+}
+
+/// Producer id of a create's initial records. NUL cannot occur in an HTTP header value, so no
+/// client can claim it.
+const INITIAL_PRODUCER: &str = "\u{0}initial";
+
+/// The checks on the records of one append that do not depend on the stream. Creates and
+/// forks with records run them before creating anything: a stream created and then refused
+/// its records would stay, open and empty, and every retry would fail the same way.
+fn check_records(records: &[Record]) -> Result<(), AppendError> {
+    // One append is one stored batch, decoded whole by every read that touches it: bound it.
+    if records.len() > MAX_RECORDS_PER_APPEND {
+        return Err(AppendError::TooLarge {
+            what: "records in one append",
+            size: records.len(),
+            max: MAX_RECORDS_PER_APPEND,
+        });
+    }
+    // Every stored record must stay readable in every format (binary has u16 fields).
+    for (index, rec) in records.iter().enumerate() {
+        check_storable(rec).map_err(|e| {
+            AppendError::BadRequest(format!("record cannot be stored: index={index} {e}"))
+        })?;
+    }
+    Ok(())
+}
+/// Each record of an append to a JSON stream must be exactly one JSON value, in UTF-8.
+fn check_json_values(records: &[Record]) -> Result<(), AppendError> {
+    for (index, rec) in records.iter().enumerate() {
+        let bad = |why: String| {
+            AppendError::BadRequest(format!(
+                "record is not one JSON value, as the stream's content type application/json requires: index={index} {why}"
+            ))
+        };
+        // serde_json checks the text of strings only when reading a `str`.
+        let text = std::str::from_utf8(&rec.value).map_err(|e| bad(e.to_string()))?;
+        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Most records one append may carry (a JSON array, a batch, a Kafka batch later).
+pub const MAX_RECORDS_PER_APPEND: usize = 10_000;
+/// Most records one read returns, whatever the client asks: bounds the memory of a response
+/// of tiny records, which the byte limit alone does not.
+pub const MAX_READ_RECORDS: usize = 10_000;
+/// Largest accepted TTL (ten years): keeps every deadline computation far from overflow.
+pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// Longest an append that arrived ahead of its producer's earlier batches waits for them
+/// before it is answered as a sequence gap. Pipelined requests overtake each other by well
+/// under a millisecond here; a real gap (a lost batch, a client bug) costs this much more.
+const REORDER_WAIT: Duration = Duration::from_millis(20);
+/// Longest a duplicate or close waits for earlier appends to become durable.
+const DURABLE_WAIT: Duration = Duration::from_secs(60);
+
+fn engine_append_error(e: EngineError) -> AppendError {
+    match e {
+        EngineError::ShuttingDown => AppendError::Unavailable("node is shutting down".into()),
+        other => AppendError::Unavailable(format!("stream must be reopened: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Record;
+    use crate::api::{AppendRequest, CreateRequest};
+    use crate::testing::start_test_node;
+    use pico_common::StreamName;
+    use std::time::{Duration, Instant};
+
+    #[tokio::test]
+    async fn a_delete_cancelled_after_it_applied_still_cleans_up() {
+        let node = start_test_node().await;
+        let name = StreamName::parse("d").unwrap();
+        node.create(CreateRequest {
+            name: name.clone(),
+            config: Default::default(),
+            initial: vec![],
+        })
+        .await
+        .unwrap();
+        node.append(AppendRequest {
+            name: name.clone(),
+            records: vec![Record {
+                timestamp_ms: 0,
+                key: None,
+                value: bytes::Bytes::from_static(b"x"),
+                headers: vec![],
+            }],
+            producer: None,
+            match_seq: None,
+            close: false,
+            content_type: None,
+        })
+        .await
+        .unwrap();
+        let id = node.head(&name).await.unwrap().stream_id;
+        let open = node
+            .inner
+            .open
+            .get(id)
+            .expect("stream open after an append");
+        // A busy writer holds the delete at its cleanup; the client goes away meanwhile.
+        let busy = open.writer.lock().await;
+        let mut delete = Box::pin(node.delete(&name));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while node.meta().view().registry.contains_key("d") {
+            assert!(Instant::now() < deadline, "delete never applied");
+            tokio::select! {
+                r = &mut delete => panic!("delete finished with the writer locked: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        drop(delete);
+        drop(busy);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while node.open_streams() > 0 || node.inner.engine.is_open(id).is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "the cancelled delete left the stream open"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Ownership: lazy open of a stream on this node, and where a stream owned elsewhere lives.
+
+use super::*;
+use crate::error::*;
+use crate::open::{OpenStream, Writer};
+use crate::producers::{Placed, ProducerState};
+use pico_common::StreamName;
+use pico_metadata::{ApplyError, Command, Outcome};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use tokio::sync::Mutex;
+
+impl Node {
+    /// The owner's advertised URL when another registered node owns the stream (for 307s).
+    pub fn owner_url(&self, name: &StreamName) -> Option<String> {
+        let view = self.inner.meta.view();
+        let entry = view.registry.get(name.as_str())?;
+        let owner = view.streams.get(&entry.stream_id)?.owner.as_ref()?;
+        if owner.node_id == self.inner.config.node_id {
+            return None;
+        }
+        view.nodes.get(&owner.node_id).map(|n| n.address.clone())
+    }
+
+    /// Number of streams open on this node (for stats and tests).
+    pub fn open_streams(&self) -> usize {
+        self.inner.open.len()
+    }
+
+    // ---- internals ----
+
+    /// Opens the stream on this node (lazily, once: concurrent callers share the open).
+    pub(crate) async fn open_stream(&self, r: &Resolved) -> Result<Arc<OpenStream>, AppendError> {
+        let stream_id = r.meta.id;
+        // Checked before taking a slot, so refused requests leave nothing in the table.
+        if let Some(max) = self.inner.config.slots
+            && self.inner.open.get(stream_id).is_none()
+            && self.inner.open.len() >= max as usize
+        {
+            return Err(AppendError::Unavailable(format!(
+                "node is at its open-stream limit, retry later: slots={max}"
+            )));
+        }
+        let slot = self.inner.open.slot(stream_id);
+        let result = slot
+            .cell()
+            .get_or_try_init(|| async {
+                if !self.inner.serving.load(Ordering::Relaxed) {
+                    return Err(AppendError::Unavailable("node is shutting down".into()));
+                }
+
+                // A previous incarnation of this stream still has engine state: flush it into
+                // committed objects first, or the epoch bump below would fence acknowledged data.
+                if self.inner.engine.is_open(stream_id).is_some() {
+                    self.inner
+                        .engine
+                        .close(stream_id)
+                        .await
+                        .map_err(|e| AppendError::Unavailable(format!("flushing stream: {e}")))?;
+                }
+                let cfg = &self.inner.config;
+                let outcome = self
+                    .propose(Command::OpenStream {
+                        stream_id,
+                        node_id: cfg.node_id,
+                        node_epoch: cfg.node_epoch,
+                    })
+                    .await
+                    .map_err(AppendError::Unavailable)?;
+                let (epoch, end) = match outcome {
+                    Ok(Outcome::Opened {
+                        epoch, end_offset, ..
+                    }) => (epoch, end_offset),
+                    Ok(other) => {
+                        return Err(AppendError::Internal(format!(
+                            "unexpected outcome {other:?}"
+                        )));
+                    }
+                    Err(ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. }) => {
+                        return Err(AppendError::NotFound(r.name.to_string()));
+                    }
+                    Err(e) => return Err(AppendError::Unavailable(format!("open rejected: {e}"))),
+                };
+                self.inner.engine.open(stream_id, epoch, end);
+                // Producer and closure state as committed; the writer keeps it current from here.
+                let view = self.inner.meta.view();
+                // Deleted while we were opening: drop the engine state we just created.
+                if view.streams.get(&stream_id).is_none() {
+                    self.inner.engine.forget(stream_id);
+                    return Err(AppendError::NotFound(r.name.to_string()));
+                }
+                let producers: HashMap<String, ProducerState> = view
+                    .streams
+                    .get(&stream_id)
+                    .map(|m| {
+                        m.producers
+                            .iter()
+                            .map(|(id, p)| {
+                                (
+                                    id.clone(),
+                                    ProducerState {
+                                        epoch: p.epoch,
+                                        seq: p.seq,
+                                        at: Placed {
+                                            start: p.start_offset,
+                                            next: p.end_offset,
+                                        },
+                                        last_ms: p.last_ms,
+                                    },
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let stream_seq = view
+                    .streams
+                    .get(&stream_id)
+                    .and_then(|m| m.stream_seq.as_deref().map(str::to_string));
+                let entry = view.registry.get(r.name.as_str());
+                let closed = entry.is_some_and(|e| e.closed);
+                let closed_by = entry.and_then(|e| e.closed_by.as_deref()).cloned();
+                Ok(Arc::new(OpenStream {
+                    stream_id,
+                    epoch,
+                    writer: Mutex::new(Writer {
+                        producers,
+                        closed,
+                        closed_by,
+                        stream_seq,
+                        broken: false,
+                    }),
+                    last_used_ms: AtomicI64::new(self.now_ms()),
+                    producers_moved: tokio::sync::Notify::new(),
+                }))
+            })
+            .await
+            .cloned();
+        // Dropping `slot` removes it if the open failed (or is cancelled before this point)
+        // and nobody else waits on it.
+        result
+    }
+}
