@@ -21,7 +21,11 @@ pub async fn start_test_node_with(mut config: NodeConfig) -> Node {
     if config.node_epoch == 0 {
         config.node_epoch = 1;
     }
-    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+    let opts = MetaLogOptions {
+        clock: config.clock.clone(),
+        ..MetaLogOptions::default()
+    };
+    let meta = MetaLog::open("sqlite::memory:", opts)
         .await
         .expect("test metadata log");
     let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());

@@ -7,6 +7,7 @@ use crate::error::MetaError;
 use crate::sqlite::SqliteStore;
 use crate::store::{LogStore, SnapshotMeta};
 use arc_swap::ArcSwap;
+use pico_common::clock::SharedClock;
 use pico_metadata::codec;
 use pico_metadata::{ApplyError, CodecError, Command, Outcome, State};
 use std::sync::Mutex;
@@ -35,6 +36,8 @@ pub struct MetaLogOptions {
     pub poll_interval: Duration,
     /// Commands per row (a single larger `propose_many` still gets one row).
     pub max_batch: usize,
+    /// Lease expiry and row timestamps; tests pass a manual clock.
+    pub clock: SharedClock,
 }
 
 impl Default for MetaLogOptions {
@@ -43,6 +46,7 @@ impl Default for MetaLogOptions {
             snapshot_every: 1024,
             poll_interval: Duration::from_secs(1),
             max_batch: 512,
+            clock: pico_common::clock::system(),
         }
     }
 }
@@ -86,6 +90,7 @@ struct Inner {
     stats: Arc<Stats>,
     /// Why the committer stopped for good, once it has (set once, read without a lock).
     stopped: Arc<OnceLock<MetaError>>,
+    clock: SharedClock,
 }
 
 /// The metadata log. Cheap to clone.
@@ -136,6 +141,7 @@ impl MetaLog {
             due_tx,
             snapshot_every: opts.snapshot_every.max(1),
             own: None,
+            clock: opts.clock.clone(),
         };
         applier.catch_up().await?;
         tracing::info!(
@@ -147,6 +153,7 @@ impl MetaLog {
         let (tx, rx) = mpsc::channel(QUEUE_REQUESTS);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let stopped = Arc::new(OnceLock::new());
+        let clock = opts.clock.clone();
         let committer = tokio::spawn(run_committer(
             applier,
             rx,
@@ -154,7 +161,13 @@ impl MetaLog {
             opts,
             stopped.clone(),
         ));
-        let snapshotter = tokio::spawn(run_snapshotter(store.clone(), due, due_rx, stats.clone()));
+        let snapshotter = tokio::spawn(run_snapshotter(
+            store.clone(),
+            due,
+            due_rx,
+            stats.clone(),
+            clock.clone(),
+        ));
         Ok(MetaLog {
             inner: Arc::new(Inner {
                 store,
@@ -165,6 +178,7 @@ impl MetaLog {
                 tasks: Mutex::new(vec![committer, snapshotter]),
                 stats,
                 stopped,
+                clock,
             }),
         })
     }
@@ -251,7 +265,7 @@ impl MetaLog {
         holder: &str,
         ttl: Duration,
     ) -> Result<bool, MetaError> {
-        let now = pico_common::clock::now_ms();
+        let now = self.inner.clock.now_ms();
         self.inner
             .store
             .try_acquire_lease(name, holder, ttl_ms(ttl), now)
@@ -265,7 +279,7 @@ impl MetaLog {
         holder: &str,
         ttl: Duration,
     ) -> Result<bool, MetaError> {
-        let now = pico_common::clock::now_ms();
+        let now = self.inner.clock.now_ms();
         self.inner
             .store
             .renew_lease(name, holder, ttl_ms(ttl), now)
@@ -279,7 +293,7 @@ impl MetaLog {
 
     /// Current holder of a lease if unexpired: (holder, expires_at_ms).
     pub async fn lease_holder(&self, name: &str) -> Result<Option<(String, i64)>, MetaError> {
-        let now = pico_common::clock::now_ms();
+        let now = self.inner.clock.now_ms();
         Ok(self
             .inner
             .store
@@ -408,6 +422,7 @@ struct Applier {
     due_tx: watch::Sender<()>,
     snapshot_every: u64,
     last_snapshot_index: u64,
+    clock: SharedClock,
     /// This node's just-written row: (row id, its commands, their outcomes once applied).
     own: Option<(i64, Vec<Command>, Option<Outcomes>)>,
 }
@@ -589,7 +604,7 @@ async fn run_committer(
         let count = cmds.len() as u32;
         let row_id = match applier
             .store
-            .append(&payload, count, pico_common::clock::now_ms())
+            .append(&payload, count, applier.clock.now_ms())
             .await
         {
             Ok(id) => id,
@@ -708,6 +723,7 @@ async fn run_snapshotter(
     due: Arc<DueSnapshot>,
     mut wake: watch::Receiver<()>,
     stats: Arc<Stats>,
+    clock: SharedClock,
 ) {
     // `changed` reports a wake sent just before the committer ended (and dropped the sender)
     // before it reports the end, so the last due snapshot is still written.
@@ -728,7 +744,7 @@ async fn run_snapshotter(
             last_row_id,
         };
         match store
-            .write_snapshot(meta, &payload, KEEP_SNAPSHOTS, pico_common::clock::now_ms())
+            .write_snapshot(meta, &payload, KEEP_SNAPSHOTS, clock.now_ms())
             .await
         {
             Ok(truncated) => {

@@ -861,9 +861,12 @@ async fn tailer_applies_rows_written_by_another_writer() {
 #[tokio::test]
 async fn leases_acquire_renew_expire_release() {
     let dir = tempfile::tempdir().unwrap();
-    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
-        .await
-        .unwrap();
+    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
+    let opts = MetaLogOptions {
+        clock: clock.clone(),
+        ..MetaLogOptions::default()
+    };
+    let log = MetaLog::open(&url(&dir), opts).await.unwrap();
     let ttl = Duration::from_millis(200);
     assert!(log.try_acquire_lease("maint", "n1", ttl).await.unwrap());
     assert!(
@@ -877,7 +880,13 @@ async fn leases_acquire_renew_expire_release() {
     assert!(log.renew_lease("maint", "n1", ttl).await.unwrap());
     assert!(!log.renew_lease("maint", "n2", ttl).await.unwrap());
     assert_eq!(log.lease_holder("maint").await.unwrap().unwrap().0, "n1");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(Duration::from_millis(199));
+    assert_eq!(
+        log.lease_holder("maint").await.unwrap().unwrap().0,
+        "n1",
+        "held until its ttl"
+    );
+    clock.advance(Duration::from_millis(1));
     assert_eq!(log.lease_holder("maint").await.unwrap(), None, "expired");
     assert!(
         !log.renew_lease("maint", "n1", ttl).await.unwrap(),
