@@ -21,7 +21,8 @@
 //! - Appends are serialized; an append returns only after its frame and everything before it in
 //!   the segment are on disk, so only the last frame of the WAL can be torn.
 //! - Every frame carries the trim watermark as it was when written (every position `<=` it was
-//!   committed to objects), and trim records it in the manifest before it removes a segment.
+//!   committed to objects); trim records it in the manifest before it removes a segment, and
+//!   otherwise in an empty entry (no records) of the active segment.
 //!   Damage that loses only positions `<=` the watermark costs nothing: recovery warns and goes
 //!   on. Damage that loses a later position, other than a torn last frame, fails recovery with
 //!   [`WalError::Lost`] naming the file and the positions: never an offset given out twice.
@@ -129,6 +130,8 @@ struct State {
     trimmed: u64,
     /// The head (first position, key) the manifest on disk names.
     head: Option<(u64, u64)>,
+    /// The highest watermark on disk (in the manifest or a frame): a trim past it records it.
+    persisted: u64,
     timings: telemetry::WalTimings,
 }
 
@@ -234,6 +237,7 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
         .max(live.trimmed + 1);
     st.next = if st.loaded { st.next.max(after) } else { after };
     st.trimmed = st.trimmed.max(live.trimmed);
+    st.persisted = st.persisted.max(live.trimmed);
     st.head = manifest.and_then(|m| m.head);
     st.segments = live.segments;
     st.active = None;
@@ -395,17 +399,16 @@ fn start_segment(
         .collect();
     if !replaced.is_empty() {
         st.active = None;
-        if st.head.is_some_and(|(f, _)| f == position) {
-            // The manifest must not name a segment that is about to go: back to the one before
-            // (complete: it was closed), or none.
-            let head = st
-                .segments
-                .iter()
-                .filter(|s| s.first < position)
-                .max_by_key(|s| s.first)
-                .and_then(|s| segment_key(&s.path).map(|k| (s.first, k)));
-            write_manifest(dir, st, head)?;
-        }
+        // The manifest must not name a segment that is about to go: back to the one before
+        // (complete: it was closed), or none. Always rewritten, rare as this is: a failed
+        // start may have renamed a manifest naming the replaced segment into place.
+        let head = st
+            .segments
+            .iter()
+            .filter(|s| s.first < position)
+            .max_by_key(|s| s.first)
+            .and_then(|s| segment_key(&s.path).map(|k| (s.first, k)));
+        write_manifest(dir, st, head)?;
         for old in &replaced {
             match std::fs::remove_file(old) {
                 Ok(()) => {}
@@ -473,6 +476,7 @@ fn write_manifest(dir: &Path, st: &mut State, head: Option<(u64, u64)>) -> Resul
     };
     layout::write_manifest(dir, &m).map_err(|e| io(&dir.join(MANIFEST), e))?;
     st.head = head;
+    st.persisted = st.persisted.max(m.trimmed);
     Ok(())
 }
 
@@ -531,6 +535,7 @@ fn append_blocking(
         Ok(()) => {
             active.len += (FRAME_HEADER as u64) + u64::from(len);
             st.next = position + 1;
+            st.persisted = st.persisted.max(trimmed);
             // Closed segments are recycled into the spare when trimmed; zeros are written only
             // when there is none to wait for.
             Ok((position, start && st.segments.len() <= 1))
@@ -594,6 +599,7 @@ fn trim_blocking(
     // says, and the watermark goes into every frame.
     st.trimmed = st.trimmed.max(upto.min(st.next.saturating_sub(1)));
     let n = removable(st, segment_bytes, upto);
+    let mut kick = false;
     if n > 0 {
         // Before anything goes: recovery then knows the missing front segments were committed,
         // and (when the last one goes too) that no segment is required.
@@ -603,6 +609,18 @@ fn trim_blocking(
             st.head
         };
         write_manifest(dir, st, head)?;
+    } else if st.trimmed > st.persisted {
+        // Recorded now, not only in the next append's frame: a WAL left idle after its upload
+        // would otherwise hold committed frames recovery cannot tell from uncommitted ones, and
+        // damage to them would refuse a start that loses nothing. An empty entry in the active
+        // segment costs what an append costs; the manifest (two syncs and a rename) only when
+        // there is no room or no active segment.
+        if st.active.as_ref().is_some_and(|a| a.len < segment_bytes) {
+            kick = append_blocking(dir, segment_bytes, preallocate, st, &[])?.1;
+        } else {
+            let head = st.head;
+            write_manifest(dir, st, head)?;
+        }
     }
     for _ in 0..n {
         let is_last = st.segments.len() == 1;
@@ -643,7 +661,7 @@ fn trim_blocking(
             }
         }
     }
-    Ok(preallocate && st.segments.len() <= 1 && !dir.join(SPARE).exists())
+    Ok(kick || (preallocate && st.segments.len() <= 1 && !dir.join(SPARE).exists()))
 }
 
 #[async_trait::async_trait]
@@ -1444,11 +1462,11 @@ mod tests {
             spare_ready(&wal).await;
             let mut written = fill(&wal, 10).await;
             if trimmed {
-                // Committed: the preallocated segment stays, and the next frame carries the
-                // watermark.
+                // Committed: the preallocated segment stays, and the trim records the watermark
+                // in it (an empty entry) though nothing is appended after it.
                 wal.trim(10).await.unwrap();
+                written.push((11, Vec::new()));
             }
-            written.extend(fill(&wal, 1).await);
             let seg = dir.join(&segments(&dir)[0]);
             let mut data = std::fs::read(&seg).unwrap();
             let mut at = SEGMENT_HEADER;

@@ -26,6 +26,8 @@ pub(super) struct Scanned {
     pub(super) entries: Vec<(u64, Vec<WalRecord>)>,
     /// The highest trim watermark among its frames.
     pub(super) trimmed: u64,
+    /// Where and why its data ends in a torn frame, if it does.
+    pub(super) torn: Option<(usize, String)>,
     /// Positions whose frames are damaged, with valid frames after them: `(from, to)`.
     pub(super) gaps: Vec<(u64, u64)>,
 }
@@ -58,6 +60,7 @@ pub(super) fn scan_segment(path: &Path, first: u64, key: u64) -> Result<Scanned,
         entries: Vec::new(),
         trimmed: 0,
         gaps: Vec::new(),
+        torn: None,
     };
     match layout::decode_segment_header(&data) {
         Ok(h) if h.first == first && h.key == key => scanned.header = Some(h),
@@ -138,10 +141,8 @@ pub(super) fn scan_segment(path: &Path, first: u64, key: u64) -> Result<Scanned,
                 ) {
                     tracing::debug!(segment = %path.display(), offset = at, why, "end of wal segment data");
                 } else {
-                    tracing::warn!(
-                        segment = %path.display(), offset = at, why,
-                        "ignoring the torn tail of a wal segment (a crash mid-append)"
-                    );
+                    // Logged once recovery accepts it: a cut segment also ends in a torn frame.
+                    scanned.torn = Some((at, why));
                 }
                 break;
             }
@@ -335,6 +336,12 @@ pub(super) fn live_entries(
             if let Some(why) = why {
                 return Err(lost(dir, file(), why, (reached + 1).max(trimmed + 1), None));
             }
+        }
+        if let Some((offset, why)) = &s.torn {
+            tracing::warn!(
+                segment = %file(), offset, why,
+                "ignoring the torn tail of a wal segment (a crash mid-append)"
+            );
         }
         segments.push(Segment {
             first: s.first,
