@@ -1534,6 +1534,30 @@ mod tests {
         assert_eq!(wal.append(vec![rec(1, 3, 1)]).await.unwrap(), 4);
     }
 
+    /// A segment or manifest of a layout this build does not know is refused, naming the
+    /// file and the version: never skipped as damage (docs/design/formats.md).
+    #[tokio::test]
+    async fn an_unknown_layout_version_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        std::fs::create_dir_all(&dir).unwrap();
+        let seg = write_segment(&dir, 1, &[(1, vec![rec(1, 0, 1)])]);
+        let mut data = std::fs::read(&seg).unwrap();
+        data[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&data[..40]);
+        data[40..44].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&seg, &data).unwrap();
+        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                WalError::Corrupt { key, source: format::FormatError::UnsupportedVersion(2) }
+                    if *key == seg.display().to_string()
+            ),
+            "{err}"
+        );
+    }
+
     /// Names: `{first:020}-{key:016x}.wal` and nothing else (one layout).
     #[test]
     fn segment_names_parse_back() {
