@@ -554,6 +554,21 @@ fn append_blocking(
     }
 }
 
+/// The bytes of a file's allocated blocks: a segment started without a spare is extended
+/// sparse to its full length, and recycled as the spare it would make appends into its holes
+/// allocate blocks (and sync the block map) after all.
+fn allocated(m: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        (m.blocks() * 512).min(m.len())
+    }
+    #[cfg(not(unix))]
+    {
+        m.len()
+    }
+}
+
 /// How many segments, front first, trim to `upto` removes.
 fn removable(st: &State, segment_bytes: u64, upto: u64) -> usize {
     let mut n = 0;
@@ -642,7 +657,7 @@ fn trim_blocking(
         let recycle = preallocate
             && stale_below_next
             && !dir.join(SPARE).exists()
-            && std::fs::metadata(&seg.path).is_ok_and(|m| m.len() >= segment_bytes);
+            && std::fs::metadata(&seg.path).is_ok_and(|m| allocated(&m) >= segment_bytes);
         let gone = if recycle {
             std::fs::rename(&seg.path, dir.join(SPARE))
         } else {
@@ -1133,6 +1148,11 @@ mod tests {
         // continue in it; the spare is not a segment.
         wal.trim(2).await.unwrap();
         assert_eq!(segments(&dir), segs[1..]);
+        // The trimmed segment, sparse, did not become the spare.
+        spare_threads_done(&wal, || true).await;
+        if let Ok(m) = std::fs::metadata(dir.join(SPARE)) {
+            assert_eq!(allocated(&m), m.len(), "a sparse segment was recycled");
+        }
         assert_eq!(wal.append(vec![rec(1, 2, 1)]).await.unwrap(), 3);
         assert_eq!(segments(&dir), segs[1..]);
         // Recovery still sees the trimmed entries of that segment (the engine skips committed
