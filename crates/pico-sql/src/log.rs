@@ -221,7 +221,7 @@ impl MetaLog {
     /// Whether the log still applies commands, without SQL or a lock (cheap enough for every
     /// readiness probe). `Err` with the reason once it stopped for good: the corrupt row or
     /// snapshot it met (`CorruptRow`/`BadRow`/`CorruptSnapshot`), or `Stopped` if its
-    /// committer ended otherwise; all [`MetaError::is_permanent`], and every later proposal
+    /// committer panicked; all [`MetaError::is_permanent`], and every later proposal
     /// fails with the same error. `Err(Closed)` after [`MetaLog::close`]. A store outage is
     /// not reported here: it fails single proposals with a retryable `Store` error.
     pub fn health(&self) -> Result<(), MetaError> {
@@ -668,8 +668,10 @@ fn stop(stopped: &OnceLock<MetaError>, reason: MetaError) {
     }
 }
 
-/// Marks the log stopped if the committer ends without `close` (a panic unwinding it), so
-/// `health` tells instead of proposals only failing with `Closed`.
+/// Marks the log stopped if the committer panics, so `health` tells instead of proposals only
+/// failing with `Closed`. Ending because every handle is gone (a start that failed after the
+/// log opened, for a reason of its own: a WAL refusal, a port in use) or because the runtime
+/// shut down is no failure of the log, and saying it stopped for good would hide the real cause.
 struct StopOnExit {
     stopped: Arc<OnceLock<MetaError>>,
     shutdown: watch::Receiver<bool>,
@@ -677,7 +679,7 @@ struct StopOnExit {
 
 impl Drop for StopOnExit {
     fn drop(&mut self) {
-        if !*self.shutdown.borrow() {
+        if std::thread::panicking() && !*self.shutdown.borrow() {
             stop(
                 &self.stopped,
                 MetaError::Stopped("metadata committer ended unexpectedly".into()),
@@ -785,6 +787,22 @@ fn snapshot_failed(stats: &Stats, applied_index: u64, error: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log dropped without `close` (a start that failed for another reason) ends its
+    /// committer quietly: the log did not fail, and must not say it stopped for good.
+    #[tokio::test]
+    async fn a_log_dropped_without_close_does_not_report_a_stop() {
+        let log = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+            .await
+            .unwrap();
+        let stopped = log.inner.stopped.clone();
+        let tasks: Vec<_> = log.inner.tasks.lock().unwrap().drain(..).collect();
+        drop(log);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(stopped.get().is_none(), "{:?}", stopped.get());
+    }
 
     #[test]
     fn snapshots_wait_for_an_eighth_of_a_large_state_in_commands() {

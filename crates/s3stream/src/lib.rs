@@ -19,6 +19,7 @@ pub mod crc;
 pub mod engine;
 pub mod format;
 pub mod parts;
+pub mod segment_format;
 pub mod segment_wal;
 pub mod storage;
 pub mod telemetry;

@@ -3,39 +3,52 @@
 //! `ObjectWal` on files costs a create, a write, two fsyncs, a rename and a directory fsync per
 //! group commit; here a group commit is one vectored write and one `fdatasync` on an open file.
 //!
-//! Layout: `{dir}/{first_position:020}-{key:016x}.wal`, each a sequence of frames `u32 len`
-//! `u32 crc32c(len)` `u64 key` + one WAL entry as `format::encode_wal_entry` writes it (magic,
-//! position, CRC32C). Earlier versions' files are read as well: `{first_position:020}.wal`
-//! (frames without the key) and a bare 20-digit position (one entry of the object layout).
+//! Layout ([`crate::segment_format`], `docs/design/formats.md`): `{dir}/{first:020}-{key:016x}.wal`,
+//! each a header (magic, version, first position, key, length) and then frames `u32 len`
+//! `u32 crc32c` `u64 key` `u64 trimmed` + one WAL entry as `format::encode_wal_entry` writes it
+//! (magic, position, CRC32C); and `{dir}/wal.manifest`, the newest segment started and the trim
+//! watermark.
 //!
 //! Invariants:
 //! - Each segment gets a random key when it starts, and only frames carrying it are its data.
 //!   Recovery searches a segment byte by byte past the end of its data (below); without the
 //!   key, record bytes shaped like a frame (a client's, or a recycled file's older frames)
 //!   would read as data there and fail recovery, or cost a checksum pass each.
+//! - A segment starts durably before anything goes in: its file at its full length (the spare,
+//!   or extended sparse) with its header, synced, then the manifest naming it as the head.
+//!   So a head segment that is missing, has no valid header, or is shorter than its header's
+//!   length was damaged after the fact (a crash never does that), and recovery refuses.
 //! - Appends are serialized; an append returns only after its frame and everything before it in
-//!   the segment are on disk, so only the last frame of a segment can be torn.
+//!   the segment are on disk, so only the last frame of the WAL can be torn.
+//! - Every frame carries the trim watermark as it was when written (every position `<=` it was
+//!   committed to objects); trim records it in the manifest before it removes a segment, and
+//!   otherwise in an empty entry (no records) of the active segment.
+//!   Damage that loses only positions `<=` the watermark costs nothing: recovery warns and goes
+//!   on. Damage that loses a later position, other than a torn last frame, fails recovery with
+//!   [`WalError::Lost`] naming the file and the positions: never an offset given out twice.
 //! - A write or sync error abandons the segment: the next append starts a new segment at the
 //!   same position. A later segment starting at `q` therefore supersedes every entry `>= q` of
 //!   earlier segments (the abandoned attempt), and recovery applies exactly that rule. A
 //!   segment that itself started at `q` holds nothing acknowledged and is deleted (durably)
 //!   before its replacement is created.
 //! - A segment followed by one starting at `q` above its own first holds every position up to
-//!   `q - 1`; recovery fails loudly when it does not (its last frames were damaged).
+//!   `q - 1`; the oldest segment starts at most one past the trim watermark; the newest starts
+//!   at or after the manifest's head. Recovery checks all three.
 //! - Every append writes [`END_MARKER`] (8 zero bytes) right after its frame, in the same
 //!   write, and the next append overwrites it. A segment's data ends at the marker, at zeros, at
 //!   the end of the file, or at a valid frame whose position is below the segment's first (left
 //!   by the file's earlier use as another segment, see recycling below).
 //! - A torn last frame (cut short, failing its checksum, or with a damaged header) has no valid
 //!   frame at or after the expected position anywhere after it: it is what a crash mid-append
-//!   leaves and is ignored with a warning. Any end of data followed by such a valid frame is
-//!   damage in the middle of the log and fails recovery loudly.
-//! - After a restart, positions continue from the last entry recovered or from the highest
-//!   segment's name, whichever is higher: a segment whose first frame never landed still
-//!   supersedes entries at or above its name.
-//! - A segment start that fails after the spare was renamed into place leaves no active
-//!   segment, so the retry starts the segment at that position itself (an entry written into
-//!   the previous segment would be superseded by the new file's name).
+//!   leaves and is ignored with a warning. An end of data followed by such a valid frame is
+//!   damage in the middle of the log: the positions in between are lost (see above).
+//! - After a restart, positions continue after the last entry recovered, the highest segment's
+//!   name, the manifest's head and the trim watermark, whichever is highest: a segment whose
+//!   first frame never landed still supersedes entries at or above its name, and a position at
+//!   or below the watermark would read as committed.
+//! - A segment start that fails after the spare was renamed leaves no active segment, so the
+//!   retry starts the segment at that position itself (an entry written into the previous
+//!   segment would be superseded by the new file's name).
 //! - Trim deletes whole segments whose entries are all `<= upto`; the active segment is closed
 //!   first when it is entirely trimmed, unless it is preallocated and has room left (then it
 //!   stays, and recovery replays its committed entries, which the engine skips).
@@ -54,23 +67,29 @@
 //!   start-up, or when the WAL holds nothing but its active segment): writing zeros per segment
 //!   doubled the disk bytes of a heavy ingest.
 //!
-//! A spare found at start-up is deleted, never used: positions restart after the last entry
-//! recovered (at 1 for an empty WAL), so a recycled spare's old frames could hold positions a
-//! new segment reaches.
+//! A spare found at start-up is deleted, never used: a recycled spare's old frames could look
+//! current to a process that does not know where its predecessor got.
 //!
-//! Without a ready spare a segment is created empty, and leaves for the spare as soon as there
-//! is one.
+//! Without a ready spare a segment is extended sparse to its length, and leaves for the spare as
+//! soon as there is one.
 
 use std::fs::File;
-use std::io::{IoSlice, Read, Write};
+use std::io::{IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use bytes::Bytes;
 use tokio::sync::Mutex;
 
+mod scan;
+use scan::{live_entries, read_manifest, scan_dir};
+#[cfg(test)]
+use scan::{lost, scan_segment};
+
 use crate::format;
+use crate::segment_format::{
+    self as layout, END_MARKER, FRAME_HEADER, MANIFEST, Manifest, SEGMENT_HEADER, SegmentHeader,
+};
 use crate::storage::write_all_at;
 use crate::telemetry;
 use crate::wal::{Wal, WalError, WalRecord};
@@ -78,23 +97,11 @@ use crate::wal::{Wal, WalError, WalRecord};
 /// Default size after which the next append starts a new segment.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 32 << 20;
 const SUFFIX: &str = ".wal";
-/// `u32 len` + `u32 crc32c(len)`: a damaged length is detected rather than read as a torn tail.
-/// The frame header of segments named without a key (written by earlier versions).
-const FRAME_HEADER: usize = 8;
-/// [`FRAME_HEADER`] + the segment's `u64` key: the frame header of keyed segments.
-const KEYED_HEADER: usize = FRAME_HEADER + 8;
 /// A file ready to become the next segment, its blocks allocated and synced: zeros written in
 /// the background, or a trimmed segment recycled (not a segment: no `.wal` suffix).
 const SPARE: &str = "spare.segment";
 /// The spare while zeros are being written into it.
 const SPARE_TMP: &str = "spare.segment.tmp";
-/// Names earlier versions gave the spare (always zeros) and its temporary file.
-const LEGACY_SPARE: &str = "spare.zeros";
-const LEGACY_SPARE_TMP: &str = "spare.zeros.tmp";
-/// Written after every frame, and overwritten by the next one: the end of a segment's data is
-/// found without relying on what follows (zeros, or a recycled file's stale frames). Never a
-/// valid frame header, whose second word is the CRC32C of the first (`crc32c([0; 4]) != 0`).
-const END_MARKER: [u8; FRAME_HEADER] = [0; FRAME_HEADER];
 
 struct Segment {
     first: u64,
@@ -118,6 +125,13 @@ struct State {
     /// Ascending by `first`; the last one is the active segment when `active` is set.
     segments: Vec<Segment>,
     active: Option<Active>,
+    /// Every position `<=` this was committed to objects (trim's `upto`, never past the last
+    /// position written): written into every frame.
+    trimmed: u64,
+    /// The head (first position, key) the manifest on disk names.
+    head: Option<(u64, u64)>,
+    /// The highest watermark on disk (in the manifest or a frame): a trim past it records it.
+    persisted: u64,
     timings: telemetry::WalTimings,
 }
 
@@ -168,286 +182,18 @@ fn fsync_dir(dir: &Path) -> Result<(), WalError> {
         .map_err(|e| io(dir, e))
 }
 
-/// One segment file as found on disk: its first position (from the name) and valid entries.
-struct Scanned {
-    first: u64,
-    path: PathBuf,
-    entries: Vec<(u64, Vec<WalRecord>)>,
-}
-
-/// What a WAL file's name says about its format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
-    /// A bare 20-digit position: one entry of the object layout.
-    Legacy,
-    /// `{first}.wal`: a segment of frames with [`FRAME_HEADER`]s (earlier versions).
-    Plain,
-    /// `{first}-{key:016x}.wal`: frames with [`KEYED_HEADER`]s carrying `key`.
-    Keyed(u64),
-}
-
-impl Kind {
-    fn key(self) -> Option<u64> {
-        match self {
-            Kind::Keyed(k) => Some(k),
-            Kind::Legacy | Kind::Plain => None,
-        }
-    }
-}
-
-fn parse_name(name: &str) -> Option<(u64, Kind)> {
-    let (digits, kind) = match name.strip_suffix(SUFFIX) {
-        Some(stem) => match stem.split_once('-') {
-            Some((digits, key)) if key.len() == 16 => (
-                digits,
-                Kind::Keyed(
-                    u64::from_str_radix(key, 16)
-                        .ok()
-                        .filter(|_| key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))?,
-                ),
-            ),
-            Some(_) => return None,
-            None => (stem, Kind::Plain),
-        },
-        None => (name, Kind::Legacy),
-    };
-    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok().map(|p| (p, kind)))
+fn parse_name(name: &str) -> Option<(u64, u64)> {
+    let (digits, key) = name.strip_suffix(SUFFIX)?.split_once('-')?;
+    let ok = digits.len() == 20
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && key.len() == 16
+        && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    ok.then(|| Some((digits.parse().ok()?, u64::from_str_radix(key, 16).ok()?)))
         .flatten()
 }
 
 fn segment_name(first: u64, key: u64) -> String {
     format!("{first:020}-{key:016x}{SUFFIX}")
-}
-
-/// Whether a frame header starts `h`: its length's checksum holds and, in a keyed segment, it
-/// carries the segment's key. Returns the entry's length.
-fn header_at(h: &[u8], key: Option<u64>) -> Option<usize> {
-    let size = key.map_or(FRAME_HEADER, |_| KEYED_HEADER);
-    let h = h.get(..size)?;
-    // The key first: the cheapest test, and the one recovery's byte-by-byte search fails on.
-    if let Some(key) = key {
-        let mut k = [0u8; 8];
-        k.copy_from_slice(&h[FRAME_HEADER..KEYED_HEADER]);
-        if u64::from_le_bytes(k) != key {
-            return None;
-        }
-    }
-    let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
-    let stored = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-    (crc32c::crc32c(&h[..4]) == stored).then_some(len as usize)
-}
-
-fn corrupt(path: &Path, source: format::FormatError) -> WalError {
-    WalError::Corrupt {
-        key: path.display().to_string(),
-        source,
-    }
-}
-
-/// Reads every valid frame of one segment. Positions inside a segment are consecutive.
-///
-/// In a keyed segment a frame counts only if it carries the segment's key, which is random per
-/// segment and never leaves this process's files: record bytes that a client shaped like a
-/// frame, and the frames a recycled file held under its earlier name, never match it, so the
-/// byte-by-byte search for data after the end (below) finds only this segment's own frames.
-fn scan_segment(
-    path: &Path,
-    first: u64,
-    key: Option<u64>,
-) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
-    let header = key.map_or(FRAME_HEADER, |_| KEYED_HEADER);
-    let mut data = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut data))
-        .map_err(|e| io(path, e))?;
-    let data = Bytes::from(data);
-    let mut out: Vec<(u64, Vec<WalRecord>)> = Vec::new();
-    let mut at = 0usize;
-    while at < data.len() {
-        let rest = &data[at..];
-        let expected = out.last().map_or(first, |(p, _)| p + 1);
-        let torn = |why: &str| {
-            tracing::warn!(
-                segment = %path.display(), offset = at, why,
-                "ignoring the torn tail of a wal segment (a crash mid-append)"
-            );
-        };
-        // What ends the data without a crash: the end marker every append writes after its
-        // frame, the zeros of a preallocated segment, or a frame left by a recycled segment's
-        // earlier use. Damage in the middle of the log looks the same at this point but has
-        // valid frames after it, and that fails loudly.
-        let end = |why: &str| -> Result<(), WalError> {
-            if valid_frame_after(&data, at, expected, key) {
-                return Err(corrupt(
-                    path,
-                    format::FormatError::Invalid("wal data after the end of a segment's frames"),
-                ));
-            }
-            tracing::debug!(segment = %path.display(), offset = at, why, "end of wal segment data");
-            Ok(())
-        };
-        if rest.len() < header {
-            if rest.iter().all(|&b| b == 0) {
-                end("zeros")?;
-            } else {
-                torn("partial frame header");
-            }
-            break;
-        }
-        if rest[..FRAME_HEADER] == END_MARKER {
-            end("end marker")?;
-            break;
-        }
-        let Some(len) = header_at(rest, key) else {
-            // A header torn by a crash (its page only partly landed) is the last frame:
-            // nothing valid follows it.
-            if valid_frame_after(&data, at, expected, key) {
-                return Err(corrupt(
-                    path,
-                    format::FormatError::Invalid("wal frame header checksum mismatch"),
-                ));
-            }
-            torn("damaged frame header with no valid frame after it");
-            break;
-        };
-        let frame_end = header + len;
-        if frame_end > rest.len() {
-            torn("frame runs past the end of the file");
-            break;
-        }
-        match format::decode_wal_entry(&data.slice(at + header..at + frame_end)) {
-            Ok((pos, records)) if pos == expected => out.push((pos, records)),
-            // Written before this file was recycled into this segment: every earlier use held
-            // positions below this segment's first.
-            Ok((pos, _)) if pos < first => {
-                end("stale frame of a recycled segment")?;
-                break;
-            }
-            Ok((pos, _)) => {
-                return Err(WalError::PositionMismatch {
-                    key: format!("{}@{at}", path.display()),
-                    stored: pos,
-                });
-            }
-            Err(e) => {
-                if valid_frame_after(&data, at, expected, key) {
-                    return Err(corrupt(path, e));
-                }
-                torn(&e.to_string());
-                break;
-            }
-        }
-        at += frame_end;
-    }
-    Ok(out)
-}
-
-/// Whether a whole, valid frame holding a position >= `expected` starts anywhere after `at`.
-/// Asked once per segment at recovery, where its data ends, so the byte-by-byte search is off
-/// the append path. Only a header that passes [`header_at`] (in a keyed segment: carries the
-/// key) gets its entry decoded, so the search is linear in the file.
-fn valid_frame_after(data: &Bytes, at: usize, expected: u64, key: Option<u64>) -> bool {
-    let header = key.map_or(FRAME_HEADER, |_| KEYED_HEADER);
-    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-    let mut k = at + 1;
-    while k + header <= end {
-        if let Some(len) = header_at(&data[k..], key)
-            && len > 0
-            && k + header + len <= data.len()
-            && let Ok((pos, _)) =
-                format::decode_wal_entry(&data.slice(k + header..k + header + len))
-            && pos >= expected
-        {
-            return true;
-        }
-        k += 1;
-    }
-    false
-}
-
-fn scan_dir(dir: &Path) -> Result<Vec<Scanned>, WalError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io(dir, e)),
-    };
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| io(dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some((first, kind)) = parse_name(&name) {
-            found.push((first, kind, entry.path()));
-        }
-    }
-    // Of two files with one first position (a crash between starting a segment and deleting
-    // the attempt it replaces; neither holds an acknowledged entry) a keyed one, this
-    // version's, supersedes an older version's; the order is fixed either way.
-    found.sort();
-    let mut out = Vec::with_capacity(found.len());
-    for (first, kind, path) in found {
-        let entries = if kind == Kind::Legacy {
-            // One entry per file, written whole (temp + rename) by the object layout.
-            let data = std::fs::read(&path).map_err(|e| io(&path, e))?;
-            let (pos, records) =
-                format::decode_wal_entry(&Bytes::from(data)).map_err(|e| corrupt(&path, e))?;
-            if pos != first {
-                return Err(WalError::PositionMismatch {
-                    key: path.display().to_string(),
-                    stored: pos,
-                });
-            }
-            vec![(pos, records)]
-        } else {
-            scan_segment(&path, first, kind.key())?
-        };
-        out.push(Scanned {
-            first,
-            path,
-            entries,
-        });
-    }
-    Ok(out)
-}
-
-/// Applies "a later segment starting at q supersedes entries >= q of earlier ones", and checks
-/// that a segment followed by one starting at q > its first reaches q - 1: the WAL started q's
-/// segment only once every position below q was written, so a closed segment ending short of it
-/// lost acknowledged entries (damage, or a torn frame that is not the WAL's last) and recovery
-/// fails loudly instead of dropping them.
-type Live = (Vec<Segment>, Vec<(u64, Vec<WalRecord>)>);
-
-fn live_entries(scanned: Vec<Scanned>) -> Result<Live, WalError> {
-    let starts: Vec<u64> = scanned.iter().map(|s| s.first).collect();
-    let mut segments = Vec::with_capacity(scanned.len());
-    let mut entries = Vec::new();
-    for (i, s) in scanned.into_iter().enumerate() {
-        let cut = starts
-            .get(i + 1..)
-            .and_then(|later| later.iter().min().copied());
-        let before = entries.len();
-        entries.extend(
-            s.entries
-                .into_iter()
-                .filter(|(p, _)| cut.is_none_or(|c| *p < c)),
-        );
-        if let Some(q) = cut.filter(|q| *q > s.first) {
-            let last = entries[before..].last().map(|(p, _)| *p);
-            if last != Some(q - 1) {
-                return Err(WalError::Corrupt {
-                    key: s.path.display().to_string(),
-                    source: format::FormatError::Invalid(
-                        "a closed wal segment ends before the next one starts",
-                    ),
-                });
-            }
-        }
-        segments.push(Segment {
-            first: s.first,
-            path: s.path,
-        });
-    }
-    Ok((segments, entries))
 }
 
 fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
@@ -464,11 +210,10 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
         }
     }
     if !st.loaded {
-        // A recycled spare holds frames of positions up to where the last process got, but
-        // positions restart after the WAL's last entry (at 1 when it is empty): its old frames
-        // could then look current. Spares from an earlier process are dropped, whatever their
-        // name; this process writes or recycles its own (positions never go back within it).
-        for name in [SPARE, SPARE_TMP, LEGACY_SPARE, LEGACY_SPARE_TMP] {
+        // A recycled spare holds frames of positions an earlier process wrote, and this one
+        // must not reason about them: spares from an earlier process are dropped, whatever
+        // their name; this process writes or recycles its own.
+        for name in [SPARE, SPARE_TMP, "wal.manifest.tmp"] {
             match std::fs::remove_file(dir.join(name)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -476,20 +221,28 @@ fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalErr
             }
         }
     }
-    let (segments, entries) = live_entries(scan_dir(dir)?)?;
+    let manifest = read_manifest(dir)?;
+    let live = live_entries(dir, scan_dir(dir)?, manifest)?;
     // A segment named `q` holds no entry when the crash came before its first frame landed;
     // positions still continue from `q`, never below it: a later segment starting at `q`
     // supersedes entries >= q of earlier ones, so an entry written at q or above into a segment
-    // named below q would be dropped by the next recovery.
-    let after = entries
+    // named below q would be dropped by the next recovery. And never at or below the watermark,
+    // which says those positions were committed.
+    let after = live
+        .entries
         .last()
         .map_or(1, |(p, _)| p + 1)
-        .max(segments.last().map_or(1, |s| s.first));
+        .max(live.segments.last().map_or(1, |s| s.first))
+        .max(manifest.and_then(|m| m.head).map_or(1, |(f, _)| f))
+        .max(live.trimmed + 1);
     st.next = if st.loaded { st.next.max(after) } else { after };
-    st.segments = segments;
+    st.trimmed = st.trimmed.max(live.trimmed);
+    st.persisted = st.persisted.max(live.trimmed);
+    st.head = manifest.and_then(|m| m.head);
+    st.segments = live.segments;
     st.active = None;
     st.loaded = true;
-    Ok(entries)
+    Ok(live.entries)
 }
 
 /// The spare thread's loop: writes spares while segments keep taking them.
@@ -536,16 +289,6 @@ fn prepare_spare(dir: &Path, bytes: u64) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     written
-}
-
-/// `u32 len` + `u32 crc32c(len)` + the segment's `u64 key`, little-endian.
-fn frame_header(len: u32, key: u64) -> [u8; KEYED_HEADER] {
-    let len = len.to_le_bytes();
-    let mut header = [0u8; KEYED_HEADER];
-    header[..4].copy_from_slice(&len);
-    header[4..FRAME_HEADER].copy_from_slice(&crc32c::crc32c(&len).to_le_bytes());
-    header[FRAME_HEADER..].copy_from_slice(&key.to_le_bytes());
-    header
 }
 
 impl SegmentWal {
@@ -635,6 +378,108 @@ impl SegmentWal {
     }
 }
 
+/// Starts the segment at `position`: a ready spare (synced zeros or a recycled segment) or a
+/// file extended sparse to `segment_bytes`, its header written and synced, then the manifest
+/// naming it. Nothing goes in before all of that is durable: see the module docs.
+fn start_segment(
+    dir: &Path,
+    segment_bytes: u64,
+    preallocate: bool,
+    st: &mut State,
+    position: u64,
+) -> Result<(), WalError> {
+    // A segment that starts at this position holds nothing acknowledged (positions at or
+    // above it were never acknowledged): an attempt this one replaces. Its file goes first,
+    // durably, so recovery never has to choose between the two.
+    let replaced: Vec<PathBuf> = st
+        .segments
+        .iter()
+        .filter(|s| s.first == position)
+        .map(|s| s.path.clone())
+        .collect();
+    if !replaced.is_empty() {
+        st.active = None;
+        // The manifest must not name a segment that is about to go: back to the one before
+        // (complete: it was closed), or none. Always rewritten, rare as this is: a failed
+        // start may have renamed a manifest naming the replaced segment into place.
+        let head = st
+            .segments
+            .iter()
+            .filter(|s| s.first < position)
+            .max_by_key(|s| s.first)
+            .and_then(|s| segment_key(&s.path).map(|k| (s.first, k)));
+        write_manifest(dir, st, head)?;
+        for old in &replaced {
+            match std::fs::remove_file(old) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(old, e)),
+            }
+        }
+        fsync_dir(dir)?;
+        st.segments.retain(|s| s.first != position);
+    }
+    // A fresh random key per segment: see `scan_segment`.
+    let key: u64 = rand::random();
+    let path = dir.join(segment_name(position, key));
+    // Listed before it exists: if starting it fails after the spare was renamed, the retry
+    // finds it here and deletes it as the attempt it replaces.
+    st.active = None;
+    st.segments.push(Segment {
+        first: position,
+        path: path.clone(),
+    });
+    let spare = preallocate && std::fs::rename(dir.join(SPARE), &path).is_ok();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(!spare)
+        .open(&path)
+        .map_err(|e| io(&path, e))?;
+    let started = (|| {
+        let size = file.metadata()?.len();
+        let length = size.max(segment_bytes);
+        if size < length {
+            // Sparse: the blocks are allocated by the appends, but the length is fixed now,
+            // so a cut file shows.
+            file.set_len(length)?;
+        }
+        let header = layout::encode_segment_header(&SegmentHeader {
+            first: position,
+            key,
+            length,
+        });
+        write_all_at(&file, &mut [IoSlice::new(&header)], 0)?;
+        file.sync_all()
+    })();
+    started.map_err(|e| io(&path, e))?;
+    fsync_dir(dir)?;
+    write_manifest(dir, st, Some((position, key)))?;
+    st.active = Some(Active {
+        file,
+        key,
+        len: SEGMENT_HEADER as u64,
+        preallocated: spare,
+    });
+    Ok(())
+}
+
+/// The key in a segment file's name.
+fn segment_key(path: &Path) -> Option<u64> {
+    parse_name(&path.file_name()?.to_string_lossy()).map(|(_, k)| k)
+}
+
+fn write_manifest(dir: &Path, st: &mut State, head: Option<(u64, u64)>) -> Result<(), WalError> {
+    let m = Manifest {
+        head,
+        trimmed: st.trimmed,
+    };
+    layout::write_manifest(dir, &m).map_err(|e| io(&dir.join(MANIFEST), e))?;
+    st.head = head;
+    st.persisted = st.persisted.max(m.trimmed);
+    Ok(())
+}
+
 /// Appends one entry; returns its position and whether the background thread must write a
 /// spare (it started a new segment and no closed segment is left to recycle).
 fn append_blocking(
@@ -659,70 +504,19 @@ fn append_blocking(
     // for a preallocated one as soon as a spare exists, not only when it is full.
     let start = st.active.as_ref().is_none_or(|a| {
         a.len >= segment_bytes
-            || (preallocate && !a.preallocated && a.len > 0 && dir.join(SPARE).exists())
+            || (preallocate
+                && !a.preallocated
+                && a.len > SEGMENT_HEADER as u64
+                && dir.join(SPARE).exists())
     });
     if start {
-        // A segment that starts at this position holds nothing acknowledged (positions at or
-        // above it were never acknowledged): an attempt this one replaces. Its file goes first,
-        // durably, so recovery never has to choose between the two.
-        let replaced: Vec<PathBuf> = st
-            .segments
-            .iter()
-            .filter(|s| s.first == position)
-            .map(|s| s.path.clone())
-            .collect();
-        if !replaced.is_empty() {
-            st.active = None;
-            for old in &replaced {
-                match std::fs::remove_file(old) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io(old, e)),
-                }
-            }
-            fsync_dir(dir)?;
-            st.segments.retain(|s| s.first != position);
-        }
-        // A fresh random key per segment: see `scan_segment`.
-        let key: u64 = rand::random();
-        let path = dir.join(segment_name(position, key));
-        // Listed before it exists: if starting it fails after the spare was renamed, the retry
-        // finds it here and deletes it as the attempt it replaces.
-        st.active = None;
-        st.segments.push(Segment {
-            first: position,
-            path: path.clone(),
-        });
-        // A ready spare (synced zeros or a recycled segment) becomes the segment; otherwise
-        // start an empty file.
-        let spare = preallocate && std::fs::rename(dir.join(SPARE), &path).is_ok();
-        let opened = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(!spare)
-            .open(&path)
-            .map_err(|e| io(&path, e))
-            .and_then(|file| fsync_dir(dir).map(|()| file));
-        let file = match opened {
-            Ok(file) => file,
-            Err(e) => {
-                // The segment may exist now (the spare was renamed), and a later segment
-                // starting at `position` supersedes every entry >= position of earlier ones: the
-                // retry must start that segment itself, never write `position` into the old one.
-                return Err(e);
-            }
-        };
-        st.active = Some(Active {
-            file,
-            key,
-            len: 0,
-            preallocated: spare,
-        });
+        start_segment(dir, segment_bytes, preallocate, st, position)?;
     }
+    let trimmed = st.trimmed;
     let Some(active) = st.active.as_mut() else {
         return Err(WalError::Other("no active wal segment".into()));
     };
-    let header = frame_header(len, active.key);
+    let header = layout::frame_header(len, active.key, trimmed);
     let mut slices = Vec::with_capacity(entry.pieces().len() + 2);
     slices.push(IoSlice::new(&header));
     slices.extend(entry.pieces().iter().map(|p| IoSlice::new(p)));
@@ -739,8 +533,9 @@ fn append_blocking(
     });
     match result {
         Ok(()) => {
-            active.len += (KEYED_HEADER as u64) + u64::from(len);
+            active.len += (FRAME_HEADER as u64) + u64::from(len);
             st.next = position + 1;
+            st.persisted = st.persisted.max(trimmed);
             // Closed segments are recycled into the spare when trimmed; zeros are written only
             // when there is none to wait for.
             Ok((position, start && st.segments.len() <= 1))
@@ -759,6 +554,50 @@ fn append_blocking(
     }
 }
 
+/// The bytes of a file's allocated blocks: a segment started without a spare is extended
+/// sparse to its full length, and recycled as the spare it would make appends into its holes
+/// allocate blocks (and sync the block map) after all.
+fn allocated(m: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        (m.blocks() * 512).min(m.len())
+    }
+    #[cfg(not(unix))]
+    {
+        m.len()
+    }
+}
+
+/// How many segments, front first, trim to `upto` removes.
+fn removable(st: &State, segment_bytes: u64, upto: u64) -> usize {
+    let mut n = 0;
+    for i in 0..st.segments.len() {
+        // Segment i holds positions [first_i, first_{i+1}); the last one up to next - 1.
+        let last = match st.segments.get(i + 1) {
+            Some(f) => f.first.saturating_sub(1),
+            None => st.next.saturating_sub(1),
+        };
+        if last > upto {
+            break;
+        }
+        // A preallocated last segment with room left stays: closing it would spend a new
+        // spare (a segment of zeros written and synced) on every upload cycle of a light
+        // load, and that sync delays the appends behind it (measured: SSE p99 3 -> 10 ms at
+        // 100 appends/s). Its entries are committed, so recovery skips them.
+        if i + 1 == st.segments.len()
+            && st
+                .active
+                .as_ref()
+                .is_some_and(|a| a.preallocated && a.len < segment_bytes)
+        {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
 /// Deletes or recycles the segments `upto` covers; returns whether the background thread must
 /// write a spare (preallocating, none left, and no closed segment left to recycle later).
 fn trim_blocking(
@@ -771,14 +610,36 @@ fn trim_blocking(
     if !st.loaded {
         load(dir, st)?;
     }
-    // Segment i holds positions [first_i, first_{i+1}); the last one up to next - 1.
-    while !st.segments.is_empty() {
+    // Never past the last position written: a later one is not committed whatever the caller
+    // says, and the watermark goes into every frame.
+    st.trimmed = st.trimmed.max(upto.min(st.next.saturating_sub(1)));
+    let n = removable(st, segment_bytes, upto);
+    let mut kick = false;
+    if n > 0 {
+        // Before anything goes: recovery then knows the missing front segments were committed,
+        // and (when the last one goes too) that no segment is required.
+        let head = if n == st.segments.len() {
+            None
+        } else {
+            st.head
+        };
+        write_manifest(dir, st, head)?;
+    } else if st.trimmed > st.persisted {
+        // Recorded now, not only in the next append's frame: a WAL left idle after its upload
+        // would otherwise hold committed frames recovery cannot tell from uncommitted ones, and
+        // damage to them would refuse a start that loses nothing. An empty entry in the active
+        // segment costs what an append costs; the manifest (two syncs and a rename) only when
+        // there is no room or no active segment.
+        if st.active.as_ref().is_some_and(|a| a.len < segment_bytes) {
+            kick = append_blocking(dir, segment_bytes, preallocate, st, &[])?.1;
+        } else {
+            let head = st.head;
+            write_manifest(dir, st, head)?;
+        }
+    }
+    for _ in 0..n {
         let is_last = st.segments.len() == 1;
         let following = st.segments.get(1).map(|n| n.first);
-        let last = match following {
-            Some(f) => f.saturating_sub(1),
-            None => st.next.saturating_sub(1),
-        };
         // Whether every frame in the file, superseded attempts included, is below any position
         // a later segment can start at (the rule recovery tells stale frames apart by). A
         // segment abandoned at `q` may hold an attempt at `q`, the following segment's first;
@@ -787,21 +648,7 @@ fn trim_blocking(
             Some(f) => st.next > f,
             None => st.active.is_some(),
         };
-        if last > upto {
-            break;
-        }
         if is_last {
-            // A preallocated segment with room left stays: closing it would spend a new
-            // spare (a segment of zeros written and synced) on every upload cycle of a
-            // light load, and that sync delays the appends behind it (measured: SSE p99
-            // 3 -> 10 ms at 100 appends/s). Its entries are committed, so recovery skips them.
-            if st
-                .active
-                .as_ref()
-                .is_some_and(|a| a.preallocated && a.len < segment_bytes)
-            {
-                break;
-            }
             st.active = None;
         }
         let seg = st.segments.remove(0);
@@ -810,7 +657,7 @@ fn trim_blocking(
         let recycle = preallocate
             && stale_below_next
             && !dir.join(SPARE).exists()
-            && std::fs::metadata(&seg.path).is_ok_and(|m| m.len() >= segment_bytes);
+            && std::fs::metadata(&seg.path).is_ok_and(|m| allocated(&m) >= segment_bytes);
         let gone = if recycle {
             std::fs::rename(&seg.path, dir.join(SPARE))
         } else {
@@ -819,8 +666,7 @@ fn trim_blocking(
         match gone {
             // Each removal durable before the next: recovery requires a closed segment to reach
             // the next one, so a crash must never keep an older segment while a newer one is
-            // gone (a resurrected front segment only replays committed entries, which the
-            // engine skips).
+            // gone.
             Ok(()) => fsync_dir(dir)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -830,7 +676,7 @@ fn trim_blocking(
             }
         }
     }
-    Ok(preallocate && st.segments.len() <= 1 && !dir.join(SPARE).exists())
+    Ok(kick || (preallocate && st.segments.len() <= 1 && !dir.join(SPARE).exists()))
 }
 
 #[async_trait::async_trait]
@@ -878,28 +724,47 @@ mod tests {
 
     use crate::wal::tests::rec;
 
-    /// One frame as earlier versions wrote it into `{first}.wal` (without the end marker).
-    fn frame(pos: u64, recs: &[WalRecord]) -> Vec<u8> {
+    /// One frame as the WAL writes it into a segment keyed `key` (without the end marker).
+    fn keyed_frame(pos: u64, recs: &[WalRecord], key: u64) -> Vec<u8> {
         let e = format::encode_wal_entry(pos, recs).unwrap();
-        let mut v = frame_header(e.len() as u32, 0)[..FRAME_HEADER].to_vec();
+        let mut v = layout::frame_header(e.len() as u32, key, 0).to_vec();
         v.extend_from_slice(&e);
         v
     }
 
-    /// One frame as the WAL writes it into a segment keyed `key`.
-    fn keyed_frame(pos: u64, recs: &[WalRecord], key: u64) -> Vec<u8> {
-        let e = format::encode_wal_entry(pos, recs).unwrap();
-        let mut v = frame_header(e.len() as u32, key).to_vec();
-        v.extend_from_slice(&e);
-        v
+    /// Writes a segment file starting at `first` holding `frames` (each a position and its
+    /// records), as the WAL would; returns its path.
+    fn write_segment(dir: &Path, first: u64, frames: &[(u64, Vec<WalRecord>)]) -> PathBuf {
+        let key: u64 = rand::random();
+        let mut body = Vec::new();
+        for (pos, recs) in frames {
+            body.extend(keyed_frame(*pos, recs, key));
+        }
+        let length = (SEGMENT_HEADER + body.len() + END_MARKER.len()) as u64;
+        let mut data =
+            layout::encode_segment_header(&SegmentHeader { first, key, length }).to_vec();
+        data.extend(body);
+        data.extend(END_MARKER);
+        let path = dir.join(segment_name(first, key));
+        std::fs::write(&path, data).unwrap();
+        path
     }
 
     /// Scans a segment file the way recovery does, with the first position and key its name
-    /// gives.
+    /// gives: its entries, or an error for damage before valid data.
     fn scan(path: &Path) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let (first, kind) = parse_name(&name).unwrap();
-        scan_segment(path, first, kind.key())
+        let (first, key) = parse_name(&name).unwrap();
+        let s = scan_segment(path, first, key)?;
+        match s.gaps.first() {
+            Some(&(from, to)) => Err(lost(path, String::new(), "gap".into(), from, Some(to))),
+            None => Ok(s.entries),
+        }
+    }
+
+    /// Where a segment's data ends: after its last non-zero byte (the end marker is zeros).
+    fn data_end(data: &[u8]) -> usize {
+        data.iter().rposition(|b| *b != 0).unwrap() + 1
     }
 
     /// The segment file starting at `first`.
@@ -954,7 +819,7 @@ mod tests {
         assert_eq!(got, vec![5, 6, 7]);
         wal2.trim(7).await.unwrap();
         assert!(wal2.recover().await.unwrap().is_empty());
-        assert!(files(&dir).is_empty(), "{:?}", files(&dir));
+        assert!(segments(&dir).is_empty(), "{:?}", files(&dir));
         // Positions keep increasing in-process after the WAL emptied.
         assert_eq!(wal2.append(vec![rec(3, 1, 1)]).await.unwrap(), 8);
     }
@@ -1038,12 +903,12 @@ mod tests {
         let wal = SegmentWal::new(&dir);
         wal.append(vec![rec(1, 0, 1)]).await.unwrap();
         wal.append(vec![rec(1, 1, 1)]).await.unwrap();
-        let seg = dir.join(&files(&dir)[0]);
-        let full = std::fs::metadata(&seg).unwrap().len();
-        // A crash mid-append: the last frame cut short (the end marker after it gone too).
-        let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
-        f.set_len(full - END_MARKER.len() as u64 - 7).unwrap();
-        drop(f);
+        let seg = dir.join(&segments(&dir)[0]);
+        // A crash mid-append: the end of the last frame never landed.
+        let mut data = std::fs::read(&seg).unwrap();
+        let end = data_end(&data);
+        data[end - 7..end].fill(0);
+        std::fs::write(&seg, &data).unwrap();
         let wal2 = SegmentWal::new(&dir);
         let got = wal2.recover().await.unwrap();
         assert_eq!(got, vec![(1, vec![rec(1, 0, 1)])]);
@@ -1054,7 +919,7 @@ mod tests {
         assert_eq!(got[1], (2, vec![rec(1, 1, 1)]));
 
         // The size grew but the data never landed (zeros): also a torn tail.
-        let seg2 = dir.join(files(&dir).last().unwrap());
+        let seg2 = dir.join(segments(&dir).last().unwrap());
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&seg2)
@@ -1227,10 +1092,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let mut old = Vec::new();
         for pos in 1..=20u64 {
-            old.extend(frame(pos, &[rec(7, pos, 1)]));
+            old.extend(keyed_frame(pos, &[rec(7, pos, 1)], rand::random()));
         }
         std::fs::write(dir.join(SPARE), &old).unwrap();
-        std::fs::write(dir.join(LEGACY_SPARE), &old).unwrap();
         let wal = SegmentWal::with_segment_bytes(&dir, 1 << 20).with_preallocation(true);
         let mut written = Vec::new();
         for i in 0..3u64 {
@@ -1238,7 +1102,6 @@ mod tests {
             written.push((wal.append(recs.clone()).await.unwrap(), recs));
         }
         assert_eq!(written[0].0, 1);
-        assert!(!dir.join(LEGACY_SPARE).exists());
         assert_eq!(SegmentWal::new(&dir).recover().await.unwrap(), written);
     }
 
@@ -1250,7 +1113,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("wal");
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join(format!("{:020}{SUFFIX}", 50)), vec![0u8; 4096]).unwrap();
+        std::fs::write(dir.join(segment_name(50, 7)), vec![0u8; 4096]).unwrap();
         let wal = SegmentWal::new(&dir);
         assert!(wal.recover().await.unwrap().is_empty());
         assert_eq!(wal.append(vec![rec(1, 0, 1)]).await.unwrap(), 50);
@@ -1285,6 +1148,11 @@ mod tests {
         // continue in it; the spare is not a segment.
         wal.trim(2).await.unwrap();
         assert_eq!(segments(&dir), segs[1..]);
+        // The trimmed segment, sparse, did not become the spare.
+        spare_threads_done(&wal, || true).await;
+        if let Ok(m) = std::fs::metadata(dir.join(SPARE)) {
+            assert_eq!(allocated(&m), m.len(), "a sparse segment was recycled");
+        }
         assert_eq!(wal.append(vec![rec(1, 2, 1)]).await.unwrap(), 3);
         assert_eq!(segments(&dir), segs[1..]);
         // Recovery still sees the trimmed entries of that segment (the engine skips committed
@@ -1301,9 +1169,10 @@ mod tests {
         for i in 0..entries {
             wal.append(vec![rec(1, i, 1)]).await.unwrap();
         }
-        let seg = dir.join(&files(&dir)[0]);
+        let seg = dir.join(&segments(&dir)[0]);
         let mut f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
-        f.seek(std::io::SeekFrom::Start(at)).unwrap();
+        f.seek(std::io::SeekFrom::Start(SEGMENT_HEADER as u64 + at))
+            .unwrap();
         f.write_all(bytes).unwrap();
         drop(f);
         SegmentWal::new(&dir).recover().await.map(|v| v.len())
@@ -1312,7 +1181,17 @@ mod tests {
     #[tokio::test]
     async fn corruption_before_valid_data_fails_loudly() {
         let err = recover_damaged(2, 30, &[0xff]).await.unwrap_err();
-        assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                WalError::Lost {
+                    from: 1,
+                    to: Some(1),
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -1321,14 +1200,22 @@ mod tests {
         let err = recover_damaged(3, 0, &[0xff, 0xff, 0xff, 0x7f])
             .await
             .unwrap_err();
-        assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                WalError::Lost {
+                    from: 1,
+                    to: Some(1),
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     /// Segment 1: position 1, then an attempt at 2 (records 9/9/9) abandoned after its write.
     fn write_segment_with_abandoned_attempt(dir: &Path) {
-        let mut s1 = frame(1, &[rec(1, 0, 1)]);
-        s1.extend(frame(2, &[rec(9, 9, 9)]));
-        std::fs::write(dir.join(format!("{:020}.wal", 1)), s1).unwrap();
+        write_segment(dir, 1, &[(1, vec![rec(1, 0, 1)]), (2, vec![rec(9, 9, 9)])]);
     }
 
     #[tokio::test]
@@ -1340,31 +1227,17 @@ mod tests {
         // (different records: the first attempt was failed back to its callers) started
         // segment 2.
         write_segment_with_abandoned_attempt(&dir);
-        std::fs::write(
-            dir.join(format!("{:020}.wal", 2)),
-            frame(2, &[rec(1, 1, 1)]),
-        )
-        .unwrap();
-        // And one legacy single-entry object from before segments existed.
-        std::fs::write(
-            dir.join(format!("{:020}", 3)),
-            format::encode_wal_entry(3, &[rec(1, 2, 1)]).unwrap(),
-        )
-        .unwrap();
+        write_segment(&dir, 2, &[(2, vec![rec(1, 1, 1)])]);
         let wal = SegmentWal::new(&dir);
         assert_eq!(
             wal.recover().await.unwrap(),
-            vec![
-                (1, vec![rec(1, 0, 1)]),
-                (2, vec![rec(1, 1, 1)]),
-                (3, vec![rec(1, 2, 1)])
-            ]
+            vec![(1, vec![rec(1, 0, 1)]), (2, vec![rec(1, 1, 1)])]
         );
-        assert_eq!(wal.append(vec![rec(1, 3, 1)]).await.unwrap(), 4);
-        wal.trim(3).await.unwrap();
-        let left = files(&dir);
+        assert_eq!(wal.append(vec![rec(1, 2, 1)]).await.unwrap(), 3);
+        wal.trim(2).await.unwrap();
+        let left = segments(&dir);
         assert_eq!(left.len(), 1, "{left:?}");
-        assert_eq!(parse_name(&left[0]).unwrap().0, 4, "{left:?}");
+        assert_eq!(parse_name(&left[0]).unwrap().0, 3, "{left:?}");
     }
 
     /// A segment abandoned at `q` may hold an attempt at `q`: recycled before the WAL is past
@@ -1376,7 +1249,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // Position 2's attempt failed in segment 1; its retry created segment 2 and failed too.
         write_segment_with_abandoned_attempt(&dir);
-        std::fs::write(dir.join(format!("{:020}.wal", 2)), b"").unwrap();
+        std::fs::write(dir.join(segment_name(2, 5)), b"").unwrap();
         let wal = SegmentWal::with_segment_bytes(&dir, 1).with_preallocation(true);
         assert_eq!(wal.recover().await.unwrap(), vec![(1, vec![rec(1, 0, 1)])]);
         spare_ready(&wal).await;
@@ -1396,14 +1269,12 @@ mod tests {
         }
     }
 
-    /// A record whose bytes are frames a client shaped to look like WAL data: one as earlier
-    /// versions framed it and one keyed with a key the client guessed, both at a position far
-    /// above any the WAL reaches.
+    /// A record whose bytes are frames a client shaped to look like WAL data, keyed with keys
+    /// the client guessed, at a position far above any the WAL reaches.
     fn forged(stream: u64, base: u64) -> WalRecord {
-        let mut batch = frame(1 << 60, &[rec(66, 0, 1)]);
-        batch.extend(keyed_frame(1 << 60, &[rec(66, 0, 1)], rand::random()));
+        let mut batch = keyed_frame(1 << 60, &[rec(66, 0, 1)], rand::random());
         batch.extend(keyed_frame(1 << 60, &[rec(66, 0, 1)], 0));
-        WalRecord::new(stream, 3, base, 1, batch.into(), Bytes::new())
+        WalRecord::new(stream, 3, base, 1, batch.into(), bytes::Bytes::new())
     }
 
     /// Recovery searches past a torn frame for valid data after it; the torn frame's own
@@ -1419,7 +1290,7 @@ mod tests {
         let mut data = std::fs::read(&seg).unwrap();
         // A crash mid-append: the frame's last page did not land (its checksum fails), so
         // recovery searches the rest of the file for valid frames.
-        let at = data.len() - END_MARKER.len() - 1;
+        let at = data_end(&data) - 1;
         data[at] ^= 0x40;
         std::fs::write(&seg, &data).unwrap();
         let got = SegmentWal::new(&dir).recover().await.unwrap();
@@ -1451,7 +1322,7 @@ mod tests {
         let closed_upto = live[live.len() - 2].0;
         wal.trim(closed_upto).await.unwrap();
         let stale = std::fs::read(dir.join(SPARE)).unwrap();
-        let marker = frame(1 << 60, &[rec(66, 0, 1)]);
+        let marker = keyed_frame(1 << 60, &[rec(66, 0, 1)], 0);
         assert!(
             stale.windows(marker.len()).any(|w| w == marker),
             "the spare holds the forged records"
@@ -1483,33 +1354,244 @@ mod tests {
         let seg = segment_path(&dir, 1);
         let mut data = std::fs::read(&seg).unwrap();
         // The first segment's last entry checksum, damaged: it reads as a torn tail.
-        let at = data.len() - END_MARKER.len() - 1;
+        let at = data_end(&data) - 1;
         data[at] ^= 0x40;
         std::fs::write(&seg, &data).unwrap();
         let err = SegmentWal::new(&dir).recover().await.unwrap_err();
-        assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
+        assert!(matches!(err, WalError::Lost { .. }), "{err}");
     }
 
-    /// Names: this version's keyed segments, earlier versions' plain ones and single entries,
-    /// and nothing else.
+    /// Appends `n` entries (one record each) and returns them.
+    async fn fill(wal: &SegmentWal, n: u64) -> Vec<(u64, Vec<WalRecord>)> {
+        let mut written = Vec::new();
+        for i in 0..n {
+            let recs = vec![rec(1, i, 1)];
+            written.push((wal.append(recs.clone()).await.unwrap(), recs));
+        }
+        written
+    }
+
+    /// The error's file, lost range, and that its message names the file.
+    fn lost_of(err: &WalError) -> (String, u64, Option<u64>) {
+        match err {
+            WalError::Lost { file, from, to, .. } => {
+                assert!(err.to_string().contains(file.as_str()), "{err}");
+                (file.clone(), *from, *to)
+            }
+            other => panic!("not a loss: {other}"),
+        }
+    }
+
+    /// Acknowledged entries that were never uploaded, their newest segment deleted: the start
+    /// is refused, naming the file, rather than giving their offsets out again.
+    #[tokio::test]
+    async fn a_deleted_newest_segment_is_refused_naming_it() {
+        for seg_bytes in [1024, 1 << 20] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("wal");
+            fill(&SegmentWal::with_segment_bytes(&dir, seg_bytes), 30).await;
+            let newest = dir.join(segments(&dir).last().unwrap());
+            let first = parse_name(&newest.file_name().unwrap().to_string_lossy())
+                .unwrap()
+                .0;
+            std::fs::remove_file(&newest).unwrap();
+            let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+            assert_eq!(
+                lost_of(&err),
+                (newest.display().to_string(), first, None),
+                "{err}"
+            );
+            // Refused again on the next try: the refusal changed nothing on disk.
+            assert!(SegmentWal::new(&dir).recover().await.is_err());
+        }
+    }
+
+    #[tokio::test]
+    async fn an_emptied_newest_segment_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        fill(&SegmentWal::with_segment_bytes(&dir, 1024), 30).await;
+        let newest = dir.join(segments(&dir).last().unwrap());
+        let first = parse_name(&newest.file_name().unwrap().to_string_lossy())
+            .unwrap()
+            .0;
+        std::fs::File::create(&newest).unwrap();
+        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        assert_eq!(
+            lost_of(&err),
+            (newest.display().to_string(), first, None),
+            "{err}"
+        );
+        assert!(err.to_string().contains("no valid header"), "{err}");
+    }
+
+    /// A cut far behind the last frame is not a torn tail: the segment's length was fixed when
+    /// it started, preallocated or not.
+    #[tokio::test]
+    async fn a_segment_cut_far_behind_its_last_frame_is_refused() {
+        for preallocate in [false, true] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("wal");
+            let wal =
+                SegmentWal::with_segment_bytes(&dir, 64 * 1024).with_preallocation(preallocate);
+            assert!(wal.recover().await.unwrap().is_empty());
+            if preallocate {
+                spare_ready(&wal).await;
+            }
+            fill(&wal, 40).await;
+            let segs = segments(&dir);
+            assert_eq!(segs.len(), 1, "{segs:?}");
+            let seg = dir.join(&segs[0]);
+            let data = std::fs::read(&seg).unwrap();
+            // Into the middle of frame 20 of 40.
+            let mut at = SEGMENT_HEADER;
+            for _ in 1..20 {
+                let len = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+                at += FRAME_HEADER + len;
+            }
+            let cut = at + 10;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&seg)
+                .unwrap()
+                .set_len(cut as u64)
+                .unwrap();
+            let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+            assert_eq!(
+                lost_of(&err),
+                (seg.display().to_string(), 20, None),
+                "{err}"
+            );
+            assert!(
+                err.to_string()
+                    .contains(&format!("was cut to {cut} of its 65536 bytes")),
+                "{err}"
+            );
+        }
+    }
+
+    /// Damage that loses only positions the trim watermark covers (committed to objects) costs
+    /// nothing: the start goes on. The same damage above the watermark is refused.
+    #[tokio::test]
+    async fn damage_only_in_committed_frames_does_not_block_a_start() {
+        for trimmed in [false, true] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("wal");
+            let wal = SegmentWal::with_segment_bytes(&dir, 64 * 1024).with_preallocation(true);
+            assert!(wal.recover().await.unwrap().is_empty());
+            spare_ready(&wal).await;
+            let mut written = fill(&wal, 10).await;
+            if trimmed {
+                // Committed: the preallocated segment stays, and the trim records the watermark
+                // in it (an empty entry) though nothing is appended after it.
+                wal.trim(10).await.unwrap();
+                written.push((11, Vec::new()));
+            }
+            let seg = dir.join(&segments(&dir)[0]);
+            let mut data = std::fs::read(&seg).unwrap();
+            let mut at = SEGMENT_HEADER;
+            for _ in 1..5 {
+                let len = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+                at += FRAME_HEADER + len;
+            }
+            // Frame 5's entry checksum.
+            let len = u32::from_le_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+            data[at + FRAME_HEADER + len - 1] ^= 0x40;
+            std::fs::write(&seg, &data).unwrap();
+            let got = SegmentWal::new(&dir).recover().await;
+            if trimmed {
+                written.remove(4);
+                assert_eq!(got.unwrap(), written);
+            } else {
+                let err = got.unwrap_err();
+                assert_eq!(lost_of(&err), (seg.display().to_string(), 5, Some(5)));
+            }
+        }
+    }
+
+    /// Trim removes segments front first, recording the watermark first: a front segment gone
+    /// without a trim lost entries.
+    #[tokio::test]
+    async fn a_missing_oldest_segment_is_refused_unless_trimmed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = SegmentWal::with_segment_bytes(&dir, 1024);
+        fill(&wal, 30).await;
+        let segs = segments(&dir);
+        assert!(segs.len() >= 3, "{segs:?}");
+        let second = parse_name(&segs[1]).unwrap().0;
+        // Trimmed: the start goes on with what is left.
+        wal.trim(second - 1).await.unwrap();
+        assert_eq!(segments(&dir), segs[1..]);
+        let got = SegmentWal::new(&dir).recover().await.unwrap();
+        assert_eq!(got.first().unwrap().0, second);
+        // Deleted without a trim: refused.
+        std::fs::remove_file(dir.join(&segs[1])).unwrap();
+        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        let third = parse_name(&segs[2]).unwrap().0;
+        assert_eq!(
+            lost_of(&err),
+            (
+                dir.join(&segs[2]).display().to_string(),
+                second,
+                Some(third - 1)
+            )
+        );
+    }
+
+    /// Positions continue above the trim watermark after a restart, even with every segment
+    /// trimmed: a position at or below it would read as committed.
+    #[tokio::test]
+    async fn positions_never_restart_at_or_below_the_trim_watermark() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        let wal = SegmentWal::new(&dir);
+        fill(&wal, 3).await;
+        wal.trim(3).await.unwrap();
+        assert!(segments(&dir).is_empty(), "{:?}", files(&dir));
+        let wal = SegmentWal::new(&dir);
+        assert!(wal.recover().await.unwrap().is_empty());
+        assert_eq!(wal.append(vec![rec(1, 3, 1)]).await.unwrap(), 4);
+    }
+
+    /// A segment or manifest of a layout this build does not know is refused, naming the
+    /// file and the version: never skipped as damage (docs/design/formats.md).
+    #[tokio::test]
+    async fn an_unknown_layout_version_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("wal");
+        std::fs::create_dir_all(&dir).unwrap();
+        let seg = write_segment(&dir, 1, &[(1, vec![rec(1, 0, 1)])]);
+        let mut data = std::fs::read(&seg).unwrap();
+        data[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&data[..40]);
+        data[40..44].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&seg, &data).unwrap();
+        let err = SegmentWal::new(&dir).recover().await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                WalError::Corrupt { key, source: format::FormatError::UnsupportedVersion(2) }
+                    if *key == seg.display().to_string()
+            ),
+            "{err}"
+        );
+    }
+
+    /// Names: `{first:020}-{key:016x}.wal` and nothing else (one layout).
     #[test]
     fn segment_names_parse_back() {
         let key = 0x0123_4567_89ab_cdef;
-        assert_eq!(
-            parse_name(&segment_name(42, key)),
-            Some((42, Kind::Keyed(key)))
-        );
-        assert_eq!(
-            parse_name(&format!("{:020}.wal", 42)),
-            Some((42, Kind::Plain))
-        );
-        assert_eq!(parse_name(&format!("{:020}", 42)), Some((42, Kind::Legacy)));
+        assert_eq!(parse_name(&segment_name(42, key)), Some((42, key)));
         for bad in [
+            format!("{:020}.wal", 42),
+            format!("{:020}", 42),
             format!("{:020}-{:015x}.wal", 42, 1),
             format!("{:020}-0123456789ABCDEF.wal", 42),
             format!("{:020}-+123456789abcdef.wal", 42),
             format!("{:019}-{key:016x}.wal", 42),
             SPARE.to_string(),
+            MANIFEST.to_string(),
         ] {
             assert_eq!(parse_name(&bad), None, "{bad}");
         }
@@ -1532,46 +1614,71 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        /// A segment holding `n` entries, written through the WAL itself.
+        /// A WAL of `n` entries in one segment of 4 KiB, written through the WAL itself.
         fn segment(n: u64) -> (tempfile::TempDir, PathBuf, Vec<(u64, Vec<WalRecord>)>) {
             let tmp = tempfile::tempdir().unwrap();
             let dir = tmp.path().join("wal");
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap();
-            let wal = SegmentWal::new(&dir);
+            let wal = SegmentWal::with_segment_bytes(&dir, 4096);
             let mut written = Vec::new();
             for i in 0..n {
                 let recs = vec![rec(1 + i % 3, i, 1)];
-                let p = rt.block_on(wal.append(recs.clone())).unwrap();
+                let p = block_on(wal.append(recs.clone())).unwrap();
                 written.push((p, recs));
             }
-            let seg = dir.join(&files(&dir)[0]);
+            let seg = dir.join(&segments(&dir)[0]);
             (tmp, seg, written)
+        }
+
+        fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+                .block_on(f)
+        }
+
+        fn recover(seg: &Path) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
+            block_on(SegmentWal::new(seg.parent().unwrap()).recover())
+        }
+
+        /// Where the last frame of a segment starts, walking the frame lengths from the header
+        /// to the end marker.
+        fn last_frame(data: &[u8]) -> usize {
+            let mut start = SEGMENT_HEADER;
+            loop {
+                let len = u32::from_le_bytes(data[start..start + 4].try_into().unwrap()) as usize;
+                let next = start + FRAME_HEADER + len;
+                if data[next..next + END_MARKER.len()] == END_MARKER {
+                    return start;
+                }
+                start = next;
+            }
         }
 
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(64))]
 
-            /// A crash can cut the file anywhere: recovery returns exactly the whole frames
-            /// before the cut, never an error and never a partial entry.
+            /// A crash never shortens a segment (its length is fixed when it starts): any cut
+            /// of the newest segment is refused, naming it, whatever it cut.
             #[test]
-            fn any_truncation_recovers_the_complete_prefix(n in 1u64..6, cut in 0.0f64..1.0) {
-                let (_tmp, seg, written) = segment(n);
+            fn any_cut_of_the_newest_segment_is_refused(n in 1u64..6, cut in 0.0f64..1.0) {
+                let (_tmp, seg, _written) = segment(n);
                 let len = std::fs::metadata(&seg).unwrap().len();
                 let keep = (len as f64 * cut) as u64;
                 std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(keep).unwrap();
-                let got = scan(&seg).unwrap();
-                prop_assert!(got.len() <= written.len());
-                prop_assert_eq!(&got[..], &written[..got.len()]);
-                if keep == len {
-                    prop_assert_eq!(got.len(), written.len());
+                match recover(&seg) {
+                    Err(WalError::Lost { file, to: None, .. }) => {
+                        prop_assert_eq!(file, seg.display().to_string());
+                    }
+                    other => prop_assert!(false, "{:?}", other.map(|v| v.len())),
                 }
             }
 
-            /// A preallocated segment torn anywhere: the bytes from the cut on read as zeros
-            /// (what did not land), and the file keeps its length. Recovery returns exactly the
-            /// whole frames before the cut, never an error.
+            /// A preallocated segment zeroed anywhere after its header, the file keeping its
+            /// length: recovery returns exactly the whole frames before the zeros, never an
+            /// error. That is what a torn last frame looks like, and zeros over more frames than
+            /// the last cannot be told from it (docs/design/engine.md, "What recovery cannot
+            /// detect").
             #[test]
             fn any_cut_into_preallocated_zeros_recovers_the_complete_prefix(
                 n in 1u64..6,
@@ -1580,11 +1687,11 @@ mod tests {
                 let (_tmp, seg, written) = segment(n);
                 let mut data = std::fs::read(&seg).unwrap();
                 let len = data.len();
-                let keep = (len as f64 * cut) as usize;
+                let keep = SEGMENT_HEADER + ((len - SEGMENT_HEADER) as f64 * cut) as usize;
                 data[keep..].fill(0);
                 data.resize(len + 4096, 0);
                 std::fs::write(&seg, &data).unwrap();
-                let got = scan(&seg).unwrap();
+                let got = recover(&seg).unwrap();
                 prop_assert!(got.len() <= written.len());
                 prop_assert_eq!(&got[..], &written[..got.len()]);
             }
@@ -1598,25 +1705,18 @@ mod tests {
             ) {
                 let (_tmp, seg, written) = segment(n);
                 let data = std::fs::read(&seg).unwrap();
-                // Where the last frame starts: walk the frame lengths.
-                let mut start = 0;
-                loop {
-                    let len = u32::from_le_bytes(data[start..start + 4].try_into().unwrap()) as usize;
-                    if start + KEYED_HEADER + len >= data.len() - END_MARKER.len() {
-                        break;
-                    }
-                    start += KEYED_HEADER + len;
-                }
+                let start = last_frame(&data);
+                let end = data_end(&data) + END_MARKER.len();
                 let mut torn = data[..start].to_vec();
-                torn.resize(data.len() + 4096, 0);
-                for (j, chunk) in data[start..].chunks(8).enumerate() {
+                torn.resize(data.len(), 0);
+                for (j, chunk) in data[start..end].chunks(8).enumerate() {
                     if keep_mask >> (j % 64) & 1 == 1 {
                         let at = start + j * 8;
                         torn[at..at + chunk.len()].copy_from_slice(chunk);
                     }
                 }
                 std::fs::write(&seg, &torn).unwrap();
-                let got = scan(&seg).unwrap();
+                let got = recover(&seg).unwrap();
                 prop_assert!(got.len() + 1 >= written.len());
                 prop_assert_eq!(&got[..], &written[..got.len()]);
             }
@@ -1631,20 +1731,16 @@ mod tests {
             ) {
                 let tmp = tempfile::tempdir().unwrap();
                 let dir = tmp.path().join("wal");
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_time()
-                    .build()
-                    .unwrap();
-                let r = rt.block_on(recycled(&dir, 2048, n));
+                let r = block_on(recycled(&dir, 2048, n));
                 let new = std::fs::read(&r.path).unwrap();
                 // Where the last frame starts: skip the frames before it.
-                let mut start = 0;
+                let mut start = SEGMENT_HEADER;
                 for _ in 1..n {
                     let len = u32::from_le_bytes(new[start..start + 4].try_into().unwrap()) as usize;
-                    start += KEYED_HEADER + len;
+                    start += FRAME_HEADER + len;
                 }
                 let len = u32::from_le_bytes(new[start..start + 4].try_into().unwrap()) as usize;
-                let end = start + KEYED_HEADER + len + END_MARKER.len();
+                let end = start + FRAME_HEADER + len + END_MARKER.len();
                 let mut torn = new.clone();
                 for (j, at) in (start..end).step_by(8).enumerate() {
                     if keep_mask >> (j % 64) & 1 == 0 {
@@ -1660,22 +1756,23 @@ mod tests {
                 prop_assert_eq!(&got[..], &mine[..got.len()]);
             }
 
-            /// Any flipped byte is either reported or costs only the damaged last frame; what
-            /// is returned is always exactly what was written.
+            /// Any flipped byte costs at most the damaged last frame (what a crash may leave),
+            /// or is refused as a loss; what is returned is always exactly what was written.
             #[test]
             fn any_flipped_byte_is_detected(n in 1u64..6, at in 0.0f64..1.0, bit in 0u8..8) {
                 let (_tmp, seg, written) = segment(n);
                 let mut data = std::fs::read(&seg).unwrap();
-                let i = ((data.len() as f64) * at) as usize % data.len();
+                let end = data_end(&data) + END_MARKER.len();
+                let i = ((end as f64) * at) as usize % end;
                 data[i] ^= 1 << bit;
                 std::fs::write(&seg, &data).unwrap();
-                match scan(&seg) {
+                match recover(&seg) {
                     Ok(got) => {
                         prop_assert!(got.len() + 1 >= written.len(), "only the last frame may go");
                         prop_assert_eq!(&got[..], &written[..got.len()]);
                     }
                     Err(e) => prop_assert!(
-                        matches!(e, WalError::Corrupt { .. } | WalError::PositionMismatch { .. }),
+                        matches!(e, WalError::Lost { .. } | WalError::PositionMismatch { .. }),
                         "{e}"
                     ),
                 }

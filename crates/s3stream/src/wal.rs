@@ -65,10 +65,35 @@ pub enum WalError {
     },
     #[error("wal entry position mismatch: key=`{key}` stored={stored}")]
     PositionMismatch { key: String, stored: u64 },
+    /// Recovery found positions that may hold acknowledged records, are not committed to
+    /// objects, and cannot be read: starting would lose them and give their offsets out again.
+    #[error(
+        "wal segment `{file}` {why}: {range} may hold acknowledged records that are not in \
+         objects yet; refusing to start rather than lose them and give their offsets out \
+         again. Restore the file from a copy; or, to start without them, move the WAL \
+         directory `{dir}` aside (every WAL entry not yet uploaded is then lost too)",
+        range = lost_range(*from, *to)
+    )]
+    Lost {
+        file: String,
+        why: String,
+        from: u64,
+        /// `None`: every position from `from` on.
+        to: Option<u64>,
+        dir: String,
+    },
     #[error("wal fenced: {0}")]
     Fenced(String),
     #[error("wal: {0}")]
     Other(String),
+}
+
+fn lost_range(from: u64, to: Option<u64>) -> String {
+    match to {
+        Some(to) if to == from => format!("WAL position {from}"),
+        Some(to) => format!("WAL positions {from} to {to}"),
+        None => format!("every WAL position from {from} on"),
+    }
 }
 
 #[async_trait::async_trait]

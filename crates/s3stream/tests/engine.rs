@@ -581,6 +581,40 @@ async fn crash_recovery_on_file_storage() {
     assert_eq!(read_all(&engine, 9, 0).await.len(), 6);
 }
 
+/// Acknowledged appends only in the WAL, their segment deleted while the node was down: the
+/// engine refuses to start, naming the file, instead of starting from the catalog's committed
+/// ends and giving the lost records' offsets out again.
+#[tokio::test]
+async fn a_deleted_wal_segment_refuses_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Arc::new(MemCatalog::new());
+    let storage: Arc<dyn ObjectStorage> =
+        Arc::new(FileStorage::open(dir.path().join("objects")).unwrap());
+    let wal_dir = dir.path().join("wal");
+    let wal = || Arc::new(SegmentWal::new(&wal_dir));
+    {
+        let env = Env::with_wal(storage.clone(), catalog.clone(), wal());
+        let (engine, _) = env.start(cfg()).await;
+        engine.open(9, 1, 0);
+        append_n(&engine, 9, 1, 5).await;
+        drop(engine); // a crash: nothing uploaded
+    }
+    let segments: Vec<_> = std::fs::read_dir(&wal_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    std::fs::remove_file(&segments[0]).unwrap();
+    let started = Engine::start(cfg(), storage, wal(), catalog, Arc::new(|_, _| {})).await;
+    let Err(err) = started else {
+        panic!("started without the acknowledged records")
+    };
+    let msg = err.to_string();
+    assert!(msg.contains(&segments[0].display().to_string()), "{msg}");
+    assert!(msg.contains("refusing to start"), "{msg}");
+}
+
 /// The local-disk WAL under the engine: crash without upload, crash between commit and trim,
 /// restart after restart, and segments rolling under a small segment size.
 #[tokio::test]
