@@ -15,12 +15,17 @@ pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     for d in missing {
         match d.parent() {
-            Some(p) if p.as_os_str().is_empty() => File::open(".")?.sync_all()?,
-            Some(p) => File::open(p)?.sync_all()?,
+            Some(p) if p.as_os_str().is_empty() => fsync_dir(Path::new("."))?,
+            Some(p) => fsync_dir(p)?,
             None => {}
         }
     }
     Ok(())
+}
+
+/// Syncs a directory, so the entries created or renamed in it survive a power loss.
+pub fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

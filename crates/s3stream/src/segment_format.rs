@@ -172,7 +172,7 @@ pub fn write_manifest(dir: &Path, m: &Manifest) -> std::io::Result<()> {
     f.sync_all()?;
     drop(f);
     std::fs::rename(&tmp, dir.join(MANIFEST))?;
-    File::open(dir)?.sync_all()
+    crate::storage::fsync_dir(dir)
 }
 
 /// The manifest, `None` when there is none (a new WAL).

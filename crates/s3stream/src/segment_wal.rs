@@ -177,9 +177,7 @@ fn io(path: &Path, e: std::io::Error) -> WalError {
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), WalError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io(dir, e))
+    crate::storage::fsync_dir(dir).map_err(|e| io(dir, e))
 }
 
 fn parse_name(name: &str) -> Option<(u64, u64)> {

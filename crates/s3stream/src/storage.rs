@@ -121,7 +121,10 @@ fn clean_temp_files(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+/// Syncs a directory, so the entries created or renamed in it survive a power loss. The
+/// engine's one copy (the WAL uses it too); `s3stream` depends on no pico crate, so
+/// `pico_common::fs::fsync_dir` is the host's.
+pub(crate) fn fsync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
