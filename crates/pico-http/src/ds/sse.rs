@@ -34,7 +34,7 @@ use crate::telemetry::SseOpen;
 use super::error::DsError;
 use super::headers::ReadQuery;
 use super::hub::{Follow, Frame, Render, Subscription};
-use super::read::{body_of, cursor, read_from};
+use super::read::{body_of, read_from};
 use super::sse_render::DataFrameWriter;
 use super::{Ds, set, sse_is_text};
 use crate::pieces::{Pieces, RENDER_AT_ONCE_MAX, payload_len};
@@ -371,7 +371,7 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
         name,
         first.info.stream_id,
         render,
-        cursor(q.cursor),
+        ds.node.live_cursor(q.cursor),
         first.next_seq,
     );
     st.absorb(&first, true);

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -14,12 +14,10 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::Stream;
 use pico_common::StreamName;
-use pico_common::clock::now_ms;
-use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
 use pico_protocol::headers as h;
 use pico_protocol::json_render::JsonRecordsWriter;
 use pico_protocol::{encode_binary, render_json};
-use pico_server::{Node, ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
+use pico_server::{LongPoll, Node, ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -259,31 +257,20 @@ async fn catch_up(
     Ok(resp)
 }
 
-/// Randomness for cursor jitter without a RNG dependency: sub-second clock noise.
-fn jitter() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    u64::from(nanos) % MAX_JITTER_INTERVALS + 1
-}
-
 async fn long_poll(node: &Node, name: &StreamName, q: &ReadQuery) -> Result<Response, HttpError> {
-    let cursor = next_cursor(now_ms(), q.cursor, jitter());
+    let cursor = node.live_cursor(q.cursor);
     let mut out = read_once(node, name, q.from, q.count, q.bytes).await?;
     if out.records.is_empty() && !out.closed {
-        let waited = node
-            .wait(name, out.next_seq, node.config().long_poll_timeout)
-            .await?;
-        if waited != WaitOutcome::Timeout {
-            out = read_once(
-                node,
-                name,
-                Some(ReadFrom::Offset(out.next_seq)),
-                q.count,
-                q.bytes,
-            )
-            .await?;
+        let req = ReadRequest {
+            name: name.clone(),
+            from: ReadFrom::Offset(out.next_seq),
+            max_records: q.count,
+            max_bytes: q.bytes,
+            touch: true,
+        };
+        match node.long_poll(req, node.config().long_poll_timeout).await? {
+            LongPoll::Data(o) | LongPoll::Closed(o) => out = o,
+            LongPoll::Timeout => {}
         }
     }
     let mut resp = if out.records.is_empty() {
