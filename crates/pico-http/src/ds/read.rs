@@ -11,7 +11,7 @@ use pico_protocol::OffsetSpec;
 use pico_protocol::ds_json::render_array;
 use pico_protocol::headers as h;
 use pico_protocol::headers::is_json;
-use pico_server::{LongPoll, ReadError, ReadFrom, ReadOutcome, ReadRequest};
+use pico_server::{LongPoll, ReadError, ReadFrom, ReadOutcome, ReadRecord, ReadRequest};
 
 use super::error::DsError;
 use super::headers::ReadQuery;
@@ -60,12 +60,15 @@ pub async fn read_from(
 
 /// The body of a read: concatenated record values, or a JSON array for JSON streams.
 pub fn body_of(out: &ReadOutcome, json: bool) -> Bytes {
+    values_body(&out.records, json)
+}
+
+/// [`body_of`] some records.
+pub fn values_body(records: &[ReadRecord], json: bool) -> Bytes {
     if json {
-        return Bytes::from(render_array(
-            out.records.iter().map(|r| &r.record.value[..]),
-        ));
+        return Bytes::from(render_array(records.iter().map(|r| &r.record.value[..])));
     }
-    crate::pieces::raw_body(out)
+    crate::pieces::raw_values(records)
 }
 
 fn read_headers(hm: &mut HeaderMap, out: &ReadOutcome) {

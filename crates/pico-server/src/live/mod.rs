@@ -2,6 +2,8 @@
 //! ([`Node::long_poll`]), the live-response cursor ([`Node::live_cursor`]) and the SSE fan-out
 //! hub ([`hub`]). The facades only render what these return.
 
+pub mod hub;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
