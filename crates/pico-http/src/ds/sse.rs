@@ -7,8 +7,8 @@
 //! A subscriber reads for itself until it is at the tail; from then on it follows the stream's
 //! shared hub (`pico_server::live::hub`), which reads each append once for all subscribers; the
 //! `event: data` frame is rendered once per frame (kept on it for the others), and each
-//! subscriber only adds its own control event. Whenever the hub's frames do not line up with its offset it
-//! reads for itself again.
+//! subscriber only adds its own control event. Whenever the hub's frames do not line up with its
+//! offset it reads for itself again.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
