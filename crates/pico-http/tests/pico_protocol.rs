@@ -1220,3 +1220,33 @@ async fn sse_subscribers_share_the_live_hub_with_ds() {
     assert!(r.text().contains("\"streamClosed\":true"), "{}", r.text());
     assert!(node.hubs().is_empty(), "the hub outlived its subscribers");
 }
+
+/// A Pico SSE subscriber following the hub when its stream is deleted ends with an error event,
+/// decided by its own read once the hub ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_follower_ends_with_an_error_when_its_stream_is_deleted() {
+    let (app, node) = app().await;
+    put(&app, "/s", &[]).await;
+    let sub = {
+        let app = app.clone();
+        tokio::spawn(async move { get(&app, "/s?seq=now&live=sse").await })
+    };
+    for _ in 0..1000 {
+        if !node.hubs().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = send(&app, req(Method::DELETE, "/s", &[], Body::empty())).await;
+    assert_eq!(r.status, 204);
+    let r = sub.await.unwrap();
+    let ev = sse_events(r.text());
+    let last = ev.last().unwrap();
+    assert_eq!(last.0, "error", "{}", r.text());
+    assert!(
+        ["not_found", "gone"].contains(&last.2["error"].as_str().unwrap()),
+        "{}",
+        r.text()
+    );
+    assert!(node.hubs().is_empty());
+}
