@@ -8,26 +8,14 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use pico_server::ReadOutcome;
+use pico_server::{ReadOutcome, ReadRecord};
 
 /// Reads holding more record bytes than this are rendered piece by piece.
 pub const RENDER_AT_ONCE_MAX: usize = 64 * 1024;
 
 /// Record bytes of a read: values, keys and header values.
 pub fn payload_len(out: &ReadOutcome) -> usize {
-    out.records
-        .iter()
-        .map(|r| {
-            let rec = &r.record;
-            rec.value.len()
-                + rec.key.as_ref().map_or(0, |k| k.len())
-                + rec
-                    .headers
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len())
-                    .sum::<usize>()
-        })
-        .sum()
+    pico_server::live::payload_len(&out.records)
 }
 
 /// Records from this size up are sent as the cache's own bytes, not copied (see [`raw_body`]).
@@ -37,13 +25,18 @@ pub const SHARE_RECORD_MIN: usize = 64 * 1024;
 /// byte limit comes alone) is its bytes, shared with the cache rather than copied per reader;
 /// a small one is copied, so a slow reader does not keep the whole buffer it was sliced from.
 pub fn raw_body(out: &ReadOutcome) -> Bytes {
-    if let [one] = out.records.as_slice()
+    raw_values(&out.records)
+}
+
+/// [`raw_body`] of some records.
+pub fn raw_values(records: &[ReadRecord]) -> Bytes {
+    if let [one] = records
         && one.record.value.len() >= SHARE_RECORD_MIN
     {
         return one.record.value.clone();
     }
     let mut buf = BytesMut::new();
-    for r in &out.records {
+    for r in records {
         buf.extend_from_slice(&r.record.value);
     }
     buf.freeze()

@@ -1161,3 +1161,92 @@ async fn a_name_means_its_decoded_path() {
         .collect();
     assert_eq!(names, ["a", "b:/caf%C3%A9"]);
 }
+
+/// Caught-up Pico SSE subscribers follow the stream's one live hub, the same one DS SSE
+/// subscribers follow, instead of each waiting and reading for itself; each still gets every
+/// record once, in order, within its own `count`, and the hub goes with the last subscriber.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_subscribers_share_the_live_hub_with_ds() {
+    let (app, node) = app().await;
+    put(&app, "/s", &[]).await;
+    let open = |uri: &'static str| {
+        let app = app.clone();
+        tokio::spawn(async move { get(&app, uri).await })
+    };
+    let wide = open("/s?seq=now&live=sse");
+    let narrow = open("/s?seq=now&live=sse&count=1");
+    // Both reach the tail and join the hub (bounded wait: without a hub this fails).
+    for _ in 0..1000 {
+        if !node.hubs().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(node.hubs().len(), 1, "Pico SSE subscribers start no hub");
+    let ds = open("/v1/stream/s?offset=now&live=sse");
+    assert_eq!(post(&app, "/s", &[], "a").await.status, 200);
+    let batch = json!({"records":[{"body":"b"},{"body":"c"}]});
+    let ct = ("content-type", "application/vnd.picomq.batch+json");
+    assert_eq!(post(&app, "/s", &[ct], batch.to_string()).await.status, 200);
+    assert_eq!(node.hubs().len(), 1, "one hub for both protocols");
+    let end = post(&app, "/s", &[("pico-closed", "true")], "d").await;
+    assert_eq!(end.status, 200);
+    for (sub, most) in [(wide, usize::MAX), (narrow, 1)] {
+        let r = sub.await.unwrap();
+        let ev = sse_events(r.text());
+        assert_eq!(ev[0].2, json!({"next_seq":0,"up_to_date":true}));
+        let mut bodies = Vec::new();
+        for (i, (event, id, v)) in ev.iter().enumerate() {
+            if event != "data" {
+                continue;
+            }
+            let records = v.as_array().unwrap();
+            assert!(records.len() <= most, "{}", r.text());
+            for rec in records {
+                assert_eq!(rec["seq"], bodies.len());
+                bodies.push(rec["body"].as_str().unwrap().to_string());
+            }
+            assert_eq!(id.as_deref(), Some(bodies.len().to_string().as_str()));
+            assert_eq!(ev[i + 1].0, "control");
+            assert_eq!(ev[i + 1].2["next_seq"], bodies.len());
+        }
+        assert_eq!(bodies, ["a", "b", "c", "d"], "{}", r.text());
+        assert_eq!(
+            ev.last().unwrap().2,
+            json!({"next_seq":4,"up_to_date":true,"closed":true})
+        );
+    }
+    let r = ds.await.unwrap();
+    assert!(r.text().contains("\"streamClosed\":true"), "{}", r.text());
+    assert!(node.hubs().is_empty(), "the hub outlived its subscribers");
+}
+
+/// A Pico SSE subscriber following the hub when its stream is deleted ends with an error event,
+/// decided by its own read once the hub ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_follower_ends_with_an_error_when_its_stream_is_deleted() {
+    let (app, node) = app().await;
+    put(&app, "/s", &[]).await;
+    let sub = {
+        let app = app.clone();
+        tokio::spawn(async move { get(&app, "/s?seq=now&live=sse").await })
+    };
+    for _ in 0..1000 {
+        if !node.hubs().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = send(&app, req(Method::DELETE, "/s", &[], Body::empty())).await;
+    assert_eq!(r.status, 204);
+    let r = sub.await.unwrap();
+    let ev = sse_events(r.text());
+    let last = ev.last().unwrap();
+    assert_eq!(last.0, "error", "{}", r.text());
+    assert!(
+        ["not_found", "gone"].contains(&last.2["error"].as_str().unwrap()),
+        "{}",
+        r.text()
+    );
+    assert!(node.hubs().is_empty());
+}

@@ -8,6 +8,7 @@
 //! - [`open`]: streams open on this node and their writer state (lazy open, epochs).
 //! - [`producers`]: idempotent producer rules and the aux codec that stores claims with the data.
 //! - [`waiters`]: long-poll/SSE wake-ups, one channel per awaited stream.
+//! - [`live`]: live reads for every protocol: long-poll, the live cursor, the SSE fan-out hub.
 //! - [`ttl`]: sliding-TTL touches kept in memory and persisted in batches.
 //! - [`catalog`]: the engine's object index and commit path over the metadata log.
 //! - `maintenance/`: loops that run without a request, one file each (GC, orphans, TTL, idle release).
@@ -17,6 +18,7 @@ pub mod api;
 pub mod catalog;
 pub mod config;
 pub mod error;
+pub mod live;
 mod maintenance;
 pub mod node;
 pub mod open;
@@ -29,4 +31,5 @@ pub mod waiters;
 pub use api::*;
 pub use config::NodeConfig;
 pub use error::*;
+pub use live::LongPoll;
 pub use node::{Node, StartError, StreamEvent};

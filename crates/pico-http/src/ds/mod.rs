@@ -6,7 +6,6 @@
 //! - [`read`]: `GET` catch-up and long-poll, `HEAD`; [`catch_up`] streams a catch-up body that
 //!   spans many pages.
 //! - [`sse`]: `GET ?live=sse`; [`sse_render`] renders a large read's frame piece by piece.
-//! - [`hub`]: the shared per-stream fan-out behind caught-up SSE subscribers.
 //! - [`headers`]: strict header and query parsing.
 //! - [`error`]: DS status codes and error headers.
 //! - `subscriptions`: the reserved `__ds` namespace (routed before stream paths).
@@ -14,14 +13,13 @@
 pub mod catch_up;
 pub mod error;
 pub mod headers;
-pub mod hub;
 pub mod read;
 pub mod sse;
+#[cfg(test)]
+mod sse_hub_tests;
 pub mod sse_render;
 pub mod subscriptions;
 pub mod write;
-
-use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
@@ -46,26 +44,22 @@ pub const RESERVED_SEGMENT: &str = "__ds";
 pub struct Ds {
     pub node: Node,
     pub root: &'static str,
-    /// SSE fan-out hubs; one registry for all roots, as both name the same streams.
-    pub hubs: Arc<hub::Hubs>,
 }
 
 /// DS under `/v1/stream`, plus at `/` when `at_root`. The `__ds` namespace of each root goes to
 /// the subscriptions router first.
 pub fn router(node: Node, at_root: bool) -> Router {
-    let hubs = Arc::new(hub::Hubs::default());
-    let mut r = mount(node.clone(), DS_ROOT, hubs.clone());
+    let mut r = mount(node.clone(), DS_ROOT);
     if at_root {
-        r = r.merge(mount(node, "", hubs));
+        r = r.merge(mount(node, ""));
     }
     r
 }
 
-fn mount(node: Node, root: &'static str, hubs: Arc<hub::Hubs>) -> Router {
+fn mount(node: Node, root: &'static str) -> Router {
     let state = Ds {
         node: node.clone(),
         root,
-        hubs,
     };
     let streams = Router::new()
         .route(&format!("{root}/{{*path}}"), any(dispatch))

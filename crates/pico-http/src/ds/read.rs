@@ -2,20 +2,16 @@
 //! ?live=long-poll` (one page, 204 with a cursor on timeout, immediate on closed streams) and
 //! `HEAD` (metadata, does not slide the TTL).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use pico_common::StreamName;
-use pico_common::clock::now_ms;
 use pico_protocol::OffsetSpec;
-use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
 use pico_protocol::ds_json::render_array;
 use pico_protocol::headers as h;
 use pico_protocol::headers::is_json;
-use pico_server::{ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
+use pico_server::{LongPoll, ReadError, ReadFrom, ReadOutcome, ReadRecord, ReadRequest};
 
 use super::error::DsError;
 use super::headers::ReadQuery;
@@ -64,12 +60,15 @@ pub async fn read_from(
 
 /// The body of a read: concatenated record values, or a JSON array for JSON streams.
 pub fn body_of(out: &ReadOutcome, json: bool) -> Bytes {
+    values_body(&out.records, json)
+}
+
+/// [`body_of`] some records.
+pub fn values_body(records: &[ReadRecord], json: bool) -> Bytes {
     if json {
-        return Bytes::from(render_array(
-            out.records.iter().map(|r| &r.record.value[..]),
-        ));
+        return Bytes::from(render_array(records.iter().map(|r| &r.record.value[..])));
     }
-    crate::pieces::raw_body(out)
+    crate::pieces::raw_values(records)
 }
 
 fn read_headers(hm: &mut HeaderMap, out: &ReadOutcome) {
@@ -97,20 +96,6 @@ fn etag(out: &ReadOutcome, from: u64) -> String {
         "\"ds:{}:{from}:{}{u}{c}\"",
         out.info.stream_id, out.next_seq
     )
-}
-
-/// Randomness for cursor jitter without a RNG dependency: sub-second clock noise.
-fn jitter() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    u64::from(nanos) % MAX_JITTER_INTERVALS + 1
-}
-
-/// The cursor for a live response, given the client's echo.
-pub fn cursor(client: Option<u64>) -> u64 {
-    next_cursor(now_ms(), client, jitter())
 }
 
 pub async fn get(
@@ -205,15 +190,23 @@ fn whole_range(out: &ReadOutcome) -> ReadOutcome {
 }
 
 async fn long_poll(ds: &Ds, name: &StreamName, q: &ReadQuery) -> Result<Response, DsError> {
-    let cursor = cursor(q.cursor);
+    let cursor = ds.node.live_cursor(q.cursor);
     let mut out = read_from(ds, name, q.offset, true).await?;
     if out.records.is_empty() && !out.closed {
-        let waited = ds
+        let req = ReadRequest {
+            name: name.clone(),
+            from: ReadFrom::Offset(out.next_seq),
+            max_records: None,
+            max_bytes: None,
+            touch: false,
+        };
+        match ds
             .node
-            .wait(name, out.next_seq, ds.node.config().long_poll_timeout)
-            .await?;
-        if waited != WaitOutcome::Timeout {
-            out = read_from(ds, name, OffsetSpec::At(out.next_seq), false).await?;
+            .long_poll(req, ds.node.config().long_poll_timeout)
+            .await?
+        {
+            LongPoll::Data(o) | LongPoll::Closed(o) => out = o,
+            LongPoll::Timeout => {}
         }
     }
     let json = is_json(&out.info.content_type);

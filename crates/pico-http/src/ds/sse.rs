@@ -5,9 +5,10 @@
 //! `streamNextOffset`). Each wait that times out sends a keep-alive control.
 //!
 //! A subscriber reads for itself until it is at the tail; from then on it follows the stream's
-//! shared [`hub`](super::hub), which reads and renders each append once for all subscribers, and
-//! only adds its own control event. Whenever the hub's frames do not line up with its offset it
-//! reads for itself again.
+//! shared hub (`pico_server::live::hub`), which reads each append once for all subscribers; the
+//! `event: data` frame is rendered once per frame (kept on it for the others), and each
+//! subscriber only adds its own control event. Whenever the hub's frames do not line up with its
+//! offset it reads for itself again.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -25,7 +26,8 @@ use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_protocol::headers::is_json;
 use pico_protocol::{OffsetSpec, push_decimal, push_offset};
-use pico_server::ReadOutcome;
+use pico_server::live::hub::{Frame, Subscription};
+use pico_server::{ReadOutcome, ReadRecord};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, Sleep};
 
@@ -33,8 +35,7 @@ use crate::telemetry::SseOpen;
 
 use super::error::DsError;
 use super::headers::ReadQuery;
-use super::hub::{Follow, Frame, Render, Subscription};
-use super::read::{body_of, cursor, read_from};
+use super::read::{read_from, values_body};
 use super::sse_render::DataFrameWriter;
 use super::{Ds, set, sse_is_text};
 use crate::pieces::{Pieces, RENDER_AT_ONCE_MAX, payload_len};
@@ -73,10 +74,29 @@ pub fn frame(out: &mut Vec<u8>, event: &str, payload: &str) {
     out.push(b'\n');
 }
 
+/// How a stream's records become the `data:` payload (fixed by its content type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Render {
+    pub json: bool,
+    pub text: bool,
+}
+
+impl Render {
+    /// The key of this rendering among a hub frame's renderings.
+    fn kind(self) -> &'static str {
+        match (self.json, self.text) {
+            (true, true) => "ds-json",
+            (true, false) => "ds-json-base64",
+            (false, true) => "ds-text",
+            (false, false) => "ds-base64",
+        }
+    }
+}
+
 /// The `event: data` frame of a read's records: text, a JSON array for JSON streams, or base64
-/// for non-text types. Shared by per-subscriber reads and the hub (which renders it once).
-pub fn data_frame(buf: &mut Vec<u8>, out: &ReadOutcome, render: Render) {
-    let body = body_of(out, render.json);
+/// for non-text types. Shared by per-subscriber reads and hub frames (rendered once each).
+pub fn data_frame(buf: &mut Vec<u8>, records: &[ReadRecord], render: Render) {
+    let body = values_body(records, render.json);
     let payload = if render.text {
         String::from_utf8_lossy(&body)
     } else {
@@ -195,7 +215,7 @@ impl SseState {
                 let writer = DataFrameWriter::new(values, self.render);
                 self.pending.render(writer);
             } else {
-                data_frame(&mut buf, out, self.render);
+                data_frame(&mut buf, &out.records, self.render);
             }
         }
         if has_data || first || out.closed {
@@ -219,21 +239,35 @@ impl SseState {
             self.caught_up = false;
             return;
         }
-        if let Some(values) = &f.values {
+        let up_to_date = f.up_to_date || f.closed;
+        if f.payload_len > RENDER_AT_ONCE_MAX {
             // Too large to render once for all: rendered for this subscriber as it is sent.
-            let writer = DataFrameWriter::new(values.iter().cloned(), self.render);
+            let values = f.records.iter().map(|r| r.record.value.clone());
+            let writer = DataFrameWriter::new(values, self.render);
             self.pending.render(writer);
-            let c = self.control(f.next, f.up_to_date, f.closed);
+            let c = self.control(f.next, up_to_date, f.closed);
             self.pending.ready(c);
-        } else if f.data.len() <= INLINE_DATA {
-            let mut buf = Vec::with_capacity(f.data.len() + CONTROL_LEN);
-            buf.extend_from_slice(&f.data);
-            control_frame(&mut buf, self.cursor, f.next, f.up_to_date, f.closed);
-            self.pending.ready(Bytes::from(buf));
         } else {
-            self.pending.ready(f.data.clone());
-            let c = self.control(f.next, f.up_to_date, f.closed);
-            self.pending.ready(c);
+            let data = if f.records.is_empty() {
+                Bytes::new()
+            } else {
+                let render = self.render;
+                f.rendered(render.kind(), |f| {
+                    let mut buf = Vec::new();
+                    data_frame(&mut buf, &f.records, render);
+                    Bytes::from(buf)
+                })
+            };
+            if data.len() <= INLINE_DATA {
+                let mut buf = Vec::with_capacity(data.len() + CONTROL_LEN);
+                buf.extend_from_slice(&data);
+                control_frame(&mut buf, self.cursor, f.next, up_to_date, f.closed);
+                self.pending.ready(Bytes::from(buf));
+            } else {
+                self.pending.ready(data);
+                let c = self.control(f.next, up_to_date, f.closed);
+                self.pending.ready(c);
+            }
         }
         self.next = f.next;
         if f.closed {
@@ -248,14 +282,7 @@ impl SseState {
         let now = Instant::now();
         let wake = now + self.deadline.saturating_duration_since(now).min(self.poll);
         if self.hub.is_none() {
-            let sub = self.ds.hubs.subscribe(Follow {
-                node: self.ds.node.clone(),
-                name: self.name.clone(),
-                stream_id: self.stream_id,
-                from: self.next,
-                render: self.render,
-                poll: self.poll,
-            });
+            let sub = self.ds.node.follow(&self.name, self.stream_id, self.next);
             // A frame the hub sent between this subscriber's last read and its joining is not
             // in its channel and would never come: read the gap instead (later frames wait in
             // the channel meanwhile).
@@ -371,7 +398,7 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
         name,
         first.info.stream_id,
         render,
-        cursor(q.cursor),
+        ds.node.live_cursor(q.cursor),
         first.next_seq,
     );
     st.absorb(&first, true);

@@ -16,7 +16,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use std::collections::VecDeque;
 
-use super::hub::Render;
+use super::sse::Render;
 
 /// Output per call, roughly (a call stops after the input slice that crosses it).
 pub const CHUNK: usize = 64 * 1024;

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -14,13 +14,14 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::Stream;
 use pico_common::StreamName;
-use pico_common::clock::now_ms;
-use pico_protocol::cursor::{MAX_JITTER_INTERVALS, next_cursor};
 use pico_protocol::headers as h;
 use pico_protocol::json_render::JsonRecordsWriter;
 use pico_protocol::{encode_binary, render_json};
-use pico_server::{Node, ReadError, ReadFrom, ReadOutcome, ReadRequest, WaitOutcome};
+use pico_server::live::hub::{Frame, Subscription};
+use pico_server::node::MAX_READ_RECORDS;
+use pico_server::{LongPoll, Node, ReadError, ReadFrom, ReadOutcome, ReadRecord, ReadRequest};
 use serde_json::json;
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{Params, no_store, set, set_true, stream_name, text_value};
@@ -31,6 +32,9 @@ use crate::telemetry::{SseOpen, live_read};
 
 const CACHE_CATCH_UP: &str = "public, max-age=60, stale-while-revalidate=300";
 const SPURIOUS_WAKE_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The kind of a hub frame's shared Pico rendering (its whole `event: data`).
+const PICO_DATA: &str = "pico-sse-data";
 
 /// An SSE comment sent after this long without an event, as proxies drop idle responses.
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -259,31 +263,20 @@ async fn catch_up(
     Ok(resp)
 }
 
-/// Randomness for cursor jitter without a RNG dependency: sub-second clock noise.
-fn jitter() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    u64::from(nanos) % MAX_JITTER_INTERVALS + 1
-}
-
 async fn long_poll(node: &Node, name: &StreamName, q: &ReadQuery) -> Result<Response, HttpError> {
-    let cursor = next_cursor(now_ms(), q.cursor, jitter());
+    let cursor = node.live_cursor(q.cursor);
     let mut out = read_once(node, name, q.from, q.count, q.bytes).await?;
     if out.records.is_empty() && !out.closed {
-        let waited = node
-            .wait(name, out.next_seq, node.config().long_poll_timeout)
-            .await?;
-        if waited != WaitOutcome::Timeout {
-            out = read_once(
-                node,
-                name,
-                Some(ReadFrom::Offset(out.next_seq)),
-                q.count,
-                q.bytes,
-            )
-            .await?;
+        let req = ReadRequest {
+            name: name.clone(),
+            from: ReadFrom::Offset(out.next_seq),
+            max_records: q.count,
+            max_bytes: q.bytes,
+            touch: true,
+        };
+        match node.long_poll(req, node.config().long_poll_timeout).await? {
+            LongPoll::Data(o) | LongPoll::Closed(o) => out = o,
+            LongPoll::Timeout => {}
         }
     }
     let mut resp = if out.records.is_empty() {
@@ -322,6 +315,7 @@ fn sse(node: Node, name: StreamName, q: ReadQuery, first: ReadOutcome) -> Respon
         pending: Pieces::default(),
         next: 0,
         done: false,
+        hub: None,
         _open: SseOpen::new("pico"),
     };
     let caught_up = st.absorb(first, true);
@@ -425,6 +419,9 @@ struct SseState {
     pending: Pieces,
     next: u64,
     done: bool,
+    /// The stream's live hub, joined on first catching up and kept while it lives, so frames
+    /// published while this subscriber writes or reads wait in its channel.
+    hub: Option<Subscription>,
     /// Counts this response in `pico_http_sse_streams` until the body is dropped.
     _open: SseOpen,
 }
@@ -440,33 +437,130 @@ fn control(next_seq: u64, up_to_date: bool, closed: bool) -> Bytes {
 impl SseState {
     /// Queues the events for one read. Returns whether the reader is caught up (should wait).
     fn absorb(&mut self, out: ReadOutcome, first: bool) -> bool {
-        let has_data = !out.records.is_empty();
-        if has_data {
-            let recs = out.records.iter().map(|r| (r.offset, &r.record));
-            if payload_len(&out) > RENDER_AT_ONCE_MAX {
-                self.pending.render(DataEvent {
-                    head: Some(Bytes::from(format!(
-                        "event: data\nid: {}\ndata: ",
-                        out.next_seq
-                    ))),
-                    json: JsonRecordsWriter::new(recs),
-                    ended: false,
-                });
-            } else {
-                let data = render_json(recs);
-                self.pending
-                    .ready(event_bytes("data", Some(out.next_seq), data.as_bytes()));
-            }
+        let len = payload_len(&out);
+        self.queue(&out.records, len, None, out.next_seq);
+        self.end_step(
+            !out.records.is_empty(),
+            out.next_seq,
+            out.up_to_date,
+            out.closed,
+            first,
+        )
+    }
+
+    /// Queues the events of a hub frame that starts at this subscriber's offset; the data event
+    /// of a small read is rendered once for every Pico subscriber of the frame.
+    fn take(&mut self, f: &Frame) -> bool {
+        self.queue(&f.records, f.payload_len, Some(f), f.next);
+        self.end_step(!f.records.is_empty(), f.next, f.up_to_date, f.closed, false)
+    }
+
+    /// Queues the `event: data` of `records`, which end at `next`.
+    fn queue(&mut self, records: &[ReadRecord], len: usize, shared: Option<&Frame>, next: u64) {
+        if records.is_empty() {
+            return;
         }
-        self.next = out.next_seq;
-        if has_data || first || out.closed {
-            self.pending
-                .ready(control(out.next_seq, out.up_to_date, out.closed));
+        let recs = records.iter().map(|r| (r.offset, &r.record));
+        if len > RENDER_AT_ONCE_MAX {
+            self.pending.render(DataEvent {
+                head: Some(Bytes::from(format!("event: data\nid: {next}\ndata: "))),
+                json: JsonRecordsWriter::new(recs),
+                ended: false,
+            });
+            return;
         }
-        if out.closed {
+        let render = |records: &[ReadRecord]| {
+            let recs = records.iter().map(|r| (r.offset, &r.record));
+            event_bytes("data", Some(next), render_json(recs).as_bytes())
+        };
+        let data = match shared {
+            Some(f) => f.rendered(PICO_DATA, |f| render(&f.records)),
+            None => render(records),
+        };
+        self.pending.ready(data);
+    }
+
+    /// After a read or frame's data: its control event, the new position, the end at close.
+    fn end_step(
+        &mut self,
+        has_data: bool,
+        next: u64,
+        up_to_date: bool,
+        closed: bool,
+        first: bool,
+    ) -> bool {
+        self.next = next;
+        if has_data || first || closed {
+            self.pending.ready(control(next, up_to_date, closed));
+        }
+        if closed {
             self.done = true;
         }
-        !has_data || out.up_to_date
+        !has_data || up_to_date
+    }
+
+    /// Whether a hub frame holds exactly what this subscriber's own read at the hub's moment
+    /// would have: all of it fits its `count` / `bytes`, and a frame cut short by the server's
+    /// limits is only taken by a subscriber without limits of its own.
+    fn fits(&self, f: &Frame) -> bool {
+        let n = f.records.len();
+        if self.count.is_none() && self.bytes.is_none() {
+            return true;
+        }
+        (f.up_to_date || f.closed)
+            && self.count.is_none_or(|c| n <= c.clamp(1, MAX_READ_RECORDS))
+            && self.bytes.is_none_or(|b| n <= 1 || f.payload_len <= b)
+    }
+
+    /// Waits up to `wait` for the hub's next frame at this subscriber's offset. `Some(caught
+    /// up)` when a frame or a keep-alive was queued (or the deadline passed); `None` when this
+    /// subscriber must read for itself (it lagged, the frame starts elsewhere or does not fit
+    /// its limits, or the hub ended).
+    async fn follow(&mut self, wait: Duration) -> Option<bool> {
+        if self.hub.is_none() {
+            let sub = self.node.follow(&self.name, self.stream_id, self.next);
+            // A frame the hub sent between this subscriber's last read and its joining is not
+            // in its channel and would never come: read the gap instead.
+            let behind = sub.hub.published() > self.next;
+            self.hub = Some(sub);
+            if behind {
+                return None;
+            }
+        }
+        let next = self.next;
+        let sub = self.hub.as_mut()?;
+        let got = tokio::time::timeout(wait, async {
+            loop {
+                match sub.rx.recv().await {
+                    // Published before this subscriber's own read got past it.
+                    Ok(f) if f.next <= next && f.from != next && !f.closed => continue,
+                    r => break r,
+                }
+            }
+        })
+        .await;
+        match got {
+            Err(_) => {
+                if Instant::now() >= self.deadline {
+                    self.done = true;
+                } else {
+                    self.pending.ready(control(self.next, true, false));
+                }
+                Some(true)
+            }
+            Ok(Ok(f)) if f.from == self.next && !f.unshared && self.fits(&f) => Some(self.take(&f)),
+            Ok(Ok(_)) => None,
+            Ok(Err(broadcast::error::RecvError::Lagged(n))) => {
+                tracing::debug!(stream = %self.name, skipped = n, "sse subscriber lagged its hub");
+                None
+            }
+            Ok(Err(broadcast::error::RecvError::Closed)) => {
+                // The hub ended (closed, deleted, read error): the read path decides what that
+                // means for this subscriber; a later catch-up joins a fresh hub.
+                self.hub = None;
+                None
+            }
+        }
     }
 
     fn fail(&mut self, err: HttpError) {
@@ -476,7 +570,8 @@ impl SseState {
         self.done = true;
     }
 
-    /// Waits for data (bounded by the deadline), then reads and queues events.
+    /// Follows the stream's hub while caught up (bounded by the deadline); otherwise, or when
+    /// the hub's frames do not line up, reads and queues events itself.
     async fn step(&mut self, caught_up: bool) -> bool {
         if caught_up {
             let left = self.deadline.saturating_duration_since(Instant::now());
@@ -484,24 +579,8 @@ impl SseState {
                 self.done = true;
                 return true;
             }
-            match self
-                .node
-                .wait(&self.name, self.next, left.min(self.poll))
-                .await
-            {
-                Ok(WaitOutcome::Timeout) => {
-                    if Instant::now() >= self.deadline {
-                        self.done = true;
-                    } else {
-                        self.pending.ready(control(self.next, true, false));
-                    }
-                    return true;
-                }
-                Ok(WaitOutcome::Data | WaitOutcome::Closed) => {}
-                Err(e) => {
-                    self.fail(HttpError::from(e));
-                    return true;
-                }
+            if let Some(caught_up) = self.follow(left.min(self.poll)).await {
+                return caught_up;
             }
         } else if Instant::now() >= self.deadline {
             self.done = true;

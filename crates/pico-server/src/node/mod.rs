@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     pub(crate) data: Arc<dyn ObjectStorage>,
     pub(crate) open: OpenTable,
     pub(crate) waiters: Arc<Waiters>,
+    /// Live fan-out hubs of the streams somebody follows (`live::hub`).
+    pub(crate) hubs: Arc<crate::live::hub::Hubs>,
     pub(crate) touches: Touches,
     pub(crate) serving: AtomicBool,
     pub(crate) registered: AtomicBool,
@@ -177,6 +179,7 @@ impl Node {
                 data,
                 open: OpenTable::default(),
                 waiters,
+                hubs: Arc::default(),
                 touches: Touches::default(),
                 serving: AtomicBool::new(true),
                 registered: AtomicBool::new(true),
@@ -194,6 +197,11 @@ impl Node {
     }
 
     /// The metadata log (admin API, tests).
+    /// The registry of live fan-out hubs ([`Node::follow`]).
+    pub fn hubs(&self) -> &Arc<crate::live::hub::Hubs> {
+        &self.inner.hubs
+    }
+
     /// Wall time from the node's clock (`NodeConfig::clock`).
     pub fn now_ms(&self) -> i64 {
         self.inner.config.clock.now_ms()
