@@ -1295,10 +1295,18 @@ async fn records_that_binary_reads_cannot_frame_are_refused() {
 
 #[tokio::test]
 async fn an_expired_stream_is_removed_by_one_task_however_often_it_is_asked_for() {
-    let node = start_test_node().await;
+    // The stream expires only when the clock says so, not while it is being created (the
+    // expiry sweep at start could remove a stream created already expired under the create).
+    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
+    let node = pico_server::testing::start_test_node_with(NodeConfig {
+        clock: clock.clone(),
+        ..NodeConfig::default()
+    })
+    .await;
     let mut c = create_req("exp");
-    c.config.expires_at_ms = Some(1);
+    c.config.expires_at_ms = Some(node.now_ms() + 1_000);
     node.create(c).await.unwrap();
+    clock.advance(Duration::from_secs(2));
     let metrics = tokio::runtime::Handle::current().metrics();
     // A current-thread runtime: nothing spawned runs until this test yields.
     let before = metrics.num_alive_tasks();
@@ -1320,8 +1328,9 @@ async fn an_expired_stream_is_removed_by_one_task_however_often_it_is_asked_for(
     }
     // Once it finished, a later expiry of the name is handled again.
     let mut c = create_req("exp");
-    c.config.expires_at_ms = Some(1);
+    c.config.expires_at_ms = Some(node.now_ms() + 1_000);
     node.create(c).await.unwrap();
+    clock.advance(Duration::from_secs(2));
     let before = metrics.num_alive_tasks();
     assert!(node.head(&name("exp")).await.is_err());
     assert_eq!(metrics.num_alive_tasks() as i64 - before as i64, 1);
