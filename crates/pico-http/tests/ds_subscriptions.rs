@@ -23,7 +23,8 @@ const HOST: &str = "127.0.0.1:4437";
 const ROOT: &str = "http://127.0.0.1:4437/v1/stream/__ds";
 
 fn app(node: &Node) -> Router {
-    Router::new().nest("/v1/stream/__ds", subscriptions::router(node.clone()))
+    let mgr = Arc::new(subscriptions::Manager::new(node.clone()));
+    Router::new().nest("/v1/stream/__ds", subscriptions::router(mgr))
 }
 
 async fn call(
@@ -867,13 +868,11 @@ async fn a_recreated_stream_starts_its_cursor_over() {
 /// written once the stream is released.
 #[tokio::test]
 async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
-    use pico_metadata::Command;
-    use pico_server::testing::{OTHER_NODE, open_on_other_node};
+    use pico_server::testing::{open_on_other_node, owner_of, release_on_other_node};
     let node = pico_server::testing::start_test_node().await;
     let app = app(&node);
     create_stream(&node, "wake/far", &[]).await;
     let (id, epoch) = open_on_other_node(&node, "wake/far").await;
-    let meta = node.meta();
     let (s, _, _) = call(
         &app,
         "PUT",
@@ -886,20 +885,12 @@ async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
     create_stream(&node, "events/far", &[json!({"event": "created"})]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        meta.view().streams[&id].owner.map(|o| o.node_id),
+        owner_of(&node, id),
         Some(2),
         "the wake stream was taken over"
     );
     assert!(read_json(&node, "wake/far").await.is_empty());
-    meta.propose(Command::ReleaseStream {
-        stream_id: id,
-        epoch,
-        node_id: OTHER_NODE.0,
-        node_epoch: OTHER_NODE.1,
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    release_on_other_node(&node, id, epoch).await;
     let node2 = node.clone();
     assert!(
         wait_for(|| {

@@ -9,6 +9,8 @@
 //! - [`producers`]: idempotent producer rules and the aux codec that stores claims with the data.
 //! - [`waiters`]: long-poll/SSE wake-ups, one channel per awaited stream.
 //! - [`ttl`]: sliding-TTL touches kept in memory and persisted in batches.
+//! - [`subscriptions`]: Durable Streams subscriptions (webhooks, pull-wake leases) over the
+//!   metadata KV.
 //! - [`catalog`]: the engine's object index and commit path over the metadata log.
 //! - `maintenance/`: loops that run without a request, one file each (GC, orphans, TTL, idle release).
 //! - [`testing`]: a real node on in-memory storage, for tests.
@@ -21,6 +23,7 @@ mod maintenance;
 pub mod node;
 pub mod open;
 pub mod producers;
+pub mod subscriptions;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod ttl;

@@ -52,14 +52,28 @@ pub struct Ds {
 /// the subscriptions router first.
 pub fn router(node: Node, at_root: bool) -> Router {
     let hubs = Arc::new(hub::Hubs::default());
-    let mut r = mount(node.clone(), DS_ROOT, hubs.clone());
+    // One subscription manager for both roots: each wake is delivered once.
+    let subs = Arc::new(subscriptions::Manager::new(node.clone()));
+    let mut r = mount_with(node.clone(), DS_ROOT, hubs.clone(), subs.clone());
     if at_root {
-        r = r.merge(mount(node, "", hubs));
+        r = r.merge(mount_with(node, "", hubs, subs));
     }
     r
 }
 
+/// One root with a subscription manager of its own (tests).
+#[cfg(test)]
 fn mount(node: Node, root: &'static str, hubs: Arc<hub::Hubs>) -> Router {
+    let subs = Arc::new(subscriptions::Manager::new(node.clone()));
+    mount_with(node, root, hubs, subs)
+}
+
+fn mount_with(
+    node: Node,
+    root: &'static str,
+    hubs: Arc<hub::Hubs>,
+    subs: Arc<subscriptions::Manager>,
+) -> Router {
     let state = Ds {
         node: node.clone(),
         root,
@@ -71,7 +85,7 @@ fn mount(node: Node, root: &'static str, hubs: Arc<hub::Hubs>) -> Router {
     Router::new()
         .nest(
             &format!("{root}/{RESERVED_SEGMENT}"),
-            subscriptions::router(node),
+            subscriptions::router(subs),
         )
         .merge(streams)
 }

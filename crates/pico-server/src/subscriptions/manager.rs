@@ -1,10 +1,8 @@
-//! The subscription state machine: links and cursors, wake generations, webhook delivery with
+//! The subscription driver: links and cursors, wake generations, webhook delivery with
 //! retries, pull-wake claims, leases, and fencing. All subscriptions live in memory behind one
-//! async mutex (a control plane: operations are rare next to appends) and every change is written
-//! through to the metadata log's KV before the request that caused it is answered.
-//!
-//! KV layout: `ds/sub/{id}` = [`Record`] JSON, `ds/sublink/{id}/{path}` = [`Link`] JSON,
-//! [`SEED_KEY`] = the 32-byte signing seed.
+//! async mutex (a control plane: operations are rare next to appends); every change is written
+//! through to the metadata KV ([`Store`]) before the request that caused it is answered. Time
+//! comes from the injected clock; webhooks go out through a [`WebhookSender`].
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -13,35 +11,26 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use pico_common::StreamName;
-use pico_common::clock::now_ms;
-use pico_metadata::Command;
+use pico_common::clock::{self, SharedClock};
 use pico_protocol::{OffsetSpec, Record as DataRecord, parse_offset};
-use pico_server::{AppendRequest, ListRequest, Node, ReadError, StreamEvent};
-use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, OnceCell, Semaphore, broadcast};
 
+use super::delivery::{Delivered, HttpSender, WebhookSender};
 use super::error::SubError;
 use super::model::{
     Config, Link, MAX_LINKS_PER_SUB, MAX_SUBSCRIPTIONS, Record, Status, StreamView, Sub, SubType,
     Wake, check_id,
 };
 use super::signing::{Keys, TokenClaims};
-use super::webhook_url;
+use super::store::Store;
+use super::wake::{
+    AckItem, WakeRequest, check_fence, check_kind, hex, retry_delay_ms, webhook_body,
+};
+use crate::{AppendRequest, ListRequest, Node, ReadError, StreamEvent};
 
-/// Largest webhook response body read; a larger one counts as not `{"done": true}`.
-const MAX_WEBHOOK_RESPONSE: usize = 64 * 1024;
-
-pub const SEED_KEY: &str = "ds/webhook-signing-seed";
-const SUB_PREFIX: &str = "ds/sub/";
-const LINK_PREFIX: &str = "ds/sublink/";
 /// Concurrent webhook requests across all subscriptions.
 const MAX_CONCURRENT_DELIVERIES: usize = 32;
-const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
-/// An unreachable receiver fails fast instead of holding a delivery slot for the whole timeout.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const RETRY_BASE_MS: u64 = 1_000;
-const RETRY_MAX_MS: u64 = 60_000;
 /// How often leases and retry schedules are checked.
 pub const TICK: Duration = Duration::from_millis(100);
 const LIST_PAGE: usize = 1_000;
@@ -51,34 +40,10 @@ const PRUNE_BATCH: usize = 1_000;
 /// Ticks between two prune slices (1 s): at most 1,000 links checked per second.
 const PRUNE_EVERY_TICKS: u64 = 10;
 
-/// Ack/callback/release request body (`acks[].stream`, `acks[].path` accepted alike).
-#[derive(Debug, Default, Deserialize)]
-pub struct WakeRequest {
-    pub wake_id: Option<String>,
-    pub generation: Option<u64>,
-    #[serde(default)]
-    pub acks: Vec<AckItem>,
-    #[serde(default)]
-    pub done: bool,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct AckItem {
-    pub stream: Option<String>,
-    pub path: Option<String>,
-    pub offset: String,
-}
-
 /// Outcome of a create-or-confirm.
 pub struct Upserted {
     pub created: bool,
     pub body: Value,
-}
-
-/// What a finished webhook request told us.
-enum Delivered {
-    Accepted { done: bool },
-    Failed(String),
 }
 
 pub struct Manager {
@@ -91,7 +56,9 @@ pub struct Manager {
     prune_cursor: std::sync::Mutex<Option<(String, String)>>,
     /// Timer ticks so far (the link prune runs every `PRUNE_EVERY_TICKS`).
     ticks: std::sync::atomic::AtomicU64,
-    http: reqwest::Client,
+    store: Store,
+    sender: Arc<dyn WebhookSender>,
+    clock: SharedClock,
     delivery_slots: Arc<Semaphore>,
     background: AtomicBool,
 }
@@ -102,26 +69,22 @@ impl Manager {
         self.node.config().allow_local_webhooks
     }
 
+    /// A manager on the system clock, delivering over HTTP.
     pub fn new(node: Node) -> Manager {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(DELIVERY_TIMEOUT)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .dns_resolver(Arc::new(webhook_url::PublicResolver))
-            .user_agent("picomq-ds-subscriptions")
-            .build()
-            .unwrap_or_else(|e| {
-                tracing::error!(error = %e, "webhook client setup failed; using defaults");
-                reqwest::Client::new()
-            });
+        Manager::with(node, clock::system(), Arc::new(HttpSender::new()))
+    }
+
+    /// A manager with its clock and webhook sender chosen (tests drive a manual clock).
+    pub fn with(node: Node, clock: SharedClock, sender: Arc<dyn WebhookSender>) -> Manager {
         Manager {
+            store: Store::new(node.clone()),
             node,
             keys: OnceCell::new(),
             subs: Mutex::new(BTreeMap::new()),
             prune_cursor: std::sync::Mutex::new(None),
             ticks: std::sync::atomic::AtomicU64::new(0),
-            http,
+            sender,
+            clock,
             delivery_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_DELIVERIES)),
             background: AtomicBool::new(false),
         }
@@ -139,60 +102,18 @@ impl Manager {
     }
 
     async fn load_keys(&self) -> Result<Keys, SubError> {
-        if let Some(seed) = self.stored_seed() {
+        if let Some(seed) = self.store.seed() {
             return Ok(Keys::from_seed(seed));
         }
         let (_, seed) = Keys::generate();
-        self.node
-            .meta()
-            .propose(Command::KvPut {
-                key: SEED_KEY.to_string(),
-                value: seed.to_vec(),
-            })
-            .await
-            .map_err(|e| SubError::Unavailable(e.to_string()))?
-            .map_err(|e| SubError::Unavailable(e.to_string()))?;
-        // Re-read: whatever the log holds is the key every node signs with.
-        let seed = self.stored_seed().unwrap_or(seed);
-        Ok(Keys::from_seed(seed))
-    }
-
-    fn stored_seed(&self) -> Option<[u8; 32]> {
-        let view = self.node.meta().view();
-        view.kv
-            .get(SEED_KEY)
-            .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+        // Whatever the log holds is the key every node signs with.
+        Ok(Keys::from_seed(self.store.init_seed(seed).await?))
     }
 
     async fn load_subs(&self) {
-        let view = self.node.meta().view();
+        let loaded = self.store.load();
         let mut subs = self.subs.lock().await;
-        for (key, value) in view.kv.range(SUB_PREFIX.to_string()..) {
-            if !key.starts_with(SUB_PREFIX) {
-                break;
-            }
-            match serde_json::from_slice::<Record>(value) {
-                Ok(rec) => {
-                    subs.insert(rec.id.clone(), Sub::new(rec));
-                }
-                Err(e) => tracing::warn!(key, error = %e, "unreadable subscription record"),
-            }
-        }
-        for (key, value) in view.kv.range(LINK_PREFIX.to_string()..) {
-            let Some(rest) = key.strip_prefix(LINK_PREFIX) else {
-                break;
-            };
-            let Some((id, path)) = rest.split_once('/') else {
-                continue;
-            };
-            match (subs.get_mut(id), serde_json::from_slice::<Link>(value)) {
-                (Some(sub), Ok(link)) => {
-                    sub.links.insert(path.to_string(), link);
-                }
-                (_, Err(e)) => tracing::warn!(key, error = %e, "unreadable subscription link"),
-                (None, Ok(_)) => {}
-            }
-        }
+        *subs = loaded;
         tracing::info!(
             subscriptions = subs.len(),
             "durable streams subscriptions loaded"
@@ -257,7 +178,7 @@ impl Manager {
                 Some(_) => {}
             }
             let pending = link.pending(next_seq);
-            if changed && let Err(e) = self.persist_links(sub, &[path]).await {
+            if changed && let Err(e) = self.store.persist_links(sub, &[path]).await {
                 tracing::warn!(sub = %sub.rec.id, error = %e, "subscription link not persisted");
             }
             if sub.rec.wake.is_none()
@@ -296,7 +217,7 @@ impl Manager {
             }
         }
         let refs: Vec<&str> = added.iter().map(String::as_str).collect();
-        if let Err(e) = self.persist_links(sub, &refs).await {
+        if let Err(e) = self.store.persist_links(sub, &refs).await {
             tracing::warn!(sub = %sub.rec.id, error = %e, "subscription links not persisted");
         }
     }
@@ -308,7 +229,7 @@ impl Manager {
                 return;
             }
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut subs = self.subs.lock().await;
         // Every few ticks, not every tick: each checked link is a stream lookup under this
         // lock, and most ticks have no deleted stream to find.
@@ -346,7 +267,7 @@ impl Manager {
                 sub.rec.wake = None;
                 let result = match self.wake(sub).await {
                     Ok(true) => Ok(()),
-                    Ok(false) => self.persist(sub, &[]).await,
+                    Ok(false) => self.store.persist(sub, &[]).await,
                     Err(e) => Err(e),
                 };
                 if let Err(e) = result {
@@ -385,7 +306,7 @@ impl Manager {
         let mut sub = Sub::new(Record {
             id: id.to_string(),
             config_hash: hash,
-            created_at_ms: now_ms(),
+            created_at_ms: self.clock.now_ms(),
             base_url: ds_root.to_string(),
             generation: 0,
             wake: None,
@@ -414,7 +335,7 @@ impl Manager {
         }
         let paths: Vec<String> = sub.links.keys().cloned().collect();
         let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-        self.persist(&sub, &refs).await?;
+        self.store.persist(&sub, &refs).await?;
         let body = sub.to_json(ds_root, keys.kid());
         subs.insert(id.to_string(), sub);
         Ok(Upserted {
@@ -437,11 +358,7 @@ impl Manager {
         let Some(sub) = subs.get(id) else {
             return Ok(());
         };
-        let mut cmds = vec![Command::KvDelete { key: sub_key(id) }];
-        cmds.extend(sub.links.keys().map(|p| Command::KvDelete {
-            key: link_key(id, p),
-        }));
-        self.propose(cmds).await?;
+        self.store.delete(sub).await?;
         subs.remove(id);
         Ok(())
     }
@@ -485,7 +402,7 @@ impl Manager {
             }
         }
         let refs: Vec<&str> = changed.iter().map(String::as_str).collect();
-        self.persist_links(sub, &refs).await
+        self.store.persist_links(sub, &refs).await
     }
 
     /// Drops the explicit link; a glob link to the same stream stays (idempotent).
@@ -500,7 +417,7 @@ impl Manager {
         if !link.glob {
             sub.links.remove(path);
         }
-        self.persist_links(sub, &[path]).await
+        self.store.persist_links(sub, &[path]).await
     }
 
     /// Webhook callback: acks, lease extension, `done`.
@@ -539,7 +456,7 @@ impl Manager {
         check_fence(&keys, sub, token, &req)?;
         let acked = self.apply_acks(sub, &req.acks).await?;
         let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
-        let lease = now_ms() + sub.rec.config.lease_ttl_ms as i64;
+        let lease = self.clock.now_ms() + sub.rec.config.lease_ttl_ms as i64;
         let mut next_wake = false;
         if req.done {
             sub.rec.wake = None;
@@ -549,9 +466,9 @@ impl Manager {
             w.lease_expires_ms = Some(lease);
         }
         if !next_wake {
-            self.persist(sub, &refs).await?;
+            self.store.persist(sub, &refs).await?;
         } else {
-            self.persist_links(sub, &refs).await?;
+            self.store.persist_links(sub, &refs).await?;
         }
         Ok(json!({ "ok": true, "next_wake": next_wake }))
     }
@@ -561,7 +478,7 @@ impl Manager {
         let mut subs = self.subs.lock().await;
         let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
         check_kind(sub, SubType::PullWake)?;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         if let Some(w) = &sub.rec.wake
             && let Some(holder) = &w.holder
         {
@@ -596,7 +513,7 @@ impl Manager {
             wake_id: w.wake_id.clone(),
         });
         let wake_id = w.wake_id.clone();
-        self.persist(sub, &[]).await?;
+        self.store.persist(sub, &[]).await?;
         Ok(json!({
             "wake_id": wake_id,
             "generation": generation,
@@ -620,7 +537,7 @@ impl Manager {
         check_fence(&keys, sub, token, &req)?;
         sub.rec.wake = None;
         if !self.wake(sub).await? {
-            self.persist(sub, &[]).await?;
+            self.store.persist(sub, &[]).await?;
         }
         Ok(())
     }
@@ -635,7 +552,7 @@ impl Manager {
             return Ok(false);
         };
         let trigger = first.path.clone();
-        let now = now_ms();
+        let now = self.clock.now_ms();
         sub.rec.generation += 1;
         let wake_id = format!("w_{}", hex(&rand::random::<[u8; 12]>()));
         let kind = sub.rec.config.kind;
@@ -654,11 +571,11 @@ impl Manager {
             SubType::Webhook => {
                 sub.rec.next_attempt_at_ms = Some(now);
                 sub.rec.retry_count = 0;
-                self.persist(sub, &[]).await?;
+                self.store.persist(sub, &[]).await?;
                 self.spawn_delivery(sub);
             }
             SubType::PullWake => {
-                self.persist(sub, &[]).await?;
+                self.store.persist(sub, &[]).await?;
                 self.append_wake_event(sub, &trigger).await;
             }
         }
@@ -675,7 +592,7 @@ impl Manager {
             "subscription_id": sub.rec.id,
             "stream": trigger,
             "generation": sub.rec.generation,
-            "ts": now_ms(),
+            "ts": self.clock.now_ms(),
         });
         let Ok(name) = StreamName::parse(ws) else {
             return;
@@ -737,46 +654,9 @@ impl Manager {
             self.clear_delivering(&id, &wake_id).await;
             return;
         };
-        let outcome = self.post(&keys, &url, body).await;
+        let signature = keys.signature_header(self.clock.now_ms() / 1000, &body);
+        let outcome = self.sender.send(&url, signature, body).await;
         self.finish_delivery(&id, &wake_id, outcome).await;
-    }
-
-    async fn post(&self, keys: &Keys, url: &str, body: Vec<u8>) -> Delivered {
-        let signature = keys.signature_header(now_ms() / 1000, &body);
-        let sent = self
-            .http
-            .post(url)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header("webhook-signature", signature)
-            .body(body)
-            .send()
-            .await;
-        let resp = match sent {
-            Ok(r) => r,
-            Err(e) => return Delivered::Failed(e.to_string()),
-        };
-        let status = resp.status();
-        if !status.is_success() {
-            return Delivered::Failed(format!("webhook answered {status}"));
-        }
-        // A 2xx with an unreadable body is accepted; only `{"done": true}` finishes the wake.
-        // Read at most a small body: a receiver must not make this node buffer unbounded data.
-        let mut resp = resp;
-        let mut body = Vec::new();
-        let mut too_big = false;
-        while let Ok(Some(chunk)) = resp.chunk().await {
-            if body.len() + chunk.len() > MAX_WEBHOOK_RESPONSE {
-                too_big = true;
-                break;
-            }
-            body.extend_from_slice(&chunk);
-        }
-        let done = !too_big
-            && serde_json::from_slice::<Value>(&body)
-                .ok()
-                .and_then(|v| v.get("done").and_then(Value::as_bool))
-                .unwrap_or(false);
-        Delivered::Accepted { done }
     }
 
     async fn clear_delivering(&self, id: &str, wake_id: &str) {
@@ -799,7 +679,7 @@ impl Manager {
         if sub.rec.wake.as_ref().is_none_or(|w| w.wake_id != wake_id) {
             return;
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut acked = Vec::new();
         let result = match outcome {
             Delivered::Accepted { done } => {
@@ -819,10 +699,10 @@ impl Manager {
                         }
                     }
                     let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
-                    match self.persist_links(sub, &refs).await {
+                    match self.store.persist_links(sub, &refs).await {
                         Ok(()) => match self.wake(sub).await {
                             Ok(true) => Ok(()),
-                            Ok(false) => self.persist(sub, &[]).await,
+                            Ok(false) => self.store.persist(sub, &[]).await,
                             Err(e) => Err(e),
                         },
                         Err(e) => Err(e),
@@ -831,7 +711,7 @@ impl Manager {
                     if let Some(w) = sub.rec.wake.as_mut() {
                         w.lease_expires_ms = Some(now + sub.rec.config.lease_ttl_ms as i64);
                     }
-                    self.persist(sub, &[]).await
+                    self.store.persist(sub, &[]).await
                 }
             }
             Delivered::Failed(reason) => {
@@ -843,7 +723,7 @@ impl Manager {
                     sub = %sub.rec.id, attempt = sub.rec.retry_count, retry_in_ms = delay,
                     %reason, "webhook delivery failed"
                 );
-                self.persist(sub, &[]).await
+                self.store.persist(sub, &[]).await
             }
         };
         if let Err(e) = result {
@@ -881,7 +761,7 @@ impl Manager {
                 sub.links.remove(p);
             }
             let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-            if let Err(e) = self.persist_links(sub, &refs).await {
+            if let Err(e) = self.store.persist_links(sub, &refs).await {
                 tracing::warn!(sub = %sub.rec.id, error = %e, "dropped links not persisted");
             }
         }
@@ -1036,7 +916,7 @@ impl Manager {
                 }
                 tracing::debug!(sub = %id, dropped = gone.len(), "links to deleted streams dropped");
                 let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-                if let Err(e) = self.persist_links(sub, &refs).await {
+                if let Err(e) = self.store.persist_links(sub, &refs).await {
                     tracing::warn!(sub = %id, error = %e, "dropped links not persisted");
                 }
             }
@@ -1045,37 +925,6 @@ impl Manager {
             }
         }
         *self.prune_cursor.lock().unwrap_or_else(|p| p.into_inner()) = cursor;
-    }
-
-    /// Writes the record and the given links (deleted from the KV when no longer linked).
-    async fn persist(&self, sub: &Sub, links: &[&str]) -> Result<(), SubError> {
-        let rec = serde_json::to_vec(&sub.rec).map_err(|e| SubError::Unavailable(e.to_string()))?;
-        let mut cmds = vec![Command::KvPut {
-            key: sub_key(&sub.rec.id),
-            value: rec,
-        }];
-        cmds.extend(link_cmds(sub, links));
-        self.propose(cmds).await
-    }
-
-    async fn persist_links(&self, sub: &Sub, links: &[&str]) -> Result<(), SubError> {
-        if links.is_empty() {
-            return Ok(());
-        }
-        self.propose(link_cmds(sub, links).collect()).await
-    }
-
-    async fn propose(&self, cmds: Vec<Command>) -> Result<(), SubError> {
-        let outcomes = self
-            .node
-            .meta()
-            .propose_many(cmds)
-            .await
-            .map_err(|e| SubError::Unavailable(e.to_string()))?;
-        for o in outcomes {
-            o.map_err(|e| SubError::Unavailable(e.to_string()))?;
-        }
-        Ok(())
     }
 }
 
@@ -1127,204 +976,9 @@ enum TailError {
     Unavailable,
 }
 
-fn link_cmds<'a>(sub: &'a Sub, links: &'a [&'a str]) -> impl Iterator<Item = Command> + 'a {
-    links.iter().map(move |path| match sub.links.get(*path) {
-        Some(link) => Command::KvPut {
-            key: link_key(&sub.rec.id, path),
-            value: serde_json::to_vec(link).unwrap_or_default(),
-        },
-        None => Command::KvDelete {
-            key: link_key(&sub.rec.id, path),
-        },
-    })
-}
-
-fn sub_key(id: &str) -> String {
-    format!("{SUB_PREFIX}{id}")
-}
-
-fn link_key(id: &str, path: &str) -> String {
-    format!("{LINK_PREFIX}{id}/{path}")
-}
-
-fn check_kind(sub: &Sub, kind: SubType) -> Result<(), SubError> {
-    if sub.rec.config.kind != kind {
-        return Err(SubError::invalid(format!(
-            "subscription is not {}",
-            kind.as_str()
-        )));
-    }
-    Ok(())
-}
-
-/// The bearer token, the request's generation and wake id must all name the current wake.
-fn check_fence(
-    keys: &Keys,
-    sub: &Sub,
-    token: Option<&str>,
-    req: &WakeRequest,
-) -> Result<(), SubError> {
-    let claims = token
-        .and_then(|t| keys.verify_token(t))
-        .filter(|c| c.sub == sub.rec.id)
-        .ok_or(SubError::TokenInvalid)?;
-    let wake = sub.rec.wake.as_ref().ok_or(SubError::Fenced)?;
-    let generation = sub.rec.generation;
-    if claims.generation != generation
-        || claims.wake_id != wake.wake_id
-        || req.generation != Some(generation)
-        || req.wake_id.as_deref() != Some(wake.wake_id.as_str())
-    {
-        return Err(SubError::Fenced);
-    }
-    Ok(())
-}
-
-/// The webhook request body for the wake in flight.
-fn webhook_body(sub: &Sub, wake: &Wake, keys: &Keys) -> Vec<u8> {
-    let streams: Vec<Value> = sub
-        .links
-        .iter()
-        .map(|(path, link)| {
-            let tail = wake
-                .snapshot
-                .get(path)
-                .copied()
-                .unwrap_or(link.acked.unwrap_or(0));
-            StreamView {
-                path: path.clone(),
-                link_type: link.link_type(),
-                acked: link.acked,
-                tail,
-            }
-            .to_json()
-        })
-        .collect();
-    let token = keys.token(&TokenClaims {
-        sub: sub.rec.id.clone(),
-        generation: sub.rec.generation,
-        wake_id: wake.wake_id.clone(),
-    });
-    let body = json!({
-        "subscription_id": sub.rec.id,
-        "wake_id": wake.wake_id,
-        "generation": sub.rec.generation,
-        "streams": streams,
-        "callback_url": format!("{}/subscriptions/{}/callback", sub.rec.base_url, sub.rec.id),
-        "callback_token": token,
-    });
-    serde_json::to_vec(&body).unwrap_or_default()
-}
-
-/// Exponential backoff 1 s → 60 s with ±20 % jitter; `unit` is uniform in [0, 1).
-pub fn retry_delay_ms(attempt: u32, unit: f64) -> u64 {
-    let exp = attempt.saturating_sub(1).min(16);
-    let base = (RETRY_BASE_MS << exp).min(RETRY_MAX_MS) as f64;
-    let jitter = base * 0.2 * (unit * 2.0 - 1.0);
-    (base + jitter).round().max(0.0) as u64
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ds::subscriptions::model::Config;
-
-    fn sub_with_wake(generation: u64, wake_id: &str) -> Sub {
-        let config = Config::parse(
-            &json!({
-                "type": "pull-wake", "pattern": "a/*", "wake_stream": "w"
-            }),
-            true,
-        )
-        .unwrap();
-        Sub::new(Record {
-            id: "s".into(),
-            config_hash: config.hash(),
-            config,
-            created_at_ms: 0,
-            base_url: String::new(),
-            generation,
-            wake: Some(Wake {
-                wake_id: wake_id.into(),
-                snapshot: BTreeMap::new(),
-                holder: Some("worker".into()),
-                lease_expires_ms: None,
-            }),
-            status: Status::Active,
-            retry_count: 0,
-            next_attempt_at_ms: None,
-        })
-    }
-
-    fn req(generation: u64, wake_id: &str) -> WakeRequest {
-        WakeRequest {
-            wake_id: Some(wake_id.into()),
-            generation: Some(generation),
-            ..WakeRequest::default()
-        }
-    }
-
-    #[test]
-    fn fencing_requires_current_generation_and_wake_in_token_and_body() {
-        let keys = Keys::from_seed([1u8; 32]);
-        let sub = sub_with_wake(5, "w_cur");
-        let token = |sub: &str, generation: u64, wake: &str| {
-            keys.token(&TokenClaims {
-                sub: sub.into(),
-                generation,
-                wake_id: wake.into(),
-            })
-        };
-        let good = token("s", 5, "w_cur");
-        assert_eq!(
-            check_fence(&keys, &sub, Some(&good), &req(5, "w_cur")),
-            Ok(())
-        );
-        // Stale generation in the token or the body, or another wake of the same generation.
-        let old = token("s", 4, "w_cur");
-        assert_eq!(
-            check_fence(&keys, &sub, Some(&old), &req(5, "w_cur")),
-            Err(SubError::Fenced)
-        );
-        assert_eq!(
-            check_fence(&keys, &sub, Some(&good), &req(4, "w_cur")),
-            Err(SubError::Fenced)
-        );
-        let other_wake = token("s", 5, "w_old");
-        assert_eq!(
-            check_fence(&keys, &sub, Some(&other_wake), &req(5, "w_cur")),
-            Err(SubError::Fenced)
-        );
-        assert_eq!(
-            check_fence(&keys, &sub, Some(&good), &req(5, "w_old")),
-            Err(SubError::Fenced)
-        );
-        // Another subscription's token, a forged one, none at all.
-        let foreign = token("t", 5, "w_cur");
-        assert_eq!(
-            check_fence(&keys, &sub, Some(&foreign), &req(5, "w_cur")),
-            Err(SubError::TokenInvalid)
-        );
-        assert_eq!(
-            check_fence(&keys, &sub, Some("x.y"), &req(5, "w_cur")),
-            Err(SubError::TokenInvalid)
-        );
-        assert_eq!(
-            check_fence(&keys, &sub, None, &req(5, "w_cur")),
-            Err(SubError::TokenInvalid)
-        );
-        // No wake in flight: everything is stale.
-        let mut idle = sub.clone();
-        idle.rec.wake = None;
-        assert_eq!(
-            check_fence(&keys, &idle, Some(&good), &req(5, "w_cur")),
-            Err(SubError::Fenced)
-        );
-    }
 
     const ROOT: &str = "http://127.0.0.1:4437/v1/stream/__ds";
 
@@ -1337,14 +991,14 @@ mod tests {
     }
 
     async fn manager() -> Arc<Manager> {
-        Arc::new(Manager::new(pico_server::testing::start_test_node().await))
+        Arc::new(Manager::new(crate::testing::start_test_node().await))
     }
 
     async fn create_stream(mgr: &Manager, name: &str) {
         mgr.node
-            .create(pico_server::CreateRequest {
+            .create(crate::CreateRequest {
                 name: StreamName::parse(name).unwrap(),
-                config: pico_server::CreateConfig::default(),
+                config: crate::CreateConfig::default(),
                 initial: vec![DataRecord::from_value(b"1".to_vec())],
             })
             .await
@@ -1463,16 +1117,9 @@ mod tests {
                 sub.links.insert(format!("g/gone-{i:04}"), link(false));
             }
             let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-            mgr.persist_links(sub, &refs).await.unwrap();
+            mgr.store.persist_links(sub, &refs).await.unwrap();
         }
-        let stored = |id: &str| {
-            let prefix = format!("{LINK_PREFIX}{id}/");
-            let view = mgr.node.meta().view();
-            view.kv
-                .range(prefix.clone()..)
-                .take_while(|(k, _)| k.starts_with(&prefix))
-                .count()
-        };
+        let stored = |id: &str| mgr.store.stored_links(id);
         assert_eq!(stored("s"), gone + 2);
         let mut subs = mgr.subs.lock().await;
         // One batch: the explicit link and 999 gone ones checked.
@@ -1485,17 +1132,5 @@ mod tests {
         assert_eq!(subs["t"].links.len(), 1);
         assert_eq!(stored("s"), 2);
         assert!(mgr.prune_cursor.lock().unwrap().is_none());
-    }
-
-    #[test]
-    fn retry_delay_grows_to_a_minute_with_bounded_jitter() {
-        assert_eq!(retry_delay_ms(1, 0.5), 1_000);
-        assert_eq!(retry_delay_ms(2, 0.5), 2_000);
-        assert_eq!(retry_delay_ms(3, 0.5), 4_000);
-        assert_eq!(retry_delay_ms(7, 0.5), 60_000);
-        assert_eq!(retry_delay_ms(100, 0.5), 60_000);
-        assert_eq!(retry_delay_ms(1, 0.0), 800);
-        assert!(retry_delay_ms(1, 0.999_999) <= 1_200);
-        assert_eq!(retry_delay_ms(50, 0.0), 48_000);
     }
 }
