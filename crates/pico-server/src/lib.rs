@@ -9,6 +9,7 @@
 //! - [`producers`]: idempotent producer rules and the aux codec that stores claims with the data.
 //! - [`waiters`]: long-poll/SSE wake-ups, one channel per awaited stream.
 //! - [`ttl`]: sliding-TTL touches kept in memory and persisted in batches.
+//! - [`stats`]: [`NodeStats`], what the admin listener shows.
 //! - [`subscriptions`]: Durable Streams subscriptions (webhooks, pull-wake leases) over the
 //!   metadata KV.
 //! - [`catalog`]: the engine's object index and commit path over the metadata log.
@@ -23,6 +24,7 @@ mod maintenance;
 pub mod node;
 pub mod open;
 pub mod producers;
+pub mod stats;
 pub mod subscriptions;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -35,3 +37,4 @@ pub use error::*;
 pub use node::{
     Node, StartError, StreamEvent, content_type_matches, is_json, normalize_content_type,
 };
+pub use stats::{EngineStats, NodeStats};

@@ -181,12 +181,19 @@ impl Node {
         &self.inner.config
     }
 
-    /// The metadata log (admin API, tests).
+    /// The metadata log. Facades never reach it (they call the node, and `stats()` for what
+    /// the admin page shows); outside this crate only tests do, through the `testing` feature.
+    #[cfg(any(test, feature = "testing"))]
     pub fn meta(&self) -> &MetaLog {
         &self.inner.meta
     }
+    #[cfg(not(any(test, feature = "testing")))]
+    pub(crate) fn meta(&self) -> &MetaLog {
+        &self.inner.meta
+    }
 
-    /// The engine (stats, tests).
+    /// The engine: like [`Node::meta`], for tests only outside this crate.
+    #[cfg(any(test, feature = "testing"))]
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
     }
