@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use pico_common::StreamName;
 use pico_common::clock::{self, SharedClock};
 use pico_protocol::{OffsetSpec, Record as DataRecord, parse_offset};
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, OnceCell, Semaphore, broadcast};
+use tokio::sync::{OnceCell, Semaphore, broadcast};
 
 use super::delivery::{Delivered, HttpSender, WebhookSender};
 use super::error::SubError;
@@ -23,7 +24,7 @@ use super::model::{
     Wake, check_id,
 };
 use super::signing::{Keys, TokenClaims};
-use super::store::Store;
+use super::store::{Receipt, Store};
 use super::wake::{
     AckItem, WakeRequest, check_fence, check_kind, hex, retry_delay_ms, webhook_body,
 };
@@ -49,8 +50,10 @@ pub struct Upserted {
 pub struct Manager {
     node: Node,
     keys: OnceCell<Arc<Keys>>,
-    /// Ordered so the link prune can resume where the last tick stopped.
-    subs: Mutex<BTreeMap<String, Sub>>,
+    /// Ordered so the link prune can resume where the last tick stopped. A sync lock, taken
+    /// only for a transition: nothing is awaited while it is held (writes are queued in
+    /// [`Store`], events and deliveries are [`Effects`] carried out after it is released).
+    subs: std::sync::Mutex<BTreeMap<String, Sub>>,
     /// Where the next link prune starts: (subscription id, last path checked). Only touched by
     /// the timer task while it holds `subs`.
     prune_cursor: std::sync::Mutex<Option<(String, String)>>,
@@ -61,6 +64,26 @@ pub struct Manager {
     clock: SharedClock,
     delivery_slots: Arc<Semaphore>,
     background: AtomicBool,
+}
+
+/// What a transition leaves to do once the state lock is released.
+#[derive(Default)]
+#[must_use = "effects must be settled"]
+struct Effects {
+    /// Writes the answer depends on.
+    writes: Vec<Receipt>,
+    /// Writes whose failure is only logged (links dropped on the side).
+    logged: Vec<(String, Receipt)>,
+    /// Webhook deliveries to start: (subscription, wake id).
+    deliveries: Vec<(String, String)>,
+    /// Pull-wake events to append: (subscription, wake stream, event).
+    events: Vec<(String, StreamName, Vec<u8>)>,
+}
+
+impl Effects {
+    fn log(&mut self, sub: &str, receipt: Receipt) {
+        self.logged.push((sub.to_string(), receipt));
+    }
 }
 
 impl Manager {
@@ -80,7 +103,7 @@ impl Manager {
             store: Store::new(node.clone()),
             node,
             keys: OnceCell::new(),
-            subs: Mutex::new(BTreeMap::new()),
+            subs: std::sync::Mutex::new(BTreeMap::new()),
             prune_cursor: std::sync::Mutex::new(None),
             ticks: std::sync::atomic::AtomicU64::new(0),
             sender,
@@ -90,12 +113,16 @@ impl Manager {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Sub>> {
+        self.subs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Loads (or creates) the signing key and every stored subscription, once.
     pub async fn ready(&self) -> Result<&Arc<Keys>, SubError> {
         self.keys
             .get_or_try_init(|| async {
                 let keys = Arc::new(self.load_keys().await?);
-                self.load_subs().await;
+                self.load_subs();
                 Ok(keys)
             })
             .await
@@ -110,12 +137,12 @@ impl Manager {
         Ok(Keys::from_seed(self.store.init_seed(seed).await?))
     }
 
-    async fn load_subs(&self) {
+    fn load_subs(&self) {
         let loaded = self.store.load();
-        let mut subs = self.subs.lock().await;
-        *subs = loaded;
+        let count = loaded.len();
+        *self.lock() = loaded;
         tracing::info!(
-            subscriptions = subs.len(),
+            subscriptions = count,
             "durable streams subscriptions loaded"
         );
     }
@@ -128,6 +155,51 @@ impl Manager {
     /// The signing keys, for JWKS and signatures.
     pub async fn keys(&self) -> Result<Arc<Keys>, SubError> {
         self.ready().await.cloned()
+    }
+
+    /// Carries out what a transition decided, in order: writes (the first failure is the
+    /// answer), then deliveries and wake events.
+    async fn settle(self: &Arc<Self>, fx: Effects) -> Result<(), SubError> {
+        let mut result = Ok(());
+        for receipt in fx.writes {
+            if let Err(e) = receipt.wait().await
+                && result.is_ok()
+            {
+                result = Err(e);
+            }
+        }
+        for (sub, receipt) in fx.logged {
+            if let Err(e) = receipt.wait().await {
+                tracing::warn!(%sub, error = %e, "subscription links not persisted");
+            }
+        }
+        for (id, wake_id) in fx.deliveries {
+            let this = self.clone();
+            tokio::spawn(async move { this.deliver(id, wake_id).await });
+        }
+        for (sub, name, event) in fx.events {
+            let ws = name.to_string();
+            let req = AppendRequest {
+                name,
+                records: vec![DataRecord::from_value(event)],
+                producer: None,
+                match_seq: None,
+                close: false,
+                content_type: None,
+            };
+            if let Err(e) = self.node.append(req).await {
+                // The application owns the wake stream; a claim still works without the event.
+                tracing::warn!(%sub, wake_stream = %ws, error = %e, "wake event not written");
+            }
+        }
+        result
+    }
+
+    /// [`Manager::settle`] for work nobody waits on: failures are logged.
+    async fn settle_logged(self: &Arc<Self>, fx: Effects, what: &str) {
+        if let Err(e) = self.settle(fx).await {
+            tracing::warn!(error = %e, "{what} not persisted");
+        }
     }
 
     // ---- background ----
@@ -154,40 +226,41 @@ impl Manager {
         if self.ready().await.is_err() {
             return;
         }
-        let mut subs = self.subs.lock().await;
-        for sub in subs.values_mut() {
-            // Discovered by an append: linked before it, so the append is pending.
-            let new_link = !sub.links.contains_key(path)
-                && sub.rec.config.pattern_matches(path)
-                && sub.link_glob(path, None);
-            let Some(link) = sub.links.get_mut(path) else {
-                continue;
-            };
-            let mut changed = new_link;
-            match link.stream_id {
-                None => {
-                    link.stream_id = Some(stream_id);
-                    changed = true;
+        let mut fx = Effects::default();
+        {
+            let mut subs = self.lock();
+            for sub in subs.values_mut() {
+                // Discovered by an append: linked before it, so the append is pending.
+                let new_link = !sub.links.contains_key(path)
+                    && sub.rec.config.pattern_matches(path)
+                    && sub.link_glob(path, None);
+                let Some(link) = sub.links.get_mut(path) else {
+                    continue;
+                };
+                let mut changed = new_link;
+                match link.stream_id {
+                    None => {
+                        link.stream_id = Some(stream_id);
+                        changed = true;
+                    }
+                    // Deleted and re-created: the old cursor means nothing for the new stream.
+                    Some(id) if id != stream_id => {
+                        link.stream_id = Some(stream_id);
+                        link.acked = None;
+                        changed = true;
+                    }
+                    Some(_) => {}
                 }
-                // Deleted and re-created: the old cursor means nothing for the new stream.
-                Some(id) if id != stream_id => {
-                    link.stream_id = Some(stream_id);
-                    link.acked = None;
-                    changed = true;
+                let pending = link.pending(next_seq);
+                if changed {
+                    fx.writes.push(self.store.persist_links(sub, &[path]));
                 }
-                Some(_) => {}
-            }
-            let pending = link.pending(next_seq);
-            if changed && let Err(e) = self.store.persist_links(sub, &[path]).await {
-                tracing::warn!(sub = %sub.rec.id, error = %e, "subscription link not persisted");
-            }
-            if sub.rec.wake.is_none()
-                && pending
-                && let Err(e) = self.wake(sub).await
-            {
-                tracing::warn!(sub = %sub.rec.id, error = %e, "wake not issued");
+                if sub.rec.wake.is_none() && pending {
+                    self.wake(sub, &mut fx);
+                }
             }
         }
+        self.settle_logged(fx, "subscription change").await;
     }
 
     /// Re-links pattern matches and wakes idle subscriptions with pending work (after a lag or
@@ -196,20 +269,22 @@ impl Manager {
         if self.ready().await.is_err() {
             return;
         }
-        let mut subs = self.subs.lock().await;
-        for sub in subs.values_mut() {
-            self.link_new_matches(sub).await;
-            if sub.rec.wake.is_none()
-                && let Err(e) = self.wake(sub).await
-            {
-                tracing::warn!(sub = %sub.rec.id, error = %e, "wake not issued");
+        let mut fx = Effects::default();
+        {
+            let mut subs = self.lock();
+            for sub in subs.values_mut() {
+                self.link_new_matches(sub, &mut fx);
+                if sub.rec.wake.is_none() {
+                    self.wake(sub, &mut fx);
+                }
             }
         }
+        self.settle_logged(fx, "subscription rescan").await;
     }
 
     /// Links matching streams not linked yet, as discovered by an append (acked `-1`): they
     /// appeared after the subscription was created (existing ones were linked at creation).
-    async fn link_new_matches(&self, sub: &mut Sub) {
+    fn link_new_matches(&self, sub: &mut Sub, fx: &mut Effects) {
         let mut added = Vec::new();
         for name in self.unlinked_matches(sub) {
             if sub.link_glob(&name, None) {
@@ -217,9 +292,7 @@ impl Manager {
             }
         }
         let refs: Vec<&str> = added.iter().map(String::as_str).collect();
-        if let Err(e) = self.store.persist_links(sub, &refs).await {
-            tracing::warn!(sub = %sub.rec.id, error = %e, "subscription links not persisted");
-        }
+        fx.log(&sub.rec.id, self.store.persist_links(sub, &refs));
     }
 
     async fn on_tick(self: &Arc<Self>) {
@@ -230,57 +303,56 @@ impl Manager {
             }
         }
         let now = self.clock.now_ms();
-        let mut subs = self.subs.lock().await;
-        // Every few ticks, not every tick: each checked link is a stream lookup under this
-        // lock, and most ticks have no deleted stream to find.
-        if self
-            .ticks
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(PRUNE_EVERY_TICKS)
+        let mut fx = Effects::default();
         {
-            self.prune_gone_links(&mut subs).await;
-        }
-        for sub in subs.values_mut() {
-            if let Some(trigger) = sub.pending_event.clone() {
-                if sub.rec.wake.as_ref().is_some_and(|w| w.holder.is_none()) {
-                    self.append_wake_event(sub, &trigger).await;
-                } else {
-                    // Claimed (or gone): the event is no longer news.
-                    sub.pending_event = None;
+            let mut subs = self.lock();
+            // Every few ticks, not every tick: each checked link is a stream lookup under this
+            // lock, and most ticks have no deleted stream to find.
+            if self
+                .ticks
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(PRUNE_EVERY_TICKS)
+            {
+                self.prune_gone_links(&mut subs, &mut fx);
+            }
+            for sub in subs.values_mut() {
+                if let Some(trigger) = sub.pending_event.clone() {
+                    if sub.rec.wake.as_ref().is_some_and(|w| w.holder.is_none()) {
+                        self.queue_wake_event(sub, &trigger, &mut fx);
+                    } else {
+                        // Claimed (or gone): the event is no longer news.
+                        sub.pending_event = None;
+                    }
                 }
-            }
-            let Some(wake) = &sub.rec.wake else {
-                continue;
-            };
-            if sub.delivering.as_ref() == Some(&wake.wake_id) {
-                continue;
-            }
-            if let Some(at) = sub.rec.next_attempt_at_ms {
-                // A webhook delivery is due (first attempt after a restart, or a retry).
-                if at <= now && sub.rec.config.kind == SubType::Webhook {
-                    self.spawn_delivery(sub);
-                }
-                continue;
-            }
-            if wake.lease_expires_ms.is_some_and(|t| t <= now) {
-                tracing::info!(sub = %sub.rec.id, generation = sub.rec.generation, "lease expired");
-                sub.rec.wake = None;
-                let result = match self.wake(sub).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => self.store.persist(sub, &[]).await,
-                    Err(e) => Err(e),
+                let Some(wake) = &sub.rec.wake else {
+                    continue;
                 };
-                if let Err(e) = result {
-                    tracing::warn!(sub = %sub.rec.id, error = %e, "lease expiry not persisted");
+                if sub.delivering.as_ref() == Some(&wake.wake_id) {
+                    continue;
+                }
+                if let Some(at) = sub.rec.next_attempt_at_ms {
+                    // A webhook delivery is due (first attempt after a restart, or a retry).
+                    if at <= now && sub.rec.config.kind == SubType::Webhook {
+                        self.queue_delivery(sub, &mut fx);
+                    }
+                    continue;
+                }
+                if wake.lease_expires_ms.is_some_and(|t| t <= now) {
+                    tracing::info!(sub = %sub.rec.id, generation = sub.rec.generation, "lease expired");
+                    sub.rec.wake = None;
+                    if !self.wake(sub, &mut fx) {
+                        fx.writes.push(self.store.persist(sub, &[]));
+                    }
                 }
             }
         }
+        self.settle_logged(fx, "subscription timer change").await;
     }
 
     // ---- API ----
 
     pub async fn upsert(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         config: Config,
         ds_root: &str,
@@ -288,56 +360,72 @@ impl Manager {
         check_id(id)?;
         let keys = self.keys().await?;
         let hash = config.hash();
-        let mut subs = self.subs.lock().await;
-        if let Some(existing) = subs.get(id) {
-            if existing.rec.config_hash != hash {
-                return Err(SubError::AlreadyExists);
+        let mut fx = Effects::default();
+        let (body, created_at) = {
+            let mut subs = self.lock();
+            if let Some(existing) = subs.get(id) {
+                if existing.rec.config_hash != hash {
+                    return Err(SubError::AlreadyExists);
+                }
+                return Ok(Upserted {
+                    created: false,
+                    body: existing.to_json(ds_root, keys.kid()),
+                });
             }
-            return Ok(Upserted {
-                created: false,
-                body: existing.to_json(ds_root, keys.kid()),
+            if subs.len() >= MAX_SUBSCRIPTIONS {
+                return Err(SubError::LimitExceeded(format!(
+                    "this node already has the maximum of {MAX_SUBSCRIPTIONS} subscriptions"
+                )));
+            }
+            let created_at = self.clock.now_ms();
+            let mut sub = Sub::new(Record {
+                id: id.to_string(),
+                config_hash: hash,
+                created_at_ms: created_at,
+                base_url: ds_root.to_string(),
+                generation: 0,
+                wake: None,
+                status: Status::Active,
+                retry_count: 0,
+                next_attempt_at_ms: None,
+                config,
             });
+            // Existing streams are linked at their tail: creation does not replay history.
+            for path in sub.rec.config.streams.clone() {
+                let tail = self.tail(&path);
+                sub.links.insert(
+                    path.clone(),
+                    Link {
+                        explicit: true,
+                        // A glob link exists only for a stream that exists.
+                        glob: tail.is_ok() && sub.rec.config.pattern_matches(&path),
+                        acked: Some(tail.unwrap_or(0)),
+                        stream_id: None,
+                    },
+                );
+            }
+            for path in self.unlinked_matches(&sub) {
+                let tail = self.tail(&path).unwrap_or(0);
+                sub.link_glob(&path, Some(tail));
+            }
+            let paths: Vec<String> = sub.links.keys().cloned().collect();
+            let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+            fx.writes.push(self.store.persist(&sub, &refs));
+            let body = sub.to_json(ds_root, keys.kid());
+            subs.insert(id.to_string(), sub);
+            (body, created_at)
+        };
+        if let Err(e) = self.settle(fx).await {
+            // Not stored: forget it, unless something else already changed it.
+            let mut subs = self.lock();
+            if subs
+                .get(id)
+                .is_some_and(|s| s.rec.created_at_ms == created_at && s.rec.generation == 0)
+            {
+                subs.remove(id);
+            }
+            return Err(e);
         }
-        if subs.len() >= MAX_SUBSCRIPTIONS {
-            return Err(SubError::LimitExceeded(format!(
-                "this node already has the maximum of {MAX_SUBSCRIPTIONS} subscriptions"
-            )));
-        }
-        let mut sub = Sub::new(Record {
-            id: id.to_string(),
-            config_hash: hash,
-            created_at_ms: self.clock.now_ms(),
-            base_url: ds_root.to_string(),
-            generation: 0,
-            wake: None,
-            status: Status::Active,
-            retry_count: 0,
-            next_attempt_at_ms: None,
-            config,
-        });
-        // Existing streams are linked at their tail: creation does not replay history.
-        for path in sub.rec.config.streams.clone() {
-            let tail = self.tail(&path).await;
-            sub.links.insert(
-                path.clone(),
-                Link {
-                    explicit: true,
-                    // A glob link exists only for a stream that exists.
-                    glob: tail.is_ok() && sub.rec.config.pattern_matches(&path),
-                    acked: Some(tail.unwrap_or(0)),
-                    stream_id: None,
-                },
-            );
-        }
-        for path in self.unlinked_matches(&sub) {
-            let tail = self.tail(&path).await.unwrap_or(0);
-            sub.link_glob(&path, Some(tail));
-        }
-        let paths: Vec<String> = sub.links.keys().cloned().collect();
-        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-        self.store.persist(&sub, &refs).await?;
-        let body = sub.to_json(ds_root, keys.kid());
-        subs.insert(id.to_string(), sub);
         Ok(Upserted {
             created: true,
             body,
@@ -346,78 +434,98 @@ impl Manager {
 
     pub async fn get(&self, id: &str, ds_root: &str) -> Result<Value, SubError> {
         let keys = self.keys().await?;
-        let subs = self.subs.lock().await;
+        let subs = self.lock();
         let sub = subs.get(id).ok_or(SubError::NotFound)?;
         Ok(sub.to_json(ds_root, keys.kid()))
     }
 
     /// Tombstones the subscription: its wake, tokens and cursors are gone (idempotent).
-    pub async fn delete(&self, id: &str) -> Result<(), SubError> {
+    pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), SubError> {
         self.ready().await?;
-        let mut subs = self.subs.lock().await;
-        let Some(sub) = subs.get(id) else {
-            return Ok(());
+        let mut fx = Effects::default();
+        let removed = {
+            let mut subs = self.lock();
+            let Some(sub) = subs.remove(id) else {
+                return Ok(());
+            };
+            fx.writes.push(self.store.delete(&sub));
+            sub
         };
-        self.store.delete(sub).await?;
-        subs.remove(id);
+        if let Err(e) = self.settle(fx).await {
+            // Still stored: keep serving it, so that a retried delete removes it.
+            self.lock().entry(id.to_string()).or_insert(removed);
+            return Err(e);
+        }
         Ok(())
     }
 
-    pub async fn add_streams(&self, id: &str, streams: Vec<String>) -> Result<(), SubError> {
+    pub async fn add_streams(
+        self: &Arc<Self>,
+        id: &str,
+        streams: Vec<String>,
+    ) -> Result<(), SubError> {
         self.ready().await?;
-        let mut subs = self.subs.lock().await;
-        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
-        let new = streams
-            .iter()
-            .filter(|p| !sub.links.contains_key(*p))
-            .count();
-        if sub.links.len() + new > MAX_LINKS_PER_SUB {
-            return Err(SubError::LimitExceeded(format!(
-                "a subscription links at most {MAX_LINKS_PER_SUB} streams ({} linked, {new} new)",
-                sub.links.len()
-            )));
-        }
-        let mut changed = Vec::new();
-        for path in streams {
-            match sub.links.get_mut(&path) {
-                Some(link) if link.explicit => {}
-                Some(link) => {
-                    link.explicit = true;
-                    changed.push(path);
-                }
-                None => {
-                    let tail = self.tail(&path).await;
-                    let glob = tail.is_ok() && sub.rec.config.pattern_matches(&path);
-                    sub.links.insert(
-                        path.clone(),
-                        Link {
-                            explicit: true,
-                            glob,
-                            acked: Some(tail.unwrap_or(0)),
-                            stream_id: None,
-                        },
-                    );
-                    changed.push(path);
+        let mut fx = Effects::default();
+        {
+            let mut subs = self.lock();
+            let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+            let new = streams
+                .iter()
+                .filter(|p| !sub.links.contains_key(*p))
+                .count();
+            if sub.links.len() + new > MAX_LINKS_PER_SUB {
+                return Err(SubError::LimitExceeded(format!(
+                    "a subscription links at most {MAX_LINKS_PER_SUB} streams ({} linked, {new} new)",
+                    sub.links.len()
+                )));
+            }
+            let mut changed = Vec::new();
+            for path in streams {
+                match sub.links.get_mut(&path) {
+                    Some(link) if link.explicit => {}
+                    Some(link) => {
+                        link.explicit = true;
+                        changed.push(path);
+                    }
+                    None => {
+                        let tail = self.tail(&path);
+                        let glob = tail.is_ok() && sub.rec.config.pattern_matches(&path);
+                        sub.links.insert(
+                            path.clone(),
+                            Link {
+                                explicit: true,
+                                glob,
+                                acked: Some(tail.unwrap_or(0)),
+                                stream_id: None,
+                            },
+                        );
+                        changed.push(path);
+                    }
                 }
             }
+            let refs: Vec<&str> = changed.iter().map(String::as_str).collect();
+            fx.writes.push(self.store.persist_links(sub, &refs));
         }
-        let refs: Vec<&str> = changed.iter().map(String::as_str).collect();
-        self.store.persist_links(sub, &refs).await
+        self.settle(fx).await
     }
 
     /// Drops the explicit link; a glob link to the same stream stays (idempotent).
-    pub async fn remove_stream(&self, id: &str, path: &str) -> Result<(), SubError> {
+    pub async fn remove_stream(self: &Arc<Self>, id: &str, path: &str) -> Result<(), SubError> {
         self.ready().await?;
-        let mut subs = self.subs.lock().await;
-        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
-        let Some(link) = sub.links.get_mut(path) else {
-            return Ok(());
-        };
-        link.explicit = false;
-        if !link.glob {
-            sub.links.remove(path);
+        let mut fx = Effects::default();
+        {
+            let mut subs = self.lock();
+            let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+            let Some(link) = sub.links.get_mut(path) else {
+                return Ok(());
+            };
+            link.explicit = false;
+            if !link.glob {
+                sub.links.remove(path);
+            }
+            fx.writes.push(self.store.persist_links(sub, &[path]));
         }
-        self.store.persist_links(sub, &[path]).await
+        self.settle(fx).await
     }
 
     /// Webhook callback: acks, lease extension, `done`.
@@ -450,77 +558,88 @@ impl Manager {
         kind: SubType,
     ) -> Result<Value, SubError> {
         let keys = self.keys().await?;
-        let mut subs = self.subs.lock().await;
-        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
-        check_kind(sub, kind)?;
-        check_fence(&keys, sub, token, &req)?;
-        let acked = self.apply_acks(sub, &req.acks).await?;
-        let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
-        let lease = self.clock.now_ms() + sub.rec.config.lease_ttl_ms as i64;
-        let mut next_wake = false;
-        if req.done {
-            sub.rec.wake = None;
-            sub.rec.next_attempt_at_ms = None;
-            next_wake = self.wake(sub).await?;
-        } else if let Some(w) = sub.rec.wake.as_mut() {
-            w.lease_expires_ms = Some(lease);
-        }
-        if !next_wake {
-            self.store.persist(sub, &refs).await?;
-        } else {
-            self.store.persist_links(sub, &refs).await?;
-        }
+        let mut fx = Effects::default();
+        let next_wake = {
+            let mut subs = self.lock();
+            let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+            check_kind(sub, kind)?;
+            check_fence(&keys, sub, token, &req)?;
+            let acked = self.apply_acks(sub, &req.acks)?;
+            let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
+            let lease = self.clock.now_ms() + sub.rec.config.lease_ttl_ms as i64;
+            let mut next_wake = false;
+            if req.done {
+                sub.rec.wake = None;
+                sub.rec.next_attempt_at_ms = None;
+                next_wake = self.wake(sub, &mut fx);
+            } else if let Some(w) = sub.rec.wake.as_mut() {
+                w.lease_expires_ms = Some(lease);
+            }
+            if !next_wake {
+                fx.writes.push(self.store.persist(sub, &refs));
+            } else {
+                fx.writes.push(self.store.persist_links(sub, &refs));
+            }
+            next_wake
+        };
+        self.settle(fx).await?;
         Ok(json!({ "ok": true, "next_wake": next_wake }))
     }
 
     pub async fn claim(self: &Arc<Self>, id: &str, worker: &str) -> Result<Value, SubError> {
         let keys = self.keys().await?;
-        let mut subs = self.subs.lock().await;
-        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
-        check_kind(sub, SubType::PullWake)?;
-        let now = self.clock.now_ms();
-        if let Some(w) = &sub.rec.wake
-            && let Some(holder) = &w.holder
-        {
-            if w.lease_expires_ms.is_none_or(|t| t > now) {
-                return Err(SubError::AlreadyClaimed {
-                    holder: holder.clone(),
-                    generation: sub.rec.generation,
-                });
+        let mut fx = Effects::default();
+        let answer = {
+            let mut subs = self.lock();
+            let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+            check_kind(sub, SubType::PullWake)?;
+            let now = self.clock.now_ms();
+            if let Some(w) = &sub.rec.wake
+                && let Some(holder) = &w.holder
+            {
+                if w.lease_expires_ms.is_none_or(|t| t > now) {
+                    return Err(SubError::AlreadyClaimed {
+                        holder: holder.clone(),
+                        generation: sub.rec.generation,
+                    });
+                }
+                // Expired but not yet swept: the claim takes over with a new generation.
+                sub.rec.wake = None;
             }
-            // Expired but not yet swept: the claim takes over with a new generation.
-            sub.rec.wake = None;
-        }
-        // Streams created since the last event we processed are pending too.
-        self.link_new_matches(sub).await;
-        let views = self.views(sub).await;
-        if !views.iter().any(StreamView::pending) {
-            return Err(SubError::NoPendingWork);
-        }
-        if sub.rec.wake.is_none() {
-            self.wake(sub).await?;
-        }
-        let generation = sub.rec.generation;
-        let lease_ttl_ms = sub.rec.config.lease_ttl_ms;
-        let Some(w) = sub.rec.wake.as_mut() else {
-            return Err(SubError::NoPendingWork);
+            // Streams created since the last event we processed are pending too.
+            self.link_new_matches(sub, &mut fx);
+            let views = self.views(sub, &mut fx);
+            if !views.iter().any(StreamView::pending) {
+                // Links dropped on the way are queued already and still get written.
+                return Err(SubError::NoPendingWork);
+            }
+            if sub.rec.wake.is_none() {
+                self.wake(sub, &mut fx);
+            }
+            let generation = sub.rec.generation;
+            let lease_ttl_ms = sub.rec.config.lease_ttl_ms;
+            let Some(w) = sub.rec.wake.as_mut() else {
+                return Err(SubError::NoPendingWork);
+            };
+            w.holder = Some(worker.to_string());
+            w.lease_expires_ms = Some(now + lease_ttl_ms as i64);
+            let token = keys.token(&TokenClaims {
+                sub: id.to_string(),
+                generation,
+                wake_id: w.wake_id.clone(),
+            });
+            let wake_id = w.wake_id.clone();
+            fx.writes.push(self.store.persist(sub, &[]));
+            json!({
+                "wake_id": wake_id,
+                "generation": generation,
+                "token": token,
+                "streams": views.iter().map(StreamView::to_json).collect::<Vec<_>>(),
+                "lease_ttl_ms": lease_ttl_ms,
+            })
         };
-        w.holder = Some(worker.to_string());
-        w.lease_expires_ms = Some(now + lease_ttl_ms as i64);
-        let token = keys.token(&TokenClaims {
-            sub: id.to_string(),
-            generation,
-            wake_id: w.wake_id.clone(),
-        });
-        let wake_id = w.wake_id.clone();
-        self.store.persist(sub, &[]).await?;
-        Ok(json!({
-            "wake_id": wake_id,
-            "generation": generation,
-            "token": token,
-            "streams": views.iter().map(StreamView::to_json).collect::<Vec<_>>(),
-            "lease_ttl_ms": lease_ttl_ms,
-        }))
+        self.settle(fx).await?;
+        Ok(answer)
     }
 
     /// Gives the wake back without acking; pending work gets a new wake.
@@ -531,25 +650,29 @@ impl Manager {
         req: WakeRequest,
     ) -> Result<(), SubError> {
         let keys = self.keys().await?;
-        let mut subs = self.subs.lock().await;
-        let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
-        check_kind(sub, SubType::PullWake)?;
-        check_fence(&keys, sub, token, &req)?;
-        sub.rec.wake = None;
-        if !self.wake(sub).await? {
-            self.store.persist(sub, &[]).await?;
+        let mut fx = Effects::default();
+        {
+            let mut subs = self.lock();
+            let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
+            check_kind(sub, SubType::PullWake)?;
+            check_fence(&keys, sub, token, &req)?;
+            sub.rec.wake = None;
+            if !self.wake(sub, &mut fx) {
+                fx.writes.push(self.store.persist(sub, &[]));
+            }
         }
-        Ok(())
+        self.settle(fx).await
     }
 
     // ---- wakes ----
 
-    /// Issues a new wake generation if any linked stream has pending work. Persists the record
-    /// (and links dropped because their stream is gone). Returns whether a wake was issued.
-    async fn wake(self: &Arc<Self>, sub: &mut Sub) -> Result<bool, SubError> {
-        let views = self.views(sub).await;
+    /// Issues a new wake generation if any linked stream has pending work: queues the record
+    /// (and links dropped because their stream is gone) and the delivery or wake event.
+    /// Returns whether a wake was issued.
+    fn wake(&self, sub: &mut Sub, fx: &mut Effects) -> bool {
+        let views = self.views(sub, fx);
         let Some(first) = views.iter().find(|v| v.pending()) else {
-            return Ok(false);
+            return false;
         };
         let trigger = first.path.clone();
         let now = self.clock.now_ms();
@@ -571,19 +694,19 @@ impl Manager {
             SubType::Webhook => {
                 sub.rec.next_attempt_at_ms = Some(now);
                 sub.rec.retry_count = 0;
-                self.store.persist(sub, &[]).await?;
-                self.spawn_delivery(sub);
+                fx.writes.push(self.store.persist(sub, &[]));
+                self.queue_delivery(sub, fx);
             }
             SubType::PullWake => {
-                self.store.persist(sub, &[]).await?;
-                self.append_wake_event(sub, &trigger).await;
+                fx.writes.push(self.store.persist(sub, &[]));
+                self.queue_wake_event(sub, &trigger, fx);
             }
         }
         tracing::debug!(sub = %sub.rec.id, generation = sub.rec.generation, "wake issued");
-        Ok(true)
+        true
     }
 
-    async fn append_wake_event(&self, sub: &mut Sub, trigger: &str) {
+    fn queue_wake_event(&self, sub: &mut Sub, trigger: &str, fx: &mut Effects) {
         let Some(ws) = &sub.rec.config.wake_stream else {
             return;
         };
@@ -607,21 +730,12 @@ impl Manager {
             return;
         }
         sub.pending_event = None;
-        let req = AppendRequest {
-            name,
-            records: vec![DataRecord::from_value(event.to_string().into_bytes())],
-            producer: None,
-            match_seq: None,
-            close: false,
-            content_type: None,
-        };
-        if let Err(e) = self.node.append(req).await {
-            // The application owns the wake stream; a claim still works without the event.
-            tracing::warn!(sub = %sub.rec.id, wake_stream = %ws, error = %e, "wake event not written");
-        }
+        fx.events
+            .push((sub.rec.id.clone(), name, event.to_string().into_bytes()));
     }
 
-    fn spawn_delivery(self: &Arc<Self>, sub: &mut Sub) {
+    /// Starts a delivery of the wake in flight unless one is running for it.
+    fn queue_delivery(&self, sub: &mut Sub, fx: &mut Effects) {
         let Some(wake) = &sub.rec.wake else {
             return;
         };
@@ -629,38 +743,40 @@ impl Manager {
             return;
         }
         sub.delivering = Some(wake.wake_id.clone());
-        let this = self.clone();
-        let id = sub.rec.id.clone();
-        let wake_id = wake.wake_id.clone();
-        tokio::spawn(async move { this.deliver(id, wake_id).await });
+        fx.deliveries
+            .push((sub.rec.id.clone(), wake.wake_id.clone()));
     }
 
-    async fn deliver(self: Arc<Self>, id: String, wake_id: String) {
-        let Ok(_permit) = self.delivery_slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Ok(keys) = self.keys().await else {
-            return;
-        };
-        let prepared = {
-            let subs = self.subs.lock().await;
-            subs.get(&id).and_then(|sub| {
-                let wake = sub.rec.wake.as_ref().filter(|w| w.wake_id == wake_id)?;
-                let url = sub.rec.config.webhook_url.clone()?;
-                Some((url, webhook_body(sub, wake, &keys)))
-            })
-        };
-        let Some((url, body)) = prepared else {
-            self.clear_delivering(&id, &wake_id).await;
-            return;
-        };
-        let signature = keys.signature_header(self.clock.now_ms() / 1000, &body);
-        let outcome = self.sender.send(&url, signature, body).await;
-        self.finish_delivery(&id, &wake_id, outcome).await;
+    /// One delivery attempt. Boxed as `Send`: a delivery's outcome may start the next one,
+    /// and the compiler cannot see through that recursion on its own.
+    fn deliver(self: Arc<Self>, id: String, wake_id: String) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let Ok(_permit) = self.delivery_slots.clone().acquire_owned().await else {
+                return;
+            };
+            let Ok(keys) = self.keys().await else {
+                return;
+            };
+            let prepared = {
+                let subs = self.lock();
+                subs.get(&id).and_then(|sub| {
+                    let wake = sub.rec.wake.as_ref().filter(|w| w.wake_id == wake_id)?;
+                    let url = sub.rec.config.webhook_url.clone()?;
+                    Some((url, webhook_body(sub, wake, &keys)))
+                })
+            };
+            let Some((url, body)) = prepared else {
+                self.clear_delivering(&id, &wake_id);
+                return;
+            };
+            let signature = keys.signature_header(self.clock.now_ms() / 1000, &body);
+            let outcome = self.sender.send(&url, signature, body).await;
+            self.finish_delivery(&id, &wake_id, outcome).await;
+        })
     }
 
-    async fn clear_delivering(&self, id: &str, wake_id: &str) {
-        if let Some(sub) = self.subs.lock().await.get_mut(id)
+    fn clear_delivering(&self, id: &str, wake_id: &str) {
+        if let Some(sub) = self.lock().get_mut(id)
             && sub.delivering.as_deref() == Some(wake_id)
         {
             sub.delivering = None;
@@ -668,77 +784,74 @@ impl Manager {
     }
 
     async fn finish_delivery(self: &Arc<Self>, id: &str, wake_id: &str, outcome: Delivered) {
-        let mut subs = self.subs.lock().await;
-        let Some(sub) = subs.get_mut(id) else {
-            return;
-        };
-        if sub.delivering.as_deref() == Some(wake_id) {
-            sub.delivering = None;
-        }
-        // The wake finished (callback) or was replaced meanwhile: this answer is stale.
-        if sub.rec.wake.as_ref().is_none_or(|w| w.wake_id != wake_id) {
-            return;
-        }
-        let now = self.clock.now_ms();
-        let mut acked = Vec::new();
-        let result = match outcome {
-            Delivered::Accepted { done } => {
-                sub.rec.status = Status::Active;
-                sub.rec.retry_count = 0;
-                sub.rec.next_attempt_at_ms = None;
-                if done {
-                    // `{"done": true}`: ack the snapshot this wake carried.
-                    if let Some(w) = sub.rec.wake.take() {
-                        for (path, tail) in w.snapshot {
-                            if let Some(link) = sub.links.get_mut(&path)
-                                && link.acked.is_none_or(|a| a < tail)
-                            {
-                                link.acked = Some(tail);
-                                acked.push(path);
+        let mut fx = Effects::default();
+        {
+            let mut subs = self.lock();
+            let Some(sub) = subs.get_mut(id) else {
+                return;
+            };
+            if sub.delivering.as_deref() == Some(wake_id) {
+                sub.delivering = None;
+            }
+            // The wake finished (callback) or was replaced meanwhile: this answer is stale.
+            if sub.rec.wake.as_ref().is_none_or(|w| w.wake_id != wake_id) {
+                return;
+            }
+            let now = self.clock.now_ms();
+            match outcome {
+                Delivered::Accepted { done } => {
+                    sub.rec.status = Status::Active;
+                    sub.rec.retry_count = 0;
+                    sub.rec.next_attempt_at_ms = None;
+                    if done {
+                        // `{"done": true}`: ack the snapshot this wake carried.
+                        let mut acked = Vec::new();
+                        if let Some(w) = sub.rec.wake.take() {
+                            for (path, tail) in w.snapshot {
+                                if let Some(link) = sub.links.get_mut(&path)
+                                    && link.acked.is_none_or(|a| a < tail)
+                                {
+                                    link.acked = Some(tail);
+                                    acked.push(path);
+                                }
                             }
                         }
+                        let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
+                        fx.writes.push(self.store.persist_links(sub, &refs));
+                        if !self.wake(sub, &mut fx) {
+                            fx.writes.push(self.store.persist(sub, &[]));
+                        }
+                    } else {
+                        if let Some(w) = sub.rec.wake.as_mut() {
+                            w.lease_expires_ms = Some(now + sub.rec.config.lease_ttl_ms as i64);
+                        }
+                        fx.writes.push(self.store.persist(sub, &[]));
                     }
-                    let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
-                    match self.store.persist_links(sub, &refs).await {
-                        Ok(()) => match self.wake(sub).await {
-                            Ok(true) => Ok(()),
-                            Ok(false) => self.store.persist(sub, &[]).await,
-                            Err(e) => Err(e),
-                        },
-                        Err(e) => Err(e),
-                    }
-                } else {
-                    if let Some(w) = sub.rec.wake.as_mut() {
-                        w.lease_expires_ms = Some(now + sub.rec.config.lease_ttl_ms as i64);
-                    }
-                    self.store.persist(sub, &[]).await
+                }
+                Delivered::Failed(reason) => {
+                    sub.rec.retry_count = sub.rec.retry_count.saturating_add(1);
+                    let delay = retry_delay_ms(sub.rec.retry_count, rand::random::<f64>());
+                    sub.rec.status = Status::Failed;
+                    sub.rec.next_attempt_at_ms = Some(now + delay as i64);
+                    tracing::warn!(
+                        sub = %sub.rec.id, attempt = sub.rec.retry_count, retry_in_ms = delay,
+                        %reason, "webhook delivery failed"
+                    );
+                    fx.writes.push(self.store.persist(sub, &[]));
                 }
             }
-            Delivered::Failed(reason) => {
-                sub.rec.retry_count = sub.rec.retry_count.saturating_add(1);
-                let delay = retry_delay_ms(sub.rec.retry_count, rand::random::<f64>());
-                sub.rec.status = Status::Failed;
-                sub.rec.next_attempt_at_ms = Some(now + delay as i64);
-                tracing::warn!(
-                    sub = %sub.rec.id, attempt = sub.rec.retry_count, retry_in_ms = delay,
-                    %reason, "webhook delivery failed"
-                );
-                self.store.persist(sub, &[]).await
-            }
-        };
-        if let Err(e) = result {
-            tracing::warn!(sub = %id, error = %e, "delivery outcome not persisted");
         }
+        self.settle_logged(fx, "delivery outcome").await;
     }
 
     // ---- helpers ----
 
     /// Every link with its current tail. Glob-only links whose stream is gone are dropped.
-    async fn views(&self, sub: &mut Sub) -> Vec<StreamView> {
+    fn views(&self, sub: &mut Sub, fx: &mut Effects) -> Vec<StreamView> {
         let mut out = Vec::with_capacity(sub.links.len());
         let mut gone = Vec::new();
         for (path, link) in &sub.links {
-            let tail = match self.tail(path).await {
+            let tail = match self.tail(path) {
                 Ok(t) => t,
                 Err(TailError::Missing) => {
                     if !link.explicit {
@@ -761,15 +874,13 @@ impl Manager {
                 sub.links.remove(p);
             }
             let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-            if let Err(e) = self.store.persist_links(sub, &refs).await {
-                tracing::warn!(sub = %sub.rec.id, error = %e, "dropped links not persisted");
-            }
+            fx.log(&sub.rec.id, self.store.persist_links(sub, &refs));
         }
         out
     }
 
     /// Validates every ack, then applies them all. Returns the paths whose cursor moved.
-    async fn apply_acks(&self, sub: &mut Sub, acks: &[AckItem]) -> Result<Vec<String>, SubError> {
+    fn apply_acks(&self, sub: &mut Sub, acks: &[AckItem]) -> Result<Vec<String>, SubError> {
         if acks.len() > MAX_LINKS_PER_SUB {
             return Err(SubError::invalid(format!(
                 "at most {MAX_LINKS_PER_SUB} acks per request"
@@ -787,7 +898,7 @@ impl Manager {
                 // A glob link dropped because its stream was deleted (maybe after this wake was
                 // handed out, see `prune_gone_links`): nothing is left to ack.
                 if sub.rec.config.pattern_matches(path)
-                    && matches!(self.tail(path).await, Err(TailError::Missing))
+                    && matches!(self.tail(path), Err(TailError::Missing))
                 {
                     continue;
                 }
@@ -809,7 +920,7 @@ impl Manager {
                     "ack offset regresses the committed cursor".into(),
                 ));
             }
-            let tail = self.tail(path).await.unwrap_or(0);
+            let tail = self.tail(path).unwrap_or(0);
             if offset > tail {
                 return Err(SubError::InvalidOffset(
                     "ack offset is beyond the stream tail".into(),
@@ -829,9 +940,10 @@ impl Manager {
         Ok(moved)
     }
 
-    async fn tail(&self, path: &str) -> Result<u64, TailError> {
+    /// A stream's tail from the node's in-memory state (no IO: safe under the state lock).
+    fn tail(&self, path: &str) -> Result<u64, TailError> {
         let name = StreamName::parse(path).map_err(|_| TailError::Missing)?;
-        match self.node.head(&name).await {
+        match self.node.head_now(&name) {
             Ok(info) => Ok(info.next_seq),
             Err(ReadError::NotFound(_)) => Err(TailError::Missing),
             Err(_) => Err(TailError::Unavailable),
@@ -879,7 +991,7 @@ impl Manager {
     /// where the previous call stopped. Deletes emit no event, and a subscription that does not
     /// wake (unclaimed, failing webhook) would otherwise keep a link, and a KV key, per stream
     /// name it ever matched. Explicit links stay: the client added them.
-    async fn prune_gone_links(&self, subs: &mut BTreeMap<String, Sub>) {
+    fn prune_gone_links(&self, subs: &mut BTreeMap<String, Sub>, fx: &mut Effects) {
         let mut cursor = self
             .prune_cursor
             .lock()
@@ -903,7 +1015,7 @@ impl Manager {
                 }
                 budget -= 1;
                 last = Some(path);
-                if !link.explicit && matches!(self.tail(path).await, Err(TailError::Missing)) {
+                if !link.explicit && matches!(self.tail(path), Err(TailError::Missing)) {
                     gone.push(path.clone());
                 }
             }
@@ -916,9 +1028,7 @@ impl Manager {
                 }
                 tracing::debug!(sub = %id, dropped = gone.len(), "links to deleted streams dropped");
                 let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-                if let Err(e) = self.store.persist_links(sub, &refs).await {
-                    tracing::warn!(sub = %id, error = %e, "dropped links not persisted");
-                }
+                fx.log(id, self.store.persist_links(sub, &refs));
             }
             if budget == 0 {
                 break;
@@ -1019,7 +1129,7 @@ mod tests {
         let mgr = manager().await;
         assert!(mgr.upsert("first", pull_wake("a/*"), ROOT).await.is_ok());
         {
-            let mut subs = mgr.subs.lock().await;
+            let mut subs = mgr.lock();
             let template = subs["first"].clone();
             for i in 1..MAX_SUBSCRIPTIONS {
                 let mut filler = template.clone();
@@ -1033,7 +1143,7 @@ mod tests {
             "creating subscription {} must be refused",
             MAX_SUBSCRIPTIONS + 1
         );
-        assert!(!mgr.subs.lock().await.contains_key("one-more"));
+        assert!(!mgr.lock().contains_key("one-more"));
         // Re-confirming an existing subscription creates nothing.
         let again = mgr.upsert("first", pull_wake("a/*"), ROOT).await;
         assert!(again.is_ok_and(|u| !u.created));
@@ -1052,7 +1162,7 @@ mod tests {
                 sub.links.insert(format!("x/{i}"), link(true));
             }
         };
-        fill(&mut *mgr.subs.lock().await, MAX_LINKS_PER_SUB - 1);
+        fill(&mut mgr.lock(), MAX_LINKS_PER_SUB - 1);
         // Two new explicit links do not fit: refused, none added.
         let refused = mgr
             .add_streams("s", vec!["e/1".to_string(), "e/2".to_string()])
@@ -1061,19 +1171,16 @@ mod tests {
             matches!(refused, Err(SubError::LimitExceeded(_))),
             "{refused:?}"
         );
-        assert_eq!(
-            mgr.subs.lock().await["s"].links.len(),
-            MAX_LINKS_PER_SUB - 1
-        );
+        assert_eq!(mgr.lock()["s"].links.len(), MAX_LINKS_PER_SUB - 1);
         // One new (plus one already linked) fits.
         let added = mgr
             .add_streams("s", vec!["e/1".to_string(), "x/0".to_string()])
             .await;
         assert_eq!(added, Ok(()));
-        assert_eq!(mgr.subs.lock().await["s"].links.len(), MAX_LINKS_PER_SUB);
+        assert_eq!(mgr.lock()["s"].links.len(), MAX_LINKS_PER_SUB);
         // A matching append beyond the cap is not linked; one already linked still counts.
         mgr.on_append("g/new", 7, 1).await;
-        let subs = mgr.subs.lock().await;
+        let subs = mgr.lock();
         assert!(!subs["s"].links.contains_key("g/new"));
         assert!(subs["s"].link_cap_warned);
         assert_eq!(subs["s"].links.len(), MAX_LINKS_PER_SUB);
@@ -1084,7 +1191,7 @@ mod tests {
         let mgr = manager().await;
         assert!(mgr.upsert("s", pull_wake("g/*"), ROOT).await.is_ok());
         {
-            let mut subs = mgr.subs.lock().await;
+            let mut subs = mgr.lock();
             let sub = subs.get_mut("s").unwrap();
             for i in 0..MAX_LINKS_PER_SUB - 1 {
                 sub.links.insert(format!("x/{i}"), link(true));
@@ -1092,9 +1199,10 @@ mod tests {
         }
         create_stream(&mgr, "g/a").await;
         create_stream(&mgr, "g/b").await;
-        let mut subs = mgr.subs.lock().await;
+        let mut subs = mgr.lock();
         let sub = subs.get_mut("s").unwrap();
-        mgr.link_new_matches(sub).await;
+        let mut fx = Effects::default();
+        mgr.link_new_matches(sub, &mut fx);
         assert_eq!(sub.links.len(), MAX_LINKS_PER_SUB);
         assert!(sub.links.contains_key("g/a") && !sub.links.contains_key("g/b"));
         assert!(sub.link_cap_warned);
@@ -1107,8 +1215,8 @@ mod tests {
         assert!(mgr.upsert("s", pull_wake("g/*"), ROOT).await.is_ok());
         assert!(mgr.upsert("t", pull_wake("g/*"), ROOT).await.is_ok());
         let gone = 1_500;
-        {
-            let mut subs = mgr.subs.lock().await;
+        let written = {
+            let mut subs = mgr.lock();
             let sub = subs.get_mut("s").unwrap();
             let mut paths = vec!["g/explicit-gone".to_string()];
             sub.links.insert(paths[0].clone(), link(true));
@@ -1117,19 +1225,26 @@ mod tests {
                 sub.links.insert(format!("g/gone-{i:04}"), link(false));
             }
             let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-            mgr.store.persist_links(sub, &refs).await.unwrap();
-        }
+            mgr.store.persist_links(sub, &refs)
+        };
+        written.wait().await.unwrap();
         let stored = |id: &str| mgr.store.stored_links(id);
         assert_eq!(stored("s"), gone + 2);
-        let mut subs = mgr.subs.lock().await;
         // One batch: the explicit link and 999 gone ones checked.
-        mgr.prune_gone_links(&mut subs).await;
-        assert_eq!(subs["s"].links.len(), gone + 2 - (PRUNE_BATCH - 1));
+        let mut fx = Effects::default();
+        mgr.prune_gone_links(&mut mgr.lock(), &mut fx);
+        mgr.settle(fx).await.unwrap();
+        assert_eq!(mgr.lock()["s"].links.len(), gone + 2 - (PRUNE_BATCH - 1));
         // The next one resumes there, finishes `s` and checks `t`.
-        mgr.prune_gone_links(&mut subs).await;
-        let left: Vec<&String> = subs["s"].links.keys().collect();
-        assert_eq!(left, ["g/explicit-gone", "g/live"]);
-        assert_eq!(subs["t"].links.len(), 1);
+        let mut fx = Effects::default();
+        mgr.prune_gone_links(&mut mgr.lock(), &mut fx);
+        mgr.settle(fx).await.unwrap();
+        {
+            let subs = mgr.lock();
+            let left: Vec<&String> = subs["s"].links.keys().collect();
+            assert_eq!(left, ["g/explicit-gone", "g/live"]);
+            assert_eq!(subs["t"].links.len(), 1);
+        }
         assert_eq!(stored("s"), 2);
         assert!(mgr.prune_cursor.lock().unwrap().is_none());
     }

@@ -1,12 +1,19 @@
 //! Subscription state in the metadata log's KV: every change is written through before the
 //! request that caused it is answered, and a new manager rebuilds its state from the view.
 //!
+//! Writes are queued, not awaited, by the manager while it holds its state lock, and one writer
+//! task proposes them in queue order: the KV sees changes in the order the state made them, and
+//! no lock is held while the metadata log commits. The caller awaits its [`Receipt`] after
+//! releasing the lock.
+//!
 //! Layout: `ds/sub/{id}` = [`Record`] JSON, `ds/sublink/{id}/{path}` = [`Link`] JSON,
 //! [`SEED_KEY`] = the 32-byte signing seed.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use pico_metadata::{ApplyError, Command};
+use tokio::sync::{mpsc, oneshot};
 
 use super::error::SubError;
 use super::model::{Link, Record, Sub};
@@ -16,15 +23,51 @@ pub const SEED_KEY: &str = "ds/webhook-signing-seed";
 pub const SUB_PREFIX: &str = "ds/sub/";
 pub const LINK_PREFIX: &str = "ds/sublink/";
 
+/// Queued write batches; a full queue refuses new changes (the metadata log is behind).
+const WRITE_QUEUE: usize = 1_024;
+/// Batches proposed together by the writer.
+const WRITE_BATCH: usize = 16;
+
 /// Reads and writes subscription keys through the node's metadata log.
-#[derive(Clone)]
 pub struct Store {
     node: Node,
+    /// The writer's queue, started on the first write (inside a runtime).
+    queue: OnceLock<mpsc::Sender<Write>>,
+}
+
+/// A batch of KV commands and who waits for its outcome.
+struct Write {
+    cmds: Vec<Command>,
+    done: oneshot::Sender<Result<(), SubError>>,
+}
+
+/// The outcome of a queued write, to await once no lock is held.
+#[must_use = "a write is only durable once its receipt says so"]
+pub struct Receipt(Result<Option<oneshot::Receiver<Result<(), SubError>>>, SubError>);
+
+impl Receipt {
+    fn done() -> Receipt {
+        Receipt(Ok(None))
+    }
+
+    /// Waits until the write is committed (or failed).
+    pub async fn wait(self) -> Result<(), SubError> {
+        match self.0 {
+            Ok(None) => Ok(()),
+            Ok(Some(rx)) => rx.await.unwrap_or_else(|_| {
+                Err(SubError::Unavailable("subscription writer stopped".into()))
+            }),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 impl Store {
     pub fn new(node: Node) -> Store {
-        Store { node }
+        Store {
+            node,
+            queue: OnceLock::new(),
+        }
     }
 
     /// The stored signing seed, if any.
@@ -87,33 +130,59 @@ impl Store {
         subs
     }
 
-    /// Writes the record and the given links (deleted from the KV when no longer linked).
-    pub async fn persist(&self, sub: &Sub, links: &[&str]) -> Result<(), SubError> {
-        let rec = serde_json::to_vec(&sub.rec).map_err(unavailable)?;
+    /// Queues the record and the given links (deleted from the KV when no longer linked).
+    pub fn persist(&self, sub: &Sub, links: &[&str]) -> Receipt {
+        let rec = match serde_json::to_vec(&sub.rec) {
+            Ok(rec) => rec,
+            Err(e) => return Receipt(Err(unavailable(e))),
+        };
         let mut cmds = vec![Command::KvPut {
             key: sub_key(&sub.rec.id),
             value: rec,
         }];
         cmds.extend(link_cmds(sub, links));
-        self.propose(cmds).await
+        self.enqueue(cmds)
     }
 
-    /// Writes only the given links.
-    pub async fn persist_links(&self, sub: &Sub, links: &[&str]) -> Result<(), SubError> {
+    /// Queues only the given links.
+    pub fn persist_links(&self, sub: &Sub, links: &[&str]) -> Receipt {
         if links.is_empty() {
-            return Ok(());
+            return Receipt::done();
         }
-        self.propose(link_cmds(sub, links).collect()).await
+        self.enqueue(link_cmds(sub, links).collect())
     }
 
-    /// Removes the record and every link of `sub`.
-    pub async fn delete(&self, sub: &Sub) -> Result<(), SubError> {
+    /// Queues the removal of the record and every link of `sub`.
+    pub fn delete(&self, sub: &Sub) -> Receipt {
         let id = &sub.rec.id;
         let mut cmds = vec![Command::KvDelete { key: sub_key(id) }];
         cmds.extend(sub.links.keys().map(|p| Command::KvDelete {
             key: link_key(id, p),
         }));
-        self.propose(cmds).await
+        self.enqueue(cmds)
+    }
+
+    fn enqueue(&self, cmds: Vec<Command>) -> Receipt {
+        let queue = match self.queue.get() {
+            Some(q) => q,
+            None => {
+                let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                    return Receipt(Err(SubError::Unavailable("no runtime for writes".into())));
+                };
+                self.queue.get_or_init(|| {
+                    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+                    rt.spawn(run_writer(self.node.clone(), rx));
+                    tx
+                })
+            }
+        };
+        let (done, rx) = oneshot::channel();
+        match queue.try_send(Write { cmds, done }) {
+            Ok(()) => Receipt(Ok(Some(rx))),
+            Err(_) => Receipt(Err(SubError::Unavailable(
+                "subscription writes are backlogged".into(),
+            ))),
+        }
     }
 
     /// How many links of subscription `id` are stored (tests, diagnostics).
@@ -125,18 +194,36 @@ impl Store {
             .take_while(|(k, _)| k.starts_with(&prefix))
             .count()
     }
+}
 
-    async fn propose(&self, cmds: Vec<Command>) -> Result<(), SubError> {
-        let outcomes = self
-            .node
-            .meta()
-            .propose_many(cmds)
-            .await
-            .map_err(unavailable)?;
-        for o in outcomes {
-            o.map_err(unavailable)?;
+/// Proposes queued writes in queue order until every sender is gone.
+async fn run_writer(node: Node, mut rx: mpsc::Receiver<Write>) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
+        let mut cmds = Vec::new();
+        let mut sizes = Vec::with_capacity(batch.len());
+        for w in &mut batch {
+            sizes.push(w.cmds.len());
+            cmds.append(&mut w.cmds);
         }
-        Ok(())
+        match node.meta().propose_many(cmds).await {
+            Ok(outcomes) => {
+                let mut outcomes = outcomes.into_iter();
+                for (w, n) in batch.drain(..).zip(sizes) {
+                    let result = outcomes
+                        .by_ref()
+                        .take(n)
+                        .try_for_each(|o| o.map(drop).map_err(unavailable));
+                    let _ = w.done.send(result);
+                }
+            }
+            Err(e) => {
+                let e = unavailable(e);
+                for w in batch.drain(..) {
+                    let _ = w.done.send(Err(e.clone()));
+                }
+            }
+        }
     }
 }
 
