@@ -5,7 +5,6 @@
 //! comes from the injected clock; webhooks go out through a [`WebhookSender`].
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -13,7 +12,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use pico_common::StreamName;
 use pico_common::clock::{self, SharedClock};
-use pico_protocol::{OffsetSpec, Record as DataRecord, parse_offset};
+use pico_protocol::Record as DataRecord;
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, Semaphore, broadcast};
 
@@ -25,19 +24,13 @@ use super::model::{
 };
 use super::signing::{Keys, TokenClaims};
 use super::store::{Receipt, Store};
-use super::wake::{
-    AckItem, WakeRequest, check_fence, check_kind, hex, retry_delay_ms, webhook_body,
-};
-use crate::{AppendRequest, ListRequest, Node, ReadError, StreamEvent};
+use super::wake::{WakeRequest, check_fence, check_kind, hex, retry_delay_ms, webhook_body};
+use crate::{AppendRequest, Node, StreamEvent};
 
 /// Concurrent webhook requests across all subscriptions.
 const MAX_CONCURRENT_DELIVERIES: usize = 32;
 /// How often leases and retry schedules are checked.
 pub const TICK: Duration = Duration::from_millis(100);
-const LIST_PAGE: usize = 1_000;
-/// Links checked for a deleted stream per tick, across all subscriptions (deletes emit no
-/// event, so links are walked a bounded slice at a time).
-const PRUNE_BATCH: usize = 1_000;
 /// Ticks between two prune slices (1 s): at most 1,000 links checked per second.
 const PRUNE_EVERY_TICKS: u64 = 10;
 
@@ -48,7 +41,7 @@ pub struct Upserted {
 }
 
 pub struct Manager {
-    node: Node,
+    pub(super) node: Node,
     keys: OnceCell<Arc<Keys>>,
     /// Ordered so the link prune can resume where the last tick stopped. A sync lock, taken
     /// only for a transition: nothing is awaited while it is held (writes are queued in
@@ -56,10 +49,10 @@ pub struct Manager {
     subs: std::sync::Mutex<BTreeMap<String, Sub>>,
     /// Where the next link prune starts: (subscription id, last path checked). Only touched by
     /// the timer task while it holds `subs`.
-    prune_cursor: std::sync::Mutex<Option<(String, String)>>,
+    pub(super) prune_cursor: std::sync::Mutex<Option<(String, String)>>,
     /// Timer ticks so far (the link prune runs every `PRUNE_EVERY_TICKS`).
     ticks: std::sync::atomic::AtomicU64,
-    store: Store,
+    pub(super) store: Store,
     sender: Arc<dyn WebhookSender>,
     clock: SharedClock,
     delivery_slots: Arc<Semaphore>,
@@ -69,9 +62,9 @@ pub struct Manager {
 /// What a transition leaves to do once the state lock is released.
 #[derive(Default)]
 #[must_use = "effects must be settled"]
-struct Effects {
+pub(super) struct Effects {
     /// Writes the answer depends on.
-    writes: Vec<Receipt>,
+    pub(super) writes: Vec<Receipt>,
     /// Writes whose failure is only logged (links dropped on the side).
     logged: Vec<(String, Receipt)>,
     /// Webhook deliveries to start: (subscription, wake id).
@@ -81,7 +74,7 @@ struct Effects {
 }
 
 impl Effects {
-    fn log(&mut self, sub: &str, receipt: Receipt) {
+    pub(super) fn log(&mut self, sub: &str, receipt: Receipt) {
         self.logged.push((sub.to_string(), receipt));
     }
 }
@@ -843,199 +836,6 @@ impl Manager {
         }
         self.settle_logged(fx, "delivery outcome").await;
     }
-
-    // ---- helpers ----
-
-    /// Every link with its current tail. Glob-only links whose stream is gone are dropped.
-    fn views(&self, sub: &mut Sub, fx: &mut Effects) -> Vec<StreamView> {
-        let mut out = Vec::with_capacity(sub.links.len());
-        let mut gone = Vec::new();
-        for (path, link) in &sub.links {
-            let tail = match self.tail(path) {
-                Ok(t) => t,
-                Err(TailError::Missing) => {
-                    if !link.explicit {
-                        gone.push(path.clone());
-                        continue;
-                    }
-                    0
-                }
-                Err(TailError::Unavailable) => link.acked.unwrap_or(0),
-            };
-            out.push(StreamView {
-                path: path.clone(),
-                link_type: link.link_type(),
-                acked: link.acked,
-                tail,
-            });
-        }
-        if !gone.is_empty() {
-            for p in &gone {
-                sub.links.remove(p);
-            }
-            let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-            fx.log(&sub.rec.id, self.store.persist_links(sub, &refs));
-        }
-        out
-    }
-
-    /// Validates every ack, then applies them all. Returns the paths whose cursor moved.
-    fn apply_acks(&self, sub: &mut Sub, acks: &[AckItem]) -> Result<Vec<String>, SubError> {
-        if acks.len() > MAX_LINKS_PER_SUB {
-            return Err(SubError::invalid(format!(
-                "at most {MAX_LINKS_PER_SUB} acks per request"
-            )));
-        }
-        let mut updates = Vec::with_capacity(acks.len());
-        for ack in acks {
-            let path = ack
-                .stream
-                .as_deref()
-                .or(ack.path.as_deref())
-                .map(|p| p.trim_matches('/'))
-                .unwrap_or("");
-            let Some(link) = sub.links.get(path) else {
-                // A glob link dropped because its stream was deleted (maybe after this wake was
-                // handed out, see `prune_gone_links`): nothing is left to ack.
-                if sub.rec.config.pattern_matches(path)
-                    && matches!(self.tail(path), Err(TailError::Missing))
-                {
-                    continue;
-                }
-                return Err(SubError::InvalidOffset(format!(
-                    "ack references an unlinked stream: {path:?}"
-                )));
-            };
-            let offset = match parse_offset(&ack.offset) {
-                Ok(OffsetSpec::At(o)) => o,
-                _ => {
-                    return Err(SubError::InvalidOffset(format!(
-                        "ack offset must be a stream offset: {:?}",
-                        ack.offset
-                    )));
-                }
-            };
-            if link.acked.is_some_and(|a| offset < a) {
-                return Err(SubError::InvalidOffset(
-                    "ack offset regresses the committed cursor".into(),
-                ));
-            }
-            let tail = self.tail(path).unwrap_or(0);
-            if offset > tail {
-                return Err(SubError::InvalidOffset(
-                    "ack offset is beyond the stream tail".into(),
-                ));
-            }
-            updates.push((path.to_string(), offset));
-        }
-        let mut moved = Vec::new();
-        for (path, offset) in updates {
-            if let Some(link) = sub.links.get_mut(&path)
-                && link.acked != Some(offset)
-            {
-                link.acked = Some(offset);
-                moved.push(path);
-            }
-        }
-        Ok(moved)
-    }
-
-    /// A stream's tail from the node's in-memory state (no IO: safe under the state lock).
-    fn tail(&self, path: &str) -> Result<u64, TailError> {
-        let name = StreamName::parse(path).map_err(|_| TailError::Missing)?;
-        match self.node.head_now(&name) {
-            Ok(info) => Ok(info.next_seq),
-            Err(ReadError::NotFound(_)) => Err(TailError::Missing),
-            Err(_) => Err(TailError::Unavailable),
-        }
-    }
-
-    /// Existing streams matching the subscription's pattern and not linked yet (listing
-    /// narrowed by the pattern's literal prefix), no more than its free link slots: once full,
-    /// no listing at all.
-    fn unlinked_matches(&self, sub: &Sub) -> Vec<String> {
-        let Some(pattern) = &sub.rec.config.pattern else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        if sub.links.len() >= MAX_LINKS_PER_SUB {
-            return out;
-        }
-        // One past the free slots, so that `link_glob` sees (and logs) the overflow.
-        let want = MAX_LINKS_PER_SUB + 1 - sub.links.len();
-        let prefix = pattern.literal_prefix();
-        let mut after: Option<String> = None;
-        loop {
-            let page = self.node.list(ListRequest {
-                prefix: Some(prefix.clone()),
-                start_after: after.clone(),
-                limit: LIST_PAGE,
-            });
-            for info in &page.streams {
-                let name = info.name.as_str();
-                if !sub.links.contains_key(name) && sub.rec.config.pattern_matches(name) {
-                    out.push(name.to_string());
-                    if out.len() >= want {
-                        return out;
-                    }
-                }
-            }
-            match (page.has_more, page.streams.last()) {
-                (true, Some(last)) => after = Some(last.name.as_str().to_string()),
-                _ => return out,
-            }
-        }
-    }
-
-    /// Drops glob-only links whose stream is gone, [`PRUNE_BATCH`] links per call, resuming
-    /// where the previous call stopped. Deletes emit no event, and a subscription that does not
-    /// wake (unclaimed, failing webhook) would otherwise keep a link, and a KV key, per stream
-    /// name it ever matched. Explicit links stay: the client added them.
-    fn prune_gone_links(&self, subs: &mut BTreeMap<String, Sub>, fx: &mut Effects) {
-        let mut cursor = self
-            .prune_cursor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let from = match &cursor {
-            Some((id, _)) => Bound::Included(id.clone()),
-            None => Bound::Unbounded,
-        };
-        let mut budget = PRUNE_BATCH;
-        for (id, sub) in subs.range_mut((from, Bound::Unbounded)) {
-            let after = cursor
-                .take()
-                .filter(|(cursor_id, _)| cursor_id == id)
-                .map_or(Bound::Unbounded, |(_, path)| Bound::Excluded(path));
-            let mut gone = Vec::new();
-            let mut last = None;
-            for (path, link) in sub.links.range::<String, _>((after, Bound::Unbounded)) {
-                if budget == 0 {
-                    break;
-                }
-                budget -= 1;
-                last = Some(path);
-                if !link.explicit && matches!(self.tail(path), Err(TailError::Missing)) {
-                    gone.push(path.clone());
-                }
-            }
-            if budget == 0 {
-                cursor = last.map(|path| (id.clone(), path.clone()));
-            }
-            if !gone.is_empty() {
-                for path in &gone {
-                    sub.links.remove(path);
-                }
-                tracing::debug!(sub = %id, dropped = gone.len(), "links to deleted streams dropped");
-                let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-                fx.log(id, self.store.persist_links(sub, &refs));
-            }
-            if budget == 0 {
-                break;
-            }
-        }
-        *self.prune_cursor.lock().unwrap_or_else(|p| p.into_inner()) = cursor;
-    }
 }
 
 /// Follows stream appends until the node's event channel closes or the manager is dropped.
@@ -1081,14 +881,10 @@ async fn run_timers(mgr: Weak<Manager>) {
     }
 }
 
-enum TailError {
-    Missing,
-    Unavailable,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::subscriptions::links::PRUNE_BATCH;
 
     const ROOT: &str = "http://127.0.0.1:4437/v1/stream/__ds";
 

@@ -3,6 +3,7 @@
 //! wire.
 //!
 //! - [`manager`]: the driver (state in memory, background tasks: append follower, timer).
+//! - `links`: what the driver reads about linked streams (tails, acks, prune), without IO.
 //! - [`wake`]: pure rules of a wake: fencing, webhook body, retry schedule.
 //! - [`store`]: subscription records and links in the metadata KV.
 //! - [`delivery`]: [`WebhookSender`] and its HTTP implementation.
@@ -15,6 +16,7 @@
 pub mod delivery;
 pub mod error;
 pub mod glob;
+mod links;
 pub mod manager;
 pub mod model;
 pub mod signing;
