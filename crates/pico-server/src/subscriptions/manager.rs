@@ -1044,4 +1044,83 @@ mod tests {
         assert_eq!(stored("s"), 2);
         assert!(mgr.prune_cursor.lock().unwrap().is_none());
     }
+
+    /// A receiver that answers from a script and reports each request's body.
+    struct Scripted {
+        answers: std::sync::Mutex<Vec<Delivered>>,
+        bodies: tokio::sync::mpsc::UnboundedSender<Value>,
+    }
+
+    #[async_trait::async_trait]
+    impl WebhookSender for Scripted {
+        async fn send(&self, _url: &str, _signature: String, body: Vec<u8>) -> Delivered {
+            let _ = self
+                .bodies
+                .send(serde_json::from_slice(&body).unwrap_or(Value::Null));
+            let mut answers = self.answers.lock().unwrap();
+            if answers.len() > 1 {
+                answers.remove(0)
+            } else {
+                answers[0].clone()
+            }
+        }
+    }
+
+    /// The retry schedule runs on the manager's clock: a failed delivery is not sent again
+    /// however often the timer ticks until the clock passes its backoff, then exactly once.
+    #[tokio::test]
+    async fn a_failed_delivery_is_retried_once_the_clock_passes_its_backoff() {
+        let node = crate::testing::start_test_node().await;
+        let clock = pico_common::clock::ManualClock::new(1_000_000);
+        let (bodies, mut sent) = tokio::sync::mpsc::unbounded_channel();
+        let sender = Arc::new(Scripted {
+            answers: std::sync::Mutex::new(vec![
+                Delivered::Failed("refused".into()),
+                Delivered::Accepted { done: false },
+            ]),
+            bodies,
+        });
+        let mgr = Arc::new(Manager::with(node, clock.clone(), sender));
+        let config = Config::parse(
+            &json!({"type": "webhook", "pattern": "r/*", "webhook": {"url": "http://127.0.0.1:9/hook"}}),
+            true,
+        )
+        .unwrap();
+        assert!(mgr.upsert("r", config, ROOT).await.is_ok());
+        create_stream(&mgr, "r/1").await;
+        // No background tasks: the test plays the event follower and the timer.
+        mgr.rescan().await;
+        let first = sent.recv().await.unwrap();
+        assert_eq!(first["generation"], 1);
+        let failed = || {
+            let subs = mgr.lock();
+            let sub = &subs["r"];
+            (sub.rec.status == Status::Failed && sub.delivering.is_none())
+                .then_some(sub.rec.next_attempt_at_ms)
+                .flatten()
+        };
+        let mut due = None;
+        // Wait for the outcome to be recorded (the delivery runs on its own task).
+        for _ in 0..1_000 {
+            due = failed();
+            if due.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let due = due.expect("the failure is recorded");
+        assert!((1_000_800..=1_001_200).contains(&due), "1 s ± 20 %: {due}");
+        for _ in 0..5 {
+            mgr.on_tick().await;
+        }
+        assert!(
+            mgr.lock()["r"].delivering.is_none(),
+            "no retry before the clock"
+        );
+        assert!(sent.try_recv().is_err());
+        clock.set(due);
+        mgr.on_tick().await;
+        let second = sent.recv().await.unwrap();
+        assert_eq!(second["wake_id"], first["wake_id"], "the same wake again");
+    }
 }
