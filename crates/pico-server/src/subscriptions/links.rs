@@ -8,8 +8,9 @@ use std::ops::Bound;
 use pico_common::StreamName;
 use pico_protocol::{OffsetSpec, parse_offset};
 
+use super::effects::Effects;
 use super::error::SubError;
-use super::manager::{Effects, Manager};
+use super::manager::Manager;
 use super::model::{MAX_LINKS_PER_SUB, StreamView, Sub};
 use super::wake::AckItem;
 use crate::{ListRequest, ReadError};
@@ -53,7 +54,7 @@ impl Manager {
                 sub.links.remove(p);
             }
             let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-            fx.log(&sub.rec.id, self.store.persist_links(sub, &refs));
+            fx.persist_links(sub, &refs);
         }
         out
     }
@@ -211,7 +212,7 @@ impl Manager {
                 }
                 tracing::debug!(sub = %id, dropped = gone.len(), "links to deleted streams dropped");
                 let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
-                fx.log(id, self.store.persist_links(sub, &refs));
+                fx.persist_links(sub, &refs);
             }
             if budget == 0 {
                 break;

@@ -17,13 +17,14 @@ use serde_json::{Value, json};
 use tokio::sync::{OnceCell, Semaphore, broadcast};
 
 use super::delivery::{Delivered, HttpSender, WebhookSender};
+use super::effects::{Effects, Txn};
 use super::error::SubError;
 use super::model::{
     Config, Link, MAX_LINKS_PER_SUB, MAX_SUBSCRIPTIONS, Record, Status, StreamView, Sub, SubType,
     Wake, check_id,
 };
 use super::signing::{Keys, TokenClaims};
-use super::store::{Receipt, Store};
+use super::store::Store;
 use super::wake::{WakeRequest, check_fence, check_kind, hex, retry_delay_ms, webhook_body};
 use crate::{AppendRequest, Node, StreamEvent};
 
@@ -59,26 +60,6 @@ pub struct Manager {
     background: AtomicBool,
 }
 
-/// What a transition leaves to do once the state lock is released.
-#[derive(Default)]
-#[must_use = "effects must be settled"]
-pub(super) struct Effects {
-    /// Writes the answer depends on.
-    pub(super) writes: Vec<Receipt>,
-    /// Writes whose failure is only logged (links dropped on the side).
-    logged: Vec<(String, Receipt)>,
-    /// Webhook deliveries to start: (subscription, wake id).
-    deliveries: Vec<(String, String)>,
-    /// Pull-wake events to append: (subscription, wake stream, event).
-    events: Vec<(String, StreamName, Vec<u8>)>,
-}
-
-impl Effects {
-    pub(super) fn log(&mut self, sub: &str, receipt: Receipt) {
-        self.logged.push((sub.to_string(), receipt));
-    }
-}
-
 impl Manager {
     /// Whether loopback webhook URLs are accepted (the node is bound to loopback).
     pub fn allow_local_webhooks(&self) -> bool {
@@ -108,6 +89,11 @@ impl Manager {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Sub>> {
         self.subs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a transition: the state lock and an empty set of effects.
+    fn begin(&self) -> Txn<'_> {
+        Txn::new(self.lock(), &self.store)
     }
 
     /// Loads (or creates) the signing key and every stored subscription, once.
@@ -153,19 +139,10 @@ impl Manager {
     /// Carries out what a transition decided, in order: writes (the first failure is the
     /// answer), then deliveries and wake events.
     async fn settle(self: &Arc<Self>, fx: Effects) -> Result<(), SubError> {
-        let mut result = Ok(());
-        for receipt in fx.writes {
-            if let Err(e) = receipt.wait().await
-                && result.is_ok()
-            {
-                result = Err(e);
-            }
-        }
-        for (sub, receipt) in fx.logged {
-            if let Err(e) = receipt.wait().await {
-                tracing::warn!(%sub, error = %e, "subscription links not persisted");
-            }
-        }
+        let result = match fx.written {
+            Some(receipt) => receipt.wait().await,
+            None => Ok(()),
+        };
         for (id, wake_id) in fx.deliveries {
             let this = self.clone();
             tokio::spawn(async move { this.deliver(id, wake_id).await });
@@ -219,9 +196,9 @@ impl Manager {
         if self.ready().await.is_err() {
             return;
         }
-        let mut fx = Effects::default();
-        {
-            let mut subs = self.lock();
+        let fx = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             for sub in subs.values_mut() {
                 // Discovered by an append: linked before it, so the append is pending.
                 let new_link = !sub.links.contains_key(path)
@@ -246,13 +223,14 @@ impl Manager {
                 }
                 let pending = link.pending(next_seq);
                 if changed {
-                    fx.writes.push(self.store.persist_links(sub, &[path]));
+                    fx.persist_links(sub, &[path]);
                 }
                 if sub.rec.wake.is_none() && pending {
-                    self.wake(sub, &mut fx);
+                    self.wake(sub, fx);
                 }
             }
-        }
+            txn.finish()
+        };
         self.settle_logged(fx, "subscription change").await;
     }
 
@@ -262,16 +240,17 @@ impl Manager {
         if self.ready().await.is_err() {
             return;
         }
-        let mut fx = Effects::default();
-        {
-            let mut subs = self.lock();
+        let fx = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             for sub in subs.values_mut() {
-                self.link_new_matches(sub, &mut fx);
+                self.link_new_matches(sub, fx);
                 if sub.rec.wake.is_none() {
-                    self.wake(sub, &mut fx);
+                    self.wake(sub, fx);
                 }
             }
-        }
+            txn.finish()
+        };
         self.settle_logged(fx, "subscription rescan").await;
     }
 
@@ -285,7 +264,7 @@ impl Manager {
             }
         }
         let refs: Vec<&str> = added.iter().map(String::as_str).collect();
-        fx.log(&sub.rec.id, self.store.persist_links(sub, &refs));
+        fx.persist_links(sub, &refs);
     }
 
     async fn on_tick(self: &Arc<Self>) {
@@ -296,9 +275,9 @@ impl Manager {
             }
         }
         let now = self.clock.now_ms();
-        let mut fx = Effects::default();
-        {
-            let mut subs = self.lock();
+        let fx = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             // Every few ticks, not every tick: each checked link is a stream lookup under this
             // lock, and most ticks have no deleted stream to find.
             if self
@@ -306,12 +285,12 @@ impl Manager {
                 .fetch_add(1, Ordering::Relaxed)
                 .is_multiple_of(PRUNE_EVERY_TICKS)
             {
-                self.prune_gone_links(&mut subs, &mut fx);
+                self.prune_gone_links(subs, fx);
             }
             for sub in subs.values_mut() {
                 if let Some(trigger) = sub.pending_event.clone() {
                     if sub.rec.wake.as_ref().is_some_and(|w| w.holder.is_none()) {
-                        self.queue_wake_event(sub, &trigger, &mut fx);
+                        self.queue_wake_event(sub, &trigger, fx);
                     } else {
                         // Claimed (or gone): the event is no longer news.
                         sub.pending_event = None;
@@ -326,19 +305,20 @@ impl Manager {
                 if let Some(at) = sub.rec.next_attempt_at_ms {
                     // A webhook delivery is due (first attempt after a restart, or a retry).
                     if at <= now && sub.rec.config.kind == SubType::Webhook {
-                        self.queue_delivery(sub, &mut fx);
+                        self.queue_delivery(sub, fx);
                     }
                     continue;
                 }
                 if wake.lease_expires_ms.is_some_and(|t| t <= now) {
                     tracing::info!(sub = %sub.rec.id, generation = sub.rec.generation, "lease expired");
                     sub.rec.wake = None;
-                    if !self.wake(sub, &mut fx) {
-                        fx.writes.push(self.store.persist(sub, &[]));
+                    if !self.wake(sub, fx) {
+                        fx.persist(sub, &[]);
                     }
                 }
             }
-        }
+            txn.finish()
+        };
         self.settle_logged(fx, "subscription timer change").await;
     }
 
@@ -353,9 +333,9 @@ impl Manager {
         check_id(id)?;
         let keys = self.keys().await?;
         let hash = config.hash();
-        let mut fx = Effects::default();
-        let (body, created_at) = {
-            let mut subs = self.lock();
+        let (body, created_at, fx) = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             if let Some(existing) = subs.get(id) {
                 if existing.rec.config_hash != hash {
                     return Err(SubError::AlreadyExists);
@@ -403,10 +383,10 @@ impl Manager {
             }
             let paths: Vec<String> = sub.links.keys().cloned().collect();
             let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-            fx.writes.push(self.store.persist(&sub, &refs));
+            fx.persist(&sub, &refs);
             let body = sub.to_json(ds_root, keys.kid());
             subs.insert(id.to_string(), sub);
-            (body, created_at)
+            (body, created_at, txn.finish())
         };
         if let Err(e) = self.settle(fx).await {
             // Not stored: forget it, unless something else already changed it.
@@ -435,14 +415,14 @@ impl Manager {
     /// Tombstones the subscription: its wake, tokens and cursors are gone (idempotent).
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), SubError> {
         self.ready().await?;
-        let mut fx = Effects::default();
-        let removed = {
-            let mut subs = self.lock();
+        let (removed, fx) = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             let Some(sub) = subs.remove(id) else {
                 return Ok(());
             };
-            fx.writes.push(self.store.delete(&sub));
-            sub
+            fx.delete(&sub);
+            (sub, txn.finish())
         };
         if let Err(e) = self.settle(fx).await {
             // Still stored: keep serving it, so that a retried delete removes it.
@@ -458,9 +438,9 @@ impl Manager {
         streams: Vec<String>,
     ) -> Result<(), SubError> {
         self.ready().await?;
-        let mut fx = Effects::default();
-        {
-            let mut subs = self.lock();
+        let fx = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
             let new = streams
                 .iter()
@@ -497,17 +477,18 @@ impl Manager {
                 }
             }
             let refs: Vec<&str> = changed.iter().map(String::as_str).collect();
-            fx.writes.push(self.store.persist_links(sub, &refs));
-        }
+            fx.persist_links(sub, &refs);
+            txn.finish()
+        };
         self.settle(fx).await
     }
 
     /// Drops the explicit link; a glob link to the same stream stays (idempotent).
     pub async fn remove_stream(self: &Arc<Self>, id: &str, path: &str) -> Result<(), SubError> {
         self.ready().await?;
-        let mut fx = Effects::default();
-        {
-            let mut subs = self.lock();
+        let fx = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
             let Some(link) = sub.links.get_mut(path) else {
                 return Ok(());
@@ -516,8 +497,9 @@ impl Manager {
             if !link.glob {
                 sub.links.remove(path);
             }
-            fx.writes.push(self.store.persist_links(sub, &[path]));
-        }
+            fx.persist_links(sub, &[path]);
+            txn.finish()
+        };
         self.settle(fx).await
     }
 
@@ -551,9 +533,9 @@ impl Manager {
         kind: SubType,
     ) -> Result<Value, SubError> {
         let keys = self.keys().await?;
-        let mut fx = Effects::default();
-        let next_wake = {
-            let mut subs = self.lock();
+        let (next_wake, fx) = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
             check_kind(sub, kind)?;
             check_fence(&keys, sub, token, &req)?;
@@ -564,16 +546,16 @@ impl Manager {
             if req.done {
                 sub.rec.wake = None;
                 sub.rec.next_attempt_at_ms = None;
-                next_wake = self.wake(sub, &mut fx);
+                next_wake = self.wake(sub, fx);
             } else if let Some(w) = sub.rec.wake.as_mut() {
                 w.lease_expires_ms = Some(lease);
             }
             if !next_wake {
-                fx.writes.push(self.store.persist(sub, &refs));
+                fx.persist(sub, &refs);
             } else {
-                fx.writes.push(self.store.persist_links(sub, &refs));
+                fx.persist_links(sub, &refs);
             }
-            next_wake
+            (next_wake, txn.finish())
         };
         self.settle(fx).await?;
         Ok(json!({ "ok": true, "next_wake": next_wake }))
@@ -581,9 +563,9 @@ impl Manager {
 
     pub async fn claim(self: &Arc<Self>, id: &str, worker: &str) -> Result<Value, SubError> {
         let keys = self.keys().await?;
-        let mut fx = Effects::default();
-        let answer = {
-            let mut subs = self.lock();
+        let (answer, fx) = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
             check_kind(sub, SubType::PullWake)?;
             let now = self.clock.now_ms();
@@ -600,14 +582,14 @@ impl Manager {
                 sub.rec.wake = None;
             }
             // Streams created since the last event we processed are pending too.
-            self.link_new_matches(sub, &mut fx);
-            let views = self.views(sub, &mut fx);
+            self.link_new_matches(sub, fx);
+            let views = self.views(sub, fx);
             if !views.iter().any(StreamView::pending) {
                 // Links dropped on the way are queued already and still get written.
                 return Err(SubError::NoPendingWork);
             }
             if sub.rec.wake.is_none() {
-                self.wake(sub, &mut fx);
+                self.wake(sub, fx);
             }
             let generation = sub.rec.generation;
             let lease_ttl_ms = sub.rec.config.lease_ttl_ms;
@@ -622,14 +604,15 @@ impl Manager {
                 wake_id: w.wake_id.clone(),
             });
             let wake_id = w.wake_id.clone();
-            fx.writes.push(self.store.persist(sub, &[]));
-            json!({
+            fx.persist(sub, &[]);
+            let answer = json!({
                 "wake_id": wake_id,
                 "generation": generation,
                 "token": token,
                 "streams": views.iter().map(StreamView::to_json).collect::<Vec<_>>(),
                 "lease_ttl_ms": lease_ttl_ms,
-            })
+            });
+            (answer, txn.finish())
         };
         self.settle(fx).await?;
         Ok(answer)
@@ -643,17 +626,18 @@ impl Manager {
         req: WakeRequest,
     ) -> Result<(), SubError> {
         let keys = self.keys().await?;
-        let mut fx = Effects::default();
-        {
-            let mut subs = self.lock();
+        let fx = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
             check_kind(sub, SubType::PullWake)?;
             check_fence(&keys, sub, token, &req)?;
             sub.rec.wake = None;
-            if !self.wake(sub, &mut fx) {
-                fx.writes.push(self.store.persist(sub, &[]));
+            if !self.wake(sub, fx) {
+                fx.persist(sub, &[]);
             }
-        }
+            txn.finish()
+        };
         self.settle(fx).await
     }
 
@@ -687,11 +671,11 @@ impl Manager {
             SubType::Webhook => {
                 sub.rec.next_attempt_at_ms = Some(now);
                 sub.rec.retry_count = 0;
-                fx.writes.push(self.store.persist(sub, &[]));
+                fx.persist(sub, &[]);
                 self.queue_delivery(sub, fx);
             }
             SubType::PullWake => {
-                fx.writes.push(self.store.persist(sub, &[]));
+                fx.persist(sub, &[]);
                 self.queue_wake_event(sub, &trigger, fx);
             }
         }
@@ -777,9 +761,9 @@ impl Manager {
     }
 
     async fn finish_delivery(self: &Arc<Self>, id: &str, wake_id: &str, outcome: Delivered) {
-        let mut fx = Effects::default();
-        {
-            let mut subs = self.lock();
+        let fx = {
+            let mut txn = self.begin();
+            let Txn { subs, fx, .. } = &mut txn;
             let Some(sub) = subs.get_mut(id) else {
                 return;
             };
@@ -810,15 +794,15 @@ impl Manager {
                             }
                         }
                         let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
-                        fx.writes.push(self.store.persist_links(sub, &refs));
-                        if !self.wake(sub, &mut fx) {
-                            fx.writes.push(self.store.persist(sub, &[]));
+                        fx.persist_links(sub, &refs);
+                        if !self.wake(sub, fx) {
+                            fx.persist(sub, &[]);
                         }
                     } else {
                         if let Some(w) = sub.rec.wake.as_mut() {
                             w.lease_expires_ms = Some(now + sub.rec.config.lease_ttl_ms as i64);
                         }
-                        fx.writes.push(self.store.persist(sub, &[]));
+                        fx.persist(sub, &[]);
                     }
                 }
                 Delivered::Failed(reason) => {
@@ -830,10 +814,11 @@ impl Manager {
                         sub = %sub.rec.id, attempt = sub.rec.retry_count, retry_in_ms = delay,
                         %reason, "webhook delivery failed"
                     );
-                    fx.writes.push(self.store.persist(sub, &[]));
+                    fx.persist(sub, &[]);
                 }
             }
-        }
+            txn.finish()
+        };
         self.settle_logged(fx, "delivery outcome").await;
     }
 }
@@ -1021,20 +1006,23 @@ mod tests {
                 sub.links.insert(format!("g/gone-{i:04}"), link(false));
             }
             let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-            mgr.store.persist_links(sub, &refs)
+            mgr.store
+                .enqueue(crate::subscriptions::store::link_cmds(sub, &refs).collect())
         };
         written.wait().await.unwrap();
         let stored = |id: &str| mgr.store.stored_links(id);
         assert_eq!(stored("s"), gone + 2);
         // One batch: the explicit link and 999 gone ones checked.
-        let mut fx = Effects::default();
-        mgr.prune_gone_links(&mut mgr.lock(), &mut fx);
-        mgr.settle(fx).await.unwrap();
+        let prune = || {
+            let mut txn = mgr.begin();
+            let Txn { subs, fx, .. } = &mut txn;
+            mgr.prune_gone_links(subs, fx);
+            txn.finish()
+        };
+        mgr.settle(prune()).await.unwrap();
         assert_eq!(mgr.lock()["s"].links.len(), gone + 2 - (PRUNE_BATCH - 1));
         // The next one resumes there, finishes `s` and checks `t`.
-        let mut fx = Effects::default();
-        mgr.prune_gone_links(&mut mgr.lock(), &mut fx);
-        mgr.settle(fx).await.unwrap();
+        mgr.settle(prune()).await.unwrap();
         {
             let subs = mgr.lock();
             let left: Vec<&String> = subs["s"].links.keys().collect();
@@ -1043,6 +1031,34 @@ mod tests {
         }
         assert_eq!(stored("s"), 2);
         assert!(mgr.prune_cursor.lock().unwrap().is_none());
+    }
+
+    /// One append can change every subscription at once: its writes go to the log as one
+    /// batch, not one queued write per subscription (which overflowed the bounded write queue
+    /// and lost the links of the subscriptions past it).
+    #[tokio::test]
+    async fn an_append_matching_thousands_of_subscriptions_stores_every_link() {
+        let mgr = manager().await;
+        assert!(mgr.upsert("first", pull_wake("g/*"), ROOT).await.is_ok());
+        let many = 2_000;
+        {
+            let mut subs = mgr.lock();
+            let template = subs["first"].clone();
+            for i in 1..many {
+                let mut more = template.clone();
+                more.rec.id = format!("more-{i:04}");
+                subs.insert(more.rec.id.clone(), more);
+            }
+        }
+        create_stream(&mgr, "g/new").await;
+        mgr.on_append("g/new", 7, 1).await;
+        let unstored: Vec<String> = mgr
+            .lock()
+            .keys()
+            .filter(|id| mgr.store.stored_links(id) != 1)
+            .cloned()
+            .collect();
+        assert!(unstored.is_empty(), "{} links not stored", unstored.len());
     }
 
     /// A receiver that answers from a script and reports each request's body.

@@ -3,6 +3,7 @@
 //! wire.
 //!
 //! - [`manager`]: the driver (state in memory, background tasks: append follower, timer).
+//! - `effects`: one transition: the state lock and the writes, deliveries and events it decides.
 //! - `links`: what the driver reads about linked streams (tails, acks, prune), without IO.
 //! - [`wake`]: pure rules of a wake: fencing, webhook body, retry schedule.
 //! - [`store`]: subscription records and links in the metadata KV.
@@ -14,6 +15,7 @@
 //! - [`error`]: what an operation can fail with.
 
 pub mod delivery;
+mod effects;
 pub mod error;
 pub mod glob;
 mod links;

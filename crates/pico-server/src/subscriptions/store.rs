@@ -46,8 +46,13 @@ struct Write {
 pub struct Receipt(Result<Option<oneshot::Receiver<Result<(), SubError>>>, SubError>);
 
 impl Receipt {
-    fn done() -> Receipt {
+    pub fn done() -> Receipt {
         Receipt(Ok(None))
+    }
+
+    /// A write that failed before it was queued.
+    pub fn failed(e: SubError) -> Receipt {
+        Receipt(Err(e))
     }
 
     /// Waits until the write is committed (or failed).
@@ -130,39 +135,12 @@ impl Store {
         subs
     }
 
-    /// Queues the record and the given links (deleted from the KV when no longer linked).
-    pub fn persist(&self, sub: &Sub, links: &[&str]) -> Receipt {
-        let rec = match serde_json::to_vec(&sub.rec) {
-            Ok(rec) => rec,
-            Err(e) => return Receipt(Err(unavailable(e))),
-        };
-        let mut cmds = vec![Command::KvPut {
-            key: sub_key(&sub.rec.id),
-            value: rec,
-        }];
-        cmds.extend(link_cmds(sub, links));
-        self.enqueue(cmds)
-    }
-
-    /// Queues only the given links.
-    pub fn persist_links(&self, sub: &Sub, links: &[&str]) -> Receipt {
-        if links.is_empty() {
+    /// Queues one batch of commands (one transition's writes), proposed after every batch
+    /// queued before it.
+    pub fn enqueue(&self, cmds: Vec<Command>) -> Receipt {
+        if cmds.is_empty() {
             return Receipt::done();
         }
-        self.enqueue(link_cmds(sub, links).collect())
-    }
-
-    /// Queues the removal of the record and every link of `sub`.
-    pub fn delete(&self, sub: &Sub) -> Receipt {
-        let id = &sub.rec.id;
-        let mut cmds = vec![Command::KvDelete { key: sub_key(id) }];
-        cmds.extend(sub.links.keys().map(|p| Command::KvDelete {
-            key: link_key(id, p),
-        }));
-        self.enqueue(cmds)
-    }
-
-    fn enqueue(&self, cmds: Vec<Command>) -> Receipt {
         let queue = match self.queue.get() {
             Some(q) => q,
             None => {
@@ -231,7 +209,26 @@ fn unavailable(e: impl std::fmt::Display) -> SubError {
     SubError::Unavailable(e.to_string())
 }
 
-fn link_cmds<'a>(sub: &'a Sub, links: &'a [&'a str]) -> impl Iterator<Item = Command> + 'a {
+/// The command storing `sub`'s record.
+pub fn record_cmd(sub: &Sub) -> Result<Command, SubError> {
+    Ok(Command::KvPut {
+        key: sub_key(&sub.rec.id),
+        value: serde_json::to_vec(&sub.rec).map_err(unavailable)?,
+    })
+}
+
+/// The commands removing `sub`'s record and every link.
+pub fn delete_cmds(sub: &Sub) -> impl Iterator<Item = Command> + '_ {
+    let id = &sub.rec.id;
+    std::iter::once(Command::KvDelete { key: sub_key(id) }).chain(sub.links.keys().map(move |p| {
+        Command::KvDelete {
+            key: link_key(id, p),
+        }
+    }))
+}
+
+/// The commands storing the given links of `sub` (deleting those no longer linked).
+pub fn link_cmds<'a>(sub: &'a Sub, links: &'a [&'a str]) -> impl Iterator<Item = Command> + 'a {
     links.iter().map(move |path| match sub.links.get(*path) {
         Some(link) => Command::KvPut {
             key: link_key(&sub.rec.id, path),
