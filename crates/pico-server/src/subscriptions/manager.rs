@@ -1,8 +1,11 @@
 //! The subscription driver: links and cursors, wake generations, webhook delivery with
 //! retries, pull-wake claims, leases, and fencing. All subscriptions live in memory behind one
-//! async mutex (a control plane: operations are rare next to appends); every change is written
-//! through to the metadata KV ([`Store`]) before the request that caused it is answered. Time
-//! comes from the injected clock; webhooks go out through a [`WebhookSender`].
+//! sync lock (a control plane: operations are rare next to appends), held only while a
+//! transition decides: it reads tails from the node's in-memory view and the injected clock,
+//! and queues its KV writes as one batch (`effects::Txn`). After the lock is released the caller
+//! waits for the batch (every change is in the metadata KV, [`Store`], before the request that
+//! caused it is answered), then starts deliveries (through a [`WebhookSender`]) and appends
+//! wake events.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +49,7 @@ pub struct Manager {
     keys: OnceCell<Arc<Keys>>,
     /// Ordered so the link prune can resume where the last tick stopped. A sync lock, taken
     /// only for a transition: nothing is awaited while it is held (writes are queued in
-    /// [`Store`], events and deliveries are [`Effects`] carried out after it is released).
+    /// [`Store`]; waiting for them, events and deliveries come after it is released).
     subs: std::sync::Mutex<BTreeMap<String, Sub>>,
     /// Where the next link prune starts: (subscription id, last path checked). Only touched by
     /// the timer task while it holds `subs`.
