@@ -1064,6 +1064,30 @@ mod tests {
         assert!(unstored.is_empty(), "{} links not stored", unstored.len());
     }
 
+    /// A change the metadata log refused is not kept: a create is forgotten and a delete
+    /// undone, so the client's retry (it got a 503) writes again instead of finding the
+    /// change already made in memory only.
+    #[tokio::test]
+    async fn changes_the_log_refused_are_not_kept_in_memory() {
+        let mgr = manager().await;
+        assert!(mgr.upsert("kept", pull_wake("a/*"), ROOT).await.is_ok());
+        // Every proposal now fails; the view stays readable.
+        mgr.node.meta().close().await;
+        let created = mgr.upsert("new", pull_wake("b/*"), ROOT).await;
+        assert!(
+            matches!(created, Err(SubError::Unavailable(_))),
+            "{:?}",
+            created.err()
+        );
+        assert_eq!(mgr.get("new", ROOT).await, Err(SubError::NotFound));
+        let deleted = mgr.delete("kept").await;
+        assert!(
+            matches!(deleted, Err(SubError::Unavailable(_))),
+            "{deleted:?}"
+        );
+        assert!(mgr.get("kept", ROOT).await.is_ok(), "the delete is undone");
+    }
+
     /// A receiver that answers from a script and reports each request's body.
     struct Scripted {
         answers: std::sync::Mutex<Vec<Delivered>>,
