@@ -24,11 +24,12 @@ use super::effects::{Effects, Txn};
 use super::error::SubError;
 use super::model::{
     Config, Link, MAX_LINKS_PER_SUB, MAX_SUBSCRIPTIONS, Record, Status, StreamView, Sub, SubType,
-    Wake, check_id,
+    check_id,
 };
 use super::signing::{Keys, TokenClaims};
+use super::state::{self, DeliveryChange, Due};
 use super::store::Store;
-use super::wake::{WakeRequest, check_fence, check_kind, hex, retry_delay_ms, webhook_body};
+use super::wake::{WakeRequest, check_fence, check_kind, hex, webhook_body};
 use crate::{AppendRequest, Node, StreamEvent};
 
 /// Concurrent webhook requests across all subscriptions.
@@ -299,24 +300,15 @@ impl Manager {
                         sub.pending_event = None;
                     }
                 }
-                let Some(wake) = &sub.rec.wake else {
-                    continue;
-                };
-                if sub.delivering.as_ref() == Some(&wake.wake_id) {
-                    continue;
-                }
-                if let Some(at) = sub.rec.next_attempt_at_ms {
-                    // A webhook delivery is due (first attempt after a restart, or a retry).
-                    if at <= now && sub.rec.config.kind == SubType::Webhook {
-                        self.queue_delivery(sub, fx);
-                    }
-                    continue;
-                }
-                if wake.lease_expires_ms.is_some_and(|t| t <= now) {
-                    tracing::info!(sub = %sub.rec.id, generation = sub.rec.generation, "lease expired");
-                    sub.rec.wake = None;
-                    if !self.wake(sub, fx) {
-                        fx.persist(sub, &[]);
+                match state::due(sub, now) {
+                    Due::Nothing => {}
+                    Due::Delivery => self.queue_delivery(sub, fx),
+                    Due::LeaseExpired => {
+                        tracing::info!(sub = %sub.rec.id, generation = sub.rec.generation, "lease expired");
+                        sub.rec.wake = None;
+                        if !self.wake(sub, fx) {
+                            fx.persist(sub, &[]);
+                        }
                     }
                 }
             }
@@ -572,18 +564,7 @@ impl Manager {
             let sub = subs.get_mut(id).ok_or(SubError::NotFound)?;
             check_kind(sub, SubType::PullWake)?;
             let now = self.clock.now_ms();
-            if let Some(w) = &sub.rec.wake
-                && let Some(holder) = &w.holder
-            {
-                if w.lease_expires_ms.is_none_or(|t| t > now) {
-                    return Err(SubError::AlreadyClaimed {
-                        holder: holder.clone(),
-                        generation: sub.rec.generation,
-                    });
-                }
-                // Expired but not yet swept: the claim takes over with a new generation.
-                sub.rec.wake = None;
-            }
+            state::check_claimable(sub, now)?;
             // Streams created since the last event we processed are pending too.
             self.link_new_matches(sub, fx);
             let views = self.views(sub, fx);
@@ -651,36 +632,14 @@ impl Manager {
     /// Returns whether a wake was issued.
     fn wake(&self, sub: &mut Sub, fx: &mut Effects) -> bool {
         let views = self.views(sub, fx);
-        let Some(first) = views.iter().find(|v| v.pending()) else {
+        let wake_id = format!("w_{}", hex(&rand::random::<[u8; 12]>()));
+        let Some(trigger) = state::issue_wake(sub, &views, self.clock.now_ms(), wake_id) else {
             return false;
         };
-        let trigger = first.path.clone();
-        let now = self.clock.now_ms();
-        sub.rec.generation += 1;
-        let wake_id = format!("w_{}", hex(&rand::random::<[u8; 12]>()));
-        let kind = sub.rec.config.kind;
-        sub.rec.wake = Some(Wake {
-            wake_id,
-            snapshot: views.iter().map(|v| (v.path.clone(), v.tail)).collect(),
-            holder: None,
-            // Webhook: the lease runs from issue (it starts counting once delivered, see
-            // `finish_delivery`); pull-wake: from the claim.
-            lease_expires_ms: match kind {
-                SubType::Webhook => Some(now + sub.rec.config.lease_ttl_ms as i64),
-                SubType::PullWake => None,
-            },
-        });
-        match kind {
-            SubType::Webhook => {
-                sub.rec.next_attempt_at_ms = Some(now);
-                sub.rec.retry_count = 0;
-                fx.persist(sub, &[]);
-                self.queue_delivery(sub, fx);
-            }
-            SubType::PullWake => {
-                fx.persist(sub, &[]);
-                self.queue_wake_event(sub, &trigger, fx);
-            }
+        fx.persist(sub, &[]);
+        match sub.rec.config.kind {
+            SubType::Webhook => self.queue_delivery(sub, fx),
+            SubType::PullWake => self.queue_wake_event(sub, &trigger, fx),
         }
         tracing::debug!(sub = %sub.rec.id, generation = sub.rec.generation, "wake issued");
         true
@@ -770,53 +729,25 @@ impl Manager {
             let Some(sub) = subs.get_mut(id) else {
                 return;
             };
-            if sub.delivering.as_deref() == Some(wake_id) {
-                sub.delivering = None;
-            }
-            // The wake finished (callback) or was replaced meanwhile: this answer is stale.
-            if sub.rec.wake.as_ref().is_none_or(|w| w.wake_id != wake_id) {
-                return;
-            }
             let now = self.clock.now_ms();
-            match outcome {
-                Delivered::Accepted { done } => {
-                    sub.rec.status = Status::Active;
-                    sub.rec.retry_count = 0;
-                    sub.rec.next_attempt_at_ms = None;
-                    if done {
-                        // `{"done": true}`: ack the snapshot this wake carried.
-                        let mut acked = Vec::new();
-                        if let Some(w) = sub.rec.wake.take() {
-                            for (path, tail) in w.snapshot {
-                                if let Some(link) = sub.links.get_mut(&path)
-                                    && link.acked.is_none_or(|a| a < tail)
-                                {
-                                    link.acked = Some(tail);
-                                    acked.push(path);
-                                }
-                            }
-                        }
-                        let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
-                        fx.persist_links(sub, &refs);
-                        if !self.wake(sub, fx) {
-                            fx.persist(sub, &[]);
-                        }
-                    } else {
-                        if let Some(w) = sub.rec.wake.as_mut() {
-                            w.lease_expires_ms = Some(now + sub.rec.config.lease_ttl_ms as i64);
-                        }
+            match state::on_delivered(sub, wake_id, &outcome, now, rand::random::<f64>()) {
+                // The wake finished (callback) or was replaced meanwhile.
+                DeliveryChange::Stale => return,
+                DeliveryChange::Finished { acked } => {
+                    let refs: Vec<&str> = acked.iter().map(String::as_str).collect();
+                    fx.persist_links(sub, &refs);
+                    if !self.wake(sub, fx) {
                         fx.persist(sub, &[]);
                     }
                 }
-                Delivered::Failed(reason) => {
-                    sub.rec.retry_count = sub.rec.retry_count.saturating_add(1);
-                    let delay = retry_delay_ms(sub.rec.retry_count, rand::random::<f64>());
-                    sub.rec.status = Status::Failed;
-                    sub.rec.next_attempt_at_ms = Some(now + delay as i64);
-                    tracing::warn!(
-                        sub = %sub.rec.id, attempt = sub.rec.retry_count, retry_in_ms = delay,
-                        %reason, "webhook delivery failed"
-                    );
+                DeliveryChange::Extended => fx.persist(sub, &[]),
+                DeliveryChange::Retry { attempt, delay_ms } => {
+                    if let Delivered::Failed(reason) = &outcome {
+                        tracing::warn!(
+                            sub = %sub.rec.id, attempt, retry_in_ms = delay_ms, %reason,
+                            "webhook delivery failed"
+                        );
+                    }
                     fx.persist(sub, &[]);
                 }
             }

@@ -5,6 +5,8 @@
 //! - [`manager`]: the driver (state in memory, background tasks: append follower, timer).
 //! - `effects`: one transition: the state lock and the writes, deliveries and events it decides.
 //! - `links`: what the driver reads about linked streams (tails, acks, prune), without IO.
+//! - [`state`]: pure transitions of one subscription (wake, delivery answer, claim, timer),
+//!   taking `now_ms`.
 //! - [`wake`]: pure rules of a wake: fencing, webhook body, retry schedule.
 //! - [`store`]: subscription records and links in the metadata KV.
 //! - [`delivery`]: [`WebhookSender`] and its HTTP implementation.
@@ -22,6 +24,7 @@ mod links;
 pub mod manager;
 pub mod model;
 pub mod signing;
+pub mod state;
 pub mod store;
 pub mod wake;
 pub mod webhook_url;
