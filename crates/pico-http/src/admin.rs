@@ -37,11 +37,11 @@ async fn prometheus(State(a): State<Admin>) -> axum::response::Response {
         )
             .into_response();
     };
-    let e = a.node.engine().stats();
-    let view = a.node.meta().view();
+    let stats = a.node.stats();
+    let e = &stats.engine;
     let gauges: [(&'static str, f64); 7] = [
-        ("pico_streams", view.streams.len() as f64),
-        ("pico_streams_open", a.node.open_streams() as f64),
+        ("pico_streams", stats.streams as f64),
+        ("pico_streams_open", stats.open_streams as f64),
         ("pico_log_cache_bytes", e.log_cache_bytes as f64),
         (
             "pico_log_cache_uploaded_bytes",
@@ -49,10 +49,7 @@ async fn prometheus(State(a): State<Admin>) -> axum::response::Response {
         ),
         ("pico_unuploaded_bytes", e.unuploaded_bytes as f64),
         ("pico_block_cache_bytes", e.block_cache_bytes as f64),
-        (
-            "pico_meta_applied_index",
-            a.node.ready().applied_index as f64,
-        ),
+        ("pico_meta_applied_index", stats.applied_index as f64),
     ];
     for (name, v) in gauges {
         metrics::gauge!(name).set(v);

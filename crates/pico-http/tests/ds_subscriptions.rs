@@ -12,8 +12,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use pico_common::StreamName;
+use pico_common::clock::ManualClock;
 use pico_http::ds::subscriptions;
 use pico_protocol::{Record, format_offset};
+use pico_server::subscriptions::HttpSender;
 use pico_server::{AppendRequest, CreateConfig, CreateRequest, Node};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -23,7 +25,17 @@ const HOST: &str = "127.0.0.1:4437";
 const ROOT: &str = "http://127.0.0.1:4437/v1/stream/__ds";
 
 fn app(node: &Node) -> Router {
-    Router::new().nest("/v1/stream/__ds", subscriptions::router(node.clone()))
+    app_with_clock(node).0
+}
+
+/// The router over a manager whose clock moves only when the test says so (leases and retry
+/// schedules are read from it; the timer task still ticks in real time).
+fn app_with_clock(node: &Node) -> (Router, Arc<ManualClock>) {
+    let clock = ManualClock::new(pico_common::clock::now_ms());
+    let mgr =
+        subscriptions::Manager::with(node.clone(), clock.clone(), Arc::new(HttpSender::new()));
+    let app = Router::new().nest("/v1/stream/__ds", subscriptions::router(Arc::new(mgr)));
+    (app, clock)
 }
 
 async fn call(
@@ -170,6 +182,20 @@ impl Receiver {
 
     async fn none_within(&mut self, d: Duration) -> bool {
         tokio::time::timeout(d, self.rx.recv()).await.is_err()
+    }
+
+    /// Moves `clock` on by `step` until a webhook arrives (a delivery's answer may land after a
+    /// step, restarting its lease from the moved clock): what the manager does once that much
+    /// time has passed.
+    async fn next_advancing(&mut self, clock: &ManualClock, step: Duration) -> Hook {
+        for _ in 0..20 {
+            clock.advance(step);
+            if let Ok(hook) = tokio::time::timeout(Duration::from_millis(300), self.rx.recv()).await
+            {
+                return hook.expect("receiver closed");
+            }
+        }
+        panic!("no webhook after moving the clock on");
     }
 }
 
@@ -459,7 +485,7 @@ async fn webhook_callback_acks_and_fences_stale_generations() {
 #[tokio::test]
 async fn webhook_lease_expiry_rewakes_with_a_new_generation() {
     let node = pico_server::testing::start_test_node().await;
-    let app = app(&node);
+    let (app, clock) = app_with_clock(&node);
     let mut rx = Receiver::start(vec![(200, json!({}))]).await;
     call(
         &app,
@@ -473,8 +499,12 @@ async fn webhook_lease_expiry_rewakes_with_a_new_generation() {
     append(&node, "jobs/a", json!(1)).await;
     let first = rx.next().await;
     assert_eq!(first.body["generation"], 1);
-    // Nobody calls back: after the lease the wake is re-issued and the old token is fenced.
-    let second = rx.next().await;
+    // Nobody calls back: the wake stays out while the clock stands still...
+    assert!(rx.none_within(Duration::from_millis(300)).await);
+    // ...and is re-issued once the lease has run out; the old token is fenced.
+    let second = rx
+        .next_advancing(&clock, Duration::from_millis(1_100))
+        .await;
     assert_eq!(second.body["generation"], 2);
     assert_ne!(second.body["wake_id"], first.body["wake_id"]);
     let stale = json!({"wake_id": first.body["wake_id"], "generation": 1, "done": true});
@@ -495,7 +525,7 @@ async fn webhook_lease_expiry_rewakes_with_a_new_generation() {
 #[tokio::test]
 async fn webhook_delivery_retries_after_failure() {
     let node = pico_server::testing::start_test_node().await;
-    let app = app(&node);
+    let (app, clock) = app_with_clock(&node);
     let mut rx = Receiver::start(vec![(500, json!({})), (200, json!({"done": true}))]).await;
     call(
         &app,
@@ -507,7 +537,6 @@ async fn webhook_delivery_retries_after_failure() {
     .await;
     create_stream(&node, "r/1", &[json!(1)]).await;
     let first = rx.next().await;
-    let t0 = std::time::Instant::now();
     let app2 = app.clone();
     assert!(
         wait_for(|| {
@@ -520,12 +549,13 @@ async fn webhook_delivery_retries_after_failure() {
         .await,
         "a failed delivery marks the subscription failed"
     );
-    let second = rx.next().await;
-    let waited = t0.elapsed();
+    // The retry waits for its backoff (1 s ± 20 %) on the manager's clock.
     assert!(
-        waited >= Duration::from_millis(600),
-        "retry after ~1 s, got {waited:?}"
+        rx.none_within(Duration::from_millis(300)).await,
+        "no retry before the clock moves"
     );
+    clock.advance(Duration::from_millis(1_300));
+    let second = rx.next().await;
     assert_eq!(
         second.body["wake_id"], first.body["wake_id"],
         "a retry re-sends the same wake"
@@ -639,7 +669,7 @@ async fn explicit_streams_are_added_and_removed() {
 #[tokio::test]
 async fn pull_wake_claim_ack_release_and_fencing() {
     let node = pico_server::testing::start_test_node().await;
-    let app = app(&node);
+    let (app, clock) = app_with_clock(&node);
     create_stream(&node, "wake/pool", &[]).await;
     let (s, _, _) = call(
         &app,
@@ -750,16 +780,21 @@ async fn pull_wake_claim_ack_release_and_fencing() {
     let (s, _, c3) = call(&app, "POST", claim, Some(json!({"worker": "w3"})), None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(c3["generation"], 3);
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (s, _, busy) = call(&app, "POST", claim, Some(json!({"worker": "w4"})), None).await;
+    assert_eq!(
+        (s, &busy["error"]["current_holder"]),
+        (StatusCode::CONFLICT, &json!("w3"))
+    );
+    clock.advance(Duration::from_millis(1_300));
+    let (s, _, c4) = call(&app, "POST", claim, Some(json!({"worker": "w4"})), None).await;
+    assert_eq!(s, StatusCode::OK, "{c4}");
+    assert!(c4["generation"].as_u64().unwrap() > 3);
     let hb = json!({"wake_id": c3["wake_id"], "generation": 3});
     let (s, _, err) = call(&app, "POST", ack, Some(hb), c3["token"].as_str()).await;
     assert_eq!(
         (s, err["error"]["code"].as_str()),
         (StatusCode::CONFLICT, Some("FENCED"))
     );
-    let (s, _, c4) = call(&app, "POST", claim, Some(json!({"worker": "w4"})), None).await;
-    assert_eq!(s, StatusCode::OK, "{c4}");
-    assert!(c4["generation"].as_u64().unwrap() > 3);
     // A token of one subscription is worthless for another's wake.
     let (s, _, err) = call(
         &app,
@@ -796,8 +831,6 @@ async fn subscriptions_keys_and_cursors_survive_a_new_manager() {
         assert_eq!(s, StatusCode::OK, "{c}");
         (jwks["keys"][0]["kid"].clone(), c["generation"].clone())
     };
-    // Let the old manager's background tasks notice it is gone.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let app = app(&node);
     let (_, _, jwks) = call(&app, "GET", "/v1/stream/__ds/jwks.json", None, None).await;
     assert_eq!(jwks["keys"][0]["kid"], kid, "the signing key is persisted");
@@ -867,13 +900,11 @@ async fn a_recreated_stream_starts_its_cursor_over() {
 /// written once the stream is released.
 #[tokio::test]
 async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
-    use pico_metadata::Command;
-    use pico_server::testing::{OTHER_NODE, open_on_other_node};
+    use pico_server::testing::{open_on_other_node, owner_of, release_on_other_node};
     let node = pico_server::testing::start_test_node().await;
     let app = app(&node);
     create_stream(&node, "wake/far", &[]).await;
     let (id, epoch) = open_on_other_node(&node, "wake/far").await;
-    let meta = node.meta();
     let (s, _, _) = call(
         &app,
         "PUT",
@@ -884,22 +915,25 @@ async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
     .await;
     assert_eq!(s, StatusCode::CREATED);
     create_stream(&node, "events/far", &[json!({"event": "created"})]).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let app2 = app.clone();
+    assert!(
+        wait_for(|| {
+            let app = app2.clone();
+            async move {
+                let (_, _, got) = call(&app, "GET", &sub_path("far"), None, None).await;
+                got["generation"] == 1
+            }
+        })
+        .await,
+        "the append wakes the subscription"
+    );
     assert_eq!(
-        meta.view().streams[&id].owner.map(|o| o.node_id),
+        owner_of(&node, id),
         Some(2),
         "the wake stream was taken over"
     );
     assert!(read_json(&node, "wake/far").await.is_empty());
-    meta.propose(Command::ReleaseStream {
-        stream_id: id,
-        epoch,
-        node_id: OTHER_NODE.0,
-        node_epoch: OTHER_NODE.1,
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    release_on_other_node(&node, id, epoch).await;
     let node2 = node.clone();
     assert!(
         wait_for(|| {

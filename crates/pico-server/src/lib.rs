@@ -10,6 +10,9 @@
 //! - [`waiters`]: long-poll/SSE wake-ups, one channel per awaited stream.
 //! - [`live`]: live reads for every protocol: long-poll, the live cursor, the SSE fan-out hub.
 //! - [`ttl`]: sliding-TTL touches kept in memory and persisted in batches.
+//! - [`stats`]: [`NodeStats`], what the admin listener shows.
+//! - [`subscriptions`]: Durable Streams subscriptions (webhooks, pull-wake leases) over the
+//!   metadata KV.
 //! - [`catalog`]: the engine's object index and commit path over the metadata log.
 //! - `maintenance/`: loops that run without a request, one file each (GC, orphans, TTL, idle release).
 //! - [`testing`]: a real node on in-memory storage, for tests.
@@ -23,6 +26,8 @@ mod maintenance;
 pub mod node;
 pub mod open;
 pub mod producers;
+pub mod stats;
+pub mod subscriptions;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod ttl;
@@ -33,3 +38,4 @@ pub use config::NodeConfig;
 pub use error::*;
 pub use live::LongPoll;
 pub use node::{Node, StartError, StreamEvent};
+pub use stats::{EngineStats, NodeStats};

@@ -74,3 +74,28 @@ pub async fn open_on_other_node(node: &Node, name: &str) -> (u64, i64) {
         other => panic!("the other node could not open `{name}`: {other:?}"),
     }
 }
+
+/// [`OTHER_NODE`] releases the stream it opened with [`open_on_other_node`], as its idle
+/// release would.
+pub async fn release_on_other_node(node: &Node, stream_id: u64, epoch: i64) {
+    let (node_id, node_epoch, _) = OTHER_NODE;
+    node.meta()
+        .propose(pico_metadata::Command::ReleaseStream {
+            stream_id,
+            epoch,
+            node_id,
+            node_epoch,
+        })
+        .await
+        .expect("metadata log")
+        .expect("other node released the stream");
+}
+
+/// The node currently owning stream `stream_id`, per the metadata view.
+pub fn owner_of(node: &Node, stream_id: u64) -> Option<u32> {
+    node.meta()
+        .view()
+        .streams
+        .get(&stream_id)
+        .and_then(|s| s.owner.map(|o| o.node_id))
+}

@@ -21,6 +21,8 @@ pub mod sse_render;
 pub mod subscriptions;
 pub mod write;
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -49,14 +51,23 @@ pub struct Ds {
 /// DS under `/v1/stream`, plus at `/` when `at_root`. The `__ds` namespace of each root goes to
 /// the subscriptions router first.
 pub fn router(node: Node, at_root: bool) -> Router {
-    let mut r = mount(node.clone(), DS_ROOT);
+    // One subscription manager for both roots: each wake is delivered once.
+    let subs = Arc::new(subscriptions::Manager::new(node.clone()));
+    let mut r = mount_with(node.clone(), DS_ROOT, subs.clone());
     if at_root {
-        r = r.merge(mount(node, ""));
+        r = r.merge(mount_with(node, "", subs));
     }
     r
 }
 
+/// One root with a subscription manager of its own (tests).
+#[cfg(test)]
 fn mount(node: Node, root: &'static str) -> Router {
+    let subs = Arc::new(subscriptions::Manager::new(node.clone()));
+    mount_with(node, root, subs)
+}
+
+fn mount_with(node: Node, root: &'static str, subs: Arc<subscriptions::Manager>) -> Router {
     let state = Ds {
         node: node.clone(),
         root,
@@ -67,7 +78,7 @@ fn mount(node: Node, root: &'static str) -> Router {
     Router::new()
         .nest(
             &format!("{root}/{RESERVED_SEGMENT}"),
-            subscriptions::router(node),
+            subscriptions::router(subs),
         )
         .merge(streams)
 }

@@ -196,7 +196,6 @@ impl Node {
         &self.inner.config
     }
 
-    /// The metadata log (admin API, tests).
     /// The registry of live fan-out hubs ([`Node::follow`]).
     pub fn hubs(&self) -> &Arc<crate::live::hub::Hubs> {
         &self.inner.hubs
@@ -207,11 +206,19 @@ impl Node {
         self.inner.config.clock.now_ms()
     }
 
+    /// The metadata log. Facades never reach it (they call the node, and `stats()` for what
+    /// the admin page shows); outside this crate only tests do, through the `testing` feature.
+    #[cfg(any(test, feature = "testing"))]
     pub fn meta(&self) -> &MetaLog {
         &self.inner.meta
     }
+    #[cfg(not(any(test, feature = "testing")))]
+    pub(crate) fn meta(&self) -> &MetaLog {
+        &self.inner.meta
+    }
 
-    /// The engine (stats, tests).
+    /// The engine: like [`Node::meta`], for tests only outside this crate.
+    #[cfg(any(test, feature = "testing"))]
     pub fn engine(&self) -> &Engine {
         &self.inner.engine
     }

@@ -207,6 +207,12 @@ impl Node {
 
     /// Metadata without touching the TTL.
     pub async fn head(&self, name: &StreamName) -> Result<StreamInfo, ReadError> {
+        self.head_now(name)
+    }
+
+    /// [`Node::head`] without awaiting: it reads only the view and in-memory tails, so a caller
+    /// holding a sync lock (DS subscriptions) may ask.
+    pub(crate) fn head_now(&self, name: &StreamName) -> Result<StreamInfo, ReadError> {
         self.resolve(name, self.now_ms())
             .map(|r| self.info(&r))
             .ok_or_else(|| self.read_missing(name))

@@ -1,95 +1,67 @@
-//! Subscription API errors and their wire form: `{"error": {"code": "...", "message": "..."}}`
-//! with the codes and statuses of the Durable Streams spec (§6–§7).
+//! The wire form of subscription errors: `{"error": {"code": "...", "message": "..."}}` with the
+//! codes and statuses of the Durable Streams spec (§6–§7). The one place that maps
+//! [`SubError`] to HTTP.
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use pico_server::subscriptions::SubError;
 use serde_json::json;
-use thiserror::Error;
 
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum SubError {
-    #[error("{0}")]
-    InvalidRequest(String),
-    #[error("subscription not found")]
-    NotFound,
-    #[error("Durable Streams control route not found")]
-    RouteNotFound,
-    #[error("subscription already exists with a different configuration")]
-    AlreadyExists,
-    #[error("{0}")]
-    WebhookUrlRejected(String),
-    #[error("missing, malformed or foreign bearer token")]
-    TokenInvalid,
-    #[error("wake generation is stale")]
-    Fenced,
-    #[error("subscription is claimed by {holder}")]
-    AlreadyClaimed { holder: String, generation: u64 },
-    #[error("subscription has no pending work")]
-    NoPendingWork,
-    #[error("{0}")]
-    InvalidOffset(String),
-    #[error("method not allowed")]
-    MethodNotAllowed,
-    /// A per-node or per-subscription capacity is full (the same request can succeed once
-    /// subscriptions or links are removed).
-    #[error("{0}")]
-    LimitExceeded(String),
-    #[error("subscription state unavailable: {0}")]
-    Unavailable(String),
-}
+/// A [`SubError`] on its way to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError(pub SubError);
 
-impl SubError {
-    pub fn invalid(msg: impl Into<String>) -> SubError {
-        SubError::InvalidRequest(msg.into())
-    }
-
-    pub fn code(&self) -> &'static str {
-        match self {
-            SubError::InvalidRequest(_) => "INVALID_REQUEST",
-            SubError::NotFound | SubError::RouteNotFound => "SUBSCRIPTION_NOT_FOUND",
-            SubError::AlreadyExists => "SUBSCRIPTION_ALREADY_EXISTS",
-            SubError::WebhookUrlRejected(_) => "WEBHOOK_URL_REJECTED",
-            SubError::TokenInvalid => "TOKEN_INVALID",
-            SubError::Fenced => "FENCED",
-            SubError::AlreadyClaimed { .. } => "ALREADY_CLAIMED",
-            SubError::NoPendingWork => "NO_PENDING_WORK",
-            SubError::InvalidOffset(_) => "INVALID_OFFSET",
-            SubError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
-            SubError::LimitExceeded(_) => "LIMIT_EXCEEDED",
-            SubError::Unavailable(_) => "UNAVAILABLE",
-        }
-    }
-
-    pub fn status(&self) -> StatusCode {
-        match self {
-            SubError::InvalidRequest(_) | SubError::WebhookUrlRejected(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            SubError::NotFound | SubError::RouteNotFound => StatusCode::NOT_FOUND,
-            SubError::AlreadyExists
-            | SubError::Fenced
-            | SubError::AlreadyClaimed { .. }
-            | SubError::NoPendingWork
-            | SubError::InvalidOffset(_)
-            | SubError::LimitExceeded(_) => StatusCode::CONFLICT,
-            SubError::TokenInvalid => StatusCode::UNAUTHORIZED,
-            SubError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            SubError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        }
+impl From<SubError> for ApiError {
+    fn from(e: SubError) -> ApiError {
+        ApiError(e)
     }
 }
 
-impl IntoResponse for SubError {
+pub fn code(e: &SubError) -> &'static str {
+    match e {
+        SubError::InvalidRequest(_) => "INVALID_REQUEST",
+        SubError::NotFound | SubError::RouteNotFound => "SUBSCRIPTION_NOT_FOUND",
+        SubError::AlreadyExists => "SUBSCRIPTION_ALREADY_EXISTS",
+        SubError::WebhookUrlRejected(_) => "WEBHOOK_URL_REJECTED",
+        SubError::TokenInvalid => "TOKEN_INVALID",
+        SubError::Fenced => "FENCED",
+        SubError::AlreadyClaimed { .. } => "ALREADY_CLAIMED",
+        SubError::NoPendingWork => "NO_PENDING_WORK",
+        SubError::InvalidOffset(_) => "INVALID_OFFSET",
+        SubError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+        SubError::LimitExceeded(_) => "LIMIT_EXCEEDED",
+        SubError::Unavailable(_) => "UNAVAILABLE",
+    }
+}
+
+pub fn status(e: &SubError) -> StatusCode {
+    match e {
+        SubError::InvalidRequest(_) | SubError::WebhookUrlRejected(_) => StatusCode::BAD_REQUEST,
+        SubError::NotFound | SubError::RouteNotFound => StatusCode::NOT_FOUND,
+        SubError::AlreadyExists
+        | SubError::Fenced
+        | SubError::AlreadyClaimed { .. }
+        | SubError::NoPendingWork
+        | SubError::InvalidOffset(_)
+        | SubError::LimitExceeded(_) => StatusCode::CONFLICT,
+        SubError::TokenInvalid => StatusCode::UNAUTHORIZED,
+        SubError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        SubError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = json!({ "code": self.code(), "message": self.to_string() });
-        if let SubError::AlreadyClaimed { holder, generation } = &self {
+        let e = self.0;
+        let mut error = json!({ "code": code(&e), "message": e.to_string() });
+        if let SubError::AlreadyClaimed { holder, generation } = &e {
             error["current_holder"] = json!(holder);
             error["generation"] = json!(generation);
         }
-        let status = self.status();
+        let status = status(&e);
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            tracing::warn!(error = %self, "subscription request failed");
+            tracing::warn!(error = %e, "subscription request failed");
         }
         (status, Json(json!({ "error": error }))).into_response()
     }

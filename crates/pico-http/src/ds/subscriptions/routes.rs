@@ -1,5 +1,5 @@
 //! HTTP handlers for the `__ds` control namespace. They parse and answer; the state machine is
-//! [`Manager`].
+//! `pico_server::subscriptions::Manager`.
 
 use std::sync::Arc;
 
@@ -10,9 +10,10 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::error::SubError;
-use super::manager::{Manager, WakeRequest};
-use super::model::{Config, check_id, normalize_path, parse_stream_list};
+use pico_server::subscriptions::model::{Config, check_id, normalize_path, parse_stream_list};
+use pico_server::subscriptions::{Manager, SubError, WakeRequest};
+
+use super::error::ApiError;
 
 pub type Shared = Arc<Manager>;
 
@@ -78,7 +79,7 @@ fn found(id: &str) -> Result<(), SubError> {
     check_id(id).map_err(|_| SubError::NotFound)
 }
 
-pub async fn jwks(State(mgr): State<Shared>) -> Result<Response, SubError> {
+pub async fn jwks(State(mgr): State<Shared>) -> Result<Response, ApiError> {
     mgr.ensure_background();
     let keys = mgr.keys().await?;
     Ok((
@@ -98,7 +99,7 @@ pub async fn put_sub(
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, SubError> {
+) -> Result<Response, ApiError> {
     mgr.ensure_background();
     check_id(&id)?;
     let config = Config::parse(&json_body(&body)?, mgr.allow_local_webhooks())?;
@@ -118,7 +119,7 @@ pub async fn get_sub(
     OriginalUri(original): OriginalUri,
     uri: Uri,
     headers: HeaderMap,
-) -> Result<Response, SubError> {
+) -> Result<Response, ApiError> {
     mgr.ensure_background();
     found(&id)?;
     let root = ds_root(&mgr, &headers, &original, &uri);
@@ -128,7 +129,7 @@ pub async fn get_sub(
 pub async fn delete_sub(
     State(mgr): State<Shared>,
     Path(id): Path<String>,
-) -> Result<StatusCode, SubError> {
+) -> Result<StatusCode, ApiError> {
     mgr.ensure_background();
     if check_id(&id).is_ok() {
         mgr.delete(&id).await?;
@@ -140,7 +141,7 @@ pub async fn add_streams(
     State(mgr): State<Shared>,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<StatusCode, SubError> {
+) -> Result<StatusCode, ApiError> {
     mgr.ensure_background();
     found(&id)?;
     let v = json_body(&body)?;
@@ -149,7 +150,7 @@ pub async fn add_streams(
         .ok_or_else(|| SubError::invalid("streams must be a non-empty array"))
         .and_then(parse_stream_list)?;
     if streams.is_empty() {
-        return Err(SubError::invalid("streams must be a non-empty array"));
+        return Err(SubError::invalid("streams must be a non-empty array").into());
     }
     mgr.add_streams(&id, streams).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -158,7 +159,7 @@ pub async fn add_streams(
 pub async fn remove_stream(
     State(mgr): State<Shared>,
     Path((id, path)): Path<(String, String)>,
-) -> Result<StatusCode, SubError> {
+) -> Result<StatusCode, ApiError> {
     mgr.ensure_background();
     found(&id)?;
     mgr.remove_stream(&id, &normalize_path(&path)).await?;
@@ -184,7 +185,7 @@ pub async fn callback(
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, SubError> {
+) -> Result<Response, ApiError> {
     let (token, req) = wake_call(&mgr, &id, &headers, &body)?;
     Ok(Json(mgr.callback(&id, Some(token), req).await?).into_response())
 }
@@ -193,7 +194,7 @@ pub async fn claim(
     State(mgr): State<Shared>,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, SubError> {
+) -> Result<Response, ApiError> {
     mgr.ensure_background();
     found(&id)?;
     let v = json_body(&body)?;
@@ -210,7 +211,7 @@ pub async fn ack(
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, SubError> {
+) -> Result<Response, ApiError> {
     let (token, req) = wake_call(&mgr, &id, &headers, &body)?;
     Ok(Json(mgr.ack(&id, Some(token), req).await?).into_response())
 }
@@ -220,16 +221,16 @@ pub async fn release(
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<StatusCode, SubError> {
+) -> Result<StatusCode, ApiError> {
     let (token, req) = wake_call(&mgr, &id, &headers, &body)?;
     mgr.release(&id, Some(token), req).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn route_not_found() -> SubError {
-    SubError::RouteNotFound
+pub async fn route_not_found() -> ApiError {
+    ApiError(SubError::RouteNotFound)
 }
 
-pub async fn method_not_allowed() -> SubError {
-    SubError::MethodNotAllowed
+pub async fn method_not_allowed() -> ApiError {
+    ApiError(SubError::MethodNotAllowed)
 }
