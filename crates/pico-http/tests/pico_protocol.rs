@@ -1175,14 +1175,20 @@ async fn sse_subscribers_share_the_live_hub_with_ds() {
     };
     let wide = open("/s?seq=now&live=sse");
     let narrow = open("/s?seq=now&live=sse&count=1");
-    // Both reach the tail and join the hub (bounded wait: without a hub this fails).
+    // Both reach the tail and join the hub (bounded wait: without a hub this fails). Both must
+    // have joined before the first append, or one would start past it.
     for _ in 0..1000 {
-        if !node.hubs().is_empty() {
+        if node.hubs().subscribers() == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(node.hubs().len(), 1, "Pico SSE subscribers start no hub");
+    assert_eq!(
+        node.hubs().subscribers(),
+        2,
+        "both subscribers follow the hub"
+    );
     let ds = open("/v1/stream/s?offset=now&live=sse");
     assert_eq!(post(&app, "/s", &[], "a").await.status, 200);
     let batch = json!({"records":[{"body":"b"},{"body":"c"}]});

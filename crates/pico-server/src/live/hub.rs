@@ -202,6 +202,16 @@ impl Hubs {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Subscribers of all live hubs (for tests and diagnostics).
+    pub fn subscribers(&self) -> usize {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.values()
+            .filter_map(|e| e.hub.upgrade())
+            .filter_map(|hub| hub.tx.upgrade())
+            .map(|tx| tx.receiver_count())
+            .sum()
+    }
 }
 
 /// The hub task: wait for the tail, read once, publish. Returning drops the only sender, which
