@@ -238,6 +238,10 @@ impl PgWal {
 /// schema creation runs under a transaction-scoped advisory lock.
 async fn create_schema(pool: &PgPool) -> Result<(), PgWalError> {
     let mut tx = pool.begin().await?;
+    // Quiet the "already exists, skipping" notices of every open after the first.
+    sqlx::query("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(SCHEMA_LOCK)
         .execute(&mut *tx)
