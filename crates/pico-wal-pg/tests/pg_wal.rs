@@ -250,3 +250,28 @@ async fn a_corrupt_row_fails_recovery_loudly() {
     let err = wal.recover().await.unwrap_err();
     assert!(matches!(err, WalError::Corrupt { .. }), "{err}");
 }
+
+/// A commit that landed although the client saw it fail leaves a row at the position the
+/// retry reuses: the retry replaces it instead of failing on the key forever.
+#[tokio::test]
+async fn a_retry_replaces_a_row_whose_failed_commit_had_landed() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let wal = open(&db, 1, 1).await;
+    let p1 = wal.append(vec![rec(1, 0, 1)]).await.unwrap();
+    let landed = s3stream::format::encode_wal_entry(p1 + 1, &[rec(1, 1, 1)]).unwrap();
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("INSERT INTO pico_wal VALUES (1, $1, 1, $2)")
+        .bind(i64::try_from(p1 + 1).unwrap())
+        .bind(landed.as_ref())
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let p2 = wal.append(vec![rec(1, 1, 1)]).await.unwrap();
+    assert_eq!(p2, p1 + 1);
+    assert_eq!(
+        wal.recover().await.unwrap(),
+        vec![(p1, vec![rec(1, 0, 1)]), (p2, vec![rec(1, 1, 1)])]
+    );
+}
