@@ -2,6 +2,7 @@
 
 use crate::RuntimeError;
 use pico_common::{BucketUri, Scheme};
+use pico_wal_pg::{PgWal, PgWalError};
 use s3stream::{
     EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, SegmentWal, Wal,
 };
@@ -87,8 +88,13 @@ pub fn lock_wal(uri: &BucketUri, node_id: u32) -> Result<Option<WalLock>, Runtim
 
 /// The node's WAL, under `wal/{node_id}/`: segment files on a local disk (one write and one
 /// fdatasync per group commit; `segmentBytes` sets their size), one object per group commit on
-/// object storage.
-pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> {
+/// object storage; in Postgres, one row per group commit, fenced by `node_epoch` (a process
+/// still running at an older epoch can no longer write to it).
+pub async fn wal(
+    uri: &BucketUri,
+    node_id: u32,
+    node_epoch: u64,
+) -> Result<Arc<dyn Wal>, RuntimeError> {
     let segment_bytes = uri
         .param_u64("segmentBytes")
         .map_err(|e| RuntimeError::Config(e.to_string()))?;
@@ -110,9 +116,18 @@ pub fn wal(uri: &BucketUri, node_id: u32) -> Result<Arc<dyn Wal>, RuntimeError> 
         }
     }
     match uri.scheme {
-        Scheme::Postgres => Err(RuntimeError::Config(
-            "the Postgres WAL is not supported by this build yet".into(),
-        )),
+        Scheme::Postgres => match PgWal::open(&uri.location, node_id, node_epoch).await {
+            Ok(w) => Ok(Arc::new(w)),
+            Err(e) => {
+                let at = pico_common::uri::redact(&uri.location);
+                Err(match e {
+                    PgWalError::Url(_) | PgWalError::Unsafe { .. } | PgWalError::EpochRange(_) => {
+                        RuntimeError::Config(format!("WAL `{at}`: {e}"))
+                    }
+                    _ => RuntimeError::Startup(format!("WAL `{at}`: {e}")),
+                })
+            }
+        },
         Scheme::File => {
             // Opening the storage creates the root and clears temp files of a crashed put.
             object_storage(uri)?;
@@ -163,33 +178,49 @@ pub fn engine_config(uri: &BucketUri) -> Result<EngineConfig, RuntimeError> {
 mod tests {
     use super::*;
 
-    fn err(uri: &str) -> String {
-        match wal(&BucketUri::parse(uri).unwrap(), 1) {
+    async fn err(uri: &str) -> String {
+        match wal(&BucketUri::parse(uri).unwrap(), 1, 1).await {
             Ok(_) => panic!("{uri} was accepted"),
             Err(e) => e.to_string(),
         }
     }
 
-    #[test]
-    fn segment_bytes_is_checked() {
+    #[tokio::test]
+    async fn a_postgres_wal_url_is_checked_before_connecting() {
+        // Checked before connecting: no server needed.
+        let e = err("-3@postgres://u:secret@127.0.0.1:1/db?allowUnsafe=maybe").await;
+        assert!(e.contains("allowUnsafe"), "{e}");
+        assert!(!e.contains("secret"), "password in an error: {e}");
+    }
+
+    #[tokio::test]
+    async fn segment_bytes_is_checked() {
         let dir = tempfile::tempdir().unwrap();
         let ok = format!("-3@file://{}?segmentBytes=65536", dir.path().display());
-        assert!(wal(&BucketUri::parse(&ok).unwrap(), 1).is_ok());
+        assert!(wal(&BucketUri::parse(&ok).unwrap(), 1, 1).await.is_ok());
         let small = format!("-3@file://{}?segmentBytes=100", dir.path().display());
-        assert!(err(&small).contains("below the minimum"), "{}", err(&small));
+        let e = err(&small).await;
+        assert!(e.contains("below the minimum"), "{e}");
         let max = format!("-3@file://{}?segmentBytes=1073741824", dir.path().display());
-        assert!(wal(&BucketUri::parse(&max).unwrap(), 1).is_ok());
+        assert!(wal(&BucketUri::parse(&max).unwrap(), 1, 1).await.is_ok());
         let big = format!("-3@file://{}?segmentBytes=1073741825", dir.path().display());
-        assert!(err(&big).contains("above the maximum"), "{}", err(&big));
+        let e = err(&big).await;
+        assert!(e.contains("above the maximum"), "{e}");
         let huge = format!(
             "-3@file://{}?segmentBytes={}",
             dir.path().display(),
             u64::MAX
         );
-        assert!(err(&huge).contains("above the maximum"), "{}", err(&huge));
+        let e = err(&huge).await;
+        assert!(e.contains("above the maximum"), "{e}");
         let junk = format!("-3@file://{}?segmentBytes=lots", dir.path().display());
-        assert!(err(&junk).contains("segmentBytes"), "{}", err(&junk));
-        assert!(err("-3@memory://x?segmentBytes=65536").contains("file:// WAL only"));
+        let e = err(&junk).await;
+        assert!(e.contains("segmentBytes"), "{e}");
+        assert!(
+            err("-3@memory://x?segmentBytes=65536")
+                .await
+                .contains("file:// WAL only")
+        );
     }
 
     #[test]

@@ -1,0 +1,321 @@
+//! The engine's WAL in Postgres (`--wal postgres://…`).
+//!
+//! One row per [`Wal::append`] (one engine group commit, all streams) in `pico_wal`, keyed by
+//! `(node_id, position)`; the payload is the engine's own WAL entry encoding, so it is
+//! checksummed and verified on recovery exactly like the other WALs. `pico_wal_nodes` holds
+//! each node's registered epoch and is the fence: every append and trim locks the node's row
+//! and fails when a later incarnation registered a higher epoch there, so a zombie process can
+//! never add to or delete from the WAL its successor recovers. See `docs/design/wal-postgres.md`.
+
+mod url;
+
+use std::str::FromStr;
+
+use bytes::Bytes;
+use s3stream::format::{self, FormatError};
+use s3stream::{Wal, WalError, WalRecord};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Transaction};
+use tokio::sync::Mutex;
+
+pub use url::{ALLOW_UNSAFE, check_durability, split_allow_unsafe};
+
+/// Connections kept: appends are serialized, so one writes while another trims or recovers.
+const MAX_CONNECTIONS: u32 = 4;
+
+/// Key of the advisory lock that serializes schema creation across processes.
+const SCHEMA_LOCK: i64 = 0x7069_636f_5f77_616c; // "pico_wal"
+
+const SCHEMA: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS pico_wal_nodes (
+        node_id INT PRIMARY KEY,
+        epoch BIGINT NOT NULL,
+        trimmed_upto BIGINT NOT NULL DEFAULT 0
+    )",
+    "CREATE TABLE IF NOT EXISTS pico_wal (
+        node_id INT NOT NULL,
+        position BIGINT NOT NULL,
+        node_epoch BIGINT NOT NULL,
+        payload BYTEA NOT NULL,
+        PRIMARY KEY (node_id, position)
+    )",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PgWalError {
+    #[error("postgres wal url: {0}")]
+    Url(String),
+    #[error(
+        "postgres wal: the server runs with {setting}={value}, so a crash can lose appends it \
+         acknowledged; refusing to use it. Turn {setting} on, or add {ALLOW_UNSAFE}=true to \
+         the WAL URL to accept that loss"
+    )]
+    Unsafe {
+        setting: &'static str,
+        value: String,
+    },
+    #[error(
+        "postgres wal fenced: node {node_id} is registered at epoch {registered}, above this \
+         process's epoch {epoch} (a newer incarnation of the node owns its WAL)"
+    )]
+    Fenced {
+        node_id: u32,
+        epoch: i64,
+        registered: i64,
+    },
+    #[error("postgres wal: node {node_id} is not registered (was pico_wal_nodes edited?)")]
+    Unregistered { node_id: u32 },
+    #[error("postgres wal: epoch {0} is above the largest storable ({max})", max = i64::MAX)]
+    EpochRange(u64),
+    #[error("postgres wal position {0} is out of range")]
+    PositionRange(u64),
+    #[error("postgres wal: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+impl From<PgWalError> for WalError {
+    fn from(e: PgWalError) -> WalError {
+        match e {
+            PgWalError::Fenced { .. } => WalError::Fenced(e.to_string()),
+            other => WalError::Other(other.to_string()),
+        }
+    }
+}
+
+/// A node's WAL in Postgres, fenced by the epoch it was opened at.
+pub struct PgWal {
+    pool: PgPool,
+    node_id: u32,
+    epoch: i64,
+    /// Next position to write. Held across each append's transaction: appends are serialized,
+    /// so positions are assigned, committed and acknowledged in order.
+    next: Mutex<i64>,
+}
+
+impl PgWal {
+    /// Connects, creates the schema if missing, checks the server is durable (unless the URL
+    /// says `allowUnsafe=true`), and registers `node_epoch` for `node_id`: from then on an
+    /// older incarnation's appends fail. Refuses if a higher epoch is already registered.
+    pub async fn open(url: &str, node_id: u32, node_epoch: u64) -> Result<PgWal, PgWalError> {
+        let (url, allow_unsafe) = split_allow_unsafe(url)?;
+        let epoch = i64::try_from(node_epoch).map_err(|_| PgWalError::EpochRange(node_epoch))?;
+        let options = PgConnectOptions::from_str(&url)
+            .map_err(|e| PgWalError::Url(format!("`{}`: {e}", pico_common::uri::redact(&url))))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .connect_with(options)
+            .await?;
+        Self::check_server(&pool, allow_unsafe).await?;
+        create_schema(&pool).await?;
+
+        let node = i32::try_from(node_id).map_err(|_| {
+            PgWalError::Url(format!("node id {node_id} does not fit a Postgres INT"))
+        })?;
+        // Registers the epoch unless a higher one is there; equal re-registers (a restart at an
+        // explicit `--node-epoch`). Committed before positions are read: an older incarnation's
+        // append still in flight holds the row and commits first, so recovery sees it.
+        let registered: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO pico_wal_nodes (node_id, epoch) VALUES ($1, $2)
+             ON CONFLICT (node_id) DO UPDATE SET epoch = EXCLUDED.epoch
+                 WHERE pico_wal_nodes.epoch <= EXCLUDED.epoch
+             RETURNING epoch",
+        )
+        .bind(node)
+        .bind(epoch)
+        .fetch_optional(&pool)
+        .await?;
+        if registered.is_none() {
+            let registered: i64 =
+                sqlx::query_scalar("SELECT epoch FROM pico_wal_nodes WHERE node_id = $1")
+                    .bind(node)
+                    .fetch_one(&pool)
+                    .await?;
+            return Err(PgWalError::Fenced {
+                node_id,
+                epoch,
+                registered,
+            });
+        }
+        // Positions continue after the highest ever written, even when all were trimmed.
+        let last: i64 = sqlx::query_scalar(
+            "SELECT GREATEST(
+                 (SELECT trimmed_upto FROM pico_wal_nodes WHERE node_id = $1),
+                 (SELECT COALESCE(MAX(position), 0) FROM pico_wal WHERE node_id = $1))",
+        )
+        .bind(node)
+        .fetch_one(&pool)
+        .await?;
+        tracing::info!(
+            node_id,
+            epoch,
+            next_position = last + 1,
+            "postgres WAL opened"
+        );
+        Ok(PgWal {
+            pool,
+            node_id,
+            epoch,
+            next: Mutex::new(last + 1),
+        })
+    }
+
+    async fn check_server(pool: &PgPool, allow_unsafe: bool) -> Result<(), PgWalError> {
+        let fsync: String = sqlx::query_scalar("SHOW fsync").fetch_one(pool).await?;
+        let sync_commit: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(pool)
+            .await?;
+        check_durability(&fsync, &sync_commit, allow_unsafe)
+    }
+
+    /// The node id as stored (checked to fit at open).
+    fn node(&self) -> i32 {
+        self.node_id as i32
+    }
+
+    /// Locks the node's row for this transaction and fails if a higher epoch is registered:
+    /// a re-open at a higher epoch waits for this transaction, or this one sees its epoch.
+    async fn fence(&self, tx: &mut Transaction<'_, Postgres>) -> Result<(), PgWalError> {
+        let registered: Option<i64> =
+            sqlx::query_scalar("SELECT epoch FROM pico_wal_nodes WHERE node_id = $1 FOR SHARE")
+                .bind(self.node())
+                .fetch_optional(&mut **tx)
+                .await?;
+        match registered {
+            None => Err(PgWalError::Unregistered {
+                node_id: self.node_id,
+            }),
+            Some(r) if r > self.epoch => Err(PgWalError::Fenced {
+                node_id: self.node_id,
+                epoch: self.epoch,
+                registered: r,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    async fn insert(&self, position: i64, payload: &[u8]) -> Result<(), PgWalError> {
+        let mut tx = self.pool.begin().await?;
+        self.fence(&mut tx).await?;
+        // A retry after a failed commit reuses the position: if that commit did land, its row
+        // is replaced by the same records, never kept at a second position.
+        sqlx::query(
+            "INSERT INTO pico_wal (node_id, position, node_epoch, payload) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (node_id, position)
+             DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload",
+        )
+        .bind(self.node())
+        .bind(position)
+        .bind(self.epoch)
+        .bind(payload)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_upto(&self, upto: i64) -> Result<(), PgWalError> {
+        let mut tx = self.pool.begin().await?;
+        self.fence(&mut tx).await?;
+        sqlx::query("DELETE FROM pico_wal WHERE node_id = $1 AND position <= $2")
+            .bind(self.node())
+            .bind(upto)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE pico_wal_nodes SET trimmed_upto = GREATEST(trimmed_upto, $2)
+             WHERE node_id = $1",
+        )
+        .bind(self.node())
+        .bind(upto)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Creates the tables once: concurrent `CREATE TABLE IF NOT EXISTS` can still collide, so
+/// schema creation runs under a transaction-scoped advisory lock.
+async fn create_schema(pool: &PgPool) -> Result<(), PgWalError> {
+    let mut tx = pool.begin().await?;
+    // Quiet the "already exists, skipping" notices of every open after the first.
+    sqlx::query("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(SCHEMA_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    for stmt in SCHEMA {
+        sqlx::query(stmt).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+fn position_of(raw: i64) -> u64 {
+    // Positions are written from 1 up, so a stored one is never negative.
+    u64::try_from(raw).unwrap_or(0)
+}
+
+#[async_trait::async_trait]
+impl Wal for PgWal {
+    async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
+        let mut next = self.next.lock().await;
+        let position = *next;
+        let payload =
+            format::encode_wal_entry(position_of(position), &records).map_err(|source| {
+                WalError::Corrupt {
+                    key: self.key(position),
+                    source,
+                }
+            })?;
+        self.insert(position, &payload).await?;
+        *next = position + 1;
+        Ok(position_of(position))
+    }
+
+    async fn recover(&self) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
+        let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT position, payload FROM pico_wal WHERE node_id = $1 ORDER BY position",
+        )
+        .bind(self.node())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(PgWalError::from)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (position, payload) in rows {
+            let corrupt = |source: FormatError| WalError::Corrupt {
+                key: self.key(position),
+                source,
+            };
+            let (stored, records) =
+                format::decode_wal_entry(&Bytes::from(payload)).map_err(corrupt)?;
+            if i64::try_from(stored).ok() != Some(position) {
+                return Err(WalError::PositionMismatch {
+                    key: self.key(position),
+                    stored,
+                });
+            }
+            out.push((position_of(position), records));
+        }
+        Ok(out)
+    }
+
+    async fn trim(&self, upto: u64) -> Result<(), WalError> {
+        let upto = i64::try_from(upto).map_err(|_| PgWalError::PositionRange(upto))?;
+        Ok(self.delete_upto(upto).await?)
+    }
+}
+
+impl PgWal {
+    /// How an entry is named in errors.
+    fn key(&self, position: i64) -> String {
+        format!("pico_wal node_id={} position={position}", self.node_id)
+    }
+
+    /// The epoch this WAL writes at.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+}
