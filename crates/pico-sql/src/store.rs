@@ -1,8 +1,25 @@
-//! The storage seam: what the log needs from a SQL database. SQLite implements it today
-//! ([`crate::sqlite::SqliteStore`]); Postgres slots in behind the same trait.
+//! The storage seam: what the log needs from a SQL database: SQLite
+//! ([`crate::sqlite::SqliteStore`], one node) and Postgres ([`crate::postgres::PgStore`],
+//! shared by several nodes).
 
 use crate::error::MetaError;
+use crate::postgres::PgStore;
+use crate::sqlite::SqliteStore;
 use async_trait::async_trait;
+use std::sync::Arc;
+
+/// Opens the store a metadata URL names: `sqlite:…` or `postgres://…` / `postgresql://…`.
+pub async fn open_store(url: &str) -> Result<Arc<dyn LogStore>, MetaError> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PgStore::open(url).await?))
+    } else {
+        Err(MetaError::BadUrl(format!(
+            "expected sqlite:… or postgres://…: url=`{url}`"
+        )))
+    }
+}
 
 /// One row of `meta_log`: a batch of encoded commands.
 #[derive(Debug, Clone)]

@@ -1,0 +1,431 @@
+//! The `LogStore` contract, run against SQLite and Postgres alike: every test is a function of
+//! the store URL, instantiated once per backend by `contract!`.
+//!
+//! Postgres: `PICO_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`);
+//! each test gets a fresh database, dropped afterwards. Unreachable, the Postgres variants
+//! print `SKIPPED` to stderr, or fail when `PICO_TEST_REQUIRE_ALL=1`.
+
+use pico_sql::{LogStore, MetaError, SnapshotMeta, open_store};
+use sqlx::postgres::PgPoolOptions;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// One backend's database for one test.
+struct Db {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+    /// (admin URL, database name) of a Postgres database to drop at the end.
+    pg: Option<(String, String)>,
+}
+
+impl Db {
+    fn sqlite() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        Db {
+            url: format!("sqlite:{}/meta.db", dir.path().display()),
+            _dir: Some(dir),
+            pg: None,
+        }
+    }
+
+    /// A fresh Postgres database, or `None` (after a loud line) if Postgres is unreachable
+    /// and not required.
+    async fn postgres() -> Option<Db> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let admin_url = std::env::var("PICO_TEST_POSTGRES_URL").unwrap_or(DEFAULT_PG.into());
+        let admin = match PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&admin_url)
+            .await
+        {
+            Ok(pool) => pool,
+            Err(e) => {
+                if std::env::var("PICO_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
+                    panic!("PICO_TEST_REQUIRE_ALL=1 but no Postgres at {admin_url}: {e}");
+                }
+                // Past the test harness's capture (which takes only `eprintln!`), so it shows.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED (no Postgres at {admin_url}): {e}"
+                );
+                return None;
+            }
+        };
+        let name = format!(
+            "pico_test_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        Some(Db {
+            url: with_database(&admin_url, &name),
+            _dir: None,
+            pg: Some((admin_url, name)),
+        })
+    }
+}
+
+impl Drop for Db {
+    /// Drops the Postgres database even when the test panicked (on a thread of its own: this
+    /// may run inside the test's runtime).
+    fn drop(&mut self) {
+        let Some((admin_url, name)) = self.pg.take() else {
+            return;
+        };
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(admin) = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&admin_url)
+                    .await
+                {
+                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = sqlx::query(&sql).execute(&admin).await;
+                    admin.close().await;
+                }
+            })
+        })
+        .join();
+    }
+}
+
+/// `url` with its database path replaced by `name` (query string kept).
+fn with_database(url: &str, name: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, format!("?{q}")),
+        None => (rest, String::new()),
+    };
+    let authority = rest.split('/').next().unwrap();
+    format!("{scheme}://{authority}/{name}{query}")
+}
+
+/// Runs `$test(url)` once per backend, as `$test::sqlite` and `$test::postgres`.
+macro_rules! contract {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let db = super::Db::sqlite();
+                super::$test(&db.url).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(db) = super::Db::postgres().await else { return };
+                super::$test(&db.url).await;
+            }
+        }
+    )*};
+}
+
+contract!(
+    appends_get_growing_ids_and_read_back_in_order,
+    concurrent_appends_become_visible_in_id_order,
+    tables_are_created_safely_by_nodes_starting_at_once,
+    snapshots_replace_prune_and_truncate,
+    a_chunked_snapshot_round_trips_and_a_missing_chunk_is_corruption,
+    discarding_a_snapshot_compares_its_bytes,
+    leases_follow_the_callers_clock,
+);
+
+async fn store(url: &str) -> Arc<dyn LogStore> {
+    open_store(url).await.unwrap()
+}
+
+/// A store writing snapshots in chunks of `bytes`.
+async fn chunked_store(url: &str, bytes: usize) -> Arc<dyn LogStore> {
+    if url.starts_with("sqlite:") {
+        Arc::new(
+            pico_sql::SqliteStore::open(url)
+                .await
+                .unwrap()
+                .with_snapshot_chunk_bytes(bytes),
+        )
+    } else {
+        Arc::new(
+            pico_sql::PgStore::open(url)
+                .await
+                .unwrap()
+                .with_snapshot_chunk_bytes(bytes),
+        )
+    }
+}
+
+/// Runs one statement written in the SQL both backends accept.
+async fn exec(url: &str, sql: &str) {
+    if url.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
+        pool.close().await;
+    } else {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&pool).await.unwrap();
+        pool.close().await;
+    }
+}
+
+async fn appends_get_growing_ids_and_read_back_in_order(url: &str) {
+    let s = store(url).await;
+    let mut ids = Vec::new();
+    for n in 1..=3u8 {
+        ids.push(s.append(&[n; 3], u32::from(n), 1000).await.unwrap());
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    let rows = s.read_after(0, 10).await.unwrap();
+    let got: Vec<(i64, Vec<u8>, i64)> = rows
+        .into_iter()
+        .map(|r| (r.id, r.payload, r.count))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (ids[0], vec![1; 3], 1),
+            (ids[1], vec![2; 3], 2),
+            (ids[2], vec![3; 3], 3)
+        ]
+    );
+    let page = s.read_after(ids[0], 1).await.unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].id, ids[1]);
+    assert!(s.read_after(ids[2], 10).await.unwrap().is_empty());
+    // Ids are never reused, even after the rows are truncated and the store reopened.
+    s.write_snapshot(
+        SnapshotMeta {
+            applied_index: 6,
+            last_row_id: ids[2],
+        },
+        b"state",
+        1,
+        1000,
+    )
+    .await
+    .unwrap();
+    assert!(s.read_after(0, 10).await.unwrap().is_empty());
+    s.close().await;
+    let s = store(url).await;
+    let next = s.append(b"x", 1, 1000).await.unwrap();
+    assert!(next > ids[2], "id reused: {next} <= {}", ids[2]);
+    s.close().await;
+}
+
+/// A tailer reads `id > last seen`: a row that became visible after a larger id would be
+/// skipped for good. Several nodes append at once while one tails; it must see every row.
+async fn concurrent_appends_become_visible_in_id_order(url: &str) {
+    const WRITERS: usize = 6;
+    const EACH: usize = 40;
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..WRITERS {
+        // A store per writer: separate connections, as separate nodes have.
+        let s = store(url).await;
+        writers.spawn(async move {
+            for i in 0..EACH {
+                s.append(&[w as u8, i as u8], 1, 0).await.unwrap();
+            }
+            s.close().await;
+        });
+    }
+    let tailer = store(url).await;
+    let mut seen = Vec::new();
+    let mut last = 0;
+    loop {
+        let done = writers.is_empty();
+        for row in tailer.read_after(last, 1000).await.unwrap() {
+            last = row.id;
+            seen.push(row.id);
+        }
+        if done {
+            break;
+        }
+        while let Some(r) = writers.try_join_next() {
+            r.unwrap();
+        }
+    }
+    let all: Vec<i64> = tailer
+        .read_after(0, 10_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(all.len(), WRITERS * EACH);
+    assert_eq!(seen, all, "the tailer missed rows that became visible late");
+    tailer.close().await;
+}
+
+async fn tables_are_created_safely_by_nodes_starting_at_once(url: &str) {
+    let mut opens = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let url = url.to_string();
+        opens.spawn(async move { open_store(&url).await });
+    }
+    while let Some(r) = opens.join_next().await {
+        let s = r.unwrap().unwrap();
+        s.append(b"x", 1, 0).await.unwrap();
+        s.close().await;
+    }
+    assert_eq!(store(url).await.read_after(0, 100).await.unwrap().len(), 6);
+}
+
+async fn snapshots_replace_prune_and_truncate(url: &str) {
+    let s = store(url).await;
+    let mut ids = Vec::new();
+    for n in 0..6u8 {
+        ids.push(s.append(&[n], 1, 0).await.unwrap());
+    }
+    let meta = |applied_index: u64, row: usize| SnapshotMeta {
+        applied_index,
+        last_row_id: ids[row],
+    };
+    // One snapshot of two kept: nothing truncated yet.
+    assert_eq!(s.write_snapshot(meta(2, 1), b"two", 2, 0).await.unwrap(), 0);
+    assert_eq!(s.snapshots().await.unwrap(), vec![meta(2, 1)]);
+    // Two kept: the rows the older one covers go (it stays replayable from there).
+    assert_eq!(
+        s.write_snapshot(meta(4, 3), b"four", 2, 0).await.unwrap(),
+        2
+    );
+    assert_eq!(s.read_after(0, 10).await.unwrap()[0].id, ids[2]);
+    // A third prunes the oldest and truncates below the new oldest.
+    assert_eq!(s.write_snapshot(meta(6, 5), b"six", 2, 0).await.unwrap(), 2);
+    assert_eq!(s.snapshots().await.unwrap(), vec![meta(6, 5), meta(4, 3)]);
+    assert_eq!(s.read_after(0, 10).await.unwrap()[0].id, ids[4]);
+    assert_eq!(s.load_snapshot(2).await.unwrap(), None);
+    assert_eq!(
+        s.load_snapshot(4).await.unwrap().as_deref(),
+        Some(&b"four"[..])
+    );
+    // A write at an existing index replaces that row.
+    s.write_snapshot(meta(6, 5), b"six again", 2, 0)
+        .await
+        .unwrap();
+    assert_eq!(s.snapshots().await.unwrap(), vec![meta(6, 5), meta(4, 3)]);
+    assert_eq!(
+        s.load_snapshot(6).await.unwrap().as_deref(),
+        Some(&b"six again"[..])
+    );
+    // A writer behind two newer snapshots writes a row that is pruned at once.
+    s.write_snapshot(meta(3, 2), b"three", 2, 0).await.unwrap();
+    assert_eq!(s.snapshots().await.unwrap(), vec![meta(6, 5), meta(4, 3)]);
+    // Replaced and pruned snapshots leave no chunks behind.
+    s.close().await;
+    assert_eq!(chunk_blobs(url).await, 2);
+}
+
+/// Distinct blobs that still have chunks.
+async fn chunk_blobs(url: &str) -> i64 {
+    let sql = "SELECT COUNT(DISTINCT blob_id) FROM meta_snapshot_chunk";
+    if url.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+        let n = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
+        pool.close().await;
+        n
+    } else {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        let n = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
+        pool.close().await;
+        n
+    }
+}
+
+async fn a_chunked_snapshot_round_trips_and_a_missing_chunk_is_corruption(url: &str) {
+    let s = chunked_store(url, 7).await;
+    let payload: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
+    let meta = SnapshotMeta {
+        applied_index: 10,
+        last_row_id: 0,
+    };
+    s.write_snapshot(meta, &payload, 2, 0).await.unwrap();
+    assert_eq!(s.load_snapshot(10).await.unwrap(), Some(payload.clone()));
+    // An empty state is a snapshot too.
+    s.write_snapshot(
+        SnapshotMeta {
+            applied_index: 11,
+            last_row_id: 0,
+        },
+        b"",
+        2,
+        0,
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.load_snapshot(11).await.unwrap(), Some(Vec::new()));
+    exec(url, "DELETE FROM meta_snapshot_chunk WHERE seq = 3").await;
+    let err = s.load_snapshot(10).await.unwrap_err();
+    assert!(matches!(err, MetaError::CorruptSnapshot(_)), "{err:?}");
+    s.close().await;
+}
+
+async fn discarding_a_snapshot_compares_its_bytes(url: &str) {
+    let s = chunked_store(url, 4).await;
+    let meta = SnapshotMeta {
+        applied_index: 5,
+        last_row_id: 0,
+    };
+    s.write_snapshot(meta, b"the state bytes", 2, 0)
+        .await
+        .unwrap();
+    assert!(!s.discard_snapshot(5, b"the state bytez").await.unwrap());
+    assert!(!s.discard_snapshot(5, b"the state").await.unwrap());
+    assert!(!s.discard_snapshot(6, b"the state bytes").await.unwrap());
+    assert_eq!(s.snapshots().await.unwrap(), vec![meta]);
+    assert!(s.discard_snapshot(5, b"the state bytes").await.unwrap());
+    assert!(s.snapshots().await.unwrap().is_empty());
+    assert!(!s.discard_snapshot(5, b"the state bytes").await.unwrap());
+    s.close().await;
+    assert_eq!(chunk_blobs(url).await, 0);
+}
+
+async fn leases_follow_the_callers_clock(url: &str) {
+    let s = store(url).await;
+    let t0 = 1_700_000_000_000;
+    assert!(s.try_acquire_lease("maint", "n1", 200, t0).await.unwrap());
+    assert!(!s.try_acquire_lease("maint", "n2", 200, t0).await.unwrap());
+    assert!(
+        s.try_acquire_lease("maint", "n1", 200, t0 + 10)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.lease("maint").await.unwrap(),
+        Some(("n1".into(), t0 + 210))
+    );
+    assert!(s.renew_lease("maint", "n1", 200, t0 + 100).await.unwrap());
+    assert!(!s.renew_lease("maint", "n2", 200, t0 + 100).await.unwrap());
+    assert_eq!(
+        s.lease("maint").await.unwrap(),
+        Some(("n1".into(), t0 + 300))
+    );
+    // Expired at its expiry time: no renewal, taken over by another holder.
+    assert!(!s.renew_lease("maint", "n1", 200, t0 + 300).await.unwrap());
+    assert!(
+        !s.try_acquire_lease("maint", "n2", 200, t0 + 299)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.try_acquire_lease("maint", "n2", 200, t0 + 300)
+            .await
+            .unwrap()
+    );
+    assert!(!s.release_lease("maint", "n1").await.unwrap());
+    assert!(s.release_lease("maint", "n2").await.unwrap());
+    assert_eq!(s.lease("maint").await.unwrap(), None);
+    s.close().await;
+}
