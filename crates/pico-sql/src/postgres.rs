@@ -10,10 +10,17 @@ use crate::error::MetaError;
 use crate::store::{LogRow, LogStore, SnapshotMeta};
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// The channel every append notifies (with its row id) and every store listens on.
+pub const NOTIFY_CHANNEL: &str = "pico_meta";
+/// Longest wait between attempts to get a lost notification connection back.
+const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Advisory lock keys (one 64-bit space per database; "pico" in ASCII, then a number).
 const SCHEMA_LOCK: i64 = 0x7069_636f_0000_0001;
@@ -109,6 +116,34 @@ pub struct PgStore {
     chunk_bytes: usize,
     /// Blobs of this store's failed snapshot writes: their chunks go at the next attempt.
     failed_blobs: Mutex<Vec<i64>>,
+    /// Signalled on every append notification (any node's, this one's included).
+    appended: Arc<Notify>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Forwards notifications to `appended` until aborted. A lost connection is re-established
+/// (with backoff while that fails) and also signalled: notifications sent meanwhile are gone,
+/// so the tailer must look for itself.
+async fn forward_notifications(mut listener: PgListener, appended: Arc<Notify>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(_)) => {
+                backoff = Duration::from_millis(50);
+                appended.notify_one();
+            }
+            Ok(None) => {
+                tracing::warn!("metadata notification connection lost; reconnected");
+                appended.notify_one();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ?backoff, "metadata notifications unavailable; polling");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
+                appended.notify_one();
+            }
+        }
+    }
 }
 
 impl PgStore {
@@ -140,10 +175,22 @@ impl PgStore {
         tx.commit()
             .await
             .map_err(MetaError::store("commit create tables"))?;
+        // Listening before `open` returns: a row appended from then on wakes this node.
+        let mut listener = PgListener::connect_with(&pool)
+            .await
+            .map_err(MetaError::store("listen"))?;
+        listener
+            .listen(NOTIFY_CHANNEL)
+            .await
+            .map_err(MetaError::store("listen"))?;
+        let appended = Arc::new(Notify::new());
+        let task = tokio::spawn(forward_notifications(listener, appended.clone()));
         let store = PgStore {
             pool,
             chunk_bytes: SNAPSHOT_CHUNK_BYTES,
             failed_blobs: Mutex::new(Vec::new()),
+            appended,
+            listener: Mutex::new(Some(task)),
         };
         // Garbage only costs space: a failure here must not keep the log from opening.
         if let Err(e) = store.collect_garbage(None).await {
@@ -392,6 +439,9 @@ impl LogStore for PgStore {
         // before the id is drawn until the commit makes appends take turns, so ids become
         // visible in order (the lock is released only after the commit is visible). Gaps
         // (a rolled-back append) remain possible and are harmless to tailers.
+        //
+        // The notification is part of the transaction: Postgres delivers it at commit, when
+        // the row is visible, and never for a rolled-back one.
         let mut tx = self
             .pool
             .begin()
@@ -399,11 +449,15 @@ impl LogStore for PgStore {
             .map_err(MetaError::store("begin append"))?;
         xact_lock(&mut tx, APPEND_LOCK, "lock append").await?;
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO meta_log (payload, count, created_at_ms) VALUES ($1, $2, $3) RETURNING id",
+            "WITH r AS (
+               INSERT INTO meta_log (payload, count, created_at_ms) VALUES ($1, $2, $3)
+               RETURNING id)
+             SELECT r.id FROM r CROSS JOIN LATERAL (SELECT pg_notify($4, r.id::TEXT)) n",
         )
         .bind(payload)
         .bind(i64::from(count))
         .bind(now_ms)
+        .bind(NOTIFY_CHANNEL)
         .fetch_one(&mut *tx)
         .await
         .map_err(MetaError::store("append"))?;
@@ -633,7 +687,32 @@ impl LogStore for PgStore {
             .map_err(MetaError::store("read lease"))
     }
 
+    fn appended(&self) -> Option<Arc<Notify>> {
+        Some(self.appended.clone())
+    }
+
     async fn close(&self) {
+        self.stop_listening();
         self.pool.close().await;
+    }
+}
+
+impl PgStore {
+    /// Ends the notification task (its connection goes back to the pool).
+    fn stop_listening(&self) {
+        let task = self
+            .listener
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.stop_listening();
     }
 }

@@ -89,5 +89,10 @@ pub trait LogStore: Send + Sync + 'static {
     async fn release_lease(&self, name: &str, holder: &str) -> Result<bool, MetaError>;
     /// Current (holder, expires_at_ms) of a lease, expired or not.
     async fn lease(&self, name: &str) -> Result<Option<(String, i64)>, MetaError>;
+    /// Signalled when some node may have appended a row (Postgres: LISTEN/NOTIFY), so the
+    /// tailer reads at once instead of at its next poll. `None`: poll only.
+    fn appended(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
     async fn close(&self);
 }

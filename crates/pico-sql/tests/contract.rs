@@ -5,7 +5,8 @@
 //! each test gets a fresh database, dropped afterwards. Unreachable, the Postgres variants
 //! print `SKIPPED` to stderr, or fail when `PICO_TEST_REQUIRE_ALL=1`.
 
-use pico_sql::{LogStore, MetaError, SnapshotMeta, open_store};
+use pico_metadata::{Command, Outcome, StreamConfig};
+use pico_sql::{LogStore, MetaError, MetaLog, MetaLogOptions, SnapshotMeta, open_store};
 use sqlx::postgres::PgPoolOptions;
 use std::io::Write;
 use std::sync::Arc;
@@ -143,6 +144,8 @@ contract!(
     a_chunked_snapshot_round_trips_and_a_missing_chunk_is_corruption,
     discarding_a_snapshot_compares_its_bytes,
     leases_follow_the_callers_clock,
+    a_log_restarts_from_its_snapshot_and_the_rows_after_it,
+    a_log_applies_another_nodes_rows_in_order,
 );
 
 async fn store(url: &str) -> Arc<dyn LogStore> {
@@ -428,4 +431,118 @@ async fn leases_follow_the_callers_clock(url: &str) {
     assert!(s.release_lease("maint", "n2").await.unwrap());
     assert_eq!(s.lease("maint").await.unwrap(), None);
     s.close().await;
+}
+
+fn create(name: &str) -> Command {
+    Command::CreateStream {
+        name: name.into(),
+        config: StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_secs: None,
+            expires_at_ms: None,
+        },
+        closed: false,
+        initial: Default::default(),
+        now_ms: 1,
+    }
+}
+
+fn put(n: u64) -> Command {
+    Command::KvPut {
+        key: format!("k{}", n % 7),
+        value: n.to_le_bytes().to_vec(),
+    }
+}
+
+async fn a_log_restarts_from_its_snapshot_and_the_rows_after_it(url: &str) {
+    let opts = MetaLogOptions {
+        snapshot_every: 10,
+        ..MetaLogOptions::default()
+    };
+    let log = MetaLog::open(url, opts.clone()).await.unwrap();
+    for row in 0..9u64 {
+        let mut cmds: Vec<Command> = (row * 5..row * 5 + 4).map(put).collect();
+        cmds.push(create(&format!("s{row}")));
+        log.propose_many(cmds).await.unwrap();
+    }
+    let before = log.view();
+    assert_eq!(before.applied_index, 45);
+    // Snapshots are written in the background.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while log.snapshot_stats().rows_truncated == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            log.snapshot_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    log.close().await;
+    let reopened = MetaLog::open(url, opts).await.unwrap();
+    assert_eq!(
+        *reopened.view(),
+        *before,
+        "snapshot + replay rebuild the state"
+    );
+    assert!(reopened.snapshot_stats().last_index >= 20);
+    let out = reopened.propose(create("after")).await.unwrap();
+    assert!(matches!(out, Ok(Outcome::Created { created: true, .. })));
+    reopened.close().await;
+}
+
+async fn a_log_applies_another_nodes_rows_in_order(url: &str) {
+    let opts = MetaLogOptions {
+        poll_interval: Duration::from_millis(20),
+        ..MetaLogOptions::default()
+    };
+    let a = MetaLog::open(url, opts.clone()).await.unwrap();
+    let b = MetaLog::open(url, opts).await.unwrap();
+    a.propose(create("from-a")).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), b.subscribe().wait_for(|i| *i >= 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b.view().stream_by_name("from-a").is_some());
+    // b's own commit applies a's earlier row first (table order), so ids agree.
+    a.propose(create("a2")).await.unwrap().unwrap();
+    let out = b.propose(create("from-b")).await.unwrap();
+    assert_eq!(
+        out,
+        Ok(Outcome::Created {
+            stream_id: 2,
+            created: true
+        })
+    );
+    tokio::time::timeout(Duration::from_secs(10), a.subscribe().wait_for(|i| *i >= 3))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*a.view(), *b.view());
+    a.close().await;
+    b.close().await;
+}
+
+/// Postgres only (SQLite has no notifications): with the poll an hour away, only the append
+/// notification can bring a's row to b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_notification_wakes_another_nodes_tail() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    let opts = MetaLogOptions {
+        poll_interval: Duration::from_secs(3600),
+        ..MetaLogOptions::default()
+    };
+    let a = MetaLog::open(&db.url, opts.clone()).await.unwrap();
+    let b = MetaLog::open(&db.url, opts).await.unwrap();
+    for n in 1..=3u64 {
+        a.propose(put(n)).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), b.subscribe().wait_for(|i| *i >= n))
+            .await
+            .expect("b was not woken by a's append")
+            .unwrap();
+    }
+    assert_eq!(*a.view(), *b.view());
+    a.close().await;
+    b.close().await;
 }
