@@ -1,140 +1,14 @@
 //! The `LogStore` contract, run against SQLite and Postgres alike: every test is a function of
-//! the store URL, instantiated once per backend by `contract!`.
-//!
-//! Postgres: `PICO_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`);
-//! each test gets a fresh database, dropped afterwards. Unreachable, the Postgres variants
-//! print `SKIPPED` to stderr, or fail when `PICO_TEST_REQUIRE_ALL=1`.
+//! the store URL, instantiated once per backend by `contract!` (backends: `common`). The
+//! `MetaLog` tests in `metalog.rs` that need no SQLite internals run on both the same way.
 
+mod common;
+
+use common::{Db, chunk_blobs, exec};
 use pico_metadata::{Command, Outcome, StreamConfig};
 use pico_sql::{LogStore, MetaError, MetaLog, MetaLogOptions, SnapshotMeta, open_store};
-use sqlx::postgres::PgPoolOptions;
-use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-
-const DEFAULT_PG: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-/// One backend's database for one test.
-struct Db {
-    url: String,
-    _dir: Option<tempfile::TempDir>,
-    /// (admin URL, database name) of a Postgres database to drop at the end.
-    pg: Option<(String, String)>,
-}
-
-impl Db {
-    fn sqlite() -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        Db {
-            url: format!("sqlite:{}/meta.db", dir.path().display()),
-            _dir: Some(dir),
-            pg: None,
-        }
-    }
-
-    /// A fresh Postgres database, or `None` (after a loud line) if Postgres is unreachable
-    /// and not required.
-    async fn postgres() -> Option<Db> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let admin_url = std::env::var("PICO_TEST_POSTGRES_URL").unwrap_or(DEFAULT_PG.into());
-        let admin = match PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(&admin_url)
-            .await
-        {
-            Ok(pool) => pool,
-            Err(e) => {
-                if std::env::var("PICO_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
-                    panic!("PICO_TEST_REQUIRE_ALL=1 but no Postgres at {admin_url}: {e}");
-                }
-                // Past the test harness's capture (which takes only `eprintln!`), so it shows.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED (no Postgres at {admin_url}): {e}"
-                );
-                return None;
-            }
-        };
-        let name = format!(
-            "pico_test_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
-        Some(Db {
-            url: with_database(&admin_url, &name),
-            _dir: None,
-            pg: Some((admin_url, name)),
-        })
-    }
-}
-
-impl Drop for Db {
-    /// Drops the Postgres database even when the test panicked (on a thread of its own: this
-    /// may run inside the test's runtime).
-    fn drop(&mut self) {
-        let Some((admin_url, name)) = self.pg.take() else {
-            return;
-        };
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(admin) = PgPoolOptions::new()
-                    .max_connections(1)
-                    .connect(&admin_url)
-                    .await
-                {
-                    let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = sqlx::query(&sql).execute(&admin).await;
-                    admin.close().await;
-                }
-            })
-        })
-        .join();
-    }
-}
-
-/// `url` with its database path replaced by `name` (query string kept).
-fn with_database(url: &str, name: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap();
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, format!("?{q}")),
-        None => (rest, String::new()),
-    };
-    let authority = rest.split('/').next().unwrap();
-    format!("{scheme}://{authority}/{name}{query}")
-}
-
-/// Runs `$test(url)` once per backend, as `$test::sqlite` and `$test::postgres`.
-macro_rules! contract {
-    ($($test:ident),* $(,)?) => {$(
-        mod $test {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                let db = super::Db::sqlite();
-                super::$test(&db.url).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let Some(db) = super::Db::postgres().await else { return };
-                super::$test(&db.url).await;
-            }
-        }
-    )*};
-}
 
 contract!(
     appends_get_growing_ids_and_read_back_in_order,
@@ -145,7 +19,6 @@ contract!(
     discarding_a_snapshot_compares_its_bytes,
     leases_follow_the_callers_clock,
     a_log_restarts_from_its_snapshot_and_the_rows_after_it,
-    a_log_applies_another_nodes_rows_in_order,
 );
 
 async fn store(url: &str) -> Arc<dyn LogStore> {
@@ -168,19 +41,6 @@ async fn chunked_store(url: &str, bytes: usize) -> Arc<dyn LogStore> {
                 .unwrap()
                 .with_snapshot_chunk_bytes(bytes),
         )
-    }
-}
-
-/// Runs one statement written in the SQL both backends accept.
-async fn exec(url: &str, sql: &str) {
-    if url.starts_with("sqlite:") {
-        let pool = sqlx::SqlitePool::connect(url).await.unwrap();
-        sqlx::query(sql).execute(&pool).await.unwrap();
-        pool.close().await;
-    } else {
-        let pool = sqlx::PgPool::connect(url).await.unwrap();
-        sqlx::query(sql).execute(&pool).await.unwrap();
-        pool.close().await;
     }
 }
 
@@ -331,22 +191,6 @@ async fn snapshots_replace_prune_and_truncate(url: &str) {
     assert_eq!(chunk_blobs(url).await, 2);
 }
 
-/// Distinct blobs that still have chunks.
-async fn chunk_blobs(url: &str) -> i64 {
-    let sql = "SELECT COUNT(DISTINCT blob_id) FROM meta_snapshot_chunk";
-    if url.starts_with("sqlite:") {
-        let pool = sqlx::SqlitePool::connect(url).await.unwrap();
-        let n = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
-        pool.close().await;
-        n
-    } else {
-        let pool = sqlx::PgPool::connect(url).await.unwrap();
-        let n = sqlx::query_scalar(sql).fetch_one(&pool).await.unwrap();
-        pool.close().await;
-        n
-    }
-}
-
 async fn a_chunked_snapshot_round_trips_and_a_missing_chunk_is_corruption(url: &str) {
     let s = chunked_store(url, 7).await;
     let payload: Vec<u8> = (0..1000u32).map(|i| (i % 251) as u8).collect();
@@ -488,38 +332,6 @@ async fn a_log_restarts_from_its_snapshot_and_the_rows_after_it(url: &str) {
     let out = reopened.propose(create("after")).await.unwrap();
     assert!(matches!(out, Ok(Outcome::Created { created: true, .. })));
     reopened.close().await;
-}
-
-async fn a_log_applies_another_nodes_rows_in_order(url: &str) {
-    let opts = MetaLogOptions {
-        poll_interval: Duration::from_millis(20),
-        ..MetaLogOptions::default()
-    };
-    let a = MetaLog::open(url, opts.clone()).await.unwrap();
-    let b = MetaLog::open(url, opts).await.unwrap();
-    a.propose(create("from-a")).await.unwrap().unwrap();
-    tokio::time::timeout(Duration::from_secs(10), b.subscribe().wait_for(|i| *i >= 1))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(b.view().stream_by_name("from-a").is_some());
-    // b's own commit applies a's earlier row first (table order), so ids agree.
-    a.propose(create("a2")).await.unwrap().unwrap();
-    let out = b.propose(create("from-b")).await.unwrap();
-    assert_eq!(
-        out,
-        Ok(Outcome::Created {
-            stream_id: 2,
-            created: true
-        })
-    );
-    tokio::time::timeout(Duration::from_secs(10), a.subscribe().wait_for(|i| *i >= 3))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(*a.view(), *b.view());
-    a.close().await;
-    b.close().await;
 }
 
 /// Postgres only (SQLite has no notifications): with the poll an hour away, only the append
