@@ -6,7 +6,7 @@ mod common;
 
 use common::{Db, chunk_blobs, exec};
 use pico_metadata::{Command, Outcome, StreamConfig};
-use pico_sql::{LogStore, MetaError, MetaLog, MetaLogOptions, SnapshotMeta, open_store};
+use pico_sql::{LogRow, LogStore, MetaError, MetaLog, MetaLogOptions, SnapshotMeta, open_store};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ contract!(
     discarding_a_snapshot_compares_its_bytes,
     leases_follow_the_callers_clock,
     a_log_restarts_from_its_snapshot_and_the_rows_after_it,
+    a_node_behind_a_truncation_jumps_to_the_newest_snapshot,
 );
 
 async fn store(url: &str) -> Arc<dyn LogStore> {
@@ -332,6 +333,138 @@ async fn a_log_restarts_from_its_snapshot_and_the_rows_after_it(url: &str) {
     let out = reopened.propose(create("after")).await.unwrap();
     assert!(matches!(out, Ok(Outcome::Created { created: true, .. })));
     reopened.close().await;
+}
+
+/// A store that reads no rows while `asleep` (and whose appends never wake the tail): its log
+/// is left behind on purpose, deterministically.
+struct Sleepy {
+    inner: Arc<dyn LogStore>,
+    asleep: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl LogStore for Sleepy {
+    async fn append(&self, payload: &[u8], count: u32, now_ms: i64) -> Result<i64, MetaError> {
+        self.inner.append(payload, count, now_ms).await
+    }
+    async fn read_after(&self, after_id: i64, limit: u32) -> Result<Vec<LogRow>, MetaError> {
+        if self.asleep.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Vec::new());
+        }
+        self.inner.read_after(after_id, limit).await
+    }
+    async fn snapshots(&self) -> Result<Vec<SnapshotMeta>, MetaError> {
+        self.inner.snapshots().await
+    }
+    async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError> {
+        self.inner.load_snapshot(applied_index).await
+    }
+    async fn discard_snapshot(
+        &self,
+        applied_index: u64,
+        payload: &[u8],
+    ) -> Result<bool, MetaError> {
+        self.inner.discard_snapshot(applied_index, payload).await
+    }
+    async fn write_snapshot(
+        &self,
+        meta: SnapshotMeta,
+        payload: &[u8],
+        keep: u32,
+        now_ms: i64,
+    ) -> Result<u64, MetaError> {
+        self.inner.write_snapshot(meta, payload, keep, now_ms).await
+    }
+    async fn try_acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, MetaError> {
+        self.inner
+            .try_acquire_lease(name, holder, ttl_ms, now_ms)
+            .await
+    }
+    async fn renew_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, MetaError> {
+        self.inner.renew_lease(name, holder, ttl_ms, now_ms).await
+    }
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<bool, MetaError> {
+        self.inner.release_lease(name, holder).await
+    }
+    async fn lease(&self, name: &str) -> Result<Option<(String, i64)>, MetaError> {
+        self.inner.lease(name).await
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+/// b sleeps through a's proposals, snapshots and truncation; its next commit finds the rows
+/// after its position gone and continues from the newest snapshot.
+async fn a_node_behind_a_truncation_jumps_to_the_newest_snapshot(url: &str) {
+    let a = MetaLog::open(
+        url,
+        MetaLogOptions {
+            snapshot_every: 10,
+            ..MetaLogOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let sleepy = Arc::new(Sleepy {
+        inner: open_store(url).await.unwrap(),
+        asleep: std::sync::atomic::AtomicBool::new(true),
+    });
+    let b = MetaLog::with_store(
+        sleepy.clone(),
+        MetaLogOptions {
+            poll_interval: Duration::from_secs(3600),
+            ..MetaLogOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    for row in 0..9u64 {
+        a.propose_many((row * 5..row * 5 + 5).map(put).collect())
+            .await
+            .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.snapshot_stats().rows_truncated == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            a.snapshot_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.applied_index(), 0, "b was left behind");
+    sleepy
+        .asleep
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let out = b.propose(create("from-b")).await.unwrap();
+    assert!(matches!(out, Ok(Outcome::Created { created: true, .. })));
+    assert_eq!(b.applied_index(), 46);
+    a.propose(put(99)).await.unwrap().unwrap();
+    assert_eq!(a.applied_index(), 47);
+    b.propose(put(100)).await.unwrap().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        a.subscribe().wait_for(|i| *i >= 48),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(*a.view(), *b.view());
+    a.close().await;
+    b.close().await;
 }
 
 /// Postgres only (SQLite has no notifications): with the poll an hour away, only the append
