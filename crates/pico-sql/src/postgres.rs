@@ -150,11 +150,27 @@ impl PgStore {
     /// Opens `postgres://…` / `postgresql://…`, creates the tables (safe when several nodes
     /// start at once), and deletes the chunks of snapshot writes that never committed.
     pub async fn open(url: &str) -> Result<PgStore, MetaError> {
-        let opts = PgConnectOptions::from_str(url)
-            .map_err(|e| MetaError::BadUrl(format!("{e}: url=`{url}`")))?;
+        // Redacted: the URL may hold a password.
+        let opts = PgConnectOptions::from_str(url).map_err(|e| {
+            MetaError::BadUrl(format!("{e}: url=`{}`", pico_common::uri::redact(url)))
+        })?;
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // An acknowledged row must survive a crash of the server: a database or
+                    // role defaulting to asynchronous commit would ack before the WAL flush.
+                    // Stronger settings (`remote_apply`, …) are kept.
+                    sqlx::query(
+                        "SELECT set_config('synchronous_commit', 'on', false)
+                         WHERE current_setting('synchronous_commit') = 'off'",
+                    )
+                    .execute(conn)
+                    .await?;
+                    Ok(())
+                })
+            })
             .connect_with(opts)
             .await
             .map_err(MetaError::store("connect"))?;

@@ -491,3 +491,43 @@ async fn an_append_notification_wakes_another_nodes_tail() {
     a.close().await;
     b.close().await;
 }
+
+/// Postgres only: a database defaulting to asynchronous commit (acks before the WAL flush)
+/// must not weaken the log's durability.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_commit_synchronously_even_where_the_database_defaults_to_async() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    let name = db.url.rsplit('/').next().unwrap().to_string();
+    exec(
+        &db.url,
+        &format!("ALTER DATABASE {name} SET synchronous_commit = off"),
+    )
+    .await;
+    let store = pico_sql::PgStore::open(&db.url).await.unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(store.pool().acquire().await.unwrap());
+    }
+    for conn in &mut conns {
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut **conn)
+            .await
+            .unwrap();
+        assert_eq!(setting, "on");
+    }
+    drop(conns);
+    store.close().await;
+}
+
+/// Metadata URL errors reach logs and operators: a password must not go with them.
+#[tokio::test]
+async fn a_bad_postgres_url_is_reported_without_its_password() {
+    let err = open_store("postgres://pico:s3cret@localhost:port/meta")
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, MetaError::BadUrl(_)), "{err:?}");
+    assert!(!err.to_string().contains("s3cret"), "{err}");
+}
