@@ -531,3 +531,90 @@ async fn a_bad_postgres_url_is_reported_without_its_password() {
     assert!(matches!(err, MetaError::BadUrl(_)), "{err:?}");
     assert!(!err.to_string().contains("s3cret"), "{err}");
 }
+
+/// Postgres only, deterministic: an append that drew its id and is still in flight must keep
+/// a later append's row invisible, or a tailer passes the later id and never reads the earlier
+/// row. A trigger parks the first append (id drawn) on a lock the test holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_append_stays_invisible_while_an_earlier_one_is_in_flight() {
+    let Some(db) = Db::postgres().await else {
+        return;
+    };
+    let url = db.url.clone();
+    let first = store(&url).await;
+    let second = store(&url).await;
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query(
+        "CREATE FUNCTION park_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.payload = convert_to('slow', 'UTF8') THEN
+             PERFORM pg_advisory_lock(42);
+             PERFORM pg_advisory_unlock(42);
+           END IF;
+           RETURN NEW;
+         END $$",
+    )
+    .execute(&admin)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER park BEFORE INSERT ON meta_log
+         FOR EACH ROW EXECUTE FUNCTION park_slow()",
+    )
+    .execute(&admin)
+    .await
+    .unwrap();
+    let mut gate = admin.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(42)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let waiters = |n: i64| {
+        let admin = admin.clone();
+        async move {
+            loop {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                )
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+                if waiting >= n {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    let slow = tokio::spawn(async move { first.append(b"slow", 1, 0).await.unwrap() });
+    waiters(1).await; // parked in the trigger, its id drawn
+    let fast = tokio::spawn(async move { second.append(b"fast", 1, 0).await.unwrap() });
+    // The fast append either committed (no ordering) or waits behind the slow one.
+    tokio::select! {
+        _ = waiters(2) => {}
+        _ = async { while !fast.is_finished() { tokio::task::yield_now().await } } => {}
+    }
+    let tailer = store(&url).await;
+    let seen: Vec<i64> = tailer
+        .read_after(0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    sqlx::query("SELECT pg_advisory_unlock(42)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    drop(gate);
+    let slow_id = slow.await.unwrap();
+    let fast_id = fast.await.unwrap();
+    assert!(slow_id < fast_id);
+    let passed = seen.iter().max().copied().unwrap_or(0);
+    assert!(
+        slow_id > passed,
+        "a tailer saw {seen:?} and would skip row {slow_id} for good"
+    );
+    tailer.close().await;
+    admin.close().await;
+}
