@@ -7,8 +7,6 @@ use thiserror::Error;
 /// Cloneable so one failed group commit can be reported to every waiter in the batch.
 #[derive(Debug, Clone, Error)]
 pub enum MetaError {
-    #[error("unsupported metadata url (sqlite:… only for now): url=`{0}`")]
-    Unsupported(String),
     #[error("bad metadata url: {0}")]
     BadUrl(String),
     #[error("metadata store io: {0}")]
@@ -46,7 +44,7 @@ impl MetaError {
     /// (see [`MetaError::is_permanent`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            MetaError::Unsupported(_) | MetaError::BadUrl(_) => ErrorKind::BadRequest,
+            MetaError::BadUrl(_) => ErrorKind::BadRequest,
             MetaError::Store { .. }
             | MetaError::Io(_)
             | MetaError::OutcomeUnknown { .. }

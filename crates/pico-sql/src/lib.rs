@@ -5,14 +5,17 @@
 //!   background snapshots, leases.
 //! - [`store`]: the [`LogStore`] seam (log rows, snapshots, leases) a database implements.
 //! - [`sqlite`]: [`SqliteStore`], the SQLite implementation (WAL, `synchronous=FULL`).
+//! - [`postgres`]: [`PgStore`], the Postgres implementation (shared by every node).
 //! - [`error`]: [`MetaError`], failures of the log itself.
 
 pub mod error;
 pub mod log;
+pub mod postgres;
 pub mod sqlite;
 pub mod store;
 
 pub use error::MetaError;
 pub use log::{MetaLog, MetaLogOptions, SnapshotStats};
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
-pub use store::{LogRow, LogStore, SnapshotMeta};
+pub use store::{LogRow, LogStore, SnapshotMeta, open_store};

@@ -4,8 +4,7 @@
 //! never lock and never touch SQL.
 
 use crate::error::MetaError;
-use crate::sqlite::SqliteStore;
-use crate::store::{LogStore, SnapshotMeta};
+use crate::store::{LogStore, SnapshotMeta, open_store};
 use arc_swap::ArcSwap;
 use pico_common::clock::SharedClock;
 use pico_metadata::codec;
@@ -100,20 +99,11 @@ pub struct MetaLog {
 }
 
 impl MetaLog {
-    /// Opens `sqlite:./data/meta.db` (file and parent dir created if missing) or
-    /// `sqlite::memory:`; `postgres://…` is [`MetaError::Unsupported`] for now.
+    /// Opens `sqlite:./data/meta.db` (file and parent dir created if missing),
+    /// `sqlite::memory:`, or `postgres://…` (shared by several nodes; see [`crate::PgStore`]).
     /// Startup = newest readable snapshot + replay of the rows after it.
     pub async fn open(url: &str, opts: MetaLogOptions) -> Result<MetaLog, MetaError> {
-        let store: Arc<dyn LogStore> = if url.starts_with("sqlite:") {
-            Arc::new(SqliteStore::open(url).await?)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Err(MetaError::Unsupported(url.to_string()));
-        } else {
-            return Err(MetaError::BadUrl(format!(
-                "expected sqlite:… or postgres://…: url=`{url}`"
-            )));
-        };
-        MetaLog::with_store(store, opts).await
+        MetaLog::with_store(open_store(url).await?, opts).await
     }
 
     /// Opens the log on any [`LogStore`] (the seam Postgres plugs into).
@@ -553,6 +543,8 @@ async fn run_committer(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let max_batch = opts.max_batch.max(1);
     let mut carry: Option<Request> = None;
+    // Another node's append wakes the tail at once; the ticker stays as the backstop.
+    let appended = applier.store.appended();
     loop {
         let first = match carry.take() {
             Some(r) => r,
@@ -561,10 +553,11 @@ async fn run_committer(
                 _ = shutdown.changed() => break,
                 r = rx.recv() => match r { Some(r) => r, None => break },
                 _ = ticker.tick() => {
-                    if stopped.get().is_none() && let Err(e) = applier.catch_up().await {
-                        tracing::warn!(error = %e, "metadata tail failed");
-                        if is_corruption(&e) { stop(&stopped, e); }
-                    }
+                    tail_idle(&mut applier, &stopped).await;
+                    continue;
+                }
+                _ = notified(appended.as_deref()) => {
+                    tail_idle(&mut applier, &stopped).await;
                     continue;
                 }
             },
@@ -658,6 +651,26 @@ async fn run_committer(
         }
     }
     tracing::debug!("metadata committer stopped");
+}
+
+/// Reads other writers' rows while no proposal waits.
+async fn tail_idle(applier: &mut Applier, stopped: &OnceLock<MetaError>) {
+    if stopped.get().is_none()
+        && let Err(e) = applier.catch_up().await
+    {
+        tracing::warn!(error = %e, "metadata tail failed");
+        if is_corruption(&e) {
+            stop(stopped, e);
+        }
+    }
+}
+
+/// Waits for an append notification; never, for a store without them.
+async fn notified(appended: Option<&tokio::sync::Notify>) {
+    match appended {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Stops the log for good: applying past a corrupted row or snapshot would diverge from the

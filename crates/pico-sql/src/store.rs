@@ -1,8 +1,25 @@
-//! The storage seam: what the log needs from a SQL database. SQLite implements it today
-//! ([`crate::sqlite::SqliteStore`]); Postgres slots in behind the same trait.
+//! The storage seam: what the log needs from a SQL database: SQLite
+//! ([`crate::sqlite::SqliteStore`], one node) and Postgres ([`crate::postgres::PgStore`],
+//! shared by several nodes).
 
 use crate::error::MetaError;
+use crate::postgres::PgStore;
+use crate::sqlite::SqliteStore;
 use async_trait::async_trait;
+use std::sync::Arc;
+
+/// Opens the store a metadata URL names: `sqlite:…` or `postgres://…` / `postgresql://…`.
+pub async fn open_store(url: &str) -> Result<Arc<dyn LogStore>, MetaError> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PgStore::open(url).await?))
+    } else {
+        Err(MetaError::BadUrl(format!(
+            "expected sqlite:… or postgres://…: url=`{url}`"
+        )))
+    }
+}
 
 /// One row of `meta_log`: a batch of encoded commands.
 #[derive(Debug, Clone)]
@@ -72,5 +89,10 @@ pub trait LogStore: Send + Sync + 'static {
     async fn release_lease(&self, name: &str, holder: &str) -> Result<bool, MetaError>;
     /// Current (holder, expires_at_ms) of a lease, expired or not.
     async fn lease(&self, name: &str) -> Result<Option<(String, i64)>, MetaError>;
+    /// Signalled when some node may have appended a row (Postgres: LISTEN/NOTIFY), so the
+    /// tailer reads at once instead of at its next poll. `None`: poll only.
+    fn appended(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
     async fn close(&self);
 }

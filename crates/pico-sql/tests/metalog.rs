@@ -1,9 +1,24 @@
-//! MetaLog against a real SQLite file in a temp dir.
+//! MetaLog against a real SQLite file in a temp dir; the tests listed in `contract!` run
+//! against Postgres too (see `common`).
+
+mod common;
 
 use pico_metadata::{ApplyError, Command, Outcome, StreamConfig};
 use pico_sql::{MetaError, MetaLog, MetaLogOptions, SnapshotStats};
 use sqlx::Row;
 use std::time::Duration;
+
+contract!(
+    propose_applies_and_reads_your_writes,
+    group_commit_batches_concurrent_proposals,
+    max_batch_bounds_commands_per_row,
+    restart_without_snapshot_replays_everything,
+    tailer_applies_rows_written_by_another_writer,
+    leases_acquire_renew_expire_release,
+    corrupted_row_is_a_clear_error,
+    corrupted_row_from_another_writer_stops_the_log,
+    a_corrupt_row_met_by_the_idle_tail_shows_in_health,
+);
 
 fn url(dir: &tempfile::TempDir) -> String {
     format!("sqlite:{}/nested/dir/meta.db", dir.path().display())
@@ -53,12 +68,8 @@ async fn wait_for_snapshots(log: &MetaLog, done: impl Fn(&SnapshotStats) -> bool
     }
 }
 
-#[tokio::test]
-async fn propose_applies_and_reads_your_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
-        .await
-        .unwrap();
+async fn propose_applies_and_reads_your_writes(url: &str) {
+    let log = MetaLog::open(url, MetaLogOptions::default()).await.unwrap();
     let mut sub = log.subscribe();
     let out = log.propose(create("a")).await.unwrap();
     assert_eq!(
@@ -121,12 +132,8 @@ async fn propose_applies_and_reads_your_writes() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn group_commit_batches_concurrent_proposals() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
-        .await
-        .unwrap();
+async fn group_commit_batches_concurrent_proposals(url: &str) {
+    let log = MetaLog::open(url, MetaLogOptions::default()).await.unwrap();
     let mut tasks = Vec::new();
     for i in 0..100 {
         let log = log.clone();
@@ -151,30 +158,23 @@ async fn group_commit_batches_concurrent_proposals() {
         "each proposal got its own outcome"
     );
     assert_eq!(log.applied_index(), 100);
-    let pool = raw_pool(&dir).await;
-    let rows = count(&pool, "meta_log").await;
+    let rows = common::scalar(url, "SELECT COUNT(*) FROM meta_log").await;
     eprintln!("group commit: 100 proposals in {rows} rows");
     assert!(
         rows < 100,
         "group commit should batch: rows={rows} proposals=100"
     );
-    let cmds: i64 = sqlx::query("SELECT SUM(count) AS n FROM meta_log")
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        .get("n");
+    let cmds = common::scalar(url, "SELECT CAST(SUM(count) AS BIGINT) FROM meta_log").await;
     assert_eq!(cmds, 100);
     log.close().await;
 }
 
-#[tokio::test]
-async fn max_batch_bounds_commands_per_row() {
-    let dir = tempfile::tempdir().unwrap();
+async fn max_batch_bounds_commands_per_row(url: &str) {
     let opts = MetaLogOptions {
         max_batch: 4,
         ..MetaLogOptions::default()
     };
-    let log = MetaLog::open(&url(&dir), opts).await.unwrap();
+    let log = MetaLog::open(url, opts).await.unwrap();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..20 {
         let log = log.clone();
@@ -190,12 +190,7 @@ async fn max_batch_bounds_commands_per_row() {
         assert_eq!(r.unwrap().unwrap(), Ok(Outcome::KvDone));
     }
     assert_eq!(log.applied_index(), 20);
-    let pool = raw_pool(&dir).await;
-    let max: i64 = sqlx::query("SELECT MAX(count) AS n FROM meta_log")
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-        .get("n");
+    let max = common::scalar(url, "SELECT MAX(count) FROM meta_log").await;
     assert!(max <= 4, "row holds {max} commands, max_batch=4");
     log.close().await;
 }
@@ -798,12 +793,8 @@ async fn a_store_error_jumping_to_a_newer_snapshot_does_not_stop_the_log() {
     log.close().await;
 }
 
-#[tokio::test]
-async fn restart_without_snapshot_replays_everything() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
-        .await
-        .unwrap();
+async fn restart_without_snapshot_replays_everything(url: &str) {
+    let log = MetaLog::open(url, MetaLogOptions::default()).await.unwrap();
     log.propose(create("a")).await.unwrap().unwrap();
     log.propose(Command::Trim {
         stream_id: 7,
@@ -814,23 +805,19 @@ async fn restart_without_snapshot_replays_everything() {
     .unwrap_err();
     let before = log.view();
     log.close().await;
-    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
-        .await
-        .unwrap();
+    let log = MetaLog::open(url, MetaLogOptions::default()).await.unwrap();
     assert_eq!(*log.view(), *before);
     assert_eq!(log.snapshot_stats().written, 0);
     log.close().await;
 }
 
-#[tokio::test]
-async fn tailer_applies_rows_written_by_another_writer() {
-    let dir = tempfile::tempdir().unwrap();
+async fn tailer_applies_rows_written_by_another_writer(url: &str) {
     let opts = MetaLogOptions {
         poll_interval: Duration::from_millis(20),
         ..MetaLogOptions::default()
     };
-    let a = MetaLog::open(&url(&dir), opts.clone()).await.unwrap();
-    let b = MetaLog::open(&url(&dir), opts).await.unwrap();
+    let a = MetaLog::open(url, opts.clone()).await.unwrap();
+    let b = MetaLog::open(url, opts).await.unwrap();
     a.propose(create("from-a")).await.unwrap().unwrap();
     // b sees a's row through the backstop poll, without proposing anything.
     let mut sub = b.subscribe();
@@ -858,15 +845,13 @@ async fn tailer_applies_rows_written_by_another_writer() {
     b.close().await;
 }
 
-#[tokio::test]
-async fn leases_acquire_renew_expire_release() {
-    let dir = tempfile::tempdir().unwrap();
+async fn leases_acquire_renew_expire_release(url: &str) {
     let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
     let opts = MetaLogOptions {
         clock: clock.clone(),
         ..MetaLogOptions::default()
     };
-    let log = MetaLog::open(&url(&dir), opts).await.unwrap();
+    let log = MetaLog::open(url, opts).await.unwrap();
     let ttl = Duration::from_millis(200);
     assert!(log.try_acquire_lease("maint", "n1", ttl).await.unwrap());
     assert!(
@@ -902,22 +887,12 @@ async fn leases_acquire_renew_expire_release() {
     log.close().await;
 }
 
-#[tokio::test]
-async fn corrupted_row_is_a_clear_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
-        .await
-        .unwrap();
+async fn corrupted_row_is_a_clear_error(url: &str) {
+    let log = MetaLog::open(url, MetaLogOptions::default()).await.unwrap();
     log.propose(create("a")).await.unwrap().unwrap();
     log.close().await;
-    let pool = raw_pool(&dir).await;
-    sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
-        .bind(vec![1u8, 2, 0xff, 0xff, 0xff])
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
-    let err = MetaLog::open(&url(&dir), MetaLogOptions::default())
+    common::insert_row(url, &[1u8, 2, 0xff, 0xff, 0xff], 1).await;
+    let err = MetaLog::open(url, MetaLogOptions::default())
         .await
         .err()
         .expect("open must fail");
@@ -928,19 +903,10 @@ async fn corrupted_row_is_a_clear_error() {
     assert!(err.to_string().contains("row_id=2"), "{err}");
 }
 
-#[tokio::test]
-async fn corrupted_row_from_another_writer_stops_the_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = MetaLog::open(&url(&dir), MetaLogOptions::default())
-        .await
-        .unwrap();
+async fn corrupted_row_from_another_writer_stops_the_log(url: &str) {
+    let log = MetaLog::open(url, MetaLogOptions::default()).await.unwrap();
     log.propose(create("a")).await.unwrap().unwrap();
-    let pool = raw_pool(&dir).await;
-    sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
-        .bind(vec![9u8])
-        .execute(&pool)
-        .await
-        .unwrap();
+    common::insert_row(url, &[9u8], 1).await;
     let err = log.propose(create("b")).await.unwrap_err();
     assert!(
         matches!(err, MetaError::CorruptRow { row_id: 2, .. }),
@@ -964,23 +930,15 @@ async fn corrupted_row_from_another_writer_stops_the_log() {
 
 /// A log that stops while idle (its backstop tail meets the bad row) must be visible to the
 /// server's readiness probe, not only to the next proposal.
-#[tokio::test]
-async fn a_corrupt_row_met_by_the_idle_tail_shows_in_health() {
-    let dir = tempfile::tempdir().unwrap();
+async fn a_corrupt_row_met_by_the_idle_tail_shows_in_health(url: &str) {
     let opts = MetaLogOptions {
         poll_interval: Duration::from_millis(20),
         ..MetaLogOptions::default()
     };
-    let log = MetaLog::open(&url(&dir), opts).await.unwrap();
+    let log = MetaLog::open(url, opts).await.unwrap();
     log.propose(create("a")).await.unwrap().unwrap();
     assert!(log.health().is_ok());
-    let pool = raw_pool(&dir).await;
-    sqlx::query("INSERT INTO meta_log (payload, count, created_at_ms) VALUES (?, 1, 0)")
-        .bind(vec![9u8])
-        .execute(&pool)
-        .await
-        .unwrap();
-    pool.close().await;
+    common::insert_row(url, &[9u8], 1).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let err = loop {
         if let Err(e) = log.health() {
@@ -1011,11 +969,12 @@ async fn memory_and_postgres_urls() {
     log.propose(create("a")).await.unwrap().unwrap();
     assert!(log.view().stream_by_name("a").is_some());
     log.close().await;
-    let err = MetaLog::open("postgres://localhost/x", MetaLogOptions::default())
+    // Postgres URLs are opened (tests/contract.rs); a malformed one is a bad URL.
+    let err = MetaLog::open("postgres://localhost:port/x", MetaLogOptions::default())
         .await
         .err()
         .unwrap();
-    assert!(matches!(err, MetaError::Unsupported(_)));
+    assert!(matches!(err, MetaError::BadUrl(_)), "{err:?}");
     assert!(matches!(
         MetaLog::open("mysql://x", MetaLogOptions::default()).await,
         Err(MetaError::BadUrl(_))
