@@ -6,8 +6,10 @@
 //! - [`store`]: the [`LogStore`] seam (log rows, snapshots, leases) a database implements.
 //! - [`sqlite`]: [`SqliteStore`], the SQLite implementation (WAL, `synchronous=FULL`).
 //! - [`postgres`]: [`PgStore`], the Postgres implementation (shared by every node).
+//! - `chunks`: reassembling and comparing chunked snapshots, the same on both backends.
 //! - [`error`]: [`MetaError`], failures of the log itself.
 
+mod chunks;
 pub mod error;
 pub mod log;
 pub mod postgres;

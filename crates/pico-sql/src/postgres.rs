@@ -6,6 +6,7 @@
 //! [`APPEND_LOCK`] around each append (ids become visible in order, see `append`), and
 //! [`SNAPSHOT_LOCK`] around the transactions that reference or free snapshot blobs.
 
+use crate::chunks;
 use crate::error::MetaError;
 use crate::store::{LogRow, LogStore, SnapshotMeta};
 use async_trait::async_trait;
@@ -69,6 +70,23 @@ struct Manifest {
     blob_id: i64,
     len: i64,
     chunks: i64,
+}
+
+impl chunks::ReadChunk for PgConnection {
+    async fn chunk(&mut self, blob_id: i64, seq: u64) -> Result<Option<Vec<u8>>, MetaError> {
+        read_chunk(self, blob_id, i64::try_from(seq).unwrap_or(i64::MAX)).await
+    }
+}
+
+impl Manifest {
+    fn blob(&self) -> chunks::Blob {
+        let m = self;
+        chunks::Blob {
+            blob_id: m.blob_id,
+            len: u64::try_from(m.len).unwrap_or(u64::MAX),
+            chunks: u64::try_from(m.chunks).unwrap_or(0),
+        }
+    }
 }
 
 async fn manifest_at(
@@ -398,29 +416,7 @@ impl PgStore {
         applied_index: u64,
         m: Manifest,
     ) -> Result<Vec<u8>, MetaError> {
-        let corrupt = |what: String| {
-            MetaError::CorruptSnapshot(format!(
-                "applied_index={applied_index} blob_id={}: {what}",
-                m.blob_id
-            ))
-        };
-        let len = usize::try_from(m.len).map_err(|_| corrupt(format!("len={}", m.len)))?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(len)
-            .map_err(|e| corrupt(format!("len={len}: {e}")))?;
-        for seq in 0..m.chunks {
-            let chunk = read_chunk(conn, m.blob_id, seq)
-                .await?
-                .ok_or_else(|| corrupt(format!("chunk {seq} of {} missing", m.chunks)))?;
-            if out.len() + chunk.len() > len {
-                return Err(corrupt(format!("chunks exceed len={len}")));
-            }
-            out.extend_from_slice(&chunk);
-        }
-        if out.len() != len {
-            return Err(corrupt(format!("chunks hold {} of len={len}", out.len())));
-        }
-        Ok(out)
+        chunks::assemble(applied_index, m.blob(), conn).await
     }
 
     /// Whether the chunks of `m` hold exactly `payload` (compared a chunk at a time).
@@ -429,20 +425,7 @@ impl PgStore {
         m: Manifest,
         payload: &[u8],
     ) -> Result<bool, MetaError> {
-        if m.len != payload.len() as i64 {
-            return Ok(false);
-        }
-        let mut at = 0;
-        for seq in 0..m.chunks {
-            let Ok(Some(chunk)) = read_chunk(conn, m.blob_id, seq).await else {
-                return Ok(false);
-            };
-            if payload.get(at..at + chunk.len()) != Some(&chunk[..]) {
-                return Ok(false);
-            }
-            at += chunk.len();
-        }
-        Ok(at == payload.len())
+        Ok(chunks::equals(m.blob(), payload, conn).await)
     }
 }
 

@@ -3,6 +3,7 @@
 //! `write_snapshot`): one value is capped at 1,000,000,000 bytes, and one transaction per
 //! snapshot would hold the single write lock for its whole size.
 
+use crate::chunks;
 use crate::error::MetaError;
 use crate::store::{LogRow, LogStore, SnapshotMeta};
 use async_trait::async_trait;
@@ -65,6 +66,23 @@ struct Manifest {
     blob_id: i64,
     len: u64,
     chunks: u32,
+}
+
+impl chunks::ReadChunk for SqliteConnection {
+    async fn chunk(&mut self, blob_id: i64, seq: u64) -> Result<Option<Vec<u8>>, MetaError> {
+        read_chunk(self, blob_id, u32::try_from(seq).unwrap_or(u32::MAX)).await
+    }
+}
+
+impl Manifest {
+    fn blob(&self) -> chunks::Blob {
+        let m = self;
+        chunks::Blob {
+            blob_id: m.blob_id,
+            len: m.len,
+            chunks: u64::from(m.chunks),
+        }
+    }
 }
 
 impl Manifest {
@@ -444,29 +462,7 @@ impl SqliteStore {
         applied_index: u64,
         m: Manifest,
     ) -> Result<Vec<u8>, MetaError> {
-        let corrupt = |what: String| {
-            MetaError::CorruptSnapshot(format!(
-                "applied_index={applied_index} blob_id={}: {what}",
-                m.blob_id
-            ))
-        };
-        let len = usize::try_from(m.len).map_err(|_| corrupt(format!("len={}", m.len)))?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(len)
-            .map_err(|e| corrupt(format!("len={len}: {e}")))?;
-        for seq in 0..m.chunks {
-            let chunk = read_chunk(conn, m.blob_id, seq)
-                .await?
-                .ok_or_else(|| corrupt(format!("chunk {seq} of {} missing", m.chunks)))?;
-            if out.len() + chunk.len() > len {
-                return Err(corrupt(format!("chunks exceed len={len}")));
-            }
-            out.extend_from_slice(&chunk);
-        }
-        if out.len() != len {
-            return Err(corrupt(format!("chunks hold {} of len={len}", out.len())));
-        }
-        Ok(out)
+        chunks::assemble(applied_index, m.blob(), conn).await
     }
 
     /// Whether the chunks of `m` hold exactly `payload` (compared a chunk at a time).
@@ -475,21 +471,7 @@ impl SqliteStore {
         m: Manifest,
         payload: &[u8],
     ) -> Result<bool, MetaError> {
-        if m.len != payload.len() as u64 {
-            return Ok(false);
-        }
-        let mut at = 0;
-        for seq in 0..m.chunks {
-            // A missing or unreadable chunk cannot be what the caller loaded.
-            let Ok(Some(chunk)) = read_chunk(conn, m.blob_id, seq).await else {
-                return Ok(false);
-            };
-            if payload.get(at..at + chunk.len()) != Some(&chunk[..]) {
-                return Ok(false);
-            }
-            at += chunk.len();
-        }
-        Ok(at == payload.len())
+        Ok(chunks::equals(m.blob(), payload, conn).await)
     }
 }
 
