@@ -23,6 +23,7 @@ pub struct OpenStream {
 }
 
 /// Writer state: the in-flight view of producers and closure, ahead of the committed metadata.
+#[derive(Default)]
 pub struct Writer {
     pub producers: HashMap<String, ProducerState>,
     /// Closed by a client (appends rejected); `closed_by` is the producer claim that closed it,

@@ -1,10 +1,11 @@
 //! Appends: validate, decide (producers, match, closed), submit to the engine, finish.
 
+use super::decide::{Verdict, decide};
 use super::*;
 use crate::api::*;
 use crate::error::*;
 use crate::open::OpenStream;
-use crate::producers::{self, Aux, Decision, Placed};
+use crate::producers::{self, Aux, Placed};
 use crate::waiters::Signal;
 use pico_common::StreamName;
 use pico_metadata::{ApplyError, Command, ProducerMark};
@@ -104,29 +105,22 @@ impl Node {
                 }
             }
         }
-        if w.broken {
-            drop(w);
-            self.inner.open.remove_open(&open);
-            return Err(AppendError::Unavailable(format!(
-                "stream is being reopened, retry: name=`{}`",
-                r.name
-            )));
-        }
-        let next = engine
-            .next_offset(stream_id)
-            .ok_or_else(|| AppendError::Unavailable("stream not open on the engine".into()))?;
-        if w.closed {
-            let closer = match (&req.producer, &w.closed_by) {
-                (Some(p), Some(cb))
-                    if (p.id.as_str(), p.epoch, p.seq) == (&*cb.id, cb.epoch, cb.seq) =>
-                {
-                    Some((cb.start_offset, cb.end_offset))
-                }
-                _ => None,
-            };
-            // The retry of the producer append that closed the stream is a duplicate, answered
-            // with where that append's records lie.
-            if let Some((start, end)) = closer {
+        let tail = engine.next_offset(stream_id);
+        let verdict = decide(&w, &req, &opts, &r.entry.config.content_type, tail);
+        // `decide` refuses an append with no tail, so a verdict that goes on has one.
+        let next = tail.unwrap_or_default();
+        match verdict {
+            Verdict::Write => {}
+            Verdict::Refused(e) => return Err(e),
+            Verdict::Broken => {
+                drop(w);
+                self.inner.open.remove_open(&open);
+                return Err(AppendError::Unavailable(format!(
+                    "stream is being reopened, retry: name=`{}`",
+                    r.name
+                )));
+            }
+            Verdict::RetryOfClose { start, end } => {
                 let producer = req.producer.as_ref().map(|p| (p.epoch, p.seq));
                 drop(w);
                 // Acknowledge only what is true: the original's data is durable and the close
@@ -142,114 +136,56 @@ impl Node {
                     timestamp_ms: now,
                 });
             }
-            return Err(AppendError::Closed {
-                name: r.name.to_string(),
-                next_seq: next,
-            });
-        }
-        if let Some(ct) = &req.content_type
-            && !req.records.is_empty()
-            && !content_type_matches(ct, &r.entry.config.content_type)
-        {
-            return Err(AppendError::ContentType {
-                stream: r.entry.config.content_type.to_string(),
-                request: ct.clone(),
-            });
-        }
-        if let Some(p) = &req.producer {
-            match producers::decide(w.producers.get(&p.id).copied(), p) {
-                Decision::Accept => {}
-                // The retry of an append-and-close whose records became durable but whose
-                // close failed: the records are a duplicate, the close is still owed.
-                Decision::Duplicate {
-                    last_seq,
-                    original: Some(at),
-                } if req.close => {
-                    let mark = ProducerMark {
-                        id: p.id.clone(),
-                        epoch: p.epoch,
-                        seq: p.seq,
-                        start_offset: at.start,
-                        end_offset: at.next,
-                    };
-                    w.closed = true;
-                    w.closed_by = Some(mark.clone());
-                    drop(w);
-                    self.finish_detached(&open, None, next, next, Some(Some(mark)), now, &r.name)
-                        .await?;
-                    let _ = self.inner.events.send(StreamEvent::Appended {
-                        name: r.name.clone(),
-                        stream_id,
-                        next_seq: next,
-                        closed: true,
-                    });
-                    return Ok(AppendOutcome {
-                        start_seq: Some(at.start),
-                        next_seq: at.next,
-                        duplicate: true,
-                        closed: true,
-                        producer: Some((p.epoch, last_seq)),
-                        timestamp_ms: now,
-                    });
-                }
-                Decision::Duplicate { last_seq, original } => {
-                    let closed = w.closed;
-                    drop(w);
-                    // The original may still be in flight: acknowledge only once it is durable
-                    // in this same incarnation of the stream.
-                    self.wait_durable(&open, next).await?;
-                    // An older seq's offsets are no longer kept: say so (no start) rather than
-                    // pass the tail off as where its records lie.
-                    return Ok(AppendOutcome {
-                        start_seq: original.map(|at| at.start),
-                        next_seq: original.map_or(next, |at| at.next),
-                        duplicate: true,
-                        closed,
-                        producer: Some((p.epoch, last_seq)),
-                        timestamp_ms: now,
-                    });
-                }
-                Decision::Fenced { current } => {
-                    return Err(AppendError::Fenced {
-                        producer: p.id.clone(),
-                        given: p.epoch,
-                        current,
-                    });
-                }
-                Decision::Gap { expected } => {
-                    return Err(AppendError::SequenceGap {
-                        producer: p.id.clone(),
-                        expected,
-                        received: p.seq,
-                    });
-                }
-                Decision::EpochMustStartAtZero => {
-                    return Err(AppendError::EpochSeq {
-                        producer: p.id.clone(),
-                        epoch: p.epoch,
-                        seq: p.seq,
-                    });
-                }
+            Verdict::DuplicateThenClose { last_seq, at } => {
+                let Some(p) = &req.producer else {
+                    return Err(AppendError::Internal(
+                        "a producer verdict without a producer".into(),
+                    ));
+                };
+                let mark = ProducerMark {
+                    id: p.id.clone(),
+                    epoch: p.epoch,
+                    seq: p.seq,
+                    start_offset: at.start,
+                    end_offset: at.next,
+                };
+                w.closed = true;
+                w.closed_by = Some(mark.clone());
+                drop(w);
+                self.finish_detached(&open, None, next, next, Some(Some(mark)), now, &r.name)
+                    .await?;
+                let _ = self.inner.events.send(StreamEvent::Appended {
+                    name: r.name.clone(),
+                    stream_id,
+                    next_seq: next,
+                    closed: true,
+                });
+                return Ok(AppendOutcome {
+                    start_seq: Some(at.start),
+                    next_seq: at.next,
+                    duplicate: true,
+                    closed: true,
+                    producer: Some((p.epoch, last_seq)),
+                    timestamp_ms: now,
+                });
             }
-        }
-        // Stream-Seq after producer dedup: a retried duplicate carries the same seq.
-        if let Some(seq) = &opts.stream_seq
-            && !req.records.is_empty()
-            && let Some(last) = &w.stream_seq
-            && seq.as_bytes() <= last.as_bytes()
-        {
-            return Err(AppendError::SeqRegression {
-                last: last.clone(),
-                given: seq.clone(),
-            });
-        }
-        if let Some(expected) = req.match_seq
-            && expected != next
-        {
-            return Err(AppendError::MatchFailed {
-                expected,
-                next_seq: next,
-            });
+            Verdict::Duplicate { last_seq, original } => {
+                let epoch = req.producer.as_ref().map_or(0, |p| p.epoch);
+                drop(w);
+                // The original may still be in flight: acknowledge only once it is durable
+                // in this same incarnation of the stream.
+                self.wait_durable(&open, next).await?;
+                // An older seq's offsets are no longer kept: say so (no start) rather than
+                // pass the tail off as where its records lie.
+                return Ok(AppendOutcome {
+                    start_seq: original.map(|at| at.start),
+                    next_seq: original.map_or(next, |at| at.next),
+                    duplicate: true,
+                    closed: false,
+                    producer: Some((epoch, last_seq)),
+                    timestamp_ms: now,
+                });
+            }
         }
 
         let mut pending = None;

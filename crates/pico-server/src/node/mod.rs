@@ -2,7 +2,8 @@
 //! from the metadata view (never SQL); record data goes through the engine. One file per
 //! operation, each an `impl Node` block:
 //! - `create`: creating streams, and the records a create carries.
-//! - `append`: validate → decide (producers, match, closed) → submit to the engine → finish.
+//! - `append`: validate → decide → submit to the engine → finish; `decide` is the pure decision
+//!   over the writer's state (closed, content type, producer, `Stream-Seq`, match).
 //! - `read`: catch-up reads, long-poll waits, heads.
 //! - `fork`: a new stream that starts as a prefix of another.
 //! - `remove`: delete, trim, removal of expired streams.
@@ -13,6 +14,7 @@
 
 mod append;
 mod create;
+mod decide;
 mod fork;
 mod ownership;
 mod read;
