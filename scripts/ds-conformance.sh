@@ -28,43 +28,9 @@ cp scripts/ds/package.json scripts/ds/package-lock.json scripts/ds/conformance.t
 # optional Windows-only dependency missing from npm 11 lockfiles, so install against it.
 (cd "$WORK" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
 
-free_port() {
-  node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
-}
-PORT=$(free_port)
-ADMIN_PORT=$(free_port)
-DATA=$(mktemp -d "${TMPDIR:-/tmp}/pico-ds-conf.XXXXXX")
-LOG=$DATA/pico.log
-SERVER_PID=
-
-cleanup() {
-  if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
-  rm -rf "$DATA"
-}
-trap cleanup EXIT
-
-"$PICO_BIN" serve \
-  --meta-url "sqlite:$DATA/meta.db" \
-  --storage="-2@file://$DATA/objects" \
-  --listen "127.0.0.1:$PORT" \
-  --admin-listen "127.0.0.1:$ADMIN_PORT" \
-  --no-kafka \
-  --long-poll-timeout-sec "$LONG_POLL_SEC" \
-  >"$LOG" 2>&1 &
-SERVER_PID=$!
-
-for _ in $(seq 1 100); do
-  if curl -fsS "http://127.0.0.1:$ADMIN_PORT/ready" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-    echo "ds-conformance: pico exited during startup:" >&2
-    cat "$LOG" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
+# shellcheck source=scripts/lib/pico-node.sh
+source scripts/lib/pico-node.sh
+start_pico ds-conformance --long-poll-timeout-sec "$LONG_POLL_SEC"
 
 RESULTS=$WORK/results.json
 rm -f "$RESULTS"
