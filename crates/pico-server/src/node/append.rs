@@ -136,19 +136,12 @@ impl Node {
                     timestamp_ms: now,
                 });
             }
-            Verdict::DuplicateThenClose { last_seq, at } => {
-                let Some(p) = &req.producer else {
-                    return Err(AppendError::Internal(
-                        "a producer verdict without a producer".into(),
-                    ));
-                };
-                let mark = ProducerMark {
-                    id: p.id.clone(),
-                    epoch: p.epoch,
-                    seq: p.seq,
-                    start_offset: at.start,
-                    end_offset: at.next,
-                };
+            Verdict::DuplicateThenClose {
+                epoch,
+                last_seq,
+                mark,
+            } => {
+                let (start, end) = (mark.start_offset, mark.end_offset);
                 w.closed = true;
                 w.closed_by = Some(mark.clone());
                 drop(w);
@@ -161,16 +154,19 @@ impl Node {
                     closed: true,
                 });
                 return Ok(AppendOutcome {
-                    start_seq: Some(at.start),
-                    next_seq: at.next,
+                    start_seq: Some(start),
+                    next_seq: end,
                     duplicate: true,
                     closed: true,
-                    producer: Some((p.epoch, last_seq)),
+                    producer: Some((epoch, last_seq)),
                     timestamp_ms: now,
                 });
             }
-            Verdict::Duplicate { last_seq, original } => {
-                let epoch = req.producer.as_ref().map_or(0, |p| p.epoch);
+            Verdict::Duplicate {
+                epoch,
+                last_seq,
+                original,
+            } => {
                 drop(w);
                 // The original may still be in flight: acknowledge only once it is durable
                 // in this same incarnation of the stream.

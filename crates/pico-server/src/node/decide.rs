@@ -6,6 +6,7 @@ use crate::api::{AppendOptions, AppendRequest};
 use crate::error::AppendError;
 use crate::open::Writer;
 use crate::producers::{self, Decision, Placed};
+use pico_metadata::ProducerMark;
 use pico_protocol::headers::content_type_matches;
 
 /// What an append does, decided over the writer state.
@@ -19,11 +20,16 @@ pub(crate) enum Verdict {
     /// answer with that append's offsets once its data and the close are durable.
     RetryOfClose { start: u64, end: u64 },
     /// The records duplicate the producer's last append, whose close was never committed:
-    /// close now, answer with the original's offsets.
-    DuplicateThenClose { last_seq: u64, at: Placed },
+    /// close now under `mark` (the claim, with the original's offsets), and answer with them.
+    DuplicateThenClose {
+        epoch: u64,
+        last_seq: u64,
+        mark: ProducerMark,
+    },
     /// A duplicate: answer with the original's offsets once it is durable (`None`: an older
     /// seq, whose offsets are no longer kept).
     Duplicate {
+        epoch: u64,
         last_seq: u64,
         original: Option<Placed>,
     },
@@ -82,9 +88,25 @@ pub(crate) fn decide(
             Decision::Duplicate {
                 last_seq,
                 original: Some(at),
-            } if req.close => return Verdict::DuplicateThenClose { last_seq, at },
+            } if req.close => {
+                return Verdict::DuplicateThenClose {
+                    epoch: p.epoch,
+                    last_seq,
+                    mark: ProducerMark {
+                        id: p.id.clone(),
+                        epoch: p.epoch,
+                        seq: p.seq,
+                        start_offset: at.start,
+                        end_offset: at.next,
+                    },
+                };
+            }
             Decision::Duplicate { last_seq, original } => {
-                return Verdict::Duplicate { last_seq, original };
+                return Verdict::Duplicate {
+                    epoch: p.epoch,
+                    last_seq,
+                    original,
+                };
             }
             Decision::Fenced { current } => {
                 return Verdict::Refused(AppendError::Fenced {
@@ -137,7 +159,6 @@ mod tests {
     use crate::api::ProducerClaim;
     use crate::producers::ProducerState;
     use pico_common::StreamName;
-    use pico_metadata::ProducerMark;
     use pico_protocol::Record;
 
     fn req(records: usize) -> AppendRequest {
@@ -234,12 +255,13 @@ mod tests {
         r.content_type = None;
         assert!(matches!(
             verdict(&w, &r, 9),
-            Verdict::Duplicate { last_seq: 4, original: Some(p) } if p == at
+            Verdict::Duplicate { epoch: 1, last_seq: 4, original: Some(p) } if p == at
         ));
         r.close = true;
         assert!(matches!(
             verdict(&w, &r, 9),
-            Verdict::DuplicateThenClose { last_seq: 4, at: p } if p == at
+            Verdict::DuplicateThenClose { epoch: 1, last_seq: 4, mark }
+                if (mark.start_offset, mark.end_offset, mark.seq) == (at.start, at.next, 4)
         ));
         // An older seq's offsets are unknown.
         r.close = false;
