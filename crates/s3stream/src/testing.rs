@@ -179,6 +179,8 @@ impl MemCatalog {
 pub struct FaultWal {
     inner: Arc<dyn Wal>,
     fail_appends: AtomicUsize,
+    fenced: AtomicBool,
+    attempts: AtomicU64,
     skip_trims: AtomicBool,
     appends: AtomicU64,
     records: AtomicU64,
@@ -192,6 +194,8 @@ impl FaultWal {
         FaultWal {
             inner,
             fail_appends: AtomicUsize::new(0),
+            fenced: AtomicBool::new(false),
+            attempts: AtomicU64::new(0),
             skip_trims: AtomicBool::new(false),
             appends: AtomicU64::new(0),
             records: AtomicU64::new(0),
@@ -209,6 +213,16 @@ impl FaultWal {
     /// The next `n` appends fail without writing.
     pub fn fail_appends(&self, n: usize) {
         self.fail_appends.store(n, Ordering::SeqCst);
+    }
+
+    /// While set, appends fail as fenced: a newer incarnation of the node took the WAL over.
+    pub fn fence(&self, fenced: bool) {
+        self.fenced.store(fenced, Ordering::SeqCst);
+    }
+
+    /// Appends attempted so far, failed ones included.
+    pub fn append_attempts(&self) -> u64 {
+        self.attempts.load(Ordering::SeqCst)
     }
 
     /// While set, `trim` returns Ok without trimming: a crash between commit and trim.
@@ -245,6 +259,12 @@ impl Wal for FaultWal {
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
         // The sender lives in `self`, so the wait ends only when the hold is lifted.
         let _ = self.hold.subscribe().wait_for(|held| !*held).await;
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(WalError::Fenced(
+                "injected: a newer epoch holds the wal".into(),
+            ));
+        }
         if take_failure(&self.fail_appends) {
             return Err(WalError::Other("injected append failure".into()));
         }

@@ -1368,3 +1368,26 @@ async fn a_steady_trickle_uploads_once_per_interval_not_back_to_back() {
         "uploads should follow the interval: commits={commits} appends={appends}"
     );
 }
+
+/// A fenced WAL (a newer incarnation of the node took it over) fails the write at once with
+/// the fence named: retrying cannot succeed, and each retry would only delay the answer.
+#[tokio::test]
+async fn a_fenced_wal_write_fails_without_retries() {
+    let env = Env::memory();
+    let (engine, _) = env.start(cfg()).await;
+    engine.open(1, 1, 0);
+    append_n(&engine, 1, 1, 1).await;
+    let before = env.wal.append_attempts();
+    env.wal.fence(true);
+    let p = engine.append(req(1, 1, 1, payload(1, 2))).await.unwrap();
+    let err = p.durable().await.unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Durability(m) if m.contains("fenced")),
+        "{err}"
+    );
+    assert_eq!(
+        env.wal.append_attempts() - before,
+        1,
+        "a fenced write was retried"
+    );
+}

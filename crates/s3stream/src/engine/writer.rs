@@ -17,6 +17,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::wal::WalError;
+
 use super::{Appended, DurableEntry, EngineError, QueuedRecord, Shared, WriteItem};
 
 /// Attempts per WAL write before the appends in it fail.
@@ -104,7 +106,12 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
                         .wal_write_failures
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(attempt, error = %e, "wal write failed");
+                    let fenced = matches!(e, WalError::Fenced(_));
                     result = Err(e.to_string());
+                    // A newer incarnation owns the WAL: no retry can succeed.
+                    if fenced {
+                        break;
+                    }
                     if attempt + 1 < WAL_ATTEMPTS {
                         tokio::time::sleep(WAL_BACKOFF * 4u32.pow(attempt)).await;
                     }
