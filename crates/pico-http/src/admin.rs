@@ -94,6 +94,7 @@ async fn ready(State(a): State<Admin>) -> impl IntoResponse {
             "appliedIndex": r.applied_index,
             "nodeId": r.node_id,
             "metadataStopped": r.metadata_stopped,
+            "metadataUnreachable": r.metadata_unreachable,
         })),
     )
 }

@@ -10,6 +10,7 @@
 mod url;
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use s3stream::format::{self, FormatError};
@@ -22,6 +23,28 @@ pub use url::{ALLOW_UNSAFE, check_durability, split_allow_unsafe};
 
 /// Connections kept: appends are serialized, so one writes while another trims or recovers.
 const MAX_CONNECTIONS: u32 = 4;
+
+/// How long a WAL statement, and a whole append or trim transaction, may take.
+#[derive(Clone, Debug)]
+pub struct PgWalOptions {
+    /// Server-side `statement_timeout`, and the client-side bound on each append's or trim's
+    /// whole transaction: a hung Postgres (or a network that stopped answering) fails the
+    /// write retryably instead of holding every append behind it forever. A write that timed
+    /// out may still have landed; the engine's retry reuses its position, so it is replaced,
+    /// never duplicated.
+    pub statement_timeout: Duration,
+    /// Longest wait for a pooled connection (a new one while Postgres is unreachable).
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PgWalOptions {
+    fn default() -> Self {
+        PgWalOptions {
+            statement_timeout: Duration::from_secs(5),
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
+}
 
 /// Key of the advisory lock that serializes schema creation across processes.
 const SCHEMA_LOCK: i64 = 0x7069_636f_5f77_616c; // "pico_wal"
@@ -69,6 +92,8 @@ pub enum PgWalError {
     EpochRange(u64),
     #[error("postgres wal position {0} is out of range")]
     PositionRange(u64),
+    #[error("postgres wal: no answer within {0:?} (the write may or may not have landed)")]
+    Timeout(Duration),
     #[error("postgres wal: {0}")]
     Db(#[from] sqlx::Error),
 }
@@ -82,11 +107,16 @@ impl From<PgWalError> for WalError {
     }
 }
 
+/// One write transaction in flight, borrowing the WAL and its connection.
+type WriteFuture<'c> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PgWalError>> + Send + 'c>>;
+
 /// A node's WAL in Postgres, fenced by the epoch it was opened at.
 pub struct PgWal {
     pool: PgPool,
     node_id: u32,
     epoch: i64,
+    opts: PgWalOptions,
     /// Next position to write. Held across each append's transaction: appends are serialized,
     /// so positions are assigned, committed and acknowledged in order.
     next: Mutex<i64>,
@@ -97,12 +127,28 @@ impl PgWal {
     /// says `allowUnsafe=true`), and registers `node_epoch` for `node_id`: from then on an
     /// older incarnation's appends fail. Refuses if a higher epoch is already registered.
     pub async fn open(url: &str, node_id: u32, node_epoch: u64) -> Result<PgWal, PgWalError> {
+        PgWal::open_with(url, node_id, node_epoch, PgWalOptions::default()).await
+    }
+
+    /// [`PgWal::open`] with explicit timeouts.
+    pub async fn open_with(
+        url: &str,
+        node_id: u32,
+        node_epoch: u64,
+        opts: PgWalOptions,
+    ) -> Result<PgWal, PgWalError> {
         let (url, allow_unsafe) = split_allow_unsafe(url)?;
         let epoch = i64::try_from(node_epoch).map_err(|_| PgWalError::EpochRange(node_epoch))?;
         let options = PgConnectOptions::from_str(&url)
-            .map_err(|e| PgWalError::Url(format!("`{}`: {e}", pico_common::uri::redact(&url))))?;
+            .map_err(|e| PgWalError::Url(format!("`{}`: {e}", pico_common::uri::redact(&url))))?
+            .options([(
+                "statement_timeout",
+                format!("{}ms", opts.statement_timeout.as_millis().max(1)),
+            )]);
+        // Connections that died with the server are replaced at the next acquire.
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(opts.acquire_timeout)
             .connect_with(options)
             .await?;
         Self::check_server(&pool, allow_unsafe).await?;
@@ -155,6 +201,7 @@ impl PgWal {
             pool,
             node_id,
             epoch,
+            opts,
             next: Mutex::new(last + 1),
         })
     }
@@ -193,8 +240,42 @@ impl PgWal {
         }
     }
 
+    /// Runs one write transaction on a pooled connection within `statement_timeout`. A
+    /// connection that timed out is in an unknown state (a query half-sent, no answer): it is
+    /// closed, not returned to the pool.
+    async fn bounded<F>(&self, write: F) -> Result<(), PgWalError>
+    where
+        F: for<'c> FnOnce(
+            &'c PgWal,
+            &'c mut sqlx::PgConnection,
+        ) -> WriteFuture<'c>,
+    {
+        let limit = self.opts.statement_timeout;
+        let mut conn = tokio::time::timeout(limit, self.pool.acquire())
+            .await
+            .map_err(|_| PgWalError::Timeout(limit))??;
+        match tokio::time::timeout(limit, write(self, &mut conn)).await {
+            Ok(r) => r,
+            Err(_) => {
+                drop(conn.detach());
+                Err(PgWalError::Timeout(limit))
+            }
+        }
+    }
+
     async fn insert(&self, position: i64, payload: &[u8]) -> Result<(), PgWalError> {
-        let mut tx = self.pool.begin().await?;
+        self.bounded(|wal, conn| Box::pin(wal.insert_on(conn, position, payload)))
+            .await
+    }
+
+    async fn insert_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        position: i64,
+        payload: &[u8],
+    ) -> Result<(), PgWalError> {
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
         self.fence(&mut tx).await?;
         // A retry after a failed commit reuses the position: if that commit did land, its row
         // is replaced by the same records, never kept at a second position.
@@ -214,7 +295,17 @@ impl PgWal {
     }
 
     async fn delete_upto(&self, upto: i64) -> Result<(), PgWalError> {
-        let mut tx = self.pool.begin().await?;
+        self.bounded(|wal, conn| Box::pin(wal.delete_upto_on(conn, upto)))
+            .await
+    }
+
+    async fn delete_upto_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        upto: i64,
+    ) -> Result<(), PgWalError> {
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
         self.fence(&mut tx).await?;
         sqlx::query("DELETE FROM pico_wal WHERE node_id = $1 AND position <= $2")
             .bind(self.node())

@@ -229,11 +229,21 @@ impl Node {
         let serving = self.inner.serving.load(Ordering::Relaxed);
         let registered = self.inner.registered.load(Ordering::Relaxed);
         let metadata_stopped = self.inner.meta.health().err().map(|e| e.to_string());
+        let reach = self.inner.meta.reachability();
+        let metadata_unreachable = (!reach.reachable).then(|| {
+            reach
+                .last_error
+                .unwrap_or_else(|| "metadata store unreachable".into())
+        });
         ReadyInfo {
-            ready: serving && registered && metadata_stopped.is_none(),
+            ready: serving
+                && registered
+                && metadata_stopped.is_none()
+                && metadata_unreachable.is_none(),
             serving,
             registered,
             metadata_stopped,
+            metadata_unreachable,
             applied_index: self.inner.meta.applied_index(),
             node_id: self.inner.config.node_id,
         }
