@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use s3stream::format::{self, FormatError};
 use s3stream::{Wal, WalError, WalRecord};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Mutex;
@@ -106,10 +107,6 @@ impl From<PgWalError> for WalError {
         }
     }
 }
-
-/// One write transaction in flight, borrowing the WAL and its connection.
-type WriteFuture<'c> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PgWalError>> + Send + 'c>>;
 
 /// A node's WAL in Postgres, fenced by the epoch it was opened at.
 pub struct PgWal {
@@ -240,32 +237,34 @@ impl PgWal {
         }
     }
 
-    /// Runs one write transaction on a pooled connection within `statement_timeout`. A
-    /// connection that timed out is in an unknown state (a query half-sent, no answer): it is
-    /// closed, not returned to the pool.
-    async fn bounded<F>(&self, write: F) -> Result<(), PgWalError>
-    where
-        F: for<'c> FnOnce(
-            &'c PgWal,
-            &'c mut sqlx::PgConnection,
-        ) -> WriteFuture<'c>,
-    {
+    /// A pooled connection, within `statement_timeout` (the pool tests an idle one first, so
+    /// a server that stopped answering times out here).
+    async fn acquire(&self) -> Result<PoolConnection<Postgres>, PgWalError> {
         let limit = self.opts.statement_timeout;
-        let mut conn = tokio::time::timeout(limit, self.pool.acquire())
-            .await
-            .map_err(|_| PgWalError::Timeout(limit))??;
-        match tokio::time::timeout(limit, write(self, &mut conn)).await {
-            Ok(r) => r,
-            Err(_) => {
-                drop(conn.detach());
-                Err(PgWalError::Timeout(limit))
+        match tokio::time::timeout(limit, self.pool.acquire()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(sqlx::Error::PoolTimedOut)) => {
+                Err(PgWalError::Timeout(self.opts.acquire_timeout.min(limit)))
             }
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(PgWalError::Timeout(limit)),
         }
     }
 
+    /// The error for a write that ran out of time. Its connection is in an unknown state (a
+    /// query half-sent, no answer): closed, never returned to the pool.
+    fn abandon(&self, conn: PoolConnection<Postgres>) -> PgWalError {
+        drop(conn.detach());
+        PgWalError::Timeout(self.opts.statement_timeout)
+    }
+
     async fn insert(&self, position: i64, payload: &[u8]) -> Result<(), PgWalError> {
-        self.bounded(|wal, conn| Box::pin(wal.insert_on(conn, position, payload)))
-            .await
+        let mut conn = self.acquire().await?;
+        let write = self.insert_on(&mut conn, position, payload);
+        match tokio::time::timeout(self.opts.statement_timeout, write).await {
+            Ok(r) => r,
+            Err(_) => Err(self.abandon(conn)),
+        }
     }
 
     async fn insert_on(
@@ -295,8 +294,12 @@ impl PgWal {
     }
 
     async fn delete_upto(&self, upto: i64) -> Result<(), PgWalError> {
-        self.bounded(|wal, conn| Box::pin(wal.delete_upto_on(conn, upto)))
-            .await
+        let mut conn = self.acquire().await?;
+        let write = self.delete_upto_on(&mut conn, upto);
+        match tokio::time::timeout(self.opts.statement_timeout, write).await {
+            Ok(r) => r,
+            Err(_) => Err(self.abandon(conn)),
+        }
     }
 
     async fn delete_upto_on(

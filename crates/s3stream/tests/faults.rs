@@ -169,18 +169,21 @@ async fn a_persistent_fault_fails_appends_then_heals(inner: Arc<dyn ObjectStorag
     let mut acked = vec![(a.base_offset, first)];
 
     faulty.set_down(true);
-    for _ in 0..3 {
-        let err = node
-            .append(&Bytes::from_static(b"during the outage"))
-            .await
-            .expect_err("an append on a store that is down was acknowledged");
-        assert!(
-            matches!(&err, EngineError::Durability(m) if m.contains("injected fault")),
-            "{err}"
-        );
-        // Broken until reopened, as the host does; the reopen's flush needs the store.
-        assert!(node.engine.flush().await.is_err(), "flush on a down store");
-    }
+    let err = node
+        .append(&Bytes::from_static(b"during the outage"))
+        .await
+        .expect_err("an append on a store that is down was acknowledged");
+    assert!(
+        matches!(&err, EngineError::Durability(m) if m.contains("injected fault")),
+        "{err}"
+    );
+    // Broken until reopened, as the host does; the reopen's flush needs the store.
+    let err = node
+        .append(&Bytes::from_static(b"still during the outage"))
+        .await
+        .expect_err("an append on a broken stream was acknowledged");
+    assert!(matches!(err, EngineError::Broken { .. }), "{err}");
+    assert!(node.engine.flush().await.is_err(), "flush on a down store");
 
     faulty.set_down(false);
     node.reopen().await;
