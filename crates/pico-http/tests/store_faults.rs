@@ -66,9 +66,7 @@ async fn node_with(
         long_poll_timeout: Duration::from_millis(200),
         ..NodeConfig::default()
     };
-    let node = Node::start(config, meta, data, wal, engine)
-        .await
-        .unwrap();
+    let node = Node::start(config, meta, data, wal, engine).await.unwrap();
     (protocol_router(node.clone(), HttpOptions::default()), node)
 }
 

@@ -54,7 +54,10 @@ async fn propose_until_ok(log: &MetaLog, name: &str) {
         match log.propose(create(name)).await {
             // Applied, or already there from an attempt whose answer was lost.
             Ok(_) => {
-                assert!(log.view().registry.get(name).is_some(), "{name} not applied");
+                assert!(
+                    log.view().registry.get(name).is_some(),
+                    "{name} not applied"
+                );
                 return;
             }
             Err(e) => {
@@ -77,9 +80,15 @@ async fn a_cut_connection_fails_proposals_retryably_and_the_log_resumes() {
     assert!(log.reachability().reachable);
 
     proxy.cut();
-    wait_until("unreachable after the cut", || !log.reachability().reachable).await;
+    wait_until("unreachable after the cut", || {
+        !log.reachability().reachable
+    })
+    .await;
     let r = log.reachability();
-    assert!(r.consecutive_failures >= 1 && r.last_error.is_some(), "{r:?}");
+    assert!(
+        r.consecutive_failures >= 1 && r.last_error.is_some(),
+        "{r:?}"
+    );
     // A proposal while Postgres is away fails with a retryable error: never a success it
     // could not have had, never a stop of the log.
     let err = log.propose(create("during")).await.unwrap_err();
@@ -87,7 +96,10 @@ async fn a_cut_connection_fails_proposals_retryably_and_the_log_resumes() {
     assert!(log.health().is_ok(), "an outage must not stop the log");
 
     proxy.resume();
-    wait_until("reachable after the resume", || log.reachability().reachable).await;
+    wait_until("reachable after the resume", || {
+        log.reachability().reachable
+    })
+    .await;
     propose_until_ok(&log, "after").await;
     let view = log.view();
     assert!(view.registry.get("before").is_some());
@@ -116,7 +128,10 @@ async fn a_hung_server_turns_unreachable_and_a_stalled_proposal_finishes_after()
         async move { log.propose(create("stalled")).await }
     });
     proxy.resume();
-    wait_until("reachable after the resume", || log.reachability().reachable).await;
+    wait_until("reachable after the resume", || {
+        log.reachability().reachable
+    })
+    .await;
     let done = tokio::time::timeout(Duration::from_secs(20), stalled)
         .await
         .expect("the stalled proposal finished after the resume")

@@ -123,7 +123,10 @@ async fn appends_fail_retryably_while_postgres_is_away_and_resume_after() {
 
     // A restarted server: connections closed, new ones refused.
     proxy.cut();
-    let err = w.append().await.expect_err("acknowledged with Postgres away");
+    let err = w
+        .append()
+        .await
+        .expect_err("acknowledged with Postgres away");
     assert!(matches!(err, EngineError::Durability(_)), "{err}");
     proxy.resume();
     w.reopen().await;
@@ -134,7 +137,10 @@ async fn appends_fail_retryably_while_postgres_is_away_and_resume_after() {
 
     // A server that stopped answering: the statement timeout fails the write, no hang.
     proxy.hang();
-    let err = w.append().await.expect_err("acknowledged with Postgres hung");
+    let err = w
+        .append()
+        .await
+        .expect_err("acknowledged with Postgres hung");
     assert!(
         matches!(&err, EngineError::Durability(m) if m.contains("no answer")),
         "{err}"

@@ -579,7 +579,11 @@ impl FaultStorage {
         let mut fault = None;
         if self.down.load(Ordering::SeqCst) {
             fault = Some(Fault::Error);
-        } else if let Some(i) = plan.queued.iter().position(|(o, _)| o.is_none_or(|o| o == op)) {
+        } else if let Some(i) = plan
+            .queued
+            .iter()
+            .position(|(o, _)| o.is_none_or(|o| o == op))
+        {
             fault = plan.queued.remove(i).map(|(_, f)| f);
         } else if let Some((s, rng)) = plan.schedule.as_mut() {
             latency += s.max_latency.mul_f64(rng.unit());
@@ -648,7 +652,8 @@ impl ObjectStorage for FaultStorage {
     }
 
     async fn put_parts(&self, key: &str, parts: Parts) -> Result<(), StorageError> {
-        self.run(Op::Put, key, self.inner.put_parts(key, parts)).await
+        self.run(Op::Put, key, self.inner.put_parts(key, parts))
+            .await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
