@@ -1,6 +1,7 @@
 //! Test doubles shared with the host's tests: an in-memory `Catalog` with the fencing rules the
-//! host enforces, a `Wal` wrapper that counts writes and injects failures, and an object
-//! storage wrapper whose puts take time, overlap and fail on demand.
+//! host enforces, a `Wal` wrapper that counts writes and injects failures, an object
+//! storage wrapper whose puts take time, overlap and fail on demand (`SlowStorage`), and one
+//! that injects faults into every operation of any backend (`FaultStorage`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
