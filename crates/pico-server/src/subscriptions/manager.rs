@@ -1067,6 +1067,23 @@ mod tests {
         .await;
     }
 
+    /// Timer passes a tick apart, the last one with the clock at `at` (at least a tick ahead).
+    async fn passes_until(mgr: &Manager, clock: &pico_common::clock::ManualClock, at: i64) {
+        let tick_ms = TICK.as_millis() as i64;
+        assert!(at - clock.now_ms() >= tick_ms);
+        while clock.now_ms() + 2 * tick_ms <= at {
+            tick(mgr, clock, TICK).await;
+        }
+        // At least a tick: the timer sleeps a tick from its last pass.
+        tick(
+            mgr,
+            clock,
+            Duration::from_millis((at - clock.now_ms()) as u64),
+        )
+        .await;
+        assert_eq!(clock.now_ms(), at);
+    }
+
     fn webhook_manager(
         node: crate::Node,
         answers: Vec<Delivered>,
@@ -1122,23 +1139,15 @@ mod tests {
         eventually("the failure is recorded", || failed().is_some()).await;
         let due = failed().unwrap();
         assert!((1_000_800..=1_001_200).contains(&due), "1 s ± 20 %: {due}");
-        // Timer passes up to 1 ms before the backoff ends: no retry.
-        while clock.now_ms() + (TICK.as_millis() as i64) <= due - 1 {
-            tick(&mgr, &clock, TICK).await;
-        }
-        tick(
-            &mgr,
-            &clock,
-            Duration::from_millis((due - 1 - clock.now_ms()) as u64),
-        )
-        .await;
+        // Timer passes up to 1 ms before the backoff ends, however many: no retry.
+        passes_until(&mgr, &clock, due - 1).await;
         assert!(
             mgr.lock()["r"].delivering.is_none(),
             "no retry before the clock"
         );
         assert!(sent.try_recv().is_err());
-        // The move that reaches it wakes the timer, which retries the same wake.
-        clock.set(due);
+        // The next pass, past it, retries the same wake.
+        clock.advance(TICK);
         let second = sent.recv().await.unwrap();
         assert_eq!(second["wake_id"], first["wake_id"], "the same wake again");
     }
@@ -1179,15 +1188,13 @@ mod tests {
             .as_ref()
             .and_then(|w| w.lease_expires_ms)
             .unwrap();
-        while clock.now_ms() + (TICK.as_millis() as i64) < expires {
-            tick(&mgr, &clock, TICK).await;
-        }
+        passes_until(&mgr, &clock, expires - 1).await;
         assert!(
             sent.try_recv().is_err(),
             "re-issued before the lease ran out"
         );
         assert_eq!(mgr.lock()["l"].rec.generation, 1);
-        clock.set(expires);
+        clock.advance(TICK);
         let second = sent.recv().await.unwrap();
         assert_eq!(second["generation"], 2);
         assert_ne!(second["wake_id"], first["wake_id"]);
