@@ -9,7 +9,9 @@
 //!
 //! Each incarnation of the node reopens the log from the store (replaying every row), registers
 //! at a new node epoch, recovers its WAL through the catalog, opens the streams (bumping their
-//! epochs), appends with several appends in flight, and meets faults: failed object puts and
+//! epochs), appends with several appends in flight, reopens streams now and then (flush,
+//! then a new stream epoch, as the node's lazy open does after an idle release or a failed
+//! write), and meets faults: failed object puts and
 //! gets, failed WAL appends, commits that fail before the log, commits that landed with their
 //! answer lost, log rows that fail to be written, rows written whose answer was lost (the
 //! database committed, the connection dropped), failed log reads, and delayed rows: a write
@@ -509,7 +511,7 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
     // Start-up (log replay, registration, WAL recovery) may meet the faults the last
     // incarnation left armed: a failed start is a crash before serving anything.
     let started = tokio::time::timeout(STUCK, world.start(cfg, node_epoch, at, h)).await;
-    let inc = match started {
+    let mut inc = match started {
         Ok(Ok(inc)) => inc,
         Ok(Err(e)) => {
             h.trace.push(format!("n{node_epoch} start failed: {e}"));
@@ -522,7 +524,6 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
     };
     h.trace
         .push(format!("n{node_epoch} started, epochs {:?}", inc.epochs));
-    let engine = &inc.engine;
     let ops = 5 + rng.below(40);
     let mut in_flight: Vec<(u64, u64, Bytes, PendingAppend)> = Vec::new();
     'ops: for op in 0..ops {
@@ -530,7 +531,7 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
             0..=51 => {
                 let s = rng.below(STREAMS);
                 let records = 1 + rng.below(3) as u32;
-                let Some(base) = engine.next_offset(s) else {
+                let Some(base) = inc.engine.next_offset(s) else {
                     break 'ops;
                 };
                 let len = 1 + rng.below(300) as usize;
@@ -543,7 +544,8 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
                     .or_default()
                     .insert(data.clone());
                 let epoch = inc.epochs[s as usize];
-                match engine
+                match inc
+                    .engine
                     .append(request(s, epoch, records, data.clone()))
                     .await
                 {
@@ -553,7 +555,10 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
                     }
                     Err(e) => {
                         h.trace.push(format!("op{op} append s{s} refused: {e}"));
-                        break 'ops;
+                        // As the node does after a failed write: the next request reopens.
+                        if !(rng.chance(50) && reopen(&mut inc, s, node_epoch, op, h).await) {
+                            break 'ops;
+                        }
                     }
                 }
             }
@@ -578,10 +583,16 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
                 }
             }
             67..=73 => {
-                let r = tokio::time::timeout(STUCK, engine.flush()).await;
+                let r = tokio::time::timeout(STUCK, inc.engine.flush()).await;
                 h.trace.push(format!("op{op} flush {}", outcome(&r)));
             }
-            74..=80 => {
+            79..=80 => {
+                let s = rng.below(STREAMS);
+                if !reopen(&mut inc, s, node_epoch, op, h).await {
+                    break 'ops;
+                }
+            }
+            74..=78 => {
                 let ms = rng.below(3000);
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 h.trace.push(format!("op{op} slept {ms}ms"));
@@ -634,7 +645,7 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
         }
         if rng.chance(10) {
             let s = rng.below(STREAMS);
-            check_stream_read(engine, s, h, false).await;
+            check_stream_read(&inc.engine, s, h, false).await;
         }
         check_state(&inc.meta, &format!("n{node_epoch} op{op}"));
     }
@@ -651,6 +662,42 @@ async fn incarnation(world: &World, rng: &mut Rng, node_epoch: u64, h: &mut Hist
     }
     drop(in_flight);
     drop(inc);
+}
+
+/// Reopens stream `s` as the node's lazy open does after an idle release or a failed write:
+/// flushes its engine state into committed objects, then opens it at a new stream epoch.
+/// `false`: it failed, and the incarnation stops here.
+async fn reopen(inc: &mut Incarnation, s: u64, node_epoch: u64, op: u64, h: &mut History) -> bool {
+    let closed = tokio::time::timeout(STUCK, inc.engine.close(s)).await;
+    if !matches!(closed, Ok(Ok(()))) {
+        h.trace
+            .push(format!("op{op} close s{s} {}", outcome(&closed)));
+        return false;
+    }
+    let opened = inc
+        .meta
+        .propose(Command::OpenStream {
+            stream_id: s,
+            node_id: NODE_ID,
+            node_epoch,
+        })
+        .await;
+    match opened {
+        Ok(Ok(Outcome::Opened {
+            epoch, end_offset, ..
+        })) => {
+            inc.engine.open(s, epoch, end_offset);
+            inc.epochs[s as usize] = epoch;
+            h.trace.push(format!(
+                "op{op} reopened s{s} at epoch {epoch} @{end_offset}"
+            ));
+            true
+        }
+        other => {
+            h.trace.push(format!("op{op} reopen s{s}: {other:?}"));
+            false
+        }
+    }
 }
 
 /// The metadata state keeps every invariant `apply` promises.
