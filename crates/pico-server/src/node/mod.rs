@@ -16,10 +16,13 @@ mod append;
 mod create;
 mod decide;
 mod fork;
+mod kv;
 mod ownership;
 mod read;
 mod registry;
 mod remove;
+
+pub use kv::KvError;
 
 use crate::api::*;
 use crate::catalog::MetaCatalog;
