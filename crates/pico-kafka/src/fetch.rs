@@ -80,6 +80,8 @@ impl Broker {
                 let mut part = PartitionData::default();
                 part.partition_index = p.partition;
                 part.aborted_transactions = Some(Vec::new());
+                // Clients read a null record set as a protocol error: empty, never null.
+                part.records = Some(Bytes::new());
                 let limit = (p.partition_max_bytes.max(1) as usize).min(budget.max(1));
                 match self
                     .fetch_partition(t.topic.0.as_str(), p.partition, p.fetch_offset, limit)
@@ -92,7 +94,9 @@ impl Broker {
                             part.log_start_offset = f.start as i64;
                         }
                         budget = budget.saturating_sub(f.records.as_ref().map_or(0, Bytes::len));
-                        part.records = f.records;
+                        if f.records.is_some() {
+                            part.records = f.records;
+                        }
                     }
                     Err(code) => {
                         part.error_code = code.code();

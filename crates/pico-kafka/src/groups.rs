@@ -514,9 +514,11 @@ impl Coordinator {
                 _ if r.generation_id_or_member_epoch < 0 && r.member_id.is_empty() => None,
                 None => Some(ResponseError::UnknownMemberId),
                 Some(g) => {
+                    // As in Kafka: a member may still commit for its generation while the
+                    // group prepares a rebalance, not while the new one hands out assignments.
                     if !g.members.contains_key(r.member_id.as_str()) {
                         Some(ResponseError::UnknownMemberId)
-                    } else if g.state == State::Preparing {
+                    } else if g.state == State::Completing {
                         Some(ResponseError::RebalanceInProgress)
                     } else if g.generation != r.generation_id_or_member_epoch {
                         Some(ResponseError::IllegalGeneration)
