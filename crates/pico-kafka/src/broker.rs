@@ -79,9 +79,11 @@ impl Broker {
             return Reply::Close(format!("malformed {api:?} v{version}: {e}"));
         }
         let mut buf = frame;
-        if let Err(e) = RequestHeader::decode(&mut buf, header_version) {
-            return Reply::Close(format!("bad request header: {e}"));
-        }
+        let header = match RequestHeader::decode(&mut buf, header_version) {
+            Ok(h) => h,
+            Err(e) => return Reply::Close(format!("bad request header: {e}")),
+        };
+        let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
         macro_rules! decode {
             ($t:ty) => {
                 match <$t>::decode(&mut buf, version) {
@@ -140,7 +142,12 @@ impl Broker {
             }
             ApiKey::JoinGroup => {
                 let r = decode!(JoinGroupRequest);
-                encode(api, v, correlation, &self.groups.join(r, v).await)
+                encode(
+                    api,
+                    v,
+                    correlation,
+                    &self.groups.join(r, v, client_id).await,
+                )
             }
             ApiKey::SyncGroup => {
                 let r = decode!(SyncGroupRequest);

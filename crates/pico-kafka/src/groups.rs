@@ -237,7 +237,7 @@ impl Coordinator {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub async fn join(&self, r: JoinGroupRequest, v: i16) -> JoinGroupResponse {
+    pub async fn join(&self, r: JoinGroupRequest, v: i16, client_id: &str) -> JoinGroupResponse {
         let now = self.clock.now_ms();
         let group_id = r.group_id.0.to_string();
         let given = r.member_id.to_string();
@@ -267,7 +267,11 @@ impl Coordinator {
                 let n = self
                     .next_member
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let client = r_client(&r);
+                let client = if client_id.is_empty() {
+                    "member"
+                } else {
+                    client_id
+                };
                 format!("{client}-{now}-{n}")
             } else if !g.members.contains_key(&given) {
                 return join_error(ResponseError::UnknownMemberId, &given);
@@ -285,13 +289,9 @@ impl Coordinator {
                 .iter()
                 .map(|p| (p.name.to_string(), p.metadata.clone()))
                 .collect();
-            let changed = g
-                .members
-                .get(&member_id)
-                .is_none_or(|m| m.protocols != protocols);
             let member = Member {
                 instance_id: r.group_instance_id.clone(),
-                client_id: r_client(&r),
+                client_id: client_id.to_string(),
                 session_timeout_ms: i64::from(r.session_timeout_ms.max(1)),
                 rebalance_timeout_ms: i64::from(rebalance.max(1)),
                 protocols,
@@ -301,10 +301,8 @@ impl Coordinator {
                 sync: None,
             };
             g.protocol_type = Some(r.protocol_type.to_string());
-            // A member that rejoins with the same metadata while the group is stable gets
-            // the current generation back (a client retrying its join) only by a rebalance
-            // here: simpler, and every member must rejoin anyway when one changes.
-            let _ = changed;
+            // Every join starts a rebalance, even a stable member's retry with unchanged
+            // metadata: simpler than Kafka's shortcut, and members rejoin either way.
             g.members.insert(member_id.clone(), member);
             g.prepare(now);
             if g.all_joined() {
@@ -332,7 +330,6 @@ impl Coordinator {
             if r.generation_id != g.generation {
                 return sync_error(ResponseError::IllegalGeneration);
             }
-            let protocol = g.protocol.clone();
             let ok = |assignment: Bytes| {
                 let mut resp = SyncGroupResponse::default();
                 resp.assignment = assignment;
@@ -353,7 +350,6 @@ impl Coordinator {
                 }
                 State::Completing => {}
             }
-            let _ = protocol;
             if g.leader.as_deref() == Some(member_id.as_str()) {
                 let given: HashMap<String, Bytes> = r
                     .assignments
@@ -690,8 +686,4 @@ impl Coordinator {
         }
         resp
     }
-}
-
-fn r_client(_r: &JoinGroupRequest) -> String {
-    "member".to_string()
 }

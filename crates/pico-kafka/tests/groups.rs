@@ -182,3 +182,64 @@ async fn a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_deadline() {
     assert_eq!((b2.generation_id, b2.members.len()), (2, 1));
     assert_eq!(b2.leader, b2.member_id);
 }
+
+async fn commit(b: &Broker, member: &str, generation: i32) -> i16 {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    let mut p = OffsetCommitRequestPartition::default();
+    p.committed_offset = 5;
+    let mut t = OffsetCommitRequestTopic::default();
+    t.name = TopicName(s("t"));
+    t.partitions = vec![p];
+    let req = OffsetCommitRequest::default()
+        .with_group_id(GroupId(s("g")))
+        .with_generation_id_or_member_epoch(generation)
+        .with_member_id(s(member))
+        .with_topics(vec![t]);
+    let r: OffsetCommitResponse = call(b, ApiKey::OffsetCommit, 7, &req).await;
+    r.topics[0].partitions[0].error_code
+}
+
+#[tokio::test]
+async fn members_commit_for_their_generation_until_the_next_one_is_assigned() {
+    let (b, _clock) = setup().await;
+    let a = join(&b, "").await.await.unwrap();
+    let a_id = a.member_id.to_string();
+    assert!(
+        a_id.starts_with("test-"),
+        "member ids start with the client id: {a_id}"
+    );
+    // Joined, not yet assigned: the commit waits for the assignment.
+    assert_eq!(
+        commit(&b, &a_id, 1).await,
+        ResponseError::RebalanceInProgress.code()
+    );
+    sync(&b, &a_id, 1, vec![]).await;
+    assert_eq!(commit(&b, &a_id, 1).await, 0);
+    assert_eq!(
+        commit(&b, "stranger", 1).await,
+        ResponseError::UnknownMemberId.code()
+    );
+    // B joins: while the group prepares, A may still commit for generation 1.
+    let b_join = join(&b, "").await;
+    tokio::task::yield_now().await;
+    assert_eq!(commit(&b, &a_id, 1).await, 0);
+    let _ = join(&b, &a_id).await.await.unwrap();
+    let _ = b_join.await.unwrap();
+    // Generation 2 is being assigned: old and new generation commits wait for it.
+    assert_eq!(
+        commit(&b, &a_id, 1).await,
+        ResponseError::RebalanceInProgress.code()
+    );
+    assert_eq!(
+        commit(&b, &a_id, 2).await,
+        ResponseError::RebalanceInProgress.code()
+    );
+    sync(&b, &a_id, 2, vec![]).await;
+    assert_eq!(commit(&b, &a_id, 2).await, 0);
+    assert_eq!(
+        commit(&b, &a_id, 1).await,
+        ResponseError::IllegalGeneration.code()
+    );
+}
