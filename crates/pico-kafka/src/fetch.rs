@@ -31,7 +31,13 @@ impl Broker {
         let min_bytes = r.min_bytes.max(0) as usize;
         let mut resp = self.fetch_once(&r, v).await;
         let got = response_bytes(&resp);
-        if got >= min_bytes.max(1) || wait.is_zero() {
+        // An error (unknown partition, offset out of range) is answered at once, as Kafka does.
+        let failed = resp
+            .responses
+            .iter()
+            .flat_map(|t| &t.partitions)
+            .any(|p| p.error_code != 0);
+        if got >= min_bytes.max(1) || wait.is_zero() || failed {
             return resp;
         }
         // Wait for any partition read empty to move past its fetch offset.

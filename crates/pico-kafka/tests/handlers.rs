@@ -345,6 +345,21 @@ async fn a_fetch_at_the_tail_waits_for_the_next_append() {
 }
 
 #[tokio::test]
+async fn a_waiting_fetch_of_a_bad_offset_is_answered_at_once() {
+    let b = broker().await;
+    assert_eq!(create(&b, "e", 1).await, 0);
+    let req = fetch_req("e", 0, 7, 60_000);
+    let resp: FetchResponse =
+        tokio::time::timeout(Duration::from_secs(20), call(&b, ApiKey::Fetch, 11, &req))
+            .await
+            .expect("answered without waiting out max_wait");
+    assert_eq!(
+        resp.responses[0].partitions[0].error_code,
+        ResponseError::OffsetOutOfRange.code()
+    );
+}
+
+#[tokio::test]
 async fn idempotent_retries_get_the_original_offset() {
     let b = broker().await;
     assert_eq!(create(&b, "i", 1).await, 0);
