@@ -9,6 +9,7 @@
 //! - `remove`: delete, trim, removal of expired streams.
 //! - `registry`: name resolution through the view, listing, TTL and expiry, stream info.
 //! - `ownership`: lazy open on this node; where a stream owned elsewhere lives.
+//! - `kv`: facade state in the metadata KV (Kafka committed offsets).
 //!
 //! This file holds the node itself: start, shutdown, readiness, events and proposals.
 
