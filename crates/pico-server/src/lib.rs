@@ -37,5 +37,5 @@ pub use api::*;
 pub use config::NodeConfig;
 pub use error::*;
 pub use live::LongPoll;
-pub use node::{Node, StartError, StreamEvent};
+pub use node::{KvError, Node, StartError, StreamEvent};
 pub use stats::{EngineStats, NodeStats};

@@ -9,6 +9,7 @@
 //! - `remove`: delete, trim, removal of expired streams.
 //! - `registry`: name resolution through the view, listing, TTL and expiry, stream info.
 //! - `ownership`: lazy open on this node; where a stream owned elsewhere lives.
+//! - `kv`: facade state in the metadata KV (Kafka committed offsets).
 //!
 //! This file holds the node itself: start, shutdown, readiness, events and proposals.
 
@@ -16,10 +17,13 @@ mod append;
 mod create;
 mod decide;
 mod fork;
+mod kv;
 mod ownership;
 mod read;
 mod registry;
 mod remove;
+
+pub use kv::KvError;
 
 use crate::api::*;
 use crate::catalog::MetaCatalog;

@@ -1,0 +1,252 @@
+//! One request in, one reply out: the version check, the structural pass, decoding, dispatch
+//! to the handler modules and response encoding.
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable};
+use pico_server::Node;
+
+use crate::KafkaOptions;
+use crate::groups::Coordinator;
+use crate::producers::Producers;
+use crate::validate;
+use crate::versions::{SUPPORTED, supported};
+
+/// What the connection does with a request.
+#[derive(Debug)]
+pub enum Reply {
+    Send(Bytes),
+    /// acks=0 produce: Kafka sends no response.
+    None,
+    /// Malformed or unsupported: close the connection (as Kafka does).
+    Close(String),
+}
+
+/// The Kafka facade's state: the node, the group coordinator, idempotent producers.
+pub struct Broker {
+    pub(crate) node: Node,
+    pub(crate) opts: KafkaOptions,
+    pub(crate) groups: Coordinator,
+    pub(crate) producers: Producers,
+}
+
+impl Broker {
+    pub fn new(node: Node, opts: KafkaOptions) -> Broker {
+        let clock = node.config().clock.clone();
+        Broker {
+            groups: Coordinator::new(node.clone(), clock.clone()),
+            producers: Producers::new(clock),
+            node,
+            opts,
+        }
+    }
+
+    pub fn options(&self) -> &KafkaOptions {
+        &self.opts
+    }
+
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    pub fn coordinator(&self) -> &Coordinator {
+        &self.groups
+    }
+
+    /// Answers one request frame (without its length prefix).
+    pub async fn handle(&self, frame: Bytes) -> Reply {
+        if frame.len() < 8 {
+            return Reply::Close("frame shorter than a request header".into());
+        }
+        let key = i16::from_be_bytes([frame[0], frame[1]]);
+        let version = i16::from_be_bytes([frame[2], frame[3]]);
+        let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+        let Ok(api) = ApiKey::try_from(key) else {
+            return Reply::Close(format!("unknown api key {key}"));
+        };
+        if !supported(api, version) {
+            if api == ApiKey::ApiVersions {
+                // The client learns the versions from a v0 answer and retries (KIP-511).
+                let resp = api_versions(ResponseError::UnsupportedVersion.code());
+                return encode(ApiKey::ApiVersions, 0, correlation, &resp);
+            }
+            return Reply::Close(format!("unsupported {api:?} v{version}"));
+        }
+        let header_version = api.request_header_version(version);
+        if let Err(e) = validate::check_request(&frame, key, version, header_version >= 2) {
+            return Reply::Close(format!("malformed {api:?} v{version}: {e}"));
+        }
+        let mut buf = frame;
+        let header = match RequestHeader::decode(&mut buf, header_version) {
+            Ok(h) => h,
+            Err(e) => return Reply::Close(format!("bad request header: {e}")),
+        };
+        let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
+        macro_rules! decode {
+            ($t:ty) => {
+                match <$t>::decode(&mut buf, version) {
+                    Ok(r) => r,
+                    Err(e) => return Reply::Close(format!("malformed {api:?} v{version}: {e}")),
+                }
+            };
+        }
+        let v = version;
+        match api {
+            ApiKey::ApiVersions => {
+                let _ = decode!(ApiVersionsRequest);
+                encode(api, v, correlation, &api_versions(0))
+            }
+            ApiKey::Metadata => {
+                let r = decode!(MetadataRequest);
+                encode(api, v, correlation, &self.metadata(r, v).await)
+            }
+            ApiKey::CreateTopics => {
+                let r = decode!(CreateTopicsRequest);
+                encode(api, v, correlation, &self.create_topics(r, v).await)
+            }
+            ApiKey::DeleteTopics => {
+                let r = decode!(DeleteTopicsRequest);
+                encode(api, v, correlation, &self.delete_topics(r, v).await)
+            }
+            ApiKey::CreatePartitions => {
+                let r = decode!(CreatePartitionsRequest);
+                encode(api, v, correlation, &self.create_partitions(r, v).await)
+            }
+            ApiKey::Produce => {
+                let r = decode!(ProduceRequest);
+                let acks = r.acks;
+                let resp = self.produce(r, v).await;
+                if acks == 0 {
+                    Reply::None
+                } else {
+                    encode(api, v, correlation, &resp)
+                }
+            }
+            ApiKey::Fetch => {
+                let r = decode!(FetchRequest);
+                encode(api, v, correlation, &self.fetch(r, v).await)
+            }
+            ApiKey::ListOffsets => {
+                let r = decode!(ListOffsetsRequest);
+                encode(api, v, correlation, &self.list_offsets(r, v).await)
+            }
+            ApiKey::InitProducerId => {
+                let r = decode!(InitProducerIdRequest);
+                encode(api, v, correlation, &self.init_producer_id(r))
+            }
+            ApiKey::FindCoordinator => {
+                let r = decode!(FindCoordinatorRequest);
+                encode(api, v, correlation, &self.find_coordinator(r, v))
+            }
+            ApiKey::JoinGroup => {
+                let r = decode!(JoinGroupRequest);
+                encode(
+                    api,
+                    v,
+                    correlation,
+                    &self.groups.join(r, v, client_id).await,
+                )
+            }
+            ApiKey::SyncGroup => {
+                let r = decode!(SyncGroupRequest);
+                encode(api, v, correlation, &self.groups.sync(r).await)
+            }
+            ApiKey::Heartbeat => {
+                let r = decode!(HeartbeatRequest);
+                encode(api, v, correlation, &self.groups.heartbeat(r))
+            }
+            ApiKey::LeaveGroup => {
+                let r = decode!(LeaveGroupRequest);
+                encode(api, v, correlation, &self.groups.leave(r, v))
+            }
+            ApiKey::OffsetCommit => {
+                let r = decode!(OffsetCommitRequest);
+                encode(api, v, correlation, &self.groups.commit(r, v).await)
+            }
+            ApiKey::OffsetFetch => {
+                let r = decode!(OffsetFetchRequest);
+                encode(api, v, correlation, &self.groups.fetch_offsets(r, v))
+            }
+            ApiKey::ListGroups => {
+                let _ = decode!(ListGroupsRequest);
+                encode(api, v, correlation, &self.groups.list())
+            }
+            ApiKey::DescribeGroups => {
+                let r = decode!(DescribeGroupsRequest);
+                encode(api, v, correlation, &self.groups.describe(r))
+            }
+            ApiKey::DescribeConfigs => {
+                let r = decode!(DescribeConfigsRequest);
+                encode(api, v, correlation, &self.describe_configs(r, v).await)
+            }
+            other => Reply::Close(format!("unsupported {other:?}")),
+        }
+    }
+
+    fn find_coordinator(&self, r: FindCoordinatorRequest, v: i16) -> FindCoordinatorResponse {
+        let mut resp = FindCoordinatorResponse::default();
+        if r.key_type != 0 {
+            // Transactions are not served: no transaction coordinator exists.
+            resp.error_code = ResponseError::CoordinatorNotAvailable.code();
+            if v >= 1 {
+                resp.error_message = Some("transactions are not supported".into());
+            }
+            resp.node_id = BrokerId(-1);
+            resp.host = "".into();
+            resp.port = -1;
+            return resp;
+        }
+        resp.node_id = BrokerId(self.opts.broker_id);
+        resp.host = self.opts.advertised_host.clone().into();
+        resp.port = self.opts.advertised_port;
+        resp
+    }
+
+    fn init_producer_id(&self, r: InitProducerIdRequest) -> InitProducerIdResponse {
+        let mut resp = InitProducerIdResponse::default();
+        if r.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) {
+            resp.error_code = ResponseError::TransactionalIdAuthorizationFailed.code();
+            resp.producer_id = ProducerId(-1);
+            resp.producer_epoch = -1;
+            return resp;
+        }
+        let (id, epoch) = self.producers.allocate();
+        resp.producer_id = ProducerId(id);
+        resp.producer_epoch = epoch;
+        resp
+    }
+}
+
+/// The ApiVersions answer: every supported API at its version range.
+fn api_versions(error_code: i16) -> ApiVersionsResponse {
+    let mut resp = ApiVersionsResponse::default();
+    resp.error_code = error_code;
+    resp.api_keys = SUPPORTED
+        .iter()
+        .map(|&(k, min, max)| {
+            ApiVersion::default()
+                .with_api_key(k as i16)
+                .with_min_version(min)
+                .with_max_version(max)
+        })
+        .collect();
+    resp
+}
+
+/// The response frame: header (correlation id) and body at `version`.
+pub fn encode<T: Encodable>(api: ApiKey, version: i16, correlation: i32, body: &T) -> Reply {
+    let mut buf = BytesMut::new();
+    let header = ResponseHeader::default().with_correlation_id(correlation);
+    let encoded = header
+        .encode(&mut buf, api.response_header_version(version))
+        .and_then(|()| body.encode(&mut buf, version));
+    match encoded {
+        Ok(()) => Reply::Send(buf.freeze()),
+        Err(e) => {
+            tracing::error!(?api, version, error = %e, "kafka response not encodable");
+            Reply::Close(format!("response not encodable: {e}"))
+        }
+    }
+}
