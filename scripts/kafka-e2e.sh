@@ -5,8 +5,10 @@
 #   - confluent-kafka: an idempotent producer (acks=all), a consumer group of 2 on a
 #     4-partition topic that rebalances when one member leaves, cross-protocol reads and
 #     appends against the HTTP listener; kafka-python and aiokafka produce and consume;
+#   - kafkajs: an idempotent producer and a consumer group, checked field by field and over HTTP;
 #   - the node restarts on the same storage and the group resumes from its committed offsets.
-# Clients come from scripts/lib/kafka-peers.sh (kcat from apt, a venv for the Python clients).
+# Clients come from scripts/lib/kafka-peers.sh (kcat from apt, a venv for the Python clients,
+# kafkajs from npm).
 #
 #   PICO_BIN  binary to test (default: $CARGO_TARGET_DIR/debug/pico, built if missing)
 set -euo pipefail
@@ -64,6 +66,12 @@ run_py() {
   fi
 }
 run_py before
+
+if node scripts/kafka/kafkajs.cjs "$KAFKAJS_DIR" "$BOOT" "http://127.0.0.1:$PORT"; then
+  ok "kafkajs"
+else
+  fail "kafkajs"
+fi
 
 # Restart on the same storage and Kafka port: committed offsets must survive.
 kill "$SERVER_PID"

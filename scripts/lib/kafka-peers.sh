@@ -1,7 +1,8 @@
 # Sourced by the Kafka end-to-end script: installs the Kafka client peers once per machine.
 #   kcat (Debian; librdkafka 2.0.2, an old client) and a venv under $PICO_TOOLS_DIR
-#   (default ~/.cache/pico-tools)/kafka-venv with confluent-kafka, kafka-python and aiokafka.
-# Sets KAFKA_PY (the venv's python) and KCAT.
+#   (default ~/.cache/pico-tools)/kafka-venv with confluent-kafka, kafka-python and aiokafka;
+#   kafkajs 2 (npm) under $PICO_TOOLS_DIR/kafkajs.
+# Sets KAFKA_PY (the venv's python), KCAT and KAFKAJS_DIR.
 
 install_kafka_peers() {
   local tools=${PICO_TOOLS_DIR:-$HOME/.cache/pico-tools}
@@ -23,4 +24,11 @@ install_kafka_peers() {
       'confluent-kafka>=2.6' 'kafka-python>=2.0' 'aiokafka>=0.11' >&2
   fi
   KAFKA_PY=$venv/bin/python
+  KAFKAJS_DIR=$tools/kafkajs
+  if [[ ! -f $KAFKAJS_DIR/node_modules/kafkajs/package.json ]]; then
+    echo "kafka-peers: installing kafkajs into $KAFKAJS_DIR" >&2
+    mkdir -p "$KAFKAJS_DIR"
+    [[ -f $KAFKAJS_DIR/package.json ]] || echo '{"name":"pico-kafkajs-peer","private":true}' >"$KAFKAJS_DIR/package.json"
+    (cd "$KAFKAJS_DIR" && npm install -q --no-audit --no-fund kafkajs@2 >&2)
+  fi
 }
