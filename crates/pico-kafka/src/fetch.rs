@@ -1,12 +1,13 @@
-//! Fetch and ListOffsets. A fetch reads each partition's stream from the requested offset and
-//! answers the records as one RecordBatch v2 whose base offset is the first record's stream
-//! offset (so Kafka offsets are stream offsets). When the answer holds less than `min_bytes`
+//! Fetch and ListOffsets. A fetch answers each partition with the stored batches themselves
+//! (RecordBatch v2, base offsets = stream offsets, so Kafka offsets are stream offsets), from
+//! the batch holding the requested offset: as in Kafka, the first batch may start below it and
+//! clients skip those records. When the answer holds less than `min_bytes`
 //! it waits, up to `max_wait_ms`, on the node's live-read wait for any of the partitions,
 //! then reads again.
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::list_offsets_response::{
@@ -14,11 +15,10 @@ use kafka_protocol::messages::list_offsets_response::{
 };
 use kafka_protocol::messages::*;
 use pico_common::StreamName;
-use pico_protocol::{Record, encode_batch};
 use pico_server::{ReadFrom, ReadRequest};
 
 use crate::broker::Broker;
-use crate::topics::{partition_stream, read_error_code};
+use crate::topics::read_error_code;
 
 /// Longest a fetch waits, whatever the client asks.
 const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -47,7 +47,7 @@ impl Broker {
                 if waits.len() >= MAX_WAITED {
                     break;
                 }
-                let Some(name) = partition_stream(t.topic.0.as_str(), p.partition) else {
+                let Some(name) = self.stream_of(t.topic.0.as_str(), p.partition).await else {
                     continue;
                 };
                 let Ok(offset) = u64::try_from(p.fetch_offset) else {
@@ -127,8 +127,10 @@ impl Broker {
         offset: i64,
         max_bytes: usize,
     ) -> Result<Fetched, ResponseError> {
-        let name =
-            partition_stream(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
+        let name = self
+            .stream_of(topic, partition)
+            .await
+            .ok_or(ResponseError::UnknownTopicOrPartition)?;
         let info = self
             .node
             .head(&name)
@@ -147,27 +149,24 @@ impl Broker {
         }
         let out = self
             .node
-            .read(ReadRequest {
-                name,
-                from: ReadFrom::Offset(from),
-                max_records: None,
-                max_bytes: Some(max_bytes),
-                touch: true,
-            })
+            .read_raw(&name, from, max_bytes)
             .await
             .map_err(|e| read_error_code(&e))?;
-        let records = match out.records.first() {
-            None => None,
-            Some(first) => {
-                let base = first.offset;
-                let recs: Vec<Record> = out.records.into_iter().map(|r| r.record).collect();
-                Some(encode_batch(base, &recs))
+        let records = match out.batches.len() {
+            0 => None,
+            1 => out.batches.into_iter().next(),
+            _ => {
+                let mut all = BytesMut::with_capacity(out.batches.iter().map(Bytes::len).sum());
+                for b in &out.batches {
+                    all.extend_from_slice(b);
+                }
+                Some(all.freeze())
             }
         };
         Ok(Fetched {
             records,
             tail: out.tail,
-            start: out.info.start_seq,
+            start: out.start_seq,
         })
     }
 
@@ -213,8 +212,10 @@ impl Broker {
         partition: i32,
         ts: i64,
     ) -> Result<(i64, i64), ResponseError> {
-        let name =
-            partition_stream(topic, partition).ok_or(ResponseError::UnknownTopicOrPartition)?;
+        let name = self
+            .stream_of(topic, partition)
+            .await
+            .ok_or(ResponseError::UnknownTopicOrPartition)?;
         let info = self
             .node
             .head(&name)

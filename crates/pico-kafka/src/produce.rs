@@ -13,7 +13,6 @@ use pico_server::{AppendError, AppendRequest};
 
 use crate::broker::Broker;
 use crate::producers::Check;
-use crate::topics::partition_stream;
 
 const ATTRIBUTES_AT: usize = 21;
 const PRODUCER_ID_AT: usize = 43;
@@ -79,7 +78,7 @@ impl Broker {
     }
 
     async fn log_start(&self, topic: &str, partition: i32) -> i64 {
-        match partition_stream(topic, partition) {
+        match self.stream_of(topic, partition).await {
             Some(name) => self
                 .node
                 .head(&name)
@@ -95,7 +94,7 @@ impl Broker {
         partition: i32,
         records: Option<Bytes>,
     ) -> Result<Written, Refusal> {
-        let name = partition_stream(topic, partition).ok_or((
+        let name = self.stream_of(topic, partition).await.ok_or((
             ResponseError::UnknownTopicOrPartition,
             "no such topic or partition".to_string(),
         ))?;
@@ -238,6 +237,9 @@ fn append_error_code(e: &AppendError) -> ResponseError {
         AppendError::Durability(_) | AppendError::Unavailable(_) => {
             ResponseError::KafkaStorageError
         }
+        // Another incarnation owns the WAL now: nothing was written; the client refreshes
+        // its metadata and retries against whoever leads.
+        AppendError::Superseded(_) => ResponseError::NotLeaderOrFollower,
         AppendError::Internal(_) => ResponseError::UnknownServerError,
     }
 }

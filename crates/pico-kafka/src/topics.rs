@@ -5,8 +5,12 @@
 //!   topic's partition 0 is ever another topic's partition).
 //!
 //! A topic's partition count is how many of `/t`, `/t/~1`, `/t/~2`, … exist in a row: it
-//! lives in the registry with the streams, nothing else needs storing. Streams whose name is
-//! not a legal Kafka topic name (nested names, other characters) are not listed as topics.
+//! lives in the registry with the streams, nothing else needs storing.
+//!
+//! Nested streams are topics under a dotted alias: `/logs/api` is topic `logs.api` when every
+//! segment is a legal topic name without a dot (so the alias maps back one way only) and no
+//! stream `/logs.api` exists (a literal name wins: the alias would be ambiguous). Other
+//! streams (other characters, reserved namespaces) are not topics.
 
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
@@ -55,6 +59,41 @@ pub fn partition_stream(topic: &str, partition: i32) -> Option<StreamName> {
     (!name.is_reserved()).then_some(name)
 }
 
+/// The nested stream a dotted topic names: `logs.api` → `logs/api` (`None` without a dot, or
+/// when the result is not a legal, unreserved stream name).
+pub fn dotted_alias(topic: &str) -> Option<StreamName> {
+    if !valid_topic(topic) || !topic.contains('.') || topic.split('.').any(str::is_empty) {
+        return None;
+    }
+    let name = StreamName::parse(&topic.replace('.', "/")).ok()?;
+    (!name.is_reserved()).then_some(name)
+}
+
+/// The dotted topic of a nested stream: `logs/api` → `logs.api`, when every segment is a legal
+/// topic name without a dot (the alias then maps back to this stream only).
+pub fn nested_topic(stream: &str) -> Option<String> {
+    if !stream.contains('/')
+        || stream
+            .split('/')
+            .any(|seg| seg.contains('.') || !valid_topic(seg))
+    {
+        return None;
+    }
+    let topic = stream.replace('/', ".");
+    valid_topic(&topic).then_some(topic)
+}
+
+/// The stream of partition `partition` of the topic whose partition 0 is `base`.
+fn base_partition(base: &StreamName, partition: i32) -> Option<StreamName> {
+    match partition {
+        0 => Some(base.clone()),
+        p if (1..MAX_PARTITIONS).contains(&p) => {
+            StreamName::parse(&format!("{}/~{p}", base.as_str())).ok()
+        }
+        _ => None,
+    }
+}
+
 /// Which topic and partition a stream is, if it is one.
 pub fn stream_partition(name: &str) -> Option<(&str, i32)> {
     match name.split_once("/~") {
@@ -74,11 +113,36 @@ pub(crate) fn topic_error(code: ResponseError) -> i16 {
 }
 
 impl Broker {
+    /// The stream that is partition 0 of `topic`: `/topic`, or for a dotted topic whose
+    /// literal stream does not exist, the nested stream it aliases if that exists.
+    pub async fn topic_base(&self, topic: &str) -> Option<StreamName> {
+        let literal = partition_stream(topic, 0)?;
+        if let Some(alias) = dotted_alias(topic)
+            && self.node.head(&literal).await.is_err()
+            && self.node.head(&alias).await.is_ok()
+        {
+            return Some(alias);
+        }
+        Some(literal)
+    }
+
+    /// The stream of `topic`'s partition `partition` (see [`Broker::topic_base`]); `None` for
+    /// an illegal topic or partition.
+    pub async fn stream_of(&self, topic: &str, partition: i32) -> Option<StreamName> {
+        if !(0..MAX_PARTITIONS).contains(&partition) {
+            return None;
+        }
+        base_partition(&self.topic_base(topic).await?, partition)
+    }
+
     /// How many partitions `topic` has (0 = no such topic).
     pub async fn partitions(&self, topic: &str) -> i32 {
+        let Some(base) = self.topic_base(topic).await else {
+            return 0;
+        };
         let mut n = 0;
         while n < MAX_PARTITIONS {
-            let Some(name) = partition_stream(topic, n) else {
+            let Some(name) = base_partition(&base, n) else {
                 break;
             };
             if self.node.head(&name).await.is_err() {
@@ -89,9 +153,11 @@ impl Broker {
         n
     }
 
-    /// Every topic: streams whose name is a legal topic name (their partition count follows).
+    /// Every topic: streams whose name is a legal topic name (their partition count follows),
+    /// and nested streams under their dotted alias where no literal stream takes the name.
     fn all_topics(&self) -> Vec<String> {
         let mut out = Vec::new();
+        let mut nested = Vec::new();
         let mut after = None;
         loop {
             let page = self.node.list(ListRequest {
@@ -102,6 +168,8 @@ impl Broker {
             for s in &page.streams {
                 if valid_topic(s.name.as_str()) {
                     out.push(s.name.as_str().to_string());
+                } else if let Some(t) = nested_topic(s.name.as_str()) {
+                    nested.push(t);
                 }
             }
             if !page.has_more || page.streams.is_empty() {
@@ -109,6 +177,8 @@ impl Broker {
             }
             after = page.streams.last().map(|s| s.name.as_str().to_string());
         }
+        let literal: std::collections::HashSet<String> = out.iter().cloned().collect();
+        out.extend(nested.into_iter().filter(|t| !literal.contains(t)));
         out
     }
 
@@ -119,8 +189,12 @@ impl Broker {
         from: i32,
         count: i32,
     ) -> Result<(), ResponseError> {
+        let base = self
+            .topic_base(topic)
+            .await
+            .ok_or(ResponseError::InvalidTopicException)?;
         for p in from..count {
-            let name = partition_stream(topic, p).ok_or(ResponseError::InvalidTopicException)?;
+            let name = base_partition(&base, p).ok_or(ResponseError::InvalidTopicException)?;
             let created = self
                 .node
                 .create(CreateRequest {
@@ -267,7 +341,7 @@ impl Broker {
             }
             // Highest partition first: a topic half deleted still counts its partitions from 0.
             for p in (0..n).rev() {
-                let Some(stream) = partition_stream(&topic, p) else {
+                let Some(stream) = self.stream_of(&topic, p).await else {
                     break;
                 };
                 match self.node.delete(&stream).await {
@@ -402,5 +476,24 @@ mod tests {
         assert!(partition_stream("_sys", 0).is_none());
         assert!(valid_topic("my-topic_1.x"));
         assert!(!valid_topic("caf\u{e9}"));
+    }
+
+    #[test]
+    fn nested_streams_have_a_dotted_alias_that_maps_back() {
+        assert_eq!(dotted_alias("logs.api").unwrap().as_str(), "logs/api");
+        assert_eq!(dotted_alias("a.b.c").unwrap().as_str(), "a/b/c");
+        assert_eq!(nested_topic("logs/api").as_deref(), Some("logs.api"));
+        assert_eq!(nested_topic("a/b/c").as_deref(), Some("a.b.c"));
+        // No dot, an empty segment, a reserved namespace: no alias.
+        assert!(dotted_alias("plain").is_none());
+        assert!(dotted_alias("a..b").is_none());
+        assert!(dotted_alias(".a").is_none());
+        assert!(dotted_alias("_sys.x").is_none());
+        // A segment with a dot (its alias would map back elsewhere), a partition stream, or
+        // characters no topic may hold: not a topic.
+        assert!(nested_topic("a.b/c").is_none());
+        assert!(nested_topic("t/~1").is_none());
+        assert!(nested_topic("logs/my api").is_none());
+        assert!(nested_topic("plain").is_none());
     }
 }

@@ -25,7 +25,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use pico_common::StreamName;
 use pico_kafka::broker::Reply;
-use pico_protocol::{Record, decode_batch};
+use pico_protocol::{Record, decode_batch, encode_batch};
 use pico_server::{AppendRequest, ReadFrom, ReadRequest};
 
 fn topic(name: &str) -> TopicName {
@@ -214,6 +214,94 @@ async fn topics_are_streams_and_partitions_their_own_streams() {
     assert_eq!(resp.topics[0].partitions.len(), 1);
 }
 
+async fn create_stream(b: &pico_kafka::Broker, name: &str) {
+    b.node()
+        .create(pico_server::CreateRequest {
+            name: StreamName::parse(name).unwrap(),
+            config: pico_server::CreateConfig::default(),
+            initial: vec![],
+        })
+        .await
+        .unwrap();
+}
+
+async fn all_topics(b: &pico_kafka::Broker) -> Vec<(String, usize)> {
+    let resp: MetadataResponse = call(
+        b,
+        ApiKey::Metadata,
+        8,
+        &MetadataRequest::default().with_topics(None),
+    )
+    .await;
+    let mut out: Vec<(String, usize)> = resp
+        .topics
+        .iter()
+        .map(|t| (t.name.as_ref().unwrap().to_string(), t.partitions.len()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn nested_streams_are_topics_under_their_dotted_alias() {
+    let b = broker().await;
+    create_stream(&b, "logs/api").await;
+    create_stream(&b, "logs/api/~1").await;
+    // `/x/y` and `/x.y` both exist: the literal stream is topic `x.y`, the nested one hidden.
+    create_stream(&b, "x/y").await;
+    create_stream(&b, "x.y").await;
+    create_stream(&b, "odd/a.b").await;
+    assert_eq!(
+        all_topics(&b).await,
+        [("logs.api".to_string(), 2), ("x.y".to_string(), 1)]
+    );
+    assert_eq!(b.partitions("logs.api").await, 2);
+    // Produced to the alias, stored in the nested stream, fetched back through the alias.
+    let p = produce(&b, "logs.api", 1, batch(&[rec("n0"), rec("n1")], None), 8).await;
+    assert_eq!((p.error_code, p.base_offset), (0, 0));
+    let info = b
+        .node()
+        .head(&StreamName::parse("logs/api/~1").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(info.next_seq, 2);
+    let part = fetch(&b, "logs.api", 1, 0).await;
+    let got = record_set(part.records.as_ref().unwrap());
+    assert_eq!(got[1].1.value, Bytes::from_static(b"n1"));
+    // The alias is taken: creating it again says so, and new partitions are nested streams.
+    assert_eq!(
+        create(&b, "logs.api", 1).await,
+        ResponseError::TopicAlreadyExists.code()
+    );
+    let mut cp = CreatePartitionsTopic::default();
+    cp.name = topic("logs.api");
+    cp.count = 3;
+    let resp: CreatePartitionsResponse = call(
+        &b,
+        ApiKey::CreatePartitions,
+        1,
+        &CreatePartitionsRequest::default()
+            .with_topics(vec![cp])
+            .with_timeout_ms(1000),
+    )
+    .await;
+    assert_eq!(resp.results[0].error_code, 0);
+    assert!(
+        b.node()
+            .head(&StreamName::parse("logs/api/~2").unwrap())
+            .await
+            .is_ok()
+    );
+    // A dotted topic with no nested stream behind it is created under its literal name.
+    assert_eq!(create(&b, "new.topic", 1).await, 0);
+    assert!(
+        b.node()
+            .head(&StreamName::parse("new.topic").unwrap())
+            .await
+            .is_ok()
+    );
+}
+
 #[tokio::test]
 async fn produced_records_are_fetched_at_their_stream_offsets() {
     let b = broker().await;
@@ -232,13 +320,17 @@ async fn produced_records_are_fetched_at_their_stream_offsets() {
 
     let part = fetch(&b, "t", 1, 2).await;
     assert_eq!((part.error_code, part.high_watermark), (0, 5));
-    let got = decode_batch(part.records.as_ref().unwrap()).unwrap();
-    assert_eq!(got.base_offset, 2, "batch base offset is the stream offset");
-    let values: Vec<&[u8]> = got.records.iter().map(|r| &r.value[..]).collect();
+    // The stored batches whole, as Kafka serves its log: the first starts below the fetch
+    // offset and clients skip what they did not ask for.
+    let set = part.records.clone().unwrap();
+    let got = record_set(&set);
+    let offsets: Vec<u64> = got.iter().map(|(o, _)| *o).collect();
+    assert_eq!(offsets, [0, 1, 2, 3, 4], "base offsets are stream offsets");
+    let values: Vec<&[u8]> = got[2..].iter().map(|(_, r)| &r.value[..]).collect();
     assert_eq!(values, [&b"a2"[..], b"b0", b"b1"]);
-    assert_eq!(got.records[0].key.as_deref(), Some(&b"k-a2"[..]));
+    assert_eq!(got[2].1.key.as_deref(), Some(&b"k-a2"[..]));
     assert_eq!(
-        got.records[0].headers,
+        got[2].1.headers,
         vec![("h".to_string(), Bytes::from_static(b"v"))]
     );
 
@@ -258,6 +350,16 @@ async fn produced_records_are_fetched_at_their_stream_offsets() {
     let offs: Vec<u64> = out.records.iter().map(|r| r.offset).collect();
     assert_eq!(offs, [0, 1, 2, 3, 4]);
     assert_eq!(out.records[3].record.value, Bytes::from_static(b"b0"));
+    // Byte for byte the stored batches: the node stores each append as one batch of its
+    // records stamped with the append time, so re-encoding them must give the same bytes.
+    let recs: Vec<Record> = out.records.iter().map(|r| r.record.clone()).collect();
+    let mut stored = encode_batch(0, &recs[..3]).to_vec();
+    stored.extend_from_slice(&encode_batch(3, &recs[3..]));
+    assert_eq!(
+        &set[..],
+        &stored[..],
+        "fetch serves the stored bytes unchanged"
+    );
 
     // At the tail: nothing; past it, or below the start: out of range.
     let part = fetch(&b, "t", 1, 5).await;
@@ -286,11 +388,25 @@ async fn produced_records_are_fetched_at_their_stream_offsets() {
         .await
         .unwrap();
     let part = fetch(&b, "t", 1, 5).await;
-    let got = decode_batch(part.records.as_ref().unwrap()).unwrap();
-    assert_eq!(
-        (got.base_offset, &got.records[0].value[..]),
-        (5, &b"http"[..])
-    );
+    let got = record_set(part.records.as_ref().unwrap());
+    assert_eq!((got[0].0, &got[0].1.value[..]), (5, &b"http"[..]));
+}
+
+/// Every record of a fetched record set (concatenated batches) with its offset.
+fn record_set(mut set: &[u8]) -> Vec<(u64, Record)> {
+    let mut out = Vec::new();
+    while !set.is_empty() {
+        let len = pico_protocol::batch::batch_len(set).unwrap();
+        let d = decode_batch(&set[..len]).unwrap();
+        out.extend(
+            d.records
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| (d.base_offset + i as u64, r)),
+        );
+        set = &set[len..];
+    }
+    out
 }
 
 #[tokio::test]

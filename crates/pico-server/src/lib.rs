@@ -37,5 +37,6 @@ pub use api::*;
 pub use config::NodeConfig;
 pub use error::*;
 pub use live::LongPoll;
+pub use node::RawRead;
 pub use node::{KvError, Node, StartError, StreamEvent};
 pub use stats::{EngineStats, NodeStats};

@@ -19,11 +19,13 @@ mod decide;
 mod fork;
 mod kv;
 mod ownership;
+mod raw;
 mod read;
 mod registry;
 mod remove;
 
 pub use kv::KvError;
+pub use raw::RawRead;
 
 use crate::api::*;
 use crate::catalog::MetaCatalog;
