@@ -95,6 +95,31 @@ async function overHttp() {
     JSON.stringify(recs[1]));
 }
 
+// A nested stream created over HTTP is the topic `logs.api` over Kafka (the dotted alias).
+async function dottedAlias(kafka) {
+  const put = await fetch(`${http}/logs/api`, { method: 'PUT' });
+  check('nested stream /logs/api created over HTTP', put.status === 201 || put.status === 200, `${put.status}`);
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    const topics = await admin.listTopics();
+    check('the nested stream is listed as topic logs.api', topics.includes('logs.api'), JSON.stringify(topics));
+  } finally {
+    await admin.disconnect();
+  }
+  const producer = kafka.producer();
+  await producer.connect();
+  try {
+    await producer.send({ topic: 'logs.api', acks: -1, messages: [{ value: 'nested-0' }, { value: 'nested-1' }] });
+  } finally {
+    await producer.disconnect();
+  }
+  const r = await fetch(`${http}/logs/api?seq=0&count=10&format=json`);
+  const recs = await r.json();
+  check('produced to logs.api, read over HTTP from /logs/api',
+    JSON.stringify(recs.map((rec) => rec.body)) === JSON.stringify(['nested-0', 'nested-1']), JSON.stringify(recs));
+}
+
 async function guarded(name, fn) {
   try {
     await fn();
@@ -108,6 +133,7 @@ async function guarded(name, fn) {
   await guarded('kafkajs produce', () => produce(kafka));
   await guarded('kafkajs consume', () => consume(kafka));
   await guarded('kafkajs over http', overHttp);
+  await guarded('kafkajs dotted alias', () => dottedAlias(kafka));
   console.log(`kafkajs: ${results.passed} passed, ${results.failed} failed`);
   process.exit(results.failed ? 1 : 0);
 })();

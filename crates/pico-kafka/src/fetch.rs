@@ -22,6 +22,8 @@ use crate::topics::read_error_code;
 
 /// Longest a fetch waits, whatever the client asks.
 const MAX_WAIT: Duration = Duration::from_secs(30);
+/// Most record bytes one Fetch response carries (besides one first batch larger than that).
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// Partitions one fetch waits on at once (the rest are read, not awaited).
 const MAX_WAITED: usize = 256;
 
@@ -73,10 +75,11 @@ impl Broker {
     }
 
     async fn fetch_once(&self, r: &FetchRequest, v: i16) -> FetchResponse {
+        // The client's max_bytes, within the node's own cap: a response is built in memory.
         let mut budget = if r.max_bytes <= 0 {
-            usize::MAX
+            MAX_RESPONSE_BYTES
         } else {
-            r.max_bytes as usize
+            (r.max_bytes as usize).min(MAX_RESPONSE_BYTES)
         };
         let mut resp = FetchResponse::default();
         for t in &r.topics {
@@ -88,7 +91,10 @@ impl Broker {
                 part.aborted_transactions = Some(Vec::new());
                 // Clients read a null record set as a protocol error: empty, never null.
                 part.records = Some(Bytes::new());
-                let limit = (p.partition_max_bytes.max(1) as usize).min(budget.max(1));
+                // A full response reads no more batches (as in Kafka, only the first partition
+                // with data may overshoot, by its one first batch): the rest report their
+                // watermarks only.
+                let limit = (p.partition_max_bytes.max(1) as usize).min(budget);
                 match self
                     .fetch_partition(t.topic.0.as_str(), p.partition, p.fetch_offset, limit)
                     .await
@@ -140,7 +146,7 @@ impl Broker {
         if from < info.start_seq || from > info.next_seq {
             return Err(ResponseError::OffsetOutOfRange);
         }
-        if from == info.next_seq {
+        if from == info.next_seq || max_bytes == 0 {
             return Ok(Fetched {
                 records: None,
                 tail: info.next_seq,

@@ -666,3 +666,32 @@ async fn every_response_encodes_at_every_advertised_version() {
         assert!(!r.results[0].configs.is_empty());
     }
 }
+
+#[tokio::test]
+async fn a_full_fetch_response_reads_no_more_partitions() {
+    let b = broker().await;
+    assert_eq!(create(&b, "full", 2).await, 0);
+    for p in 0..2 {
+        for i in 0..2 {
+            let recs = [rec(&format!("p{p}-{i}"))];
+            assert_eq!(
+                produce(&b, "full", p, batch(&recs, None), 8)
+                    .await
+                    .error_code,
+                0
+            );
+        }
+    }
+    let mut req = fetch_req("full", 0, 0, 0).with_max_bytes(1);
+    let mut second = req.topics[0].partitions[0].clone();
+    second.partition = 1;
+    req.topics[0].partitions.push(second);
+    let resp: FetchResponse = call(&b, ApiKey::Fetch, 11, &req).await;
+    let parts = &resp.responses[0].partitions;
+    // The first partition's first batch, whole, though larger than max_bytes; then nothing.
+    let first = record_set(parts[0].records.as_ref().unwrap());
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].1.value, Bytes::from_static(b"p0-0"));
+    assert_eq!(parts[1].records.as_deref(), Some(&[][..]));
+    assert_eq!((parts[1].error_code, parts[1].high_watermark), (0, 2));
+}
