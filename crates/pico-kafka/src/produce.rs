@@ -238,6 +238,8 @@ fn append_error_code(e: &AppendError) -> ResponseError {
         AppendError::Durability(_) | AppendError::Unavailable(_) => {
             ResponseError::KafkaStorageError
         }
+        // This process lost its WAL to a newer incarnation: the client re-routes and retries.
+        AppendError::Superseded(_) => ResponseError::NotLeaderOrFollower,
         AppendError::Internal(_) => ResponseError::UnknownServerError,
     }
 }
