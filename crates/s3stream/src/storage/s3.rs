@@ -193,14 +193,12 @@ pub(crate) async fn client(cfg: &S3Config) -> aws_sdk_s3::Client {
             aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
         ))
         .build_https();
-    let region = aws_config::meta::region::RegionProviderChain::first_try(
-        cfg.region.clone().map(Region::new),
-    )
-    .or_default_provider()
-    .or_else(Region::from_static(FALLBACK_REGION));
-    let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .http_client(http)
-        .region(region);
+    // The loader resolves a region the URI does not give with this HTTP client (the default
+    // chain's instance-metadata lookup needs one).
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http);
+    if let Some(r) = &cfg.region {
+        loader = loader.region(Region::new(r.clone()));
+    }
     if let Some((key, secret)) = &cfg.static_credentials {
         loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
             key, secret, None, None, "static",
@@ -223,6 +221,9 @@ pub(crate) async fn client(cfg: &S3Config) -> aws_sdk_s3::Client {
         // and S3-compatible servers differ in the trailing-checksum encodings they accept.
         .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+    if shared.region().is_none() {
+        s3 = s3.region(Region::from_static(FALLBACK_REGION));
+    }
     if let Some(e) = &cfg.endpoint {
         s3 = s3.endpoint_url(e);
     }
