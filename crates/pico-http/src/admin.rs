@@ -91,8 +91,11 @@ async fn ready(State(a): State<Admin>) -> impl IntoResponse {
             "ready": r.ready,
             "serving": r.serving,
             "registered": r.registered,
+            "live": r.live,
             "appliedIndex": r.applied_index,
             "nodeId": r.node_id,
+            "nodeEpoch": r.node_epoch,
+            "maintenanceLease": r.maintenance_lease,
             "metadataStopped": r.metadata_stopped,
         })),
     )
