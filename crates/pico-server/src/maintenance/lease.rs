@@ -169,9 +169,10 @@ mod tests {
     async fn one_holder_at_a_time_and_the_lease_moves_when_its_holder_stops() {
         let clock = ManualClock::new(1_000_000);
         let (a, b) = two_nodes(&clock).await;
-        assert_eq!(holders(&a, &b), (false, false));
-        lease_pass(a.clone()).await;
+        // Each node tries once at start: A, started first, took it.
+        assert_eq!(holders(&a, &b), (true, false));
         lease_pass(b.clone()).await;
+        lease_pass(a.clone()).await;
         assert_eq!(holders(&a, &b), (true, false));
         for _ in 0..5 {
             clock.advance(Duration::from_secs(3));
@@ -207,7 +208,10 @@ mod tests {
     async fn gc_runs_only_on_the_lease_holder() {
         let clock = ManualClock::new(1_000_000);
         let (a, b) = two_nodes(&clock).await;
+        // A (the holder since its start) gives the lease up, as its shutdown would; B takes it.
+        release_lease(&a).await;
         lease_pass(b.clone()).await;
+        assert_eq!(holders(&a, &b), (false, true));
         let key = "data/9/1/destroyed".to_string();
         a.inner
             .data

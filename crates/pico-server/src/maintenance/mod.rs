@@ -20,7 +20,7 @@ mod test_support;
 mod ttl;
 
 pub(crate) use heartbeat::OwnHeartbeat;
-pub(crate) use lease::{LeaseState, release_lease};
+pub(crate) use lease::{LeaseState, lease_pass, release_lease};
 
 use crate::node::Node;
 use std::sync::Arc;
@@ -30,7 +30,6 @@ use std::time::Duration;
 use gc::gc_pass;
 use heartbeat::{LivenessWatch, heartbeat_pass, liveness_pass};
 use idle::{IdleRelease, idle_pass};
-use lease::lease_pass;
 use orphans::{OrphanGcs, orphan_sweep};
 pub(crate) use ttl::flush_touches;
 use ttl::{expiry_pass, touch_pass};

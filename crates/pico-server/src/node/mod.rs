@@ -197,6 +197,9 @@ impl Node {
                 removing: Arc::default(),
             }),
         };
+        // Before the loops start, so their first passes (orphans right after a restart) already
+        // run if this node is the holder.
+        crate::maintenance::lease_pass(node.clone()).await;
         crate::maintenance::spawn_all(&node);
         Ok(node)
     }
