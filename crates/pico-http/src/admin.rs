@@ -97,6 +97,7 @@ async fn ready(State(a): State<Admin>) -> impl IntoResponse {
             "nodeEpoch": r.node_epoch,
             "maintenanceLease": r.maintenance_lease,
             "metadataStopped": r.metadata_stopped,
+            "metadataUnreachable": r.metadata_unreachable,
         })),
     )
 }

@@ -78,16 +78,18 @@ impl HttpError {
     pub fn from_service<E: ServiceError + ?Sized>(err: &E) -> HttpError {
         let kind = err.kind();
         let status = status_of(kind);
-        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+        // The client's message hides these details: the log keeps them.
+        if matches!(kind, ErrorKind::Internal | ErrorKind::Durability) {
             tracing::error!(error = %err, "request failed");
         }
         HttpError {
             status,
-            code: kind.code(),
+            code: code_of(kind),
             message: public_message(kind, err),
             details: Box::new(err.details()),
             retry_after: match kind {
                 ErrorKind::Unavailable(after) => Some(after.unwrap_or(DEFAULT_RETRY_AFTER)),
+                ErrorKind::Durability => Some(DEFAULT_RETRY_AFTER),
                 _ => None,
             },
         }
@@ -135,15 +137,27 @@ impl BodyTimeout {
 pub fn public_message<E: ServiceError + ?Sized>(kind: ErrorKind, err: &E) -> String {
     match kind {
         // It may still land (a durability wait that ran out): say unknown, not failed.
-        ErrorKind::Durability => {
-            "append not acknowledged: its durability is unknown (details in the server log)".into()
-        }
+        ErrorKind::Durability => "append not acknowledged: the write-ahead log could not be \
+             written (storage unavailable), so its durability is unknown; retry, with an \
+             idempotent producer to stay exactly-once (details in the server log)"
+            .into(),
         ErrorKind::Internal => "internal error (details in the server log)".into(),
         _ => err.to_string(),
     }
 }
 
-/// Status for each error kind.
+/// The JSON `error` code: the kind's, except that a durability failure says `unavailable`
+/// like its 503 (the client's move is the same: retry after `Retry-After`).
+pub fn code_of(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Durability => ErrorKind::Unavailable(None).code(),
+        k => k.code(),
+    }
+}
+
+/// Status for each error kind. A write that could not be made durable is a 503: the storage
+/// behind the node failed (or this node was superseded), nothing was acknowledged, and the
+/// same request can succeed later; only bugs are 500.
 pub fn status_of(kind: ErrorKind) -> StatusCode {
     match kind {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
@@ -152,8 +166,8 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Fenced => StatusCode::FORBIDDEN,
         ErrorKind::MatchFailed => StatusCode::PRECONDITION_FAILED,
         ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        ErrorKind::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorKind::Durability | ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::Unavailable(_) | ErrorKind::Durability => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -228,7 +242,7 @@ mod tests {
             (ErrorKind::MatchFailed, 412),
             (ErrorKind::TooLarge, 413),
             (ErrorKind::Unavailable(None), 503),
-            (ErrorKind::Durability, 500),
+            (ErrorKind::Durability, 503),
             (ErrorKind::Internal, 500),
         ];
         for (kind, status) in cases {
@@ -240,7 +254,9 @@ mod tests {
     fn server_faults_keep_their_details_in_the_log() {
         let e = AppendError::Durability("storage io error: key=`wal/1/7.wal`".into());
         let h = HttpError::from_service(&e);
-        assert_eq!(h.status, 500);
+        assert_eq!(h.status, 503);
+        assert_eq!(h.code, "unavailable");
+        assert_eq!(h.retry_after, Some(DEFAULT_RETRY_AFTER));
         assert!(h.message.contains("durability is unknown"), "{}", h.message);
         assert!(!h.message.contains("key="), "{}", h.message);
         let e = AppendError::Internal("corrupt stored batch: stream=17".into());
@@ -297,6 +313,21 @@ mod tests {
         .into_response();
         assert_eq!(resp.status(), 400);
         assert_eq!(body_json(resp).await["next_seq"], 10);
+    }
+
+    /// A fenced WAL write (a newer incarnation of the node took its WAL over) is a 503 that
+    /// says so, not a 500 "durability unknown": nothing was written.
+    #[tokio::test]
+    async fn a_superseded_node_answers_503_saying_it_lost_ownership() {
+        let e = AppendError::Superseded("postgres wal fenced: node 1 at epoch 9".into());
+        let resp = HttpError::from(e).into_response();
+        assert_eq!(resp.status(), 503);
+        assert_eq!(header(&resp, "retry-after"), Some("1"));
+        let body = body_json(resp).await;
+        assert_eq!(body["error"], "unavailable");
+        let msg = body["message"].as_str().unwrap();
+        assert!(msg.contains("lost ownership"), "{msg}");
+        assert!(msg.contains("not written"), "{msg}");
     }
 
     #[tokio::test]

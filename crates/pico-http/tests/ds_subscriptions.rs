@@ -29,7 +29,8 @@ fn app(node: &Node) -> Router {
 }
 
 /// The router over a manager whose clock moves only when the test says so (leases and retry
-/// schedules are read from it; the timer task still ticks in real time).
+/// schedules are read from it, and its timer task ticks on it: a test that needs a timer pass
+/// moves the clock).
 fn app_with_clock(node: &Node) -> (Router, Arc<ManualClock>) {
     let clock = ManualClock::new(pico_common::clock::now_ms());
     let mgr =
@@ -902,7 +903,7 @@ async fn a_recreated_stream_starts_its_cursor_over() {
 async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
     use pico_server::testing::{open_on_other_node, owner_of, release_on_other_node};
     let node = pico_server::testing::start_test_node().await;
-    let app = app(&node);
+    let (app, clock) = app_with_clock(&node);
     create_stream(&node, "wake/far", &[]).await;
     let (id, epoch) = open_on_other_node(&node, "wake/far").await;
     let (s, _, _) = call(
@@ -938,6 +939,8 @@ async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
     assert!(
         wait_for(|| {
             let node = node2.clone();
+            // The held event is retried by the timer, which runs on the manager's clock.
+            clock.advance(pico_server::subscriptions::TICK);
             async move {
                 read_json(&node, "wake/far")
                     .await
@@ -1030,7 +1033,9 @@ async fn oversized_configs_and_memberships_are_refused() {
 #[tokio::test]
 async fn links_of_deleted_streams_are_pruned_without_a_wake() {
     let node = pico_server::testing::start_test_node().await;
-    let app = app(&node);
+    let (app, clock) = app_with_clock(&node);
+    // The prune runs every few timer passes; the timer runs on the manager's clock.
+    let prune_pass = || clock.advance(pico_server::subscriptions::TICK * 10);
     create_stream(&node, "wake/tmp", &[]).await;
     let (s, _, _) = call(
         &app,
@@ -1063,6 +1068,7 @@ async fn links_of_deleted_streams_are_pruned_without_a_wake() {
     assert!(
         wait_for(|| {
             let app = app2.clone();
+            prune_pass();
             async move { linked(app).await == ["tmp/keep"] }
         })
         .await,
@@ -1087,6 +1093,7 @@ async fn links_of_deleted_streams_are_pruned_without_a_wake() {
     assert!(
         wait_for(|| {
             let app = app2.clone();
+            prune_pass();
             async move { linked(app).await.is_empty() }
         })
         .await,

@@ -190,6 +190,9 @@ pub struct ReadyInfo {
     /// Why the metadata log stopped for good (a corrupt row, a failed committer): no write can
     /// succeed until the node restarts, so it is not ready. `None` while it runs.
     pub metadata_stopped: Option<String>,
+    /// Why the metadata store does not answer (its last round-trip failed), while it does
+    /// not: writes fail until it is back, so the node is not ready. `None` when it answers.
+    pub metadata_unreachable: Option<String>,
     pub applied_index: u64,
     pub node_id: u32,
     /// This process's node epoch (higher at every start).

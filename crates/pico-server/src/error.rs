@@ -99,6 +99,13 @@ pub enum AppendError {
     BadRequest(String),
     #[error("append not durable: {0}")]
     Durability(String),
+    /// A newer incarnation of this node took its write-ahead log over (the WAL's epoch fence):
+    /// nothing was written, and this process must not write again.
+    #[error(
+        "this node lost ownership of its write-ahead log to a newer incarnation; the append \
+         was not written: retry ({0})"
+    )]
+    Superseded(String),
     #[error("unavailable: {0}")]
     Unavailable(String),
     #[error("internal error: {0}")]
@@ -196,7 +203,9 @@ impl ServiceError for AppendError {
             AppendError::MatchFailed { .. } => ErrorKind::MatchFailed,
             AppendError::TooLarge { .. } => ErrorKind::TooLarge,
             AppendError::Durability(_) => ErrorKind::Durability,
-            AppendError::Unavailable(_) => ErrorKind::Unavailable(None),
+            AppendError::Superseded(_) | AppendError::Unavailable(_) => {
+                ErrorKind::Unavailable(None)
+            }
             AppendError::Internal(_) => ErrorKind::Internal,
         }
     }

@@ -336,6 +336,31 @@ async fn ttl_expires_stream() {
     ));
 }
 
+/// The maintenance loops wait on the node's clock: moving a manual clock past the expiry
+/// sweep's period wakes it, and it removes an expired stream nobody asks for, with no real
+/// time passing for it.
+#[tokio::test]
+async fn the_expiry_sweep_runs_on_the_node_clock() {
+    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
+    let node = pico_server::testing::start_test_node_with(NodeConfig {
+        clock: clock.clone(),
+        ..NodeConfig::default()
+    })
+    .await;
+    let mut c = create_req("swept");
+    c.config.expires_at_ms = Some(node.now_ms() + 1_000);
+    node.create(c).await.unwrap();
+    // Past the sweep's 10 s period; nothing reads the stream, so only the sweep can see it.
+    clock.advance(Duration::from_secs(11));
+    for _ in 0..1_000 {
+        if !node.meta().view().registry.contains_key("swept") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the sweep did not run when the clock moved");
+}
+
 #[tokio::test]
 async fn list_with_prefix_and_pages() {
     let node = start_test_node().await;

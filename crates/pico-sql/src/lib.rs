@@ -6,9 +6,11 @@
 //! - [`store`]: the [`LogStore`] seam (log rows, snapshots, leases) a database implements.
 //! - [`sqlite`]: [`SqliteStore`], the SQLite implementation (WAL, `synchronous=FULL`).
 //! - [`postgres`]: [`PgStore`], the Postgres implementation (shared by every node).
+//! - [`backoff`]: capped, jittered retry delays while a store is unreachable.
 //! - `chunks`: reassembling and comparing chunked snapshots, the same on both backends.
 //! - [`error`]: [`MetaError`], failures of the log itself.
 
+pub mod backoff;
 mod chunks;
 pub mod error;
 pub mod log;
@@ -17,7 +19,7 @@ pub mod sqlite;
 pub mod store;
 
 pub use error::MetaError;
-pub use log::{MetaLog, MetaLogOptions, SnapshotStats};
+pub use log::{MetaLog, MetaLogOptions, Reachability, SnapshotStats};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 pub use store::{LogRow, LogStore, SnapshotMeta, open_store};

@@ -37,6 +37,12 @@ pub struct MetaLogOptions {
     pub max_batch: usize,
     /// Lease expiry and row timestamps; tests pass a manual clock.
     pub clock: SharedClock,
+    /// While the store is unreachable, the first and the longest wait between probes (doubled
+    /// per failure, jittered; see [`crate::backoff::retry_delay`]).
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// A probe not answered within this counts as a failure (a hung connection).
+    pub probe_timeout: Duration,
 }
 
 impl Default for MetaLogOptions {
@@ -46,6 +52,9 @@ impl Default for MetaLogOptions {
             poll_interval: Duration::from_secs(1),
             max_batch: 512,
             clock: pico_common::clock::system(),
+            retry_min: Duration::from_millis(100),
+            retry_max: Duration::from_secs(5),
+            probe_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -62,6 +71,76 @@ pub struct SnapshotStats {
     /// Snapshot attempts that failed since the last one written (0 = the last one worked).
     /// While they fail, log rows are not truncated.
     pub consecutive_failures: u64,
+}
+
+/// Whether the store answers: the readiness signal ([`MetaLog::reachability`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reachability {
+    /// The last round-trip to the store (a probe, an append, a tail read) succeeded.
+    pub reachable: bool,
+    /// Failed round-trips since the last success.
+    pub consecutive_failures: u64,
+    /// When the store last answered (clock ms).
+    pub last_ok_ms: i64,
+    /// The last failure, while unreachable.
+    pub last_error: Option<String>,
+}
+
+/// Updated by every round-trip of the committer and the prober.
+#[derive(Default)]
+struct Health {
+    state: Mutex<Reachability>,
+    /// Signalled when the store answers again after failing: the committer tails at once.
+    recovered: tokio::sync::Notify,
+}
+
+impl Health {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Reachability> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self) -> Reachability {
+        self.lock().clone()
+    }
+
+    fn ok(&self, now_ms: i64) {
+        let was = {
+            let mut r = self.lock();
+            let was = r.reachable;
+            *r = Reachability {
+                reachable: true,
+                consecutive_failures: 0,
+                last_ok_ms: now_ms,
+                last_error: None,
+            };
+            was
+        };
+        if !was {
+            tracing::info!("metadata store reachable");
+            self.recovered.notify_one();
+        }
+    }
+
+    /// Records a failed round-trip. Corruption is the store answering: not an outage.
+    fn failed(&self, e: &MetaError) {
+        if is_corruption(e) {
+            return;
+        }
+        let mut r = self.lock();
+        if r.reachable {
+            tracing::warn!(error = %e, "metadata store unreachable; retrying with backoff");
+        }
+        r.reachable = false;
+        r.consecutive_failures += 1;
+        r.last_error = Some(e.to_string());
+    }
+
+    fn record<T>(&self, result: &Result<T, MetaError>, now_ms: i64) {
+        match result {
+            Ok(_) => self.ok(now_ms),
+            Err(e) => self.failed(e),
+        }
+    }
 }
 
 type Outcomes = Vec<Result<Outcome, ApplyError>>;
@@ -89,6 +168,7 @@ struct Inner {
     stats: Arc<Stats>,
     /// Why the committer stopped for good, once it has (set once, read without a lock).
     stopped: Arc<OnceLock<MetaError>>,
+    health: Arc<Health>,
     clock: SharedClock,
 }
 
@@ -144,12 +224,22 @@ impl MetaLog {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let stopped = Arc::new(OnceLock::new());
         let clock = opts.clock.clone();
+        // Opening read the store: it answers.
+        let health = Arc::new(Health::default());
+        health.ok(clock.now_ms());
+        let prober = tokio::spawn(run_prober(
+            store.clone(),
+            health.clone(),
+            opts.clone(),
+            shutdown_rx.clone(),
+        ));
         let committer = tokio::spawn(run_committer(
             applier,
             rx,
             shutdown_rx,
             opts,
             stopped.clone(),
+            health.clone(),
         ));
         let snapshotter = tokio::spawn(run_snapshotter(
             store.clone(),
@@ -165,9 +255,10 @@ impl MetaLog {
                 applied_rx,
                 tx,
                 shutdown,
-                tasks: Mutex::new(vec![committer, snapshotter]),
+                tasks: Mutex::new(vec![committer, snapshotter, prober]),
                 stats,
                 stopped,
+                health,
                 clock,
             }),
         })
@@ -222,6 +313,14 @@ impl MetaLog {
             return Err(MetaError::Closed);
         }
         Ok(())
+    }
+
+    /// Whether the store answered its last round-trip (a probe every `poll_interval` while it
+    /// does, with capped, jittered backoff while it does not), without SQL or waiting: what
+    /// readiness reports. Proposals made while it is unreachable fail with a retryable
+    /// `Store` error; the log resumes by itself when the store is back.
+    pub fn reachability(&self) -> Reachability {
+        self.inner.health.get()
     }
 
     /// The error for a committer that is gone: its reason if it stopped, else `Closed`.
@@ -534,6 +633,7 @@ async fn run_committer(
     mut shutdown: watch::Receiver<bool>,
     opts: MetaLogOptions,
     stopped: Arc<OnceLock<MetaError>>,
+    health: Arc<Health>,
 ) {
     let _on_exit = StopOnExit {
         stopped: stopped.clone(),
@@ -552,12 +652,22 @@ async fn run_committer(
                 biased;
                 _ = shutdown.changed() => break,
                 r = rx.recv() => match r { Some(r) => r, None => break },
+                // While the store is unreachable the prober retries with backoff; the tail
+                // waits for it to come back rather than fail every tick.
                 _ = ticker.tick() => {
-                    tail_idle(&mut applier, &stopped).await;
+                    if health.get().reachable {
+                        tail_idle(&mut applier, &stopped, &health).await;
+                    }
                     continue;
                 }
                 _ = notified(appended.as_deref()) => {
-                    tail_idle(&mut applier, &stopped).await;
+                    if health.get().reachable {
+                        tail_idle(&mut applier, &stopped, &health).await;
+                    }
+                    continue;
+                }
+                _ = health.recovered.notified() => {
+                    tail_idle(&mut applier, &stopped, &health).await;
                     continue;
                 }
             },
@@ -595,11 +705,12 @@ async fn run_committer(
         let cmds: Vec<Command> = batch.iter().flat_map(|r| r.cmds.iter().cloned()).collect();
         let payload = codec::encode_commands(&cmds);
         let count = cmds.len() as u32;
-        let row_id = match applier
+        let appended_row = applier
             .store
             .append(&payload, count, applier.clock.now_ms())
-            .await
-        {
+            .await;
+        health.record(&appended_row, applier.clock.now_ms());
+        let row_id = match appended_row {
             Ok(id) => id,
             Err(e) => {
                 tracing::warn!(error = %e, "metadata append failed");
@@ -624,6 +735,7 @@ async fn run_committer(
                 _ => break,
             }
         }
+        health.record(&tail, applier.clock.now_ms());
         let outcomes = applier.own.take().and_then(|(_, _, o)| o);
         if let Err(e) = &tail {
             tracing::warn!(error = %e, row_id, "metadata tail after commit failed");
@@ -654,14 +766,48 @@ async fn run_committer(
 }
 
 /// Reads other writers' rows while no proposal waits.
-async fn tail_idle(applier: &mut Applier, stopped: &OnceLock<MetaError>) {
-    if stopped.get().is_none()
-        && let Err(e) = applier.catch_up().await
-    {
-        tracing::warn!(error = %e, "metadata tail failed");
+async fn tail_idle(applier: &mut Applier, stopped: &OnceLock<MetaError>, health: &Health) {
+    if stopped.get().is_some() {
+        return;
+    }
+    let tail = applier.catch_up().await;
+    health.record(&tail, applier.clock.now_ms());
+    if let Err(e) = tail {
+        tracing::debug!(error = %e, "metadata tail failed");
         if is_corruption(&e) {
             stop(stopped, e);
         }
+    }
+}
+
+/// Round-trips to the store: every `poll_interval` while it answers, and while it does not
+/// after a capped, jittered backoff (never a tight loop, never giving up). A probe that hangs
+/// past `probe_timeout` is a failure (a connection that stopped answering).
+async fn run_prober(
+    store: Arc<dyn LogStore>,
+    health: Arc<Health>,
+    opts: MetaLogOptions,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let r = health.get();
+        let wait = if r.reachable {
+            opts.poll_interval
+        } else {
+            crate::backoff::retry_delay(opts.retry_min, opts.retry_max, r.consecutive_failures)
+        };
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let probe = match tokio::time::timeout(opts.probe_timeout, store.ping()).await {
+            Ok(r) => r,
+            Err(_) => Err(MetaError::Store {
+                op: "ping",
+                message: format!("no answer within {:?}", opts.probe_timeout),
+            }),
+        };
+        health.record(&probe, opts.clock.now_ms());
     }
 }
 

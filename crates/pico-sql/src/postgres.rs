@@ -143,11 +143,11 @@ pub struct PgStore {
 /// (with backoff while that fails) and also signalled: notifications sent meanwhile are gone,
 /// so the tailer must look for itself.
 async fn forward_notifications(mut listener: PgListener, appended: Arc<Notify>) {
-    let mut backoff = Duration::from_millis(50);
+    let mut failures = 0u64;
     loop {
         match listener.try_recv().await {
             Ok(Some(_)) => {
-                backoff = Duration::from_millis(50);
+                failures = 0;
                 appended.notify_one();
             }
             Ok(None) => {
@@ -155,9 +155,14 @@ async fn forward_notifications(mut listener: PgListener, appended: Arc<Notify>) 
                 appended.notify_one();
             }
             Err(e) => {
-                tracing::warn!(error = %e, ?backoff, "metadata notifications unavailable; polling");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
+                failures += 1;
+                let wait = crate::backoff::retry_delay(
+                    Duration::from_millis(50),
+                    MAX_LISTEN_BACKOFF,
+                    failures,
+                );
+                tracing::warn!(error = %e, ?wait, "metadata notifications unavailable; polling");
+                tokio::time::sleep(wait).await;
                 appended.notify_one();
             }
         }
@@ -684,6 +689,14 @@ impl LogStore for PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(MetaError::store("read lease"))
+    }
+
+    async fn ping(&self) -> Result<(), MetaError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(MetaError::store("ping"))?;
+        Ok(())
     }
 
     fn appended(&self) -> Option<Arc<Notify>> {

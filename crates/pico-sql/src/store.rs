@@ -94,5 +94,9 @@ pub trait LogStore: Send + Sync + 'static {
     fn appended(&self) -> Option<Arc<tokio::sync::Notify>> {
         None
     }
+    /// One cheap round-trip, for the reachability probe. A local store is always there.
+    async fn ping(&self) -> Result<(), MetaError> {
+        Ok(())
+    }
     async fn close(&self);
 }

@@ -10,10 +10,12 @@
 mod url;
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use s3stream::format::{self, FormatError};
 use s3stream::{Wal, WalError, WalRecord};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::Mutex;
@@ -22,6 +24,28 @@ pub use url::{ALLOW_UNSAFE, check_durability, split_allow_unsafe};
 
 /// Connections kept: appends are serialized, so one writes while another trims or recovers.
 const MAX_CONNECTIONS: u32 = 4;
+
+/// How long a WAL statement, and a whole append or trim transaction, may take.
+#[derive(Clone, Debug)]
+pub struct PgWalOptions {
+    /// Server-side `statement_timeout`, and the client-side bound on each append's or trim's
+    /// whole transaction: a hung Postgres (or a network that stopped answering) fails the
+    /// write retryably instead of holding every append behind it forever. A write that timed
+    /// out may still have landed; the engine's retry reuses its position, so it is replaced,
+    /// never duplicated.
+    pub statement_timeout: Duration,
+    /// Longest wait for a pooled connection (a new one while Postgres is unreachable).
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PgWalOptions {
+    fn default() -> Self {
+        PgWalOptions {
+            statement_timeout: Duration::from_secs(5),
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
+}
 
 /// Key of the advisory lock that serializes schema creation across processes.
 const SCHEMA_LOCK: i64 = 0x7069_636f_5f77_616c; // "pico_wal"
@@ -69,6 +93,8 @@ pub enum PgWalError {
     EpochRange(u64),
     #[error("postgres wal position {0} is out of range")]
     PositionRange(u64),
+    #[error("postgres wal: no answer within {0:?} (the write may or may not have landed)")]
+    Timeout(Duration),
     #[error("postgres wal: {0}")]
     Db(#[from] sqlx::Error),
 }
@@ -87,6 +113,7 @@ pub struct PgWal {
     pool: PgPool,
     node_id: u32,
     epoch: i64,
+    opts: PgWalOptions,
     /// Next position to write. Held across each append's transaction: appends are serialized,
     /// so positions are assigned, committed and acknowledged in order.
     next: Mutex<i64>,
@@ -97,12 +124,28 @@ impl PgWal {
     /// says `allowUnsafe=true`), and registers `node_epoch` for `node_id`: from then on an
     /// older incarnation's appends fail. Refuses if a higher epoch is already registered.
     pub async fn open(url: &str, node_id: u32, node_epoch: u64) -> Result<PgWal, PgWalError> {
+        PgWal::open_with(url, node_id, node_epoch, PgWalOptions::default()).await
+    }
+
+    /// [`PgWal::open`] with explicit timeouts.
+    pub async fn open_with(
+        url: &str,
+        node_id: u32,
+        node_epoch: u64,
+        opts: PgWalOptions,
+    ) -> Result<PgWal, PgWalError> {
         let (url, allow_unsafe) = split_allow_unsafe(url)?;
         let epoch = i64::try_from(node_epoch).map_err(|_| PgWalError::EpochRange(node_epoch))?;
         let options = PgConnectOptions::from_str(&url)
-            .map_err(|e| PgWalError::Url(format!("`{}`: {e}", pico_common::uri::redact(&url))))?;
+            .map_err(|e| PgWalError::Url(format!("`{}`: {e}", pico_common::uri::redact(&url))))?
+            .options([(
+                "statement_timeout",
+                format!("{}ms", opts.statement_timeout.as_millis().max(1)),
+            )]);
+        // Connections that died with the server are replaced at the next acquire.
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(opts.acquire_timeout)
             .connect_with(options)
             .await?;
         Self::check_server(&pool, allow_unsafe).await?;
@@ -155,6 +198,7 @@ impl PgWal {
             pool,
             node_id,
             epoch,
+            opts,
             next: Mutex::new(last + 1),
         })
     }
@@ -193,8 +237,44 @@ impl PgWal {
         }
     }
 
+    /// A pooled connection, within `statement_timeout` (the pool tests an idle one first, so
+    /// a server that stopped answering times out here).
+    async fn acquire(&self) -> Result<PoolConnection<Postgres>, PgWalError> {
+        let limit = self.opts.statement_timeout;
+        match tokio::time::timeout(limit, self.pool.acquire()).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(sqlx::Error::PoolTimedOut)) => {
+                Err(PgWalError::Timeout(self.opts.acquire_timeout.min(limit)))
+            }
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(PgWalError::Timeout(limit)),
+        }
+    }
+
+    /// The error for a write that ran out of time. Its connection is in an unknown state (a
+    /// query half-sent, no answer): closed, never returned to the pool.
+    fn abandon(&self, conn: PoolConnection<Postgres>) -> PgWalError {
+        drop(conn.detach());
+        PgWalError::Timeout(self.opts.statement_timeout)
+    }
+
     async fn insert(&self, position: i64, payload: &[u8]) -> Result<(), PgWalError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.acquire().await?;
+        let write = self.insert_on(&mut conn, position, payload);
+        match tokio::time::timeout(self.opts.statement_timeout, write).await {
+            Ok(r) => r,
+            Err(_) => Err(self.abandon(conn)),
+        }
+    }
+
+    async fn insert_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        position: i64,
+        payload: &[u8],
+    ) -> Result<(), PgWalError> {
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
         self.fence(&mut tx).await?;
         // A retry after a failed commit reuses the position: if that commit did land, its row
         // is replaced by the same records, never kept at a second position.
@@ -214,7 +294,21 @@ impl PgWal {
     }
 
     async fn delete_upto(&self, upto: i64) -> Result<(), PgWalError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.acquire().await?;
+        let write = self.delete_upto_on(&mut conn, upto);
+        match tokio::time::timeout(self.opts.statement_timeout, write).await {
+            Ok(r) => r,
+            Err(_) => Err(self.abandon(conn)),
+        }
+    }
+
+    async fn delete_upto_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        upto: i64,
+    ) -> Result<(), PgWalError> {
+        use sqlx::Connection;
+        let mut tx = conn.begin().await?;
         self.fence(&mut tx).await?;
         sqlx::query("DELETE FROM pico_wal WHERE node_id = $1 AND position <= $2")
             .bind(self.node())

@@ -10,8 +10,8 @@
 //! - `engine`: `Engine` — append with group commit, log cache, uploader into stream-set and
 //!   stream objects committed through the host's `Catalog`, block cache, recovery.
 //! - `telemetry`: metric names and the timings recorded per WAL group and object put.
-//! - `testing`: `MemCatalog`, `FaultWal` and `SlowStorage` test doubles, also for the host's
-//!   tests.
+//! - `testing`: `MemCatalog`, `FaultWal`, `SlowStorage` and `FaultStorage` (errors, resets,
+//!   lost answers, latency on any backend) test doubles, also for the host's tests.
 //!
 //! Design and invariants: docs/design/engine.md.
 

@@ -1,6 +1,7 @@
 //! Test doubles shared with the host's tests: an in-memory `Catalog` with the fencing rules the
-//! host enforces, a `Wal` wrapper that counts writes and injects failures, and an object
-//! storage wrapper whose puts take time, overlap and fail on demand.
+//! host enforces, a `Wal` wrapper that counts writes and injects failures, an object
+//! storage wrapper whose puts take time, overlap and fail on demand (`SlowStorage`), and one
+//! that injects faults into every operation of any backend (`FaultStorage`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -405,5 +406,271 @@ impl ObjectStorage for SlowStorage {
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
         self.inner.list(prefix).await
+    }
+}
+
+/// An object-store operation, as [`FaultStorage`] schedules faults for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `put`, `put_parts` (and any other write a backend adds).
+    Put,
+    Get,
+    GetRange,
+    Delete,
+    List,
+}
+
+/// A fault [`FaultStorage`] injects into one operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The store answers with an error; nothing happened (S3's 500 / 503 SlowDown).
+    Error,
+    /// The connection is reset before the request reached the store; nothing happened.
+    Reset,
+    /// The operation ran on the store but its answer was lost on the way back (a put that
+    /// landed, answered by a timeout). Lists still run whole: S3 lists are strongly consistent,
+    /// so a list is never short of keys, only its answer can be lost.
+    LostAnswer,
+}
+
+/// A seeded random schedule: each operation in scope draws its latency and at most one fault.
+/// The same seed and the same order of operations give the same faults.
+#[derive(Clone, Debug)]
+pub struct FaultSchedule {
+    pub seed: u64,
+    /// Probability (0..=1) that an operation fails with [`Fault::Error`].
+    pub error: f64,
+    /// Probability that an operation fails with [`Fault::Reset`].
+    pub reset: f64,
+    /// Probability that an operation runs and its answer is lost ([`Fault::LostAnswer`]).
+    pub lost_answer: f64,
+    /// Each operation first waits a uniform random time up to this.
+    pub max_latency: std::time::Duration,
+}
+
+impl FaultSchedule {
+    /// No faults, no latency: a base to set a few fields on.
+    pub fn quiet(seed: u64) -> FaultSchedule {
+        FaultSchedule {
+            seed,
+            error: 0.0,
+            reset: 0.0,
+            lost_answer: 0.0,
+            max_latency: std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// splitmix64: a seeded, dependency-free generator (reproducible fault schedules).
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[derive(Default)]
+struct FaultPlan {
+    /// Faults for the next operations in scope, taken in order before the schedule is asked.
+    queued: std::collections::VecDeque<(Option<Op>, Fault)>,
+    schedule: Option<(FaultSchedule, Rng)>,
+    /// Added to every operation in scope.
+    latency: std::time::Duration,
+}
+
+/// Wraps any `ObjectStorage` and injects faults into the operations on keys under its scope:
+/// errors, connection resets, lost answers and latency, from a seeded [`FaultSchedule`] or by
+/// explicit switches ([`FaultStorage::fail_next`], [`FaultStorage::set_down`]). Every trait
+/// method goes through [`FaultStorage::run`], so a method added to the trait is one line here.
+pub struct FaultStorage {
+    inner: Arc<dyn ObjectStorage>,
+    /// Only keys starting with this are faulted ("" = all).
+    scope: String,
+    /// While set, every operation in scope fails with `Fault::Error`: a store that is down.
+    down: AtomicBool,
+    plan: Mutex<FaultPlan>,
+    ops: AtomicU64,
+    injected: AtomicU64,
+}
+
+impl FaultStorage {
+    pub fn new(inner: Arc<dyn ObjectStorage>) -> FaultStorage {
+        FaultStorage::scoped(inner, "")
+    }
+
+    /// Faults only keys starting with `scope` (e.g. the data objects, not the WAL).
+    pub fn scoped(inner: Arc<dyn ObjectStorage>, scope: &str) -> FaultStorage {
+        FaultStorage {
+            inner,
+            scope: scope.to_string(),
+            down: AtomicBool::new(false),
+            plan: Mutex::new(FaultPlan::default()),
+            ops: AtomicU64::new(0),
+            injected: AtomicU64::new(0),
+        }
+    }
+
+    /// The wrapped store (to check what really landed).
+    pub fn inner(&self) -> &Arc<dyn ObjectStorage> {
+        &self.inner
+    }
+
+    fn plan(&self) -> MutexGuard<'_, FaultPlan> {
+        self.plan.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Draws faults from `schedule` from now on (replacing any earlier one).
+    pub fn set_schedule(&self, schedule: FaultSchedule) {
+        let rng = Rng(schedule.seed);
+        self.plan().schedule = Some((schedule, rng));
+    }
+
+    /// Stops the random schedule (queued faults and `down` stay).
+    pub fn clear_schedule(&self) {
+        self.plan().schedule = None;
+    }
+
+    /// The next operation in scope (of kind `op`, or any kind with `None`) gets `fault`.
+    /// Queued faults are taken in order, one per operation.
+    pub fn fail_next(&self, op: Option<Op>, fault: Fault) {
+        self.plan().queued.push_back((op, fault));
+    }
+
+    /// A persistent fault: while `down`, every operation in scope fails, until set back.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Latency added to every operation in scope.
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        self.plan().latency = latency;
+    }
+
+    /// Lifts every fault: no schedule, nothing queued, not down, no latency.
+    pub fn heal(&self) {
+        self.set_down(false);
+        *self.plan() = FaultPlan::default();
+    }
+
+    /// Operations in scope so far (faulted or not).
+    pub fn op_count(&self) -> u64 {
+        self.ops.load(Ordering::SeqCst)
+    }
+
+    /// Faults injected so far.
+    pub fn injected_count(&self) -> u64 {
+        self.injected.load(Ordering::SeqCst)
+    }
+
+    /// The fault (if any) and latency for one operation.
+    fn decide(&self, op: Op) -> (Option<Fault>, std::time::Duration) {
+        self.ops.fetch_add(1, Ordering::SeqCst);
+        let mut plan = self.plan();
+        let mut latency = plan.latency;
+        let mut fault = None;
+        if self.down.load(Ordering::SeqCst) {
+            fault = Some(Fault::Error);
+        } else if let Some(i) = plan
+            .queued
+            .iter()
+            .position(|(o, _)| o.is_none_or(|o| o == op))
+        {
+            fault = plan.queued.remove(i).map(|(_, f)| f);
+        } else if let Some((s, rng)) = plan.schedule.as_mut() {
+            latency += s.max_latency.mul_f64(rng.unit());
+            let x = rng.unit();
+            fault = if x < s.error {
+                Some(Fault::Error)
+            } else if x < s.error + s.reset {
+                Some(Fault::Reset)
+            } else if x < s.error + s.reset + s.lost_answer {
+                Some(Fault::LostAnswer)
+            } else {
+                None
+            };
+        }
+        if fault.is_some() {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+        }
+        (fault, latency)
+    }
+
+    /// Runs one operation on `key` through the fault plan: `call` is the inner store's call.
+    pub async fn run<T, F>(&self, op: Op, key: &str, call: F) -> Result<T, StorageError>
+    where
+        F: std::future::Future<Output = Result<T, StorageError>>,
+    {
+        if !key.starts_with(&self.scope) {
+            return call.await;
+        }
+        let (fault, latency) = self.decide(op);
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        match fault {
+            None => call.await,
+            Some(Fault::Error) => Err(StorageError::Other(format!(
+                "injected fault: store error on {op:?} key=`{key}`"
+            ))),
+            Some(Fault::Reset) => Err(StorageError::Io {
+                key: key.to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "injected fault: connection reset",
+                ),
+            }),
+            Some(Fault::LostAnswer) => {
+                let landed = call.await;
+                Err(StorageError::Io {
+                    key: key.to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "injected fault: answer lost (the {op:?} {} on the store)",
+                            if landed.is_ok() { "ran" } else { "failed" }
+                        ),
+                    ),
+                })
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStorage for FaultStorage {
+    async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+        self.run(Op::Put, key, self.inner.put(key, data)).await
+    }
+
+    async fn put_parts(&self, key: &str, parts: Parts) -> Result<(), StorageError> {
+        self.run(Op::Put, key, self.inner.put_parts(key, parts))
+            .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+        self.run(Op::Get, key, self.inner.get(key)).await
+    }
+
+    async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
+        self.run(Op::GetRange, key, self.inner.get_range(key, start, len))
+            .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        self.run(Op::Delete, key, self.inner.delete(key)).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        self.run(Op::List, prefix, self.inner.list(prefix)).await
     }
 }

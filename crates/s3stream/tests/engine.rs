@@ -1382,7 +1382,7 @@ async fn a_fenced_wal_write_fails_without_retries() {
     let p = engine.append(req(1, 1, 1, payload(1, 2))).await.unwrap();
     let err = p.durable().await.unwrap_err();
     assert!(
-        matches!(&err, EngineError::Durability(m) if m.contains("fenced")),
+        matches!(&err, EngineError::WalFenced(m) if m.contains("newer epoch")),
         "{err}"
     );
     assert_eq!(

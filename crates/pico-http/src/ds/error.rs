@@ -55,7 +55,8 @@ impl DsError {
             ErrorKind::MatchFailed => StatusCode::CONFLICT,
             k => status_of(k),
         };
-        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+        // The client's message hides these details: the log keeps them.
+        if matches!(kind, ErrorKind::Internal | ErrorKind::Durability) {
             tracing::error!(error = %e, "durable streams request failed");
         }
         DsError {

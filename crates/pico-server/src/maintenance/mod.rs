@@ -100,17 +100,18 @@ where
     }
 }
 
+/// Runs `pass` at once, then `every` after each pass ends, on the node's clock (a test moving a
+/// manual clock drives the loops; new loops use this or `Clock::sleep` too).
 fn spawn_loop<F, Fut>(node: Node, every: Duration, pass: F) -> tokio::task::JoinHandle<()>
 where
     F: Fn(Node) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
+    let clock = node.inner.config.clock.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
             pass(node.clone()).await;
+            clock.sleep(every).await;
         }
     })
 }

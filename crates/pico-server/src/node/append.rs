@@ -324,7 +324,10 @@ impl Node {
             Some(p) => {
                 if let Err(e) = p.durable().await {
                     self.break_open(&open).await;
-                    return Err(AppendError::Durability(e.to_string()));
+                    return Err(match e {
+                        s3stream::EngineError::WalFenced(m) => AppendError::Superseded(m),
+                        e => AppendError::Durability(e.to_string()),
+                    });
                 }
             }
             None => self.wait_durable(&open, next).await?,

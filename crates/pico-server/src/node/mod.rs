@@ -257,12 +257,23 @@ impl Node {
             .inner
             .heartbeat
             .fresh(cfg.clock.now_ms(), cfg.liveness_timeout);
+        let reach = self.inner.meta.reachability();
+        let metadata_unreachable = (!reach.reachable).then(|| {
+            reach
+                .last_error
+                .unwrap_or_else(|| "metadata store unreachable".into())
+        });
         ReadyInfo {
-            ready: serving && registered && live && metadata_stopped.is_none(),
+            ready: serving
+                && registered
+                && live
+                && metadata_stopped.is_none()
+                && metadata_unreachable.is_none(),
             serving,
             registered,
             live,
             metadata_stopped,
+            metadata_unreachable,
             applied_index: self.inner.meta.applied_index(),
             node_id: self.inner.config.node_id,
             node_epoch: self.inner.config.node_epoch,

@@ -155,6 +155,12 @@ impl Node {
                 Some(_) => {}
             }
         }
+        // The store failing (an outage, a reset, a timeout) is retryable; what it returned
+        // being wrong (a corrupt object) is not.
+        if matches!(e, EngineError::Storage(_)) {
+            tracing::warn!(error = %e, stream_id, offset, "read failed: object storage unavailable");
+            return ReadError::Unavailable("object storage unavailable: retry".into());
+        }
         ReadError::Internal(e.to_string())
     }
 

@@ -787,16 +787,19 @@ async fn run_events(mgr: Weak<Manager>, mut rx: broadcast::Receiver<StreamEvent>
     }
 }
 
-/// Checks leases and retry schedules every [`TICK`].
+/// Checks leases and retry schedules every [`TICK`] of the manager's clock (a test moving a
+/// manual clock drives it).
 async fn run_timers(mgr: Weak<Manager>) {
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let Some(clock) = mgr.upgrade().map(|m| m.clock.clone()) else {
+        return;
+    };
     loop {
-        tick.tick().await;
         let Some(m) = mgr.upgrade() else {
             return;
         };
         m.on_tick().await;
+        drop(m);
+        clock.sleep(TICK).await;
     }
 }
 
@@ -804,6 +807,7 @@ async fn run_timers(mgr: Weak<Manager>) {
 mod tests {
     use super::*;
     use crate::subscriptions::links::PRUNE_BATCH;
+    use pico_common::clock::Clock;
 
     const ROOT: &str = "http://127.0.0.1:4437/v1/stream/__ds";
 
@@ -1040,30 +1044,89 @@ mod tests {
         }
     }
 
-    /// The retry schedule runs on the manager's clock: a failed delivery is not sent again
-    /// however often the timer ticks until the clock passes its backoff, then exactly once.
+    /// Waits (bounded) for work on other tasks: a delivery's outcome, a timer pass.
+    async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+        for _ in 0..2_000 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("never happened: {what}");
+    }
+
+    /// Moves the manager's clock by `by` once its timer is asleep on it, and waits for the
+    /// timer pass that move wakes to finish (the timer is asleep again).
+    async fn tick(mgr: &Manager, clock: &pico_common::clock::ManualClock, by: Duration) {
+        eventually("the timer sleeps on the clock", || clock.sleepers() == 1).await;
+        let before = mgr.ticks.load(Ordering::Relaxed);
+        clock.advance(by);
+        eventually("a timer pass", || {
+            mgr.ticks.load(Ordering::Relaxed) > before && clock.sleepers() == 1
+        })
+        .await;
+    }
+
+    /// Timer passes a tick apart, the last one with the clock at `at` (at least a tick ahead).
+    async fn passes_until(mgr: &Manager, clock: &pico_common::clock::ManualClock, at: i64) {
+        let tick_ms = TICK.as_millis() as i64;
+        assert!(at - clock.now_ms() >= tick_ms);
+        while clock.now_ms() + 2 * tick_ms <= at {
+            tick(mgr, clock, TICK).await;
+        }
+        // At least a tick: the timer sleeps a tick from its last pass.
+        tick(
+            mgr,
+            clock,
+            Duration::from_millis((at - clock.now_ms()) as u64),
+        )
+        .await;
+        assert_eq!(clock.now_ms(), at);
+    }
+
+    fn webhook_manager(
+        node: crate::Node,
+        answers: Vec<Delivered>,
+    ) -> (
+        Arc<Manager>,
+        Arc<pico_common::clock::ManualClock>,
+        tokio::sync::mpsc::UnboundedReceiver<Value>,
+    ) {
+        let clock = pico_common::clock::ManualClock::new(1_000_000);
+        let (bodies, sent) = tokio::sync::mpsc::unbounded_channel();
+        let sender = Arc::new(Scripted {
+            answers: std::sync::Mutex::new(answers),
+            bodies,
+        });
+        (
+            Arc::new(Manager::with(node, clock.clone(), sender)),
+            clock,
+            sent,
+        )
+    }
+
+    /// The retry schedule runs on the manager's clock, and so does its timer: a failed
+    /// delivery is not sent again however many timer passes the clock's moves wake until the
+    /// clock passes its backoff, then exactly once. No real time needs to pass.
     #[tokio::test]
     async fn a_failed_delivery_is_retried_once_the_clock_passes_its_backoff() {
         let node = crate::testing::start_test_node().await;
-        let clock = pico_common::clock::ManualClock::new(1_000_000);
-        let (bodies, mut sent) = tokio::sync::mpsc::unbounded_channel();
-        let sender = Arc::new(Scripted {
-            answers: std::sync::Mutex::new(vec![
+        let (mgr, clock, mut sent) = webhook_manager(
+            node,
+            vec![
                 Delivered::Failed("refused".into()),
                 Delivered::Accepted { done: false },
-            ]),
-            bodies,
-        });
-        let mgr = Arc::new(Manager::with(node, clock.clone(), sender));
+            ],
+        );
         let config = Config::parse(
             &json!({"type": "webhook", "pattern": "r/*", "webhook": {"url": "http://127.0.0.1:9/hook"}}),
             true,
         )
         .unwrap();
         assert!(mgr.upsert("r", config, ROOT).await.is_ok());
+        // The event follower and the timer run as in the server.
+        mgr.ensure_background();
         create_stream(&mgr, "r/1").await;
-        // No background tasks: the test plays the event follower and the timer.
-        mgr.rescan().await;
         let first = sent.recv().await.unwrap();
         assert_eq!(first["generation"], 1);
         let failed = || {
@@ -1073,28 +1136,67 @@ mod tests {
                 .then_some(sub.rec.next_attempt_at_ms)
                 .flatten()
         };
-        let mut due = None;
-        // Wait for the outcome to be recorded (the delivery runs on its own task).
-        for _ in 0..1_000 {
-            due = failed();
-            if due.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let due = due.expect("the failure is recorded");
+        eventually("the failure is recorded", || failed().is_some()).await;
+        let due = failed().unwrap();
         assert!((1_000_800..=1_001_200).contains(&due), "1 s ± 20 %: {due}");
-        for _ in 0..5 {
-            mgr.on_tick().await;
-        }
+        // Timer passes up to 1 ms before the backoff ends, however many: no retry.
+        passes_until(&mgr, &clock, due - 1).await;
         assert!(
             mgr.lock()["r"].delivering.is_none(),
             "no retry before the clock"
         );
         assert!(sent.try_recv().is_err());
-        clock.set(due);
-        mgr.on_tick().await;
+        // The next pass, past it, retries the same wake.
+        clock.advance(TICK);
         let second = sent.recv().await.unwrap();
         assert_eq!(second["wake_id"], first["wake_id"], "the same wake again");
+    }
+
+    /// A webhook's lease runs on the manager's clock: while the clock stands short of it the
+    /// wake stays out, however many timer passes run; the pass after it re-issues the wake at
+    /// the next generation.
+    #[tokio::test]
+    async fn a_lease_expires_on_the_clock_and_the_wake_is_reissued() {
+        let node = crate::testing::start_test_node().await;
+        let (mgr, clock, mut sent) =
+            webhook_manager(node, vec![Delivered::Accepted { done: false }]);
+        let config = Config::parse(
+            &json!({"type": "webhook", "pattern": "l/*", "lease_ttl_ms": 1000,
+                "webhook": {"url": "http://127.0.0.1:9/hook"}}),
+            true,
+        )
+        .unwrap();
+        assert!(mgr.upsert("l", config, ROOT).await.is_ok());
+        mgr.ensure_background();
+        create_stream(&mgr, "l/1").await;
+        let first = sent.recv().await.unwrap();
+        assert_eq!(first["generation"], 1);
+        eventually("the delivery is recorded", || {
+            let subs = mgr.lock();
+            let sub = &subs["l"];
+            sub.delivering.is_none()
+                && sub
+                    .rec
+                    .wake
+                    .as_ref()
+                    .is_some_and(|w| w.lease_expires_ms.is_some())
+        })
+        .await;
+        let expires = mgr.lock()["l"]
+            .rec
+            .wake
+            .as_ref()
+            .and_then(|w| w.lease_expires_ms)
+            .unwrap();
+        passes_until(&mgr, &clock, expires - 1).await;
+        assert!(
+            sent.try_recv().is_err(),
+            "re-issued before the lease ran out"
+        );
+        assert_eq!(mgr.lock()["l"].rec.generation, 1);
+        clock.advance(TICK);
+        let second = sent.recv().await.unwrap();
+        assert_eq!(second["generation"], 2);
+        assert_ne!(second["wake_id"], first["wake_id"]);
     }
 }

@@ -31,5 +31,5 @@ pub mod webhook_url;
 
 pub use delivery::{Delivered, HttpSender, WebhookSender};
 pub use error::SubError;
-pub use manager::{Manager, Upserted};
+pub use manager::{Manager, TICK, Upserted};
 pub use wake::{AckItem, WakeRequest};

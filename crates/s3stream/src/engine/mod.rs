@@ -241,6 +241,10 @@ pub enum EngineError {
     InvalidRequest(String),
     #[error("wal write failed, append not durable: {0}")]
     Durability(String),
+    /// A newer incarnation of this node registered a higher epoch on the WAL: this process is
+    /// superseded, nothing was written, and no retry here can succeed.
+    #[error("wal fenced, append not written (a newer incarnation owns the wal): {0}")]
+    WalFenced(String),
     #[error("upload failed: {0}")]
     Upload(String),
     #[error("storage: {0}")]

@@ -81,7 +81,7 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
         fail_items(
             shared,
             doomed,
-            "an earlier write of this stream failed".into(),
+            &EngineError::Durability("an earlier write of this stream failed".into()),
         );
     }
 
@@ -91,7 +91,7 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
         t.group_appends.record(items.len() as f64);
         t.group_bytes
             .record(items.iter().map(item_bytes).sum::<usize>() as f64);
-        let mut result = Err(String::new());
+        let mut result = Err(EngineError::Durability(String::new()));
         for attempt in 0..WAL_ATTEMPTS {
             let started = std::time::Instant::now();
             match shared.wal.append(records.clone()).await {
@@ -106,12 +106,12 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
                         .wal_write_failures
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(attempt, error = %e, "wal write failed");
-                    let fenced = matches!(e, WalError::Fenced(_));
-                    result = Err(e.to_string());
                     // A newer incarnation owns the WAL: no retry can succeed.
-                    if fenced {
+                    if let WalError::Fenced(m) = e {
+                        result = Err(EngineError::WalFenced(m));
                         break;
                     }
+                    result = Err(EngineError::Durability(e.to_string()));
                     if attempt + 1 < WAL_ATTEMPTS {
                         tokio::time::sleep(WAL_BACKOFF * 4u32.pow(attempt)).await;
                     }
@@ -125,7 +125,7 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
             }
             Err(e) => {
                 tracing::error!(error = %e, appends = items.len(), "wal write failed, failing appends");
-                fail_items(shared, items, e);
+                fail_items(shared, items, &e);
             }
         }
     }
@@ -217,7 +217,8 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
     }
 }
 
-fn fail_items(shared: &Shared, items: Vec<WriteItem>, error: String) {
+/// Fails `items` with `error` (a `Durability` or `WalFenced`).
+fn fail_items(shared: &Shared, items: Vec<WriteItem>, error: &EngineError) {
     let mut cost = 0u64;
     {
         let mut st = shared.state();
@@ -233,6 +234,11 @@ fn fail_items(shared: &Shared, items: Vec<WriteItem>, error: String) {
     }
     shared.release_space(cost);
     for item in items {
-        let _ = item.ack.send(Err(EngineError::Durability(error.clone())));
+        let e = match error {
+            EngineError::WalFenced(m) => EngineError::WalFenced(m.clone()),
+            EngineError::Durability(m) => EngineError::Durability(m.clone()),
+            other => EngineError::Durability(other.to_string()),
+        };
+        let _ = item.ack.send(Err(e));
     }
 }

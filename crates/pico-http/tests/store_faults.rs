@@ -1,0 +1,151 @@
+//! A node whose object store fails (`FaultStorage`) or whose WAL was taken over (`FaultWal`
+//! fenced), through the Pico protocol router: appends answer 503 with `Retry-After` while the
+//! store is down, never a false 200; once it heals, appends succeed again without a restart,
+//! and every acknowledged record reads back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request};
+use pico_http::{HttpOptions, protocol_router};
+use pico_server::{Node, NodeConfig};
+use pico_sql::{MetaLog, MetaLogOptions};
+use s3stream::testing::{FaultStorage, FaultWal};
+use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal, Wal};
+use serde_json::Value;
+use tower::ServiceExt;
+
+struct Resp {
+    status: u16,
+    retry_after: Option<String>,
+    body: Value,
+}
+
+async fn send(app: &Router, method: Method, uri: &str, body: &'static str) -> Resp {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "text/plain")
+        .body(Body::from(body))
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(30), app.clone().oneshot(req))
+        .await
+        .expect("the node answered within 30 s")
+        .unwrap();
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    Resp {
+        status,
+        retry_after,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    }
+}
+
+async fn node_on(data: Arc<dyn ObjectStorage>, wal: Arc<dyn Wal>) -> (Router, Node) {
+    node_with(data, wal, EngineConfig::default()).await
+}
+
+async fn node_with(
+    data: Arc<dyn ObjectStorage>,
+    wal: Arc<dyn Wal>,
+    engine: EngineConfig,
+) -> (Router, Node) {
+    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+        .await
+        .unwrap();
+    let config = NodeConfig {
+        node_epoch: 1,
+        long_poll_timeout: Duration::from_millis(200),
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config, meta, data, wal, engine).await.unwrap();
+    (protocol_router(node.clone(), HttpOptions::default()), node)
+}
+
+fn bodies(read: &Value) -> Vec<String> {
+    read.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["body"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_down_store_answers_503_with_retry_after_and_the_node_recovers_by_itself() {
+    let store = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
+    let wal = Arc::new(ObjectWal::new(store.clone(), "wal".into()));
+    let (app, node) = node_on(store.clone(), wal).await;
+    assert_eq!(send(&app, Method::PUT, "/s", "").await.status, 201);
+    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+
+    store.set_down(true);
+    for _ in 0..3 {
+        let r = send(&app, Method::POST, "/s", "lost").await;
+        assert_eq!(r.status, 503, "{:?}", r.body);
+        assert_eq!(r.retry_after.as_deref(), Some("1"));
+        assert_eq!(r.body["error"], "unavailable", "{:?}", r.body);
+    }
+
+    store.set_down(false);
+    // The next append reopens the stream (flush, new epoch) and succeeds: no restart.
+    let r = send(&app, Method::POST, "/s", "two").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let r = send(&app, Method::GET, "/s", "").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(bodies(&r.body), ["one", "two"]);
+    assert!(store.injected_count() >= 3);
+    node.shutdown().await;
+}
+
+#[tokio::test]
+async fn reads_of_uploaded_data_answer_503_while_the_store_is_down() {
+    let store = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
+    let wal = Arc::new(ObjectWal::new(store.clone(), "wal".into()));
+    // No caches: once uploaded, a read must go to the store.
+    let cfg = EngineConfig {
+        log_cache_bytes: 0,
+        block_cache_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let (app, node) = node_with(store.clone(), wal, cfg).await;
+    send(&app, Method::PUT, "/s", "").await;
+    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+    node.engine().flush().await.unwrap();
+    store.set_down(true);
+    let r = send(&app, Method::GET, "/s", "").await;
+    assert_eq!(r.status, 503, "{:?}", r.body);
+    assert_eq!(r.retry_after.as_deref(), Some("1"));
+    store.set_down(false);
+    let r = send(&app, Method::GET, "/s", "").await;
+    assert_eq!(bodies(&r.body), ["one"]);
+    node.shutdown().await;
+}
+
+/// A fenced WAL write (a newer incarnation of this node took the WAL over) is a 503 that says
+/// the node lost ownership, not a 500 "durability unknown".
+#[tokio::test]
+async fn a_superseded_node_answers_503_saying_so() {
+    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    let wal = Arc::new(FaultWal::new(Arc::new(ObjectWal::new(
+        data.clone(),
+        "wal".into(),
+    ))));
+    let (app, node) = node_on(data, wal.clone()).await;
+    send(&app, Method::PUT, "/s", "").await;
+    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+    wal.fence(true);
+    let r = send(&app, Method::POST, "/s", "two").await;
+    assert_eq!(r.status, 503, "{:?}", r.body);
+    assert_eq!(r.retry_after.as_deref(), Some("1"));
+    let msg = r.body["message"].as_str().unwrap();
+    assert!(msg.contains("lost ownership"), "{msg}");
+    node.shutdown().await;
+}

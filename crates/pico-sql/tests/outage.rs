@@ -1,0 +1,153 @@
+//! The Postgres metadata log through a lost connection: a TCP proxy in front of the real
+//! server is cut (a restarted server) or hung (a server that stopped answering), then resumed.
+//! Proposals fail retryably meanwhile (never a crash, never a false success), reachability
+//! turns false, and the log resumes by itself once Postgres is back.
+
+mod common;
+#[path = "common/proxy.rs"]
+mod proxy;
+
+use pico_common::ErrorKind;
+use pico_metadata::{Command, StreamConfig};
+use pico_sql::{MetaLog, MetaLogOptions};
+use proxy::PgProxy;
+use std::time::Duration;
+
+fn create(name: &str) -> Command {
+    Command::CreateStream {
+        name: name.into(),
+        config: StreamConfig {
+            content_type: "text/plain".into(),
+            ttl_secs: None,
+            expires_at_ms: None,
+        },
+        closed: false,
+        initial: Default::default(),
+        now_ms: 1,
+    }
+}
+
+/// Quick probes and backoff, so an outage shows (and heals) in well under a second.
+fn opts() -> MetaLogOptions {
+    MetaLogOptions {
+        poll_interval: Duration::from_millis(50),
+        retry_min: Duration::from_millis(10),
+        retry_max: Duration::from_millis(100),
+        probe_timeout: Duration::from_millis(300),
+        ..MetaLogOptions::default()
+    }
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Proposes until one is accepted (bounded): what a client retrying a 503 does.
+async fn propose_until_ok(log: &MetaLog, name: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match log.propose(create(name)).await {
+            // Applied, or already there from an attempt whose answer was lost.
+            Ok(_) => {
+                assert!(
+                    log.view().registry.get(name).is_some(),
+                    "{name} not applied"
+                );
+                return;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Unavailable(None), "{e}");
+                assert!(tokio::time::Instant::now() < deadline, "never resumed: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_fails_proposals_retryably_and_the_log_resumes() {
+    let Some(db) = common::Db::postgres().await else {
+        return;
+    };
+    let proxy = PgProxy::start(&db.url).await;
+    let log = MetaLog::open(&proxy.url(&db.url), opts()).await.unwrap();
+    log.propose(create("before")).await.unwrap().unwrap();
+    assert!(log.reachability().reachable);
+
+    proxy.cut();
+    wait_until("unreachable after the cut", || {
+        !log.reachability().reachable
+    })
+    .await;
+    let r = log.reachability();
+    assert!(
+        r.consecutive_failures >= 1 && r.last_error.is_some(),
+        "{r:?}"
+    );
+    // A proposal while Postgres is away fails with a retryable error: never a success it
+    // could not have had, never a stop of the log.
+    let err = log.propose(create("during")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable(None), "{err}");
+    assert!(log.health().is_ok(), "an outage must not stop the log");
+
+    proxy.resume();
+    wait_until("reachable after the resume", || {
+        log.reachability().reachable
+    })
+    .await;
+    propose_until_ok(&log, "after").await;
+    let view = log.view();
+    assert!(view.registry.get("before").is_some());
+    assert!(view.registry.get("after").is_some());
+    assert!(
+        view.registry.get("during").is_none(),
+        "a failed proposal applied"
+    );
+    log.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_server_turns_unreachable_and_a_stalled_proposal_finishes_after() {
+    let Some(db) = common::Db::postgres().await else {
+        return;
+    };
+    let proxy = PgProxy::start(&db.url).await;
+    let log = MetaLog::open(&proxy.url(&db.url), opts()).await.unwrap();
+    log.propose(create("before")).await.unwrap().unwrap();
+
+    proxy.hang();
+    wait_until("unreachable while hung", || !log.reachability().reachable).await;
+    // A proposal now stalls (its connection does not answer) rather than failing outright.
+    let stalled = tokio::spawn({
+        let log = log.clone();
+        async move { log.propose(create("stalled")).await }
+    });
+    proxy.resume();
+    wait_until("reachable after the resume", || {
+        log.reachability().reachable
+    })
+    .await;
+    let done = tokio::time::timeout(Duration::from_secs(20), stalled)
+        .await
+        .expect("the stalled proposal finished after the resume")
+        .unwrap();
+    match done {
+        Ok(r) => {
+            r.unwrap();
+            assert!(log.view().registry.get("stalled").is_some());
+        }
+        // Failed on a dropped connection: retryable, and the retry applies.
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Unavailable(None), "{e}");
+            propose_until_ok(&log, "stalled").await;
+        }
+    }
+    propose_until_ok(&log, "after").await;
+    assert!(log.view().registry.get("before").is_some());
+    log.close().await;
+}
