@@ -36,6 +36,13 @@ impl LeaseState {
         now_ms < self.held_until_ms.load(Ordering::Relaxed)
     }
 
+    /// This process held the lease at its last take or renewal, and that deadline has passed
+    /// without a renewal (a slow pass, or the clock jumped ahead).
+    pub(crate) fn overdue(&self, now_ms: i64) -> bool {
+        let until = self.held_until_ms.load(Ordering::Relaxed);
+        until != i64::MIN && now_ms >= until
+    }
+
     fn set(&self, until_ms: i64) {
         self.held_until_ms.store(until_ms, Ordering::Relaxed);
     }

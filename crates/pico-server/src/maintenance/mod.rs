@@ -95,6 +95,11 @@ where
     F: FnOnce(Node) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    // A holder whose deadline passed before its renewal came round (the clock jumped past
+    // it) renews here rather than skip the pass; a node that did not hold it asks nothing.
+    if node.inner.lease.overdue(node.now_ms()) {
+        lease_pass(node.clone()).await;
+    }
     if node.holds_maintenance_lease() {
         pass(node).await;
     }
