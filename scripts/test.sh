@@ -8,6 +8,11 @@
 # the Postgres on 127.0.0.1:5432). Needs cargo, node, npm, python3 and those registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# An S3 server (moto) for the object-storage tests, unless one is named already.
+if [[ -z ${PICO_TEST_S3_ENDPOINT:-} ]]; then
+  source scripts/lib/moto.sh
+  start_moto
+fi
 cargo test --workspace --all-targets
 cargo build -p pico-cli --bins --examples
 SUBSCRIPTIONS=1 bash scripts/ds-conformance.sh

@@ -72,3 +72,49 @@ async fn redirects_to_owner_unless_local_routing() {
         StatusCode::OK
     );
 }
+
+/// A closed stream whose records are all committed lives wholly in the object store: any node
+/// serves it, even while another node owns it. Reads of every kind of an open stream owned
+/// elsewhere (long-poll, SSE) are redirected like the rest.
+#[tokio::test]
+async fn closed_committed_streams_are_served_anywhere_and_live_reads_are_redirected() {
+    let node = start_test_node().await;
+    let app = protocol_router(node.clone(), HttpOptions::default());
+    for name in ["/sealed", "/open"] {
+        assert_eq!(send(&app, "PUT", name).await.status(), StatusCode::CREATED);
+    }
+    let close = Request::builder()
+        .method("POST")
+        .uri("/sealed")
+        .header("pico-closed", "true")
+        .body(Body::empty())
+        .unwrap();
+    let r = app.clone().oneshot(close).await.unwrap();
+    assert!(r.status().is_success(), "close: {}", r.status());
+    open_on_other_node(&node, "sealed").await;
+    open_on_other_node(&node, "open").await;
+    assert_eq!(
+        send(&app, "GET", "/sealed?seq=0").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, "GET", "/v1/stream/sealed?offset=-1")
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    for uri in [
+        "/open?seq=0&live=long-poll",
+        "/open?seq=0&live=sse",
+        "/v1/stream/open?offset=-1&live=long-poll",
+        "/v1/stream/open?offset=-1&live=sse",
+    ] {
+        let r = send(&app, "GET", uri).await;
+        assert_eq!(r.status(), StatusCode::TEMPORARY_REDIRECT, "{uri}");
+        assert_eq!(
+            r.headers()["location"],
+            format!("http://10.0.0.2:4437{uri}").as_str(),
+            "{uri}"
+        );
+    }
+}

@@ -237,8 +237,7 @@ fn append_error_code(e: &AppendError) -> ResponseError {
         AppendError::Durability(_) | AppendError::Unavailable(_) => {
             ResponseError::KafkaStorageError
         }
-        // Another incarnation owns the WAL now: nothing was written; the client refreshes
-        // its metadata and retries against whoever leads.
+        // This process lost its WAL to a newer incarnation: the client re-routes and retries.
         AppendError::Superseded(_) => ResponseError::NotLeaderOrFollower,
         AppendError::Internal(_) => ResponseError::UnknownServerError,
     }

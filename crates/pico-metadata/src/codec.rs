@@ -85,6 +85,7 @@ pub fn encode_state(s: &State) -> Vec<u8> {
         w.u64(n.epoch);
         w.str(&n.address);
         w.i64(n.registered_at_ms);
+        w.i64(n.last_heartbeat_ms);
     }
     w.len(s.streams.len());
     for m in s.streams.values() {
@@ -140,12 +141,13 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
     let mut s = State::new();
     s.applied_index = r.u64("applied_index")?;
     s.next_stream_id = r.u64("next_stream_id")?;
-    for _ in 0..r.count("nodes", 4 + 8 + 4 + 8)? {
+    for _ in 0..r.count("nodes", 4 + 8 + 4 + 8 + 8)? {
         let n = NodeInfo {
             node_id: r.u32("node_id")?,
             epoch: r.u64("node epoch")?,
             address: r.str("address")?,
             registered_at_ms: r.i64("registered_at_ms")?,
+            last_heartbeat_ms: r.i64("last_heartbeat_ms")?,
         };
         s.nodes.insert(n.node_id, n);
     }
@@ -494,6 +496,17 @@ impl Writer {
                 self.str(key);
                 self.bytes(value);
             }
+            // Tags are sparse: 20 and up are the cluster's (liveness, fencing).
+            Command::Heartbeat {
+                node_id,
+                node_epoch,
+                now_ms,
+            } => {
+                self.u8(20);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.i64(*now_ms);
+            }
         }
     }
 }
@@ -788,6 +801,11 @@ impl<'a> Reader<'a> {
             },
             12 => Command::KvDelete {
                 key: self.str("key")?,
+            },
+            20 => Command::Heartbeat {
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+                now_ms: self.i64("now_ms")?,
             },
             14 => Command::KvInit {
                 key: self.str("key")?,

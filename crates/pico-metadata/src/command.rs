@@ -85,6 +85,13 @@ pub enum Command {
         address: String,
         now_ms: i64,
     },
+    /// Liveness: the node process at `node_epoch` is alive at its clock's `now_ms`. Requires
+    /// `node_epoch` current, so a fenced or replaced process learns it from the rejection.
+    Heartbeat {
+        node_id: u32,
+        node_epoch: u64,
+        now_ms: i64,
+    },
     /// Allocates an internal stream AND stores the registry entry, atomically (one command: no
     /// orphan ids). Idempotent: same name + same config (+ same closed status, counting the
     /// close `initial` asks for) -> existing; different -> Conflict. `closed` creates it closed
@@ -200,6 +207,7 @@ impl Command {
             Command::KvPut { .. } => "kv_put",
             Command::KvDelete { .. } => "kv_delete",
             Command::KvInit { .. } => "kv_init",
+            Command::Heartbeat { .. } => "heartbeat",
         }
     }
 }
@@ -208,6 +216,8 @@ impl Command {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     NodeRegistered,
+    /// A heartbeat was recorded.
+    HeartbeatRecorded,
     /// `created == false`: the stream existed with the same config.
     Created {
         stream_id: u64,

@@ -150,6 +150,36 @@ fn register_node_requires_higher_epoch() {
 }
 
 #[test]
+fn heartbeats_need_the_current_epoch_and_never_go_back() {
+    let mut s = State::new();
+    let beat = |node_epoch, now_ms| Command::Heartbeat {
+        node_id: 1,
+        node_epoch,
+        now_ms,
+    };
+    assert_eq!(
+        err(&mut s, beat(1, 5)),
+        ApplyError::UnknownNode { node_id: 1 }
+    );
+    register(&mut s, 1, 3);
+    assert_eq!(ok(&mut s, beat(3, 500)), Outcome::HeartbeatRecorded);
+    assert_eq!(s.node(1).unwrap().last_heartbeat_ms, 500);
+    // A heartbeat that arrives behind a newer one keeps the newer time.
+    ok(&mut s, beat(3, 400));
+    assert_eq!(s.node(1).unwrap().last_heartbeat_ms, 500);
+    // The process of an older epoch is told it was replaced.
+    register(&mut s, 1, 4);
+    assert_eq!(
+        err(&mut s, beat(3, 900)),
+        ApplyError::StaleNodeEpoch {
+            node_id: 1,
+            given: 3,
+            current: 4
+        }
+    );
+}
+
+#[test]
 fn create_is_idempotent_and_detects_conflicts() {
     let mut s = State::new();
     let id = create(&mut s, "a");

@@ -292,7 +292,7 @@ pub async fn run(
         .node_epoch
         .unwrap_or_else(|| next_node_epoch(&meta, config.node_id, now_ms()));
     check_cluster_id(&meta, &config.cluster_id).await?;
-    let data = stores::object_storage(&config.storage)?;
+    let data = stores::object_storage(&config.storage).await?;
     let wal = stores::wal(&wal_uri, config.node_id, node_epoch).await?;
     let mut engine = stores::engine_config(&wal_uri)?;
     engine.log_cache_bytes = config.wal_cache_size;

@@ -4,15 +4,17 @@ use crate::RuntimeError;
 use pico_common::{BucketUri, Scheme};
 use pico_wal_pg::{PgWal, PgWalError};
 use s3stream::{
-    EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, SegmentWal, Wal,
+    EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, S3Config, S3Storage,
+    SegmentWal, Wal,
 };
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Object storage for data objects.
-pub fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, RuntimeError> {
+/// Object storage for data objects (and an object WAL). For `s3://bucket/prefix`, keys go
+/// under `prefix/` in the bucket, laid out as under a `file://` root.
+pub async fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, RuntimeError> {
     match uri.scheme {
         Scheme::File => {
             // The root's own entry in its parent must be durable before any object under it
@@ -24,9 +26,11 @@ pub fn object_storage(uri: &BucketUri) -> Result<Arc<dyn ObjectStorage>, Runtime
                 .map_err(|e| RuntimeError::Startup(format!("storage `{uri}`: {e}")))
         }
         Scheme::Memory => Ok(Arc::new(MemoryStorage::new())),
-        Scheme::S3 => Err(RuntimeError::Config(format!(
-            "s3 storage is not supported by this build yet: `{uri}`"
-        ))),
+        Scheme::S3 => {
+            let cfg = S3Config::from_uri(&uri.location, &uri.params)
+                .map_err(|e| RuntimeError::Config(format!("storage `{uri}`: {e}")))?;
+            Ok(Arc::new(S3Storage::connect(&cfg).await))
+        }
         Scheme::Postgres => Err(RuntimeError::Config(format!(
             "postgres cannot hold data objects, only the WAL: `{uri}`"
         ))),
@@ -130,7 +134,7 @@ pub async fn wal(
         },
         Scheme::File => {
             // Opening the storage creates the root and clears temp files of a crashed put.
-            object_storage(uri)?;
+            object_storage(uri).await?;
             let dir = wal_dir(uri, node_id);
             let bytes = segment_bytes.unwrap_or(s3stream::segment_wal::DEFAULT_SEGMENT_BYTES);
             Ok(Arc::new(
@@ -138,7 +142,7 @@ pub async fn wal(
             ))
         }
         _ => {
-            let storage = object_storage(uri)?;
+            let storage = object_storage(uri).await?;
             Ok(Arc::new(ObjectWal::new(storage, format!("wal/{node_id}"))))
         }
     }
@@ -221,6 +225,36 @@ mod tests {
                 .await
                 .contains("file:// WAL only")
         );
+    }
+
+    /// `s3://` URIs are parsed into the storage's settings; bad ones are refused by name,
+    /// before any request (none is made here: the region is given, the endpoint never called).
+    #[tokio::test]
+    async fn s3_uris_open_s3_storage_and_bad_ones_are_refused() {
+        let open = |uri: &str| {
+            let uri = BucketUri::parse(uri).unwrap();
+            async move { object_storage(&uri).await.map(|_| ()) }
+        };
+        let ok =
+            "-2@s3://bucket/prefix?region=us-east-1&endpoint=http://127.0.0.1:1&pathStyle=true";
+        assert!(open(ok).await.is_ok());
+        for (uri, what) in [
+            ("-2@s3://b?region=us-east-1&pathStyle=maybe", "pathStyle"),
+            ("-2@s3://b?region=us-east-1&concurrency=0", "concurrency"),
+            (
+                "-2@s3://b?region=us-east-1&endpoint=127.0.0.1:9000",
+                "endpoint",
+            ),
+        ] {
+            match open(uri).await {
+                Err(e @ RuntimeError::Config(_)) => assert!(e.to_string().contains(what), "{e}"),
+                other => panic!("{uri}: {other:?}"),
+            }
+        }
+        // An object WAL on S3 opens the same way (no local directory to lock).
+        let wal_uri = BucketUri::parse(&ok.replace("-2@", "-3@")).unwrap();
+        assert!(lock_wal(&wal_uri, 1).unwrap().is_none());
+        assert!(wal(&wal_uri, 1, 1).await.is_ok());
     }
 
     #[test]

@@ -185,6 +185,8 @@ pub struct ReadyInfo {
     pub ready: bool,
     pub serving: bool,
     pub registered: bool,
+    /// A heartbeat of this process was accepted by the log less than the liveness timeout ago.
+    pub live: bool,
     /// Why the metadata log stopped for good (a corrupt row, a failed committer): no write can
     /// succeed until the node restarts, so it is not ready. `None` while it runs.
     pub metadata_stopped: Option<String>,
@@ -193,6 +195,10 @@ pub struct ReadyInfo {
     pub metadata_unreachable: Option<String>,
     pub applied_index: u64,
     pub node_id: u32,
+    /// This process's node epoch (higher at every start).
+    pub node_epoch: u64,
+    /// Whether this process holds the maintenance lease.
+    pub maintenance_lease: bool,
 }
 
 /// Appends and records carry raw bytes; this alias documents intent in signatures.

@@ -33,6 +33,13 @@ pub struct NodeConfig {
     /// Longest an append waits for its stream's turn and the engine's queue space together
     /// (storage stalled or not keeping up); then 503.
     pub submit_timeout: Duration,
+    /// How often this node proposes a heartbeat through the metadata log.
+    pub heartbeat_every: Duration,
+    /// A node whose heartbeat has not been accepted for this long is not live: it stops
+    /// counting itself ready, and other nodes may count it gone.
+    pub liveness_timeout: Duration,
+    /// Expiry of the maintenance lease; its holder renews it every third of it.
+    pub lease_ttl: Duration,
     /// Where wall time comes from (TTL, expiry, producer ageing, idle release); tests pass a
     /// manual clock.
     pub clock: SharedClock,
@@ -53,6 +60,9 @@ impl Default for NodeConfig {
             slots: None,
             allow_local_webhooks: true,
             submit_timeout: Duration::from_secs(30),
+            heartbeat_every: Duration::from_secs(1),
+            liveness_timeout: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(10),
             clock: pico_common::clock::system(),
         }
     }

@@ -41,20 +41,22 @@ pub const OTHER_NODE: (u32, u64, &str) = (2, 7, "http://10.0.0.2:4437");
 
 /// Registers [`OTHER_NODE`] and opens the existing stream `name` on it, as that node's first
 /// request would: `node` then sees the stream owned elsewhere. Returns the stream's id and the
-/// epoch it was opened at (for a later `ReleaseStream`).
+/// epoch it was opened at (for a later `ReleaseStream`). Registers the other node only once.
 pub async fn open_on_other_node(node: &Node, name: &str) -> (u64, i64) {
     use pico_metadata::{Command, Outcome};
     let (node_id, node_epoch, address) = OTHER_NODE;
     let meta = node.meta();
-    meta.propose(Command::RegisterNode {
-        node_id,
-        node_epoch,
-        address: address.into(),
-        now_ms: 1,
-    })
-    .await
-    .expect("metadata log")
-    .expect("other node registered");
+    if meta.view().nodes.get(&node_id).map(|n| n.epoch) != Some(node_epoch) {
+        meta.propose(Command::RegisterNode {
+            node_id,
+            node_epoch,
+            address: address.into(),
+            now_ms: 1,
+        })
+        .await
+        .expect("metadata log")
+        .expect("other node registered");
+    }
     let stream_id = meta
         .view()
         .registry

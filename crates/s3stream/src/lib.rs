@@ -1,7 +1,8 @@
 //! s3stream: the stream storage engine of PicoMQ. Stream ids are plain `u64`, epochs `i64`,
 //! offsets `u64`; the engine knows nothing of names, HTTP or SQL.
 //!
-//! - `storage`: `ObjectStorage` trait, `FileStorage` (crash-atomic files), `MemoryStorage`.
+//! - `storage`: `ObjectStorage` trait, `FileStorage` (crash-atomic files), `MemoryStorage`,
+//!   `S3Storage` (any S3-compatible store).
 //! - `wal`: the `Wal` trait (one shared WAL per node) and `ObjectWal` on object storage.
 //! - `segment_wal`: `SegmentWal`, the WAL as append-only segment files on a local disk.
 //! - `parts`: `Parts`, bytes as pieces for vectored writes (large batches never copied).
@@ -12,6 +13,7 @@
 //! - `telemetry`: metric names and the timings recorded per WAL group and object put.
 //! - `testing`: `MemCatalog`, `FaultWal`, `SlowStorage` and `FaultStorage` (errors, resets,
 //!   lost answers, latency on any backend) test doubles, also for the host's tests.
+//! - `testing_s3`: a fresh bucket on the test S3 server (`PICO_TEST_S3_ENDPOINT`), or a loud skip.
 //!
 //! Design and invariants: docs/design/engine.md.
 
@@ -25,6 +27,8 @@ pub mod storage;
 pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing_s3;
 pub mod wal;
 
 pub use engine::{
@@ -35,5 +39,7 @@ pub use engine::{
 pub use format::StoredBatch;
 pub use parts::Parts;
 pub use segment_wal::SegmentWal;
-pub use storage::{FileStorage, MemoryStorage, ObjectStorage, StorageError};
+pub use storage::{
+    FileStorage, MemoryStorage, ObjectStorage, S3Config, S3ConfigError, S3Storage, StorageError,
+};
 pub use wal::{ObjectWal, Wal, WalError, WalRecord};

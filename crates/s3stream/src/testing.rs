@@ -392,6 +392,11 @@ impl ObjectStorage for SlowStorage {
         }
     }
 
+    /// Conditional creates (the object WAL's) are not slowed: they pass straight through.
+    async fn put_if_absent(&self, key: &str, parts: Parts) -> Result<bool, StorageError> {
+        self.inner.put_if_absent(key, parts).await
+    }
+
     async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
         self.inner.get(key).await
     }
@@ -654,6 +659,11 @@ impl ObjectStorage for FaultStorage {
 
     async fn put_parts(&self, key: &str, parts: Parts) -> Result<(), StorageError> {
         self.run(Op::Put, key, self.inner.put_parts(key, parts))
+            .await
+    }
+
+    async fn put_if_absent(&self, key: &str, parts: Parts) -> Result<bool, StorageError> {
+        self.run(Op::Put, key, self.inner.put_if_absent(key, parts))
             .await
     }
 

@@ -3,7 +3,8 @@
 //! One WAL per node, shared by all streams: every `append` is one durable write holding the
 //! records of many streams. `ObjectWal` writes one object per append at
 //! `{prefix}/{position:020}`; positions are strictly increasing and continue after the highest
-//! existing entry across restarts.
+//! existing entry across restarts. Entries are created only where none exists
+//! (`put_if_absent`): of two writers at one position (a zombie and its successor), one fails.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use bytes::Bytes;
 use tokio::sync::Mutex;
 
 use crate::format::{self, FormatError};
+use crate::parts::Parts;
 use crate::storage::{ObjectStorage, StorageError};
 
 /// One append as written to the WAL.
@@ -112,6 +114,9 @@ pub struct ObjectWal {
     prefix: String,
     /// Next position to write; `None` until the existing entries were listed once.
     next: Mutex<Option<u64>>,
+    /// A put of this (position, CRC32C, length) failed without telling whether it landed:
+    /// finding exactly that entry there later means it is this writer's own.
+    in_doubt: std::sync::Mutex<Option<(u64, u32, usize)>>,
 }
 
 impl ObjectWal {
@@ -121,6 +126,7 @@ impl ObjectWal {
             storage,
             prefix,
             next: Mutex::new(None),
+            in_doubt: std::sync::Mutex::new(None),
         }
     }
 
@@ -155,6 +161,26 @@ impl ObjectWal {
         *next = Some(n);
         Ok(n)
     }
+
+    /// `key` already existed when this writer went to create it. Its own entry (an earlier
+    /// attempt landed, its answer lost) is fine; its own failed write of other records is
+    /// replaced, as an unconditional put used to; anything else is another writer's, which
+    /// fences this one.
+    async fn resolve_taken(&self, position: u64, key: &str, data: Parts) -> Result<(), WalError> {
+        let bytes = data.concat();
+        let existing = self.storage.get(key).await?;
+        if existing == bytes {
+            return Ok(());
+        }
+        let doubt = *self.in_doubt.lock().unwrap_or_else(|p| p.into_inner());
+        if doubt == Some((position, crc32c::crc32c(&existing), existing.len())) {
+            self.storage.put(key, bytes).await?;
+            return Ok(());
+        }
+        Err(WalError::Fenced(format!(
+            "WAL position {position} was written by another writer: key=`{key}`"
+        )))
+    }
 }
 
 #[async_trait::async_trait]
@@ -170,8 +196,26 @@ impl Wal for ObjectWal {
             }
         })?;
         // On failure the position is reused by the retry: a put that failed but landed is
-        // overwritten by the same position, never duplicated at two positions.
-        self.storage.put_parts(&self.key(position), data).await?;
+        // found there by the retry (same bytes) or replaced by the next write (its own
+        // bytes), never duplicated at two positions.
+        let key = self.key(position);
+        match self.storage.put_if_absent(&key, data.clone()).await {
+            Ok(true) => {}
+            Ok(false) => self
+                .resolve_taken(position, &key, data)
+                .await
+                .inspect_err(|_| {
+                    // Someone else wrote here: list again before the next write.
+                    *next = None;
+                })?,
+            Err(e) => {
+                let bytes = data.concat();
+                *self.in_doubt.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((position, crc32c::crc32c(&bytes), bytes.len()));
+                return Err(e.into());
+            }
+        }
+        *self.in_doubt.lock().unwrap_or_else(|p| p.into_inner()) = None;
         *next = Some(position + 1);
         Ok(position)
     }
@@ -290,5 +334,94 @@ pub(crate) mod tests {
         assert!(wal.append(vec![rec(1, 1, 1)]).await.is_err());
         let p2 = wal.append(vec![rec(1, 1, 1)]).await.unwrap();
         assert_eq!(p2, p1 + 1);
+    }
+    #[tokio::test]
+    async fn two_writers_never_both_write_one_position() {
+        let storage = Arc::new(MemoryStorage::new());
+        let zombie = ObjectWal::new(storage.clone(), "wal".into());
+        let successor = ObjectWal::new(storage.clone(), "wal".into());
+        assert!(zombie.recover().await.unwrap().is_empty());
+        assert!(successor.recover().await.unwrap().is_empty());
+        let p = successor.append(vec![rec(2, 0, 1)]).await.unwrap();
+        // The zombie still believes position `p` free: refused, the successor's entry kept.
+        let err = zombie.append(vec![rec(1, 0, 1)]).await.unwrap_err();
+        assert!(matches!(err, WalError::Fenced(_)), "{err}");
+        assert!(err.to_string().contains(&wal_key(p)), "{err}");
+        assert_eq!(
+            successor.recover().await.unwrap(),
+            vec![(p, vec![rec(2, 0, 1)])]
+        );
+    }
+
+    fn wal_key(p: u64) -> String {
+        format!("wal/{p:020}")
+    }
+
+    /// Storage whose next put lands and then reports a failure (an answer lost on the way).
+    struct LandsThenFails {
+        inner: MemoryStorage,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStorage for LandsThenFails {
+        async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+            self.inner.put(key, data).await
+        }
+        async fn put_if_absent(&self, key: &str, data: Parts) -> Result<bool, StorageError> {
+            let created = self.inner.put_if_absent(key, data).await?;
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return Err(StorageError::Other("answer lost".into()));
+            }
+            Ok(created)
+        }
+        async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+            self.inner.get(key).await
+        }
+        async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
+            self.inner.get_range(key, start, len).await
+        }
+        async fn delete(&self, key: &str) -> Result<(), StorageError> {
+            self.inner.delete(key).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+            self.inner.list(prefix).await
+        }
+    }
+
+    /// A write that landed though it was reported failed is this writer's own: its retry
+    /// (same records) finds it and succeeds at that position; a next write of other records
+    /// replaces it, as before conditional writes. Either way one position, never two.
+    #[tokio::test]
+    async fn a_write_that_landed_but_failed_is_taken_as_its_own() {
+        let storage = Arc::new(LandsThenFails {
+            inner: MemoryStorage::new(),
+            armed: false.into(),
+        });
+        let wal = ObjectWal::new(storage.clone(), "wal".into());
+        let p1 = wal.append(vec![rec(1, 0, 1)]).await.unwrap();
+        storage
+            .armed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(wal.append(vec![rec(1, 1, 1)]).await.is_err());
+        assert_eq!(wal.append(vec![rec(1, 1, 1)]).await.unwrap(), p1 + 1);
+
+        storage
+            .armed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(wal.append(vec![rec(1, 2, 1)]).await.is_err());
+        // The engine gave those records up; the next group holds others.
+        assert_eq!(wal.append(vec![rec(2, 0, 1)]).await.unwrap(), p1 + 2);
+        assert_eq!(
+            ObjectWal::new(storage.clone(), "wal".into())
+                .recover()
+                .await
+                .unwrap(),
+            vec![
+                (p1, vec![rec(1, 0, 1)]),
+                (p1 + 1, vec![rec(1, 1, 1)]),
+                (p1 + 2, vec![rec(2, 0, 1)]),
+            ]
+        );
     }
 }

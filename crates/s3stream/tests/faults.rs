@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use s3stream::testing::{Fault, FaultSchedule, FaultStorage, MemCatalog, Op};
+use s3stream::testing_s3::TestBucket;
 use s3stream::*;
 
 const STREAM: u64 = 1;
@@ -222,6 +223,24 @@ async fn persistent_fault_on_memory() {
 async fn persistent_fault_on_file() {
     let (_dir, store) = file_store();
     a_persistent_fault_fails_appends_then_heals(store).await;
+}
+
+#[tokio::test]
+async fn transient_faults_on_s3() {
+    let Some(bucket) = TestBucket::create().await else {
+        return;
+    };
+    transient_faults_lose_nothing_acknowledged(Arc::new(bucket.storage().await)).await;
+    bucket.destroy().await;
+}
+
+#[tokio::test]
+async fn persistent_fault_on_s3() {
+    let Some(bucket) = TestBucket::create().await else {
+        return;
+    };
+    a_persistent_fault_fails_appends_then_heals(Arc::new(bucket.storage().await)).await;
+    bucket.destroy().await;
 }
 
 /// The wrapper itself: a lost answer lands, a list is never short, scope and down work.

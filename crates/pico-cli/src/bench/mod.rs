@@ -18,6 +18,7 @@ mod append_conn;
 mod machine;
 mod payload;
 mod reader;
+mod redirect;
 mod sse;
 mod sse_conn;
 mod stats;
@@ -195,7 +196,9 @@ fn http_client(http2: bool, token: Option<&str>) -> anyhow::Result<reqwest::Clie
                 .context("token not allowed in a header")?,
         );
     }
+    // Redirects are followed by hand (`redirect`), keeping the token across nodes.
     let mut b = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10))
         .pool_idle_timeout(Duration::from_secs(90))

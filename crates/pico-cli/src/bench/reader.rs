@@ -251,7 +251,15 @@ fn header<'a>(resp: &'a reqwest::Response, name: &str) -> Option<&'a str> {
 }
 
 async fn get(http: &reqwest::Client, url: &str) -> Result<reqwest::Response, String> {
-    let resp = http.get(url).send().await.map_err(|e| chain(&e))?;
+    let resp = super::redirect::send(
+        http,
+        reqwest::Method::GET,
+        url,
+        reqwest::header::HeaderMap::new(),
+        None,
+    )
+    .await
+    .map_err(|e| chain(&e))?;
     let status = resp.status();
     if status.is_success() {
         Ok(resp)

@@ -11,7 +11,8 @@ use super::payload;
 use crate::cli::Protocol;
 use bytes::{BufMut, Bytes, BytesMut};
 use pico_client::{Attempt, ClientError};
-use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::Method;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 
 const TEXT: &str = "text/plain";
 const BINARY_BATCH: &str = "application/vnd.picomq.batch";
@@ -48,10 +49,9 @@ impl Target {
 
     /// Idempotent create as `text/plain`.
     pub async fn create(&self, http: &reqwest::Client, stream: &str) -> Result<(), String> {
-        let resp = http
-            .put(self.url(stream))
-            .header(CONTENT_TYPE, TEXT)
-            .send()
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(TEXT));
+        let resp = super::redirect::send(http, Method::PUT, &self.url(stream), headers, None)
             .await
             .map_err(|e| format!("create {stream}: {}", chain(&e)))?;
         let status = resp.status();
@@ -84,13 +84,12 @@ impl Target {
         body: Bytes,
         content_type: &'static str,
     ) -> Result<(), String> {
-        let resp = http
-            .post(self.url(stream))
-            .header(CONTENT_TYPE, content_type)
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| chain(&e))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let resp =
+            super::redirect::send(http, Method::POST, &self.url(stream), headers, Some(body))
+                .await
+                .map_err(|e| chain(&e))?;
         let status = resp.status();
         if status.is_success() {
             // Drain the (empty) body so the connection goes back to the pool.

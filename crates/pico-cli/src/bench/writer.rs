@@ -351,7 +351,8 @@ async fn ds_attempt(
     seq: u64,
 ) -> pico_client::Attempt<()> {
     let res = async {
-        let resp = http.post(url).headers(headers).body(body).send().await?;
+        let resp =
+            super::redirect::send(http, reqwest::Method::POST, url, headers, Some(body)).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let body = resp.bytes().await?;

@@ -55,9 +55,22 @@ impl State {
                         epoch: *node_epoch,
                         address: address.clone(),
                         registered_at_ms: *now_ms,
+                        last_heartbeat_ms: *now_ms,
                     },
                 );
                 Ok(Outcome::NodeRegistered)
+            }
+            Command::Heartbeat {
+                node_id,
+                node_epoch,
+                now_ms,
+            } => {
+                self.check_node(*node_id, *node_epoch)?;
+                if let Some(n) = self.nodes.get_mut(node_id) {
+                    // Never backwards: a heartbeat delayed behind a newer one changes nothing.
+                    n.last_heartbeat_ms = n.last_heartbeat_ms.max(*now_ms);
+                }
+                Ok(Outcome::HeartbeatRecorded)
             }
             Command::CreateStream {
                 name,

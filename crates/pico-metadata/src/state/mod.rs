@@ -19,6 +19,10 @@ pub struct NodeInfo {
     pub epoch: u64,
     pub address: String,
     pub registered_at_ms: i64,
+    /// The node's own clock at its latest accepted heartbeat (at registration, its start).
+    /// Liveness is judged by whether this changes, on the observer's clock (see
+    /// docs/design/cluster.md), so clock skew between nodes does not matter.
+    pub last_heartbeat_ms: i64,
 }
 
 /// The node process that currently owns a stream.

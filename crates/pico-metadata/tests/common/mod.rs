@@ -154,6 +154,13 @@ pub fn command() -> impl Strategy<Value = Command> {
         "[a-z]{0,4}".prop_map(|key| Command::KvDelete { key }),
         ("[a-z]{0,4}", proptest::collection::vec(any::<u8>(), 0..4))
             .prop_map(|(key, value)| Command::KvInit { key, value }),
+        (0u32..3, 0u64..4, any::<i64>()).prop_map(|(node_id, node_epoch, now_ms)| {
+            Command::Heartbeat {
+                node_id,
+                node_epoch,
+                now_ms,
+            }
+        }),
         (
             name(),
             name(),

@@ -3,16 +3,24 @@
 //! - `orphans`: deletes objects an earlier incarnation uploaded but never committed.
 //! - `ttl`: persists TTL touches and removes expired streams.
 //! - `idle`: releases streams nobody wrote for a while.
+//! - `heartbeat`: this node's liveness through the metadata log; lapse of other nodes.
+//! - `lease`: the maintenance lease (one SQL row with a TTL).
 //!
-//! Single node: this node runs them all. The cluster moves GC, TTL sweeps and failover behind
-//! a SQL lease, with heartbeat and lease loops of their own here.
+//! Every node runs heartbeats, the lease loop, touches, idle release and waiter sweeps. GC,
+//! orphan cleanup and TTL sweeps run only on the lease holder ([`gated`]); with one node, that
+//! node takes the lease at its first pass.
 
 mod gc;
+mod heartbeat;
 mod idle;
+mod lease;
 mod orphans;
 #[cfg(test)]
 mod test_support;
 mod ttl;
+
+pub(crate) use heartbeat::OwnHeartbeat;
+pub(crate) use lease::{LeaseState, lease_pass, release_lease};
 
 use crate::node::Node;
 use std::sync::Arc;
@@ -20,25 +28,41 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use gc::gc_pass;
+use heartbeat::{LivenessWatch, heartbeat_pass, liveness_pass};
 use idle::{IdleRelease, idle_pass};
-use orphans::{OrphanGc, orphan_pass};
+use orphans::{OrphanGcs, orphan_sweep};
 pub(crate) use ttl::flush_touches;
 use ttl::{expiry_pass, touch_pass};
 
 pub(crate) fn spawn_all(node: &Node) {
     let mut tasks = node.inner.tasks.lock().unwrap_or_else(|p| p.into_inner());
-    tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), gc_pass));
+    let cfg = &node.inner.config;
+    tasks.push(spawn_loop(
+        node.clone(),
+        cfg.heartbeat_every,
+        heartbeat_pass,
+    ));
+    // Renewed three times per TTL, so one slow round trip does not lose it.
+    tasks.push(spawn_loop(node.clone(), cfg.lease_ttl / 3, lease_pass));
+    let watch = Arc::new(std::sync::Mutex::new(LivenessWatch::default()));
+    tasks.push(spawn_loop(node.clone(), cfg.heartbeat_every, move |n| {
+        gated(n, {
+            let watch = watch.clone();
+            move |n| liveness_pass(n, watch)
+        })
+    }));
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), |n| {
+        gated(n, gc_pass)
+    }));
     let touch_passes = Arc::new(AtomicU64::new(1));
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(1), move |n| {
         touch_pass(n, touch_passes.clone())
     }));
     // Expiry is checked on every access; the sweep only reclaims streams nobody touches, so it
     // can afford to run rarely (it scans the registry).
-    tasks.push(spawn_loop(
-        node.clone(),
-        Duration::from_secs(10),
-        expiry_pass,
-    ));
+    tasks.push(spawn_loop(node.clone(), Duration::from_secs(10), |n| {
+        gated(n, expiry_pass)
+    }));
     let idle = Arc::new(IdleRelease::default());
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), move |n| {
         idle_pass(n, idle.clone())
@@ -50,14 +74,35 @@ pub(crate) fn spawn_all(node: &Node) {
         Duration::from_secs(5),
         waiter_pass,
     ));
-    // Right after start it lists what this node wrote; later passes only retry older epochs
-    // whose cleaning failed.
-    let orphans = Arc::new(OrphanGc::default());
+    // The holder lists each node's objects once per registration of it; later passes only
+    // retry older epochs whose cleaning failed, so a frequent pass costs little.
+    let orphans = Arc::new(OrphanGcs::default());
     tasks.push(spawn_loop(
         node.clone(),
-        Duration::from_secs(600),
-        move |n| orphan_pass(n, orphans.clone()),
+        Duration::from_secs(60),
+        move |n| {
+            gated(n, {
+                let orphans = orphans.clone();
+                move |n| orphan_sweep(n, orphans)
+            })
+        },
     ));
+}
+
+/// Runs `pass` only while this node holds the maintenance lease.
+pub(crate) async fn gated<F, Fut>(node: Node, pass: F)
+where
+    F: FnOnce(Node) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    // A holder whose deadline passed before its renewal came round (the clock jumped past
+    // it) renews here rather than skip the pass; a node that did not hold it asks nothing.
+    if node.inner.lease.overdue(node.now_ms()) {
+        lease_pass(node.clone()).await;
+    }
+    if node.holds_maintenance_lease() {
+        pass(node).await;
+    }
 }
 
 /// Runs `pass` at once, then `every` after each pass ends, on the node's clock (a test moving a

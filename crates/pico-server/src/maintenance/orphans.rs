@@ -1,4 +1,6 @@
-//! Orphan GC: objects an earlier incarnation of this node uploaded but never committed.
+//! Orphan GC: objects an earlier incarnation of a node uploaded but never committed. Run by
+//! the maintenance lease holder for every registered node (a node that never comes back still
+//! gets its orphans cleaned).
 
 use super::gc::GC_DELETES_IN_FLIGHT;
 use crate::node::Node;
@@ -6,17 +8,57 @@ use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// Deletes objects an earlier incarnation of this node uploaded but never committed (it crashed
-/// between upload and commit). Safe because an incarnation's commits need its node epoch to be
-/// current: once this node registered a newer epoch, an uncommitted object of an older epoch can
-/// never become visible. Objects of the current epoch are left alone (an upload may be in flight).
+/// Orphan passes over every node registered in the view.
+pub(crate) async fn orphan_sweep(node: Node, state: Arc<OrphanGcs>) {
+    let nodes: Vec<(u32, u64)> = node
+        .inner
+        .meta
+        .view()
+        .nodes
+        .values()
+        .map(|n| (n.node_id, n.epoch))
+        .collect();
+    for (node_id, epoch) in nodes {
+        let gc = state.of(node_id, epoch);
+        orphan_pass(&node, node_id, epoch, gc).await;
+    }
+}
+
+/// Per node id: the epoch it was registered at when its older epochs were listed, and the pass's
+/// memory of them. A newer registration starts afresh (its predecessor's epoch is now older).
+#[derive(Default)]
+pub(crate) struct OrphanGcs(std::sync::Mutex<BTreeMap<u32, (u64, Arc<OrphanGc>)>>);
+
+impl OrphanGcs {
+    fn of(&self, node_id: u32, epoch: u64) -> Arc<OrphanGc> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let e = map
+            .entry(node_id)
+            .or_insert_with(|| (epoch, Arc::default()));
+        if e.0 != epoch {
+            *e = (epoch, Arc::default());
+        }
+        e.1.clone()
+    }
+}
+
+/// Deletes objects an earlier incarnation of node `node_id` uploaded but never committed (it
+/// crashed between upload and commit). Safe because an incarnation's commits need its node epoch
+/// to be current: once the node registered `current_epoch`, an uncommitted object of an older
+/// epoch can never become visible (and the view, applied in log order, already holds every
+/// commit made at an older epoch). Objects of the current epoch are left alone (an upload may be
+/// in flight).
 ///
 /// An older epoch's objects no longer change, so each is cleaned once per process: the first
 /// pass lists `data/{node}/` to find the older epochs, later ones list only `data/{node}/{epoch}/`
 /// of an epoch whose cleaning failed (each pass used to list every object this node ever wrote).
-pub(crate) async fn orphan_pass(node: Node, state: Arc<OrphanGc>) {
-    let cfg = &node.inner.config;
-    let root = format!("data/{}/", cfg.node_id);
+pub(crate) async fn orphan_pass(
+    node: &Node,
+    node_id: u32,
+    current_epoch: u64,
+    state: Arc<OrphanGc>,
+) {
+    let root = format!("data/{node_id}/");
     let epoch_of = |key: &str| {
         key.strip_prefix(&root)
             .and_then(|rest| rest.split('/').next())
@@ -33,7 +75,7 @@ pub(crate) async fn orphan_pass(node: Node, state: Arc<OrphanGc>) {
                 }
             };
             for key in keys {
-                if let Some(epoch) = epoch_of(&key).filter(|e| *e < cfg.node_epoch) {
+                if let Some(epoch) = epoch_of(&key).filter(|e| *e < current_epoch) {
                     by_epoch.entry(epoch).or_default().push(key);
                 }
             }
@@ -85,6 +127,7 @@ pub(crate) async fn orphan_pass(node: Node, state: Arc<OrphanGc>) {
     if deleted > 0 {
         tracing::info!(
             deleted,
+            node_id,
             "orphan gc: removed uncommitted objects of earlier incarnations"
         );
     }
@@ -164,7 +207,7 @@ mod tests {
         // The first delete (an orphan of epoch 3) fails.
         data.fail_deletes(1);
         let state = Arc::new(OrphanGc::default());
-        orphan_pass(node.clone(), state.clone()).await;
+        orphan_pass(&node, 1, 5, state.clone()).await;
         assert_eq!((listed(3), listed(4), listed(5)), (3, 2, 1));
         let left = stored();
         assert_eq!(
@@ -173,7 +216,7 @@ mod tests {
             "committed, in flight, one failed delete: {left:?}"
         );
 
-        orphan_pass(node.clone(), state.clone()).await;
+        orphan_pass(&node, 1, 5, state.clone()).await;
         assert_eq!(listed(4), 2, "second pass listed keys of a cleaned epoch");
         assert_eq!(listed(5), 1, "second pass listed the current epoch");
         assert_eq!(listed(3), 3 + 2, "epoch 3 retried on its own");
@@ -183,7 +226,7 @@ mod tests {
             [key("3/committed"), key("4/committed"), key("5/in-flight")]
         );
 
-        orphan_pass(node.clone(), state).await;
+        orphan_pass(&node, 1, 5, state).await;
         assert_eq!(
             (listed(3), listed(4), listed(5)),
             (5, 2, 1),

@@ -34,9 +34,11 @@ pub(super) async fn node_with(
     data: Arc<dyn ObjectStorage>,
     engine: EngineConfig,
 ) -> Node {
-    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
-        .await
-        .unwrap();
+    let opts = MetaLogOptions {
+        clock: config.clock.clone(),
+        ..MetaLogOptions::default()
+    };
+    let meta = MetaLog::open("sqlite::memory:", opts).await.unwrap();
     let wal = Arc::new(ObjectWal::new(
         Arc::new(MemoryStorage::new()),
         "wal".to_string(),

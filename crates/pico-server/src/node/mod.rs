@@ -64,6 +64,10 @@ pub(crate) struct Inner {
     pub(crate) touches: Touches,
     pub(crate) serving: AtomicBool,
     pub(crate) registered: AtomicBool,
+    /// This process's accepted heartbeats (readiness, fencing).
+    pub(crate) heartbeat: crate::maintenance::OwnHeartbeat,
+    /// Whether this process holds the maintenance lease.
+    pub(crate) lease: crate::maintenance::LeaseState,
     pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pub(crate) events: tokio::sync::broadcast::Sender<StreamEvent>,
     /// Expired streams whose background removal is in flight.
@@ -143,12 +147,13 @@ impl Node {
         wal: Arc<dyn Wal>,
         mut engine_config: EngineConfig,
     ) -> Result<Node, StartError> {
+        let registered_at_ms = config.clock.now_ms();
         let registered = meta
             .propose(Command::RegisterNode {
                 node_id: config.node_id,
                 node_epoch: config.node_epoch,
                 address: config.advertised_url.clone(),
-                now_ms: config.clock.now_ms(),
+                now_ms: registered_at_ms,
             })
             .await
             .map_err(|e| StartError::Meta(e.to_string()))?;
@@ -191,17 +196,32 @@ impl Node {
                 touches: Touches::default(),
                 serving: AtomicBool::new(true),
                 registered: AtomicBool::new(true),
+                heartbeat: crate::maintenance::OwnHeartbeat::new(registered_at_ms),
+                lease: crate::maintenance::LeaseState::default(),
                 tasks: std::sync::Mutex::new(Vec::new()),
                 events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
                 removing: Arc::default(),
             }),
         };
+        // Before the loops start, so their first passes (orphans right after a restart) already
+        // run if this node is the holder.
+        crate::maintenance::lease_pass(node.clone()).await;
         crate::maintenance::spawn_all(&node);
         Ok(node)
     }
 
     pub fn config(&self) -> &NodeConfig {
         &self.inner.config
+    }
+
+    /// Whether the node still takes requests (false once shutdown began).
+    pub fn is_serving(&self) -> bool {
+        self.inner.serving.load(Ordering::Relaxed)
+    }
+
+    /// Whether this process holds the maintenance lease now (on its clock).
+    pub fn holds_maintenance_lease(&self) -> bool {
+        self.inner.lease.held(self.now_ms())
     }
 
     /// The registry of live fan-out hubs ([`Node::follow`]).
@@ -231,10 +251,18 @@ impl Node {
         &self.inner.engine
     }
 
+    /// Ready = serving, registered at this process's epoch (never fenced), the metadata log
+    /// running, and a heartbeat accepted less than `liveness_timeout` ago: proposals are
+    /// read-your-writes, so that also says the node applied the log up to it (caught up).
     pub fn ready(&self) -> ReadyInfo {
         let serving = self.inner.serving.load(Ordering::Relaxed);
         let registered = self.inner.registered.load(Ordering::Relaxed);
         let metadata_stopped = self.inner.meta.health().err().map(|e| e.to_string());
+        let cfg = &self.inner.config;
+        let live = self
+            .inner
+            .heartbeat
+            .fresh(cfg.clock.now_ms(), cfg.liveness_timeout);
         let reach = self.inner.meta.reachability();
         let metadata_unreachable = (!reach.reachable).then(|| {
             reach
@@ -244,14 +272,18 @@ impl Node {
         ReadyInfo {
             ready: serving
                 && registered
+                && live
                 && metadata_stopped.is_none()
                 && metadata_unreachable.is_none(),
             serving,
             registered,
+            live,
             metadata_stopped,
             metadata_unreachable,
             applied_index: self.inner.meta.applied_index(),
             node_id: self.inner.config.node_id,
+            node_epoch: self.inner.config.node_epoch,
+            maintenance_lease: self.holds_maintenance_lease(),
         }
     }
 
@@ -266,6 +298,7 @@ impl Node {
         for t in tasks {
             t.abort();
         }
+        crate::maintenance::release_lease(self).await;
         if let Err(e) = self.inner.engine.shutdown().await {
             tracing::error!(error = %e, "engine shutdown did not flush everything (the WAL keeps it)");
         }

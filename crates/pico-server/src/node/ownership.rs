@@ -13,11 +13,23 @@ use tokio::sync::Mutex;
 
 impl Node {
     /// The owner's advertised URL when another registered node owns the stream (for 307s).
+    /// `None` = serve here: unowned, owned by this node, or closed with everything up to its
+    /// close committed (nothing of it lives only on the owner, so any node reads it and answers
+    /// appends with the closed error). A closed stream whose tail is still uncommitted goes to
+    /// its owner, who holds that tail.
+    ///
+    /// An owner whose heartbeat lapsed is still redirected to: its acknowledged but uncommitted
+    /// appends are in its WAL, and opening the stream here would fence them. Failover recovers
+    /// that WAL first (docs/design/cluster.md).
     pub fn owner_url(&self, name: &StreamName) -> Option<String> {
         let view = self.inner.meta.view();
         let entry = view.registry.get(name.as_str())?;
-        let owner = view.streams.get(&entry.stream_id)?.owner.as_ref()?;
+        let meta = view.streams.get(&entry.stream_id)?;
+        let owner = meta.owner.as_ref()?;
         if owner.node_id == self.inner.config.node_id {
+            return None;
+        }
+        if entry.closed && entry.closed_at.is_some_and(|at| meta.end_offset >= at) {
             return None;
         }
         view.nodes.get(&owner.node_id).map(|n| n.address.clone())

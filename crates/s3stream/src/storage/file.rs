@@ -1,61 +1,15 @@
-//! Object storage abstraction: the only durable medium the engine writes data to.
-//!
-//! `FileStorage` maps keys onto a directory tree with crash-atomic puts; `MemoryStorage` is the
-//! in-process double used by tests, with fault injection.
+//! `FileStorage`: objects as files under a root directory, with crash-atomic puts.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io::{IoSlice, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use super::{ObjectStorage, StorageError, range_error};
 use crate::parts::Parts;
-
-/// Errors of every storage operation.
-#[derive(Debug, thiserror::Error)]
-pub enum StorageError {
-    #[error("object not found: key=`{key}`")]
-    NotFound { key: String },
-    #[error("storage io error: key=`{key}`: {source}")]
-    Io {
-        key: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("storage error: {0}")]
-    Other(String),
-}
-
-/// A flat key space of immutable objects (keys may contain '/').
-#[async_trait::async_trait]
-pub trait ObjectStorage: Send + Sync + 'static {
-    /// Atomic: readers see the whole object or nothing.
-    async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError>;
-    /// `put` of an object given as pieces; storages that write vectored override it.
-    async fn put_parts(&self, key: &str, parts: Parts) -> Result<(), StorageError> {
-        self.put(key, parts.concat()).await
-    }
-    /// `NotFound` if missing.
-    async fn get(&self, key: &str) -> Result<Bytes, StorageError>;
-    /// Exactly `len` bytes from `start`; a range past the end of the object is an error.
-    async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError>;
-    /// A missing key is Ok.
-    async fn delete(&self, key: &str) -> Result<(), StorageError>;
-    /// Keys starting with `prefix`, sorted ascending.
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError>;
-}
-
-fn range_error(key: &str, start: u64, len: u64, size: u64) -> StorageError {
-    StorageError::Other(format!(
-        "range out of bounds: key=`{key}` start={start} len={len} size={size}"
-    ))
-}
-
-// ---------------------------------------------------------------------------------------------
-// FileStorage
-// ---------------------------------------------------------------------------------------------
 
 /// Objects as files under a root directory. Temp files start with '.', so keys whose path
 /// components start with '.' are rejected and such files are invisible to `list`/`get`.
@@ -103,6 +57,66 @@ impl FileStorage {
             )));
         }
         Ok(self.root.join(key))
+    }
+
+    /// Writes `data` to a synced temp file, then moves it to `key`'s path: replacing what is
+    /// there (`rename`), or only if nothing is (`link`, which fails if the name exists, so
+    /// of racing writers exactly one creates it). `Ok(false)`: not replacing, and it existed.
+    async fn write(&self, key: &str, data: Parts, replace: bool) -> Result<bool, StorageError> {
+        let path = self.path_of(key)?;
+        let root = self.root.clone();
+        let synced = self.synced_dirs.clone();
+        let key = key.to_string();
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        blocking(move || {
+            let wrap = |source: std::io::Error| StorageError::Io {
+                key: key.clone(),
+                source,
+            };
+            let dir = path
+                .parent()
+                .ok_or_else(|| StorageError::Other(format!("key has no parent: key=`{key}`")))?
+                .to_path_buf();
+            create_dirs_durably(&root, &dir, &synced).map_err(wrap)?;
+            if !replace && path.exists() {
+                return Ok(false);
+            }
+            let file_name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let tmp = dir.join(format!(
+                ".{file_name}{TMP_MARKER}{}-{n}",
+                std::process::id()
+            ));
+            let result = (|| {
+                let f = std::fs::File::create(&tmp)?;
+                write_paced(&f, &data)?;
+                f.sync_all()?;
+                drop_cached_pages(&f);
+                drop(f);
+                let created = if replace {
+                    std::fs::rename(&tmp, &path)?;
+                    true
+                } else {
+                    let linked = match std::fs::hard_link(&tmp, &path) {
+                        Ok(()) => true,
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+                        Err(e) => return Err(e),
+                    };
+                    std::fs::remove_file(&tmp)?;
+                    linked
+                };
+                // The new entry is durable only once the directory is.
+                fsync_dir(&dir)?;
+                Ok(created)
+            })();
+            if result.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            result.map_err(wrap)
+        })
+        .await
     }
 }
 
@@ -306,45 +320,11 @@ impl ObjectStorage for FileStorage {
     }
 
     async fn put_parts(&self, key: &str, data: Parts) -> Result<(), StorageError> {
-        let path = self.path_of(key)?;
-        let root = self.root.clone();
-        let synced = self.synced_dirs.clone();
-        let key = key.to_string();
-        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        blocking(move || {
-            let wrap = |source: std::io::Error| StorageError::Io {
-                key: key.clone(),
-                source,
-            };
-            let dir = path
-                .parent()
-                .ok_or_else(|| StorageError::Other(format!("key has no parent: key=`{key}`")))?
-                .to_path_buf();
-            create_dirs_durably(&root, &dir, &synced).map_err(wrap)?;
-            let file_name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let tmp = dir.join(format!(
-                ".{file_name}{TMP_MARKER}{}-{n}",
-                std::process::id()
-            ));
-            let result = (|| {
-                let f = std::fs::File::create(&tmp)?;
-                write_paced(&f, &data)?;
-                f.sync_all()?;
-                drop_cached_pages(&f);
-                drop(f);
-                std::fs::rename(&tmp, &path)?;
-                // The rename is durable only once the directory entry is.
-                fsync_dir(&dir)
-            })();
-            if result.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
-            result.map_err(wrap)
-        })
-        .await
+        self.write(key, data, true).await.map(|_| ())
+    }
+
+    async fn put_if_absent(&self, key: &str, data: Parts) -> Result<bool, StorageError> {
+        self.write(key, data, false).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
@@ -407,205 +387,34 @@ impl ObjectStorage for FileStorage {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// MemoryStorage
-// ---------------------------------------------------------------------------------------------
-
-/// In-memory storage for tests. Share it through an `Arc` to survive a simulated crash.
-/// Fault injection: `fail_puts(n)` / `fail_gets(n)` / `fail_deletes(n)` make the next n calls
-/// fail.
-#[derive(Debug, Default)]
-pub struct MemoryStorage {
-    objects: Mutex<BTreeMap<String, Bytes>>,
-    fail_puts: AtomicUsize,
-    fail_gets: AtomicUsize,
-    fail_deletes: AtomicUsize,
-    puts: AtomicU64,
-    gets: AtomicU64,
-    /// Every key `list` returned, in order (what a listing cost).
-    listed: Mutex<Vec<String>>,
-}
-
-/// Takes one injected failure from `counter` if any are left (test doubles' fault injection).
-pub(crate) fn take_failure(counter: &AtomicUsize) -> bool {
-    counter
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
-}
-
-impl MemoryStorage {
-    pub fn new() -> MemoryStorage {
-        MemoryStorage::default()
-    }
-
-    /// The next `n` puts fail with an injected error (nothing is stored).
-    pub fn fail_puts(&self, n: usize) {
-        self.fail_puts.store(n, Ordering::SeqCst);
-    }
-
-    /// The next `n` gets / range gets fail with an injected error.
-    pub fn fail_gets(&self, n: usize) {
-        self.fail_gets.store(n, Ordering::SeqCst);
-    }
-
-    /// The next `n` deletes fail with an injected error (nothing is deleted).
-    pub fn fail_deletes(&self, n: usize) {
-        self.fail_deletes.store(n, Ordering::SeqCst);
-    }
-
-    /// Every key `list` has returned so far, in order.
-    pub fn listed_keys(&self) -> Vec<String> {
-        self.listed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Successful puts so far.
-    pub fn put_count(&self) -> u64 {
-        self.puts.load(Ordering::SeqCst)
-    }
-
-    /// Successful gets (whole or range) so far.
-    pub fn get_count(&self) -> u64 {
-        self.gets.load(Ordering::SeqCst)
-    }
-
-    /// All keys currently stored.
-    pub fn keys(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
-    }
-
-    /// Overwrites an object in place, bypassing fault injection (corruption tests).
-    pub fn raw_put(&self, key: &str, data: Bytes) {
-        self.lock().insert(key.to_string(), data);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Bytes>> {
-        self.objects.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStorage for MemoryStorage {
-    async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
-        if take_failure(&self.fail_puts) {
-            return Err(StorageError::Other(format!(
-                "injected put failure: key=`{key}`"
-            )));
-        }
-        self.lock().insert(key.to_string(), data);
-        self.puts.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
-        if take_failure(&self.fail_gets) {
-            return Err(StorageError::Other(format!(
-                "injected get failure: key=`{key}`"
-            )));
-        }
-        let data = self.lock().get(key).cloned();
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        data.ok_or_else(|| StorageError::NotFound {
-            key: key.to_string(),
-        })
-    }
-
-    async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
-        let data = self.get(key).await?;
-        let size = data.len() as u64;
-        match start.checked_add(len) {
-            Some(end) if end <= size => Ok(data.slice(start as usize..end as usize)),
-            _ => Err(range_error(key, start, len, size)),
-        }
-    }
-
-    async fn delete(&self, key: &str) -> Result<(), StorageError> {
-        if take_failure(&self.fail_deletes) {
-            return Err(StorageError::Other(format!(
-                "injected delete failure: key=`{key}`"
-            )));
-        }
-        self.lock().remove(key);
-        Ok(())
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
-        let keys: Vec<String> = self
-            .lock()
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, _)| k.clone())
-            .collect();
-        self.listed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(keys.iter().cloned());
-        Ok(keys)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    async fn exercise(s: &dyn ObjectStorage) {
-        s.put("a/b/1", Bytes::from_static(b"hello world"))
-            .await
-            .unwrap();
-        s.put("a/b/2", Bytes::from_static(b"two")).await.unwrap();
-        s.put("a/c", Bytes::from_static(b"c")).await.unwrap();
-        s.put("ab", Bytes::from_static(b"ab")).await.unwrap();
-        assert_eq!(
-            s.get("a/b/1").await.unwrap(),
-            Bytes::from_static(b"hello world")
-        );
-        assert_eq!(
-            s.get_range("a/b/1", 6, 5).await.unwrap(),
-            Bytes::from_static(b"world")
-        );
-        assert_eq!(s.get_range("a/b/1", 0, 0).await.unwrap(), Bytes::new());
-        assert!(s.get_range("a/b/1", 6, 6).await.is_err());
-        assert!(matches!(
-            s.get("a/b/3").await,
-            Err(StorageError::NotFound { key }) if key == "a/b/3"
-        ));
-        assert_eq!(s.list("a/").await.unwrap(), vec!["a/b/1", "a/b/2", "a/c"]);
-        assert_eq!(s.list("a/b").await.unwrap(), vec!["a/b/1", "a/b/2"]);
-        assert_eq!(
-            s.list("a").await.unwrap(),
-            vec!["a/b/1", "a/b/2", "a/c", "ab"]
-        );
-        assert_eq!(
-            s.list("").await.unwrap(),
-            vec!["a/b/1", "a/b/2", "a/c", "ab"]
-        );
-        assert!(s.list("zz/").await.unwrap().is_empty());
-        // Overwrite replaces atomically.
-        s.put("a/b/1", Bytes::from_static(b"new")).await.unwrap();
-        assert_eq!(s.get("a/b/1").await.unwrap(), Bytes::from_static(b"new"));
-        s.delete("a/b/1").await.unwrap();
-        s.delete("a/b/1").await.unwrap(); // missing = Ok
-        assert!(matches!(
-            s.get("a/b/1").await,
-            Err(StorageError::NotFound { .. })
-        ));
-        assert_eq!(s.list("a/").await.unwrap(), vec!["a/b/2", "a/c"]);
-    }
+    use crate::storage::MemoryStorage;
 
     #[tokio::test]
-    async fn memory_storage_semantics() {
-        exercise(&MemoryStorage::new()).await;
-    }
-
-    #[tokio::test]
-    async fn file_storage_semantics() {
+    async fn file_storage_keys_are_paths() {
         let dir = tempfile::tempdir().unwrap();
         let s = FileStorage::open(dir.path()).unwrap();
-        exercise(&s).await;
-        // Keys map to subdirectories.
+        s.put("a/b/2", Bytes::from_static(b"two")).await.unwrap();
+        assert!(
+            !s.put_if_absent("a/b/2", Parts::from(Bytes::from_static(b"x")))
+                .await
+                .unwrap()
+        );
+        assert!(
+            s.put_if_absent("a/b/3", Parts::from(Bytes::from_static(b"3")))
+                .await
+                .unwrap()
+        );
+        assert_eq!(s.get("a/b/2").await.unwrap(), Bytes::from_static(b"two"));
+        // Keys map to subdirectories; a conditional put leaves no temp file behind.
         assert!(dir.path().join("a/b/2").is_file());
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("a/b"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
     }
 
     /// Directories already made durable are remembered, but one removed under the storage
@@ -713,22 +522,5 @@ mod tests {
         }
         files.put_parts("big", w.finish()).await.unwrap();
         assert_eq!(files.get("big").await.unwrap(), Bytes::from(want));
-    }
-
-    #[tokio::test]
-    async fn memory_storage_fault_injection() {
-        let s = MemoryStorage::new();
-        s.fail_puts(2);
-        assert!(s.put("k", Bytes::new()).await.is_err());
-        assert!(s.put("k", Bytes::new()).await.is_err());
-        assert!(matches!(
-            s.get("k").await,
-            Err(StorageError::NotFound { .. })
-        ));
-        s.put("k", Bytes::from_static(b"v")).await.unwrap();
-        s.fail_gets(1);
-        assert!(s.get("k").await.is_err());
-        assert_eq!(s.get("k").await.unwrap(), Bytes::from_static(b"v"));
-        assert_eq!(s.put_count(), 1);
     }
 }

@@ -1,0 +1,251 @@
+//! The maintenance lease: one SQL row (`meta_lease`, name [`LEASE`]) with an expiry on the
+//! injected clock. Its holder runs the cluster-wide loops (GC of destroyed objects, orphan
+//! cleanup, TTL sweeps); the others skip them. Nothing here is needed for safety (every one of
+//! those passes is idempotent through the log): the lease keeps the work from being done N
+//! times, and moves it when its holder stops renewing.
+//!
+//! The holder is `"{node_id}/{node_epoch}"`, so a restarted process never inherits a lease its
+//! predecessor took: it waits for it to expire like any other node. This process counts the
+//! lease as held only until `ttl` after the start of its last successful take or renewal, on
+//! its own clock, so it stops working before another node can take the row over (as long as
+//! clocks agree to better than the TTL minus the renewal period).
+
+use crate::node::Node;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// The lease row's name.
+pub(crate) const LEASE: &str = "maintenance";
+
+/// This process's view of the lease.
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    /// Held until this clock time (ms); `i64::MIN` when not held.
+    held_until_ms: AtomicI64,
+}
+
+impl Default for LeaseState {
+    fn default() -> Self {
+        LeaseState {
+            held_until_ms: AtomicI64::new(i64::MIN),
+        }
+    }
+}
+
+impl LeaseState {
+    pub(crate) fn held(&self, now_ms: i64) -> bool {
+        now_ms < self.held_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// This process held the lease at its last take or renewal, and that deadline has passed
+    /// without a renewal (a slow pass, or the clock jumped ahead).
+    pub(crate) fn overdue(&self, now_ms: i64) -> bool {
+        let until = self.held_until_ms.load(Ordering::Relaxed);
+        until != i64::MIN && now_ms >= until
+    }
+
+    fn set(&self, until_ms: i64) {
+        self.held_until_ms.store(until_ms, Ordering::Relaxed);
+    }
+}
+
+pub(crate) fn holder_id(node: &Node) -> String {
+    let cfg = &node.inner.config;
+    format!("{}/{}", cfg.node_id, cfg.node_epoch)
+}
+
+/// Takes or renews the lease. Renewing fails once the row expired or another node holds it;
+/// then this node tries to take it again like anyone else.
+pub(crate) async fn lease_pass(node: Node) {
+    let cfg = &node.inner.config;
+    if !node.is_serving() || node.inner.heartbeat.fenced() {
+        // A fenced or stopping process must not hold maintenance work.
+        node.inner.lease.set(i64::MIN);
+        return;
+    }
+    let ttl = cfg.lease_ttl;
+    let holder = holder_id(&node);
+    let now = cfg.clock.now_ms();
+    let meta = &node.inner.meta;
+    let was_held = node.inner.lease.held(now);
+    let result = if was_held {
+        match meta.renew_lease(LEASE, &holder, ttl).await {
+            Ok(true) => Ok(true),
+            // Lost (expired unseen, or taken): try to take it back at once.
+            Ok(false) => meta.try_acquire_lease(LEASE, &holder, ttl).await,
+            Err(e) => Err(e),
+        }
+    } else {
+        meta.try_acquire_lease(LEASE, &holder, ttl).await
+    };
+    match result {
+        Ok(true) => {
+            if !was_held {
+                tracing::info!(
+                    holder,
+                    "maintenance lease taken: this node runs maintenance"
+                );
+            }
+            let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+            node.inner.lease.set(now.saturating_add(ttl_ms));
+        }
+        Ok(false) => {
+            if was_held {
+                tracing::warn!(holder, "maintenance lease lost to another node");
+            }
+            node.inner.lease.set(i64::MIN);
+        }
+        // Unknown: keep what we had until it runs out on our clock.
+        Err(e) => tracing::warn!(error = %e, holder, "maintenance lease not renewed"),
+    }
+}
+
+/// Gives the lease up at shutdown, so another node takes it at its next pass rather than after
+/// the TTL.
+pub(crate) async fn release_lease(node: &Node) {
+    let now = node.now_ms();
+    if !node.inner.lease.held(now) {
+        return;
+    }
+    node.inner.lease.set(i64::MIN);
+    if let Err(e) = node.inner.meta.release_lease(LEASE, &holder_id(node)).await {
+        tracing::warn!(error = %e, "maintenance lease not released; it expires by itself");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NodeConfig;
+    use crate::maintenance::test_support::*;
+    use pico_common::clock::{Clock, ManualClock};
+    use std::sync::Arc;
+
+    /// Two nodes (ids 1 and 2) on one metadata log and one bucket, loops stopped.
+    async fn two_nodes(clock: &Arc<ManualClock>) -> (Node, Node) {
+        let meta = MetaLog::open(
+            "sqlite::memory:",
+            MetaLogOptions {
+                clock: clock.clone(),
+                ..MetaLogOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+        let mut nodes = Vec::new();
+        for id in [1u32, 2] {
+            let config = NodeConfig {
+                node_id: id,
+                node_epoch: 10 + u64::from(id),
+                advertised_url: format!("http://127.0.0.1:{}", 4000 + id),
+                clock: clock.clone(),
+                lease_ttl: Duration::from_secs(10),
+                ..NodeConfig::default()
+            };
+            let wal = Arc::new(ObjectWal::new(
+                Arc::new(MemoryStorage::new()),
+                "wal".to_string(),
+            ));
+            let node = Node::start(
+                config,
+                meta.clone(),
+                data.clone(),
+                wal,
+                EngineConfig::default(),
+            )
+            .await
+            .unwrap();
+            for task in node.inner.tasks.lock().unwrap().drain(..) {
+                task.abort();
+            }
+            nodes.push(node);
+        }
+        let b = nodes.pop().unwrap();
+        let a = nodes.pop().unwrap();
+        (a, b)
+    }
+
+    fn holders(a: &Node, b: &Node) -> (bool, bool) {
+        (a.holds_maintenance_lease(), b.holds_maintenance_lease())
+    }
+
+    /// Exactly one of two nodes holds the lease while its holder renews; when it stops, the
+    /// other takes it once the row expires (not a millisecond before), and the first, coming
+    /// back, finds it taken and stops counting itself a holder.
+    #[tokio::test]
+    async fn one_holder_at_a_time_and_the_lease_moves_when_its_holder_stops() {
+        let clock = ManualClock::new(1_000_000);
+        let (a, b) = two_nodes(&clock).await;
+        // Each node tries once at start: A, started first, took it.
+        assert_eq!(holders(&a, &b), (true, false));
+        lease_pass(b.clone()).await;
+        lease_pass(a.clone()).await;
+        assert_eq!(holders(&a, &b), (true, false));
+        for _ in 0..5 {
+            clock.advance(Duration::from_secs(3));
+            lease_pass(b.clone()).await;
+            lease_pass(a.clone()).await;
+            assert_eq!(holders(&a, &b), (true, false), "renewed by its holder");
+        }
+        // A stops renewing (paused, cut off, dead). Its last renewal was at t0.
+        let t0 = clock.now_ms();
+        clock.advance(Duration::from_millis(9_999));
+        lease_pass(b.clone()).await;
+        assert_eq!(holders(&a, &b), (true, false), "not expired yet");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(clock.now_ms(), t0 + 10_000);
+        assert!(
+            !a.holds_maintenance_lease(),
+            "A stops counting at its own expiry"
+        );
+        lease_pass(b.clone()).await;
+        assert_eq!(holders(&a, &b), (false, true), "B takes the expired lease");
+        // A comes back: the row is B's now.
+        lease_pass(a.clone()).await;
+        assert_eq!(holders(&a, &b), (false, true));
+        // B shuts down and gives it up: A takes it at its next pass, without waiting.
+        release_lease(&b).await;
+        lease_pass(a.clone()).await;
+        assert_eq!(holders(&a, &b), (true, false));
+    }
+
+    /// The gated passes run only on the holder: a destroyed object is deleted by the GC of the
+    /// node holding the lease, and left alone by the other's.
+    #[tokio::test]
+    async fn gc_runs_only_on_the_lease_holder() {
+        let clock = ManualClock::new(1_000_000);
+        let (a, b) = two_nodes(&clock).await;
+        // A (the holder since its start) gives the lease up, as its shutdown would; B takes it.
+        release_lease(&a).await;
+        lease_pass(b.clone()).await;
+        assert_eq!(holders(&a, &b), (false, true));
+        let key = "data/9/1/destroyed".to_string();
+        a.inner
+            .data
+            .put(&key, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        a.inner
+            .meta
+            .propose(Command::CommitObject {
+                node_id: 1,
+                node_epoch: 11,
+                key: key.clone(),
+                size: 1,
+                ranges: vec![],
+                now_ms: clock.now_ms(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(a.inner.meta.view().destroyed.contains(&key));
+        crate::maintenance::gated(a.clone(), super::super::gc::gc_pass).await;
+        assert!(
+            a.inner.data.get(&key).await.is_ok(),
+            "A does not hold the lease"
+        );
+        crate::maintenance::gated(b.clone(), super::super::gc::gc_pass).await;
+        assert!(a.inner.data.get(&key).await.is_err(), "B's GC deleted it");
+        assert!(!a.inner.meta.view().destroyed.contains(&key));
+    }
+}
