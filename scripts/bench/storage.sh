@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Zero-disk storage figures, one run: append acknowledgement latency of one sequential client
+# and 64-connection throughput with the WAL on file://, on S3 and in Postgres, each next to its
+# floor measured in the same run (one fdatasync'd write; one PutObject to the same S3 server;
+# one single-row INSERT commit on the same Postgres), and the S3 requests a node makes per
+# second idle and at 1k appends/s (what a user pays for).
+#
+# usage: scripts/bench/storage.sh
+# env: PICO_BIN (default: builds target/release/pico), BENCH_DURATION (10s), BENCH_WORK
+#      (default target/bench), PICO_TEST_POSTGRES_URL (postgres://postgres@127.0.0.1:5432/postgres)
+# Prints a Markdown table and writes it, with the raw JSON, under $BENCH_WORK/storage-*/.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+WORK=${BENCH_WORK:-$ROOT/target/bench}
+DUR=${BENCH_DURATION:-10s}
+RUN=$WORK/storage-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$RUN"
+PG_ADMIN=${PICO_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+PG_BASE=${PG_ADMIN%/*}
+DB=pico_bench_$$
+log() { printf '[storage %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if [ -z "${PICO_BIN:-}" ]; then
+  (cd "$ROOT" && cargo build --release -p pico-cli --bin pico >&2)
+  PICO_BIN=$ROOT/target/release/pico
+fi
+
+PIDS=()
+stop_pid() {
+  kill -0 "$1" 2>/dev/null || return 0
+  kill -TERM "$1" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+cleanup() {
+  for p in "${PIDS[@]}"; do stop_pid "$p"; done
+  psql -q "$PG_ADMIN" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+wait_http() { for _ in $(seq 1 200); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
+j() { python3 -c 'import json,sys;d=json.load(open(sys.argv[2]))
+for k in sys.argv[1].split(".")[1:]: d=d[k]
+print(d)' "$1" "$2"; }
+
+# --- the S3 server: moto, its own instance, its request log kept to count requests ----------
+MOTO_VENV=${PICO_TOOLS_DIR:-$HOME/.cache/pico-tools}/moto
+if [ ! -x "$MOTO_VENV/bin/moto_server" ]; then
+  log "installing moto server into $MOTO_VENV"
+  python3 -m venv "$MOTO_VENV"
+  "$MOTO_VENV/bin/pip" install -q 'moto[s3]>=5.2.5' flask flask-cors
+fi
+S3_PORT=$(free_port)
+"$MOTO_VENV/bin/moto_server" -H 127.0.0.1 -p "$S3_PORT" >"$RUN/moto.log" 2>&1 &
+PIDS+=($!)
+S3=http://127.0.0.1:$S3_PORT
+wait_http "$S3/moto-api/" || { log "moto did not start"; cat "$RUN/moto.log" >&2; exit 1; }
+export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
+PY=$MOTO_VENV/bin/python
+s3_requests() { grep -c ' HTTP/1.1' "$RUN/moto.log" || true; }
+mkbucket() { "$PY" -c 'import boto3,sys;boto3.client("s3",endpoint_url=sys.argv[1]).create_bucket(Bucket=sys.argv[2])' "$S3" "$1"; }
+s3uri() { echo "$1@s3://$2?region=us-east-1&endpoint=$S3&pathStyle=true"; }
+
+psql -q "$PG_ADMIN" -c "CREATE DATABASE $DB" >/dev/null
+PG=$PG_BASE/$DB
+
+# --- floors ---------------------------------------------------------------------------------
+log "floor: 100-byte write + fdatasync, sequential"
+python3 "$ROOT/scripts/bench/floors.py" fsync --file "$RUN/fsync.tmp" --count 500 >"$RUN/floor-file.json"
+log "floor: one PutObject of 256 B to moto, sequential"
+"$PY" "$ROOT/scripts/bench/floors.py" put --endpoint "$S3" --bucket floor --count 500 >"$RUN/floor-s3.json"
+log "floor: one single-row INSERT commit on Postgres, 1 client (pgbench)"
+psql -q "$PG" -c "CREATE TABLE floor (id bigserial primary key, body bytea)" >/dev/null
+echo "INSERT INTO floor (body) VALUES ('\\x$(printf '%0200d' 0)');" >"$RUN/insert.sql"
+(cd "$RUN" && pgbench -n -c 1 -T 5 -f insert.sql -l --log-prefix=pgfloor "$PG" >"$RUN/pgbench.txt" 2>&1)
+python3 "$ROOT/scripts/bench/floors.py" pgbench-log "$RUN"/pgfloor* >"$RUN/floor-pg.json"
+
+# --- PicoMQ with each WAL -------------------------------------------------------------------
+PORT= ADMIN= NODE=
+start_node() { # tag meta storage wal
+  local tag=$1 dir=$RUN/$1
+  mkdir -p "$dir"
+  PORT=$(free_port) ADMIN=$(free_port)
+  (cd "$dir" && exec "$PICO_BIN" serve --meta-url "$2" --storage="$3" --wal="$4" \
+    --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN" --no-kafka) >"$dir/pico.log" 2>&1 &
+  NODE=$!
+  PIDS+=($NODE)
+  wait_http "http://127.0.0.1:$ADMIN/ready" || { log "$tag: node not ready"; cat "$dir/pico.log" >&2; exit 1; }
+}
+bench() { # tag out extra-args...
+  local tag=$1 out=$2; shift 2
+  "$PICO_BIN" bench --endpoint "http://127.0.0.1:$PORT" --prefix "bench/$tag" -d "$DUR" --warmup 2s \
+    --output json "$@" >"$out"
+}
+for wal in file s3 postgres; do
+  case $wal in
+    file) start_node file "sqlite:$RUN/file/meta.db" "-2@file://$RUN/file/objects" "-3@file://$RUN/file/wal" ;;
+    s3) mkbucket data-s3; mkbucket wal-s3
+        start_node s3 "$PG" "$(s3uri -2 data-s3)" "$(s3uri -3 wal-s3)" ;;
+    postgres) mkbucket data-pg
+        start_node postgres "$PG" "$(s3uri -2 data-pg)" "$PG" ;;
+  esac
+  log "$wal WAL: one sequential client"
+  bench "$wal-1" "$RUN/$wal-1.json" --connections 1 -n 1 -b 100
+  log "$wal WAL: 64 connections"
+  bench "$wal-64" "$RUN/$wal-64.json" --connections 64 -n 1 -b 100
+  if [ "$wal" = s3 ]; then
+    log "s3: requests while idle (20 s, after 5 s to settle)"
+    sleep 5; before=$(s3_requests); sleep 20; after=$(s3_requests)
+    echo "$(( after - before ))" >"$RUN/s3-idle.count"
+    log "s3: requests at 1k appends/s (4 connections, 100 B)"
+    before=$(s3_requests)
+    "$PICO_BIN" bench --endpoint "http://127.0.0.1:$PORT" --prefix bench/s3-rate -d "$DUR" --warmup 0s \
+      --output json --connections 4 -n 1 -b 100 --target-mibps 0.095367 >"$RUN/s3-1k.json"
+    after=$(s3_requests)
+    echo "$(( after - before ))" >"$RUN/s3-1k.count"
+  fi
+  stop_pid "$NODE"
+done
+
+# --- the table ------------------------------------------------------------------------------
+python3 - "$RUN" "$DUR" <<'EOF' | tee "$RUN/table.md"
+import json, sys, os
+run, dur = sys.argv[1], sys.argv[2]
+secs = float(dur.rstrip("s")) if not dur.endswith("ms") else float(dur[:-2]) / 1000
+L = lambda n: json.load(open(os.path.join(run, n)))
+print("| WAL | ack p50 / p99, 1 client | floor p50 / p99 (what) | p50 ratio | 64 connections |")
+print("|---|---|---|---|---|")
+names = {"file": "fdatasync of 100 B", "s3": "PutObject of 256 B", "postgres": "1-row INSERT commit"}
+floors = {"file": "floor-file.json", "s3": "floor-s3.json", "postgres": "floor-pg.json"}
+for wal in ("file", "s3", "postgres"):
+    one, many, fl = L(f"{wal}-1.json"), L(f"{wal}-64.json"), L(floors[wal])
+    p50, p99 = one["write_latency"]["p50_ms"], one["write_latency"]["p99_ms"]
+    print(f"| {wal} | {p50:.2f} / {p99:.2f} ms | {fl['p50_ms']:.2f} / {fl['p99_ms']:.2f} ms ({names[wal]}) "
+          f"| {p50 / fl['p50_ms']:.2f}× | {many['write']['records_per_sec']:.0f} appends/s |")
+idle = int(open(os.path.join(run, "s3-idle.count")).read())
+busy = int(open(os.path.join(run, "s3-1k.count")).read())
+rate = L("s3-1k.json")["write"]["records_per_sec"]
+print()
+print(f"S3 requests/s with data and WAL on S3: idle {idle / 20:.2f}; at {rate:.0f} appends/s {busy / secs:.1f}")
+EOF
