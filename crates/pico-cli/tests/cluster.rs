@@ -6,116 +6,23 @@
 //! it. Without a server the tests print `SKIPPED (...)` and pass, or fail under
 //! `PICO_TEST_REQUIRE_ALL=1`.
 
+#[path = "../../pico-wal-pg/tests/common/mod.rs"]
+mod pg;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use pg::TestDb;
 use pico_client::{Client, ClientOptions};
 use reqwest::StatusCode;
 use serde_json::Value;
-use sqlx::Connection;
-use sqlx::postgres::PgConnection;
 
 const PICO: &str = env!("CARGO_BIN_EXE_pico");
 /// Bounds every wait of these tests (none of them is a timing assertion).
 const PATIENCE: Duration = Duration::from_secs(60);
-
-// ---------------------------------------------------------------------------------------------
-// A fresh Postgres database per test
-// ---------------------------------------------------------------------------------------------
-
-struct TestDb {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-fn with_database(url: &str, db: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (url, None),
-    };
-    let after_scheme = head.find("://").map_or(0, |i| i + 3);
-    let base = match head[after_scheme..].find('/') {
-        Some(i) => &head[..after_scheme + i],
-        None => head,
-    };
-    match query {
-        Some(q) => format!("{base}/{db}?{q}"),
-        None => format!("{base}/{db}"),
-    }
-}
-
-async fn connect(url: &str) -> Result<PgConnection, String> {
-    match tokio::time::timeout(Duration::from_secs(10), PgConnection::connect(url)).await {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("connect timed out".into()),
-    }
-}
-
-impl TestDb {
-    async fn create() -> Option<TestDb> {
-        let admin_url = std::env::var("PICO_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_string());
-        let mut conn = match connect(&admin_url).await {
-            Ok(c) => c,
-            Err(e) => {
-                if std::env::var("PICO_TEST_REQUIRE_ALL").as_deref() == Ok("1") {
-                    panic!("no Postgres at {admin_url} ({e}) and PICO_TEST_REQUIRE_ALL=1");
-                }
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED (no Postgres at {admin_url}): {e}"
-                );
-                return None;
-            }
-        };
-        static N: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "pico_cluster_test_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .execute(&mut conn)
-            .await
-            .expect("drop stale test database");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("create test database");
-        let url = with_database(&admin_url, &name);
-        Some(TestDb {
-            admin_url,
-            name,
-            url,
-        })
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async {
-                if let Ok(mut c) = connect(&admin_url).await {
-                    let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut c)
-                        .await;
-                }
-            })
-        })
-        .join();
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Nodes
