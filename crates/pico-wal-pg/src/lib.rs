@@ -5,7 +5,9 @@
 //! checksummed and verified on recovery exactly like the other WALs. `pico_wal_nodes` holds
 //! each node's registered epoch and is the fence: every append and trim locks the node's row
 //! and fails when a later incarnation registered a higher epoch there, so a zombie process can
-//! never add to or delete from the WAL its successor recovers. See `docs/design/wal-postgres.md`.
+//! never add to or delete from the WAL its successor recovers. An append is one statement (the
+//! fence folded into the INSERT) on a connection of its own: one round trip, one commit. See
+//! `docs/design/wal-postgres.md`.
 
 mod url;
 
@@ -16,14 +18,27 @@ use bytes::Bytes;
 use s3stream::format::{self, FormatError};
 use s3stream::{Wal, WalError, WalRecord};
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Transaction};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Postgres, Transaction};
 use tokio::sync::Mutex;
 
 pub use url::{ALLOW_UNSAFE, check_durability, split_allow_unsafe};
 
-/// Connections kept: appends are serialized, so one writes while another trims or recovers.
-const MAX_CONNECTIONS: u32 = 4;
+/// Pooled connections, for trims, recovery and opening: appends have a connection of their own.
+const MAX_CONNECTIONS: u32 = 3;
+
+/// The fenced append, one statement and so one round trip and one implicit transaction: the
+/// node's row is read `FOR SHARE` (held to the commit) and a row is inserted only if no higher
+/// epoch is registered there. A re-open's epoch update waits for that lock, or, if it committed
+/// first, the re-checked row no longer matches and nothing is inserted (no row returned). A
+/// retry after a failed commit reuses the position: if that commit did land, its row is
+/// replaced by the same records, never kept at a second position.
+const APPEND: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
+     SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
+         WHERE node_id = $1 AND epoch <= $3 FOR SHARE
+     ON CONFLICT (node_id, position)
+     DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload
+     RETURNING position";
 
 /// How long a WAL statement, and a whole append or trim transaction, may take.
 #[derive(Clone, Debug)]
@@ -111,12 +126,24 @@ impl From<PgWalError> for WalError {
 /// A node's WAL in Postgres, fenced by the epoch it was opened at.
 pub struct PgWal {
     pool: PgPool,
+    /// How the append connection is (re)connected.
+    connect: PgConnectOptions,
     node_id: u32,
     epoch: i64,
     opts: PgWalOptions,
-    /// Next position to write. Held across each append's transaction: appends are serialized,
-    /// so positions are assigned, committed and acknowledged in order.
-    next: Mutex<i64>,
+    /// Held across each append: appends are serialized, so positions are assigned, committed
+    /// and acknowledged in order.
+    writer: Mutex<Writer>,
+}
+
+/// The append path's state, behind one lock.
+struct Writer {
+    /// Next position to write.
+    next: i64,
+    /// The append connection: not pooled, so an append costs no acquire (no liveness ping,
+    /// no hand-back task) and its prepared statement stays warm. Dropped after any failed
+    /// append (its state is unknown) and reconnected by the next one.
+    conn: Option<PgConnection>,
 }
 
 impl PgWal {
@@ -146,7 +173,7 @@ impl PgWal {
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(opts.acquire_timeout)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
         Self::check_server(&pool, allow_unsafe).await?;
         create_schema(&pool).await?;
@@ -196,10 +223,14 @@ impl PgWal {
         );
         Ok(PgWal {
             pool,
+            connect: options,
             node_id,
             epoch,
             opts,
-            next: Mutex::new(last + 1),
+            writer: Mutex::new(Writer {
+                next: last + 1,
+                conn: None,
+            }),
         })
     }
 
@@ -258,39 +289,70 @@ impl PgWal {
         PgWalError::Timeout(self.opts.statement_timeout)
     }
 
-    async fn insert(&self, position: i64, payload: &[u8]) -> Result<(), PgWalError> {
-        let mut conn = self.acquire().await?;
-        let write = self.insert_on(&mut conn, position, payload);
-        match tokio::time::timeout(self.opts.statement_timeout, write).await {
-            Ok(r) => r,
-            Err(_) => Err(self.abandon(conn)),
-        }
-    }
-
-    async fn insert_on(
+    /// Writes `payload` at `position` on the append connection (connected first if needed),
+    /// within `statement_timeout` for the connect and again for the statement. On any failure
+    /// the connection is dropped: a timed-out one has a query half-sent and no answer, and a
+    /// broken one would fail again; the next append connects afresh.
+    async fn insert(
         &self,
-        conn: &mut sqlx::PgConnection,
+        writer: &mut Writer,
         position: i64,
         payload: &[u8],
     ) -> Result<(), PgWalError> {
-        use sqlx::Connection;
-        let mut tx = conn.begin().await?;
-        self.fence(&mut tx).await?;
-        // A retry after a failed commit reuses the position: if that commit did land, its row
-        // is replaced by the same records, never kept at a second position.
-        sqlx::query(
-            "INSERT INTO pico_wal (node_id, position, node_epoch, payload) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (node_id, position)
-             DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload",
-        )
-        .bind(self.node())
-        .bind(position)
-        .bind(self.epoch)
-        .bind(payload)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        let limit = self.opts.statement_timeout;
+        let mut conn = match writer.conn.take() {
+            Some(conn) => conn,
+            // Statements are not logged: this one runs per group commit.
+            None => match tokio::time::timeout(
+                limit,
+                self.connect.clone().disable_statement_logging().connect(),
+            )
+            .await
+            {
+                Ok(conn) => conn?,
+                Err(_) => return Err(PgWalError::Timeout(limit)),
+            },
+        };
+        let write = sqlx::query_scalar::<_, i64>(APPEND)
+            .bind(self.node())
+            .bind(position)
+            .bind(self.epoch)
+            .bind(payload)
+            .fetch_optional(&mut conn);
+        let inserted = match tokio::time::timeout(limit, write).await {
+            Ok(r) => r?,
+            Err(_) => return Err(PgWalError::Timeout(limit)),
+        };
+        writer.conn = Some(conn);
+        match inserted {
+            Some(_) => Ok(()),
+            // Nothing written: a higher epoch is registered, or the row is gone.
+            None => Err(self.why_not_inserted().await),
+        }
+    }
+
+    /// Why the fenced INSERT matched no row (rare: read on a pooled connection).
+    async fn why_not_inserted(&self) -> PgWalError {
+        let read =
+            sqlx::query_scalar::<_, i64>("SELECT epoch FROM pico_wal_nodes WHERE node_id = $1")
+                .bind(self.node())
+                .fetch_optional(&self.pool);
+        match tokio::time::timeout(self.opts.statement_timeout, read).await {
+            Ok(Ok(Some(registered))) if registered > self.epoch => PgWalError::Fenced {
+                node_id: self.node_id,
+                epoch: self.epoch,
+                registered,
+            },
+            Ok(Ok(None)) => PgWalError::Unregistered {
+                node_id: self.node_id,
+            },
+            // The epoch read back is ours (it cannot go down): the fence did not refuse.
+            Ok(Ok(Some(registered))) => PgWalError::Db(sqlx::Error::Protocol(format!(
+                "fenced insert wrote nothing though epoch {registered} is registered"
+            ))),
+            Ok(Err(e)) => e.into(),
+            Err(_) => PgWalError::Timeout(self.opts.statement_timeout),
+        }
     }
 
     async fn delete_upto(&self, upto: i64) -> Result<(), PgWalError> {
@@ -355,8 +417,8 @@ fn position_of(raw: i64) -> u64 {
 #[async_trait::async_trait]
 impl Wal for PgWal {
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
-        let mut next = self.next.lock().await;
-        let position = *next;
+        let mut writer = self.writer.lock().await;
+        let position = writer.next;
         let payload =
             format::encode_wal_entry(position_of(position), &records).map_err(|source| {
                 WalError::Corrupt {
@@ -364,8 +426,8 @@ impl Wal for PgWal {
                     source,
                 }
             })?;
-        self.insert(position, &payload).await?;
-        *next = position + 1;
+        self.insert(&mut writer, position, &payload).await?;
+        writer.next = position + 1;
         Ok(position_of(position))
     }
 
