@@ -10,6 +10,7 @@
 //! - [`host`]: which `Host` a loopback listener answers (DNS rebinding).
 //! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY and keepalive, HTTP/2 stream
 //!   limit, timers that close connections gone quiet or no longer reading).
+//! - [`startup`]: waiting for an unreachable Postgres at start (`/ready` 503 meanwhile).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
 //! - [`metrics_handle`]: the process's Prometheus recorder, installed once, drained on a timer.
 
@@ -19,6 +20,7 @@ pub mod conn_exec;
 pub mod guard;
 pub mod host;
 pub mod listener;
+pub mod startup;
 pub mod stores;
 mod wait_timer;
 
@@ -43,6 +45,9 @@ pub enum RuntimeError {
     WalInUse(std::path::PathBuf),
     #[error("listener: {0}")]
     Listen(String),
+    /// A store did not answer (refused, timed out, reset): waiting may fix it.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
 }
 
 /// How often the recorder's histogram samples are folded into its summaries. Without it they
@@ -282,18 +287,80 @@ pub async fn run(
     let wal_lock = stores::lock_wal(&wal_uri, config.node_id)?;
     // Before the engine exists, so recovery's WAL reads and first commits are recorded too.
     let metrics = metrics_handle();
-    let meta = MetaLog::open(&config.meta_url, MetaLogOptions::default())
-        .await
-        .map_err(|e| {
+    tokio::pin!(shutdown);
+    let timeouts = listener::Timeouts {
+        body_min_rate: config.body_min_rate,
+        body_rate_grace: config.body_rate_grace,
+        body_deadline: config.body_deadline,
+        ..listener::Timeouts::default()
+    };
+    let extra_hosts = allowed_hosts(&config);
+    let listen = listener::ListenOptions {
+        http2_max_streams: config.http2_max_streams,
+    };
+    // Dropped on every early return, which stops the listeners already serving.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut servers = Vec::new();
+    // The admin listener first: while the stores are waited for, `/ready` says 503.
+    let startup = std::sync::Arc::new(startup::Startup::default());
+    if let Some(a) = config.admin_listen {
+        let admin = TcpListener::bind(a)
+            .await
+            .map_err(|e| RuntimeError::Listen(format!("{a}: {e}")))?;
+        let addr = admin
+            .local_addr()
+            .map_err(|e| RuntimeError::Listen(e.to_string()))?;
+        servers.push(tokio::spawn(listener::serve(
+            admin,
+            startup.router(),
+            listen,
+            timeouts,
+            host::HostPolicy::for_listener(addr, &extra_hosts),
+            stop_rx.clone(),
+        )));
+        tracing::info!(addr = %addr, "admin listener ready");
+    }
+    let clock = pico_common::clock::system();
+    let meta_url = config.meta_url.clone();
+    // Only Postgres is waited for: a SQLite file that fails to open will not fix itself.
+    let meta_waits = !meta_url.starts_with("sqlite:");
+    let opening = startup.retry(
+        &clock,
+        "metadata store",
+        |e: &pico_sql::MetaError| {
+            meta_waits && matches!(e.kind(), pico_common::ErrorKind::Unavailable(_))
+        },
+        || MetaLog::open(&meta_url, MetaLogOptions::default()),
+    );
+    let meta = tokio::select! {
+        r = opening => r.map_err(|e| {
             let url = pico_common::uri::redact(&config.meta_url);
             RuntimeError::Startup(format!("metadata log `{url}`: {e}"))
-        })?;
+        })?,
+        _ = &mut shutdown => {
+            tracing::info!("stopped while waiting for the metadata store");
+            return Ok(());
+        }
+    };
     let node_epoch = config
         .node_epoch
         .unwrap_or_else(|| next_node_epoch(&meta, config.node_id, now_ms()));
     check_cluster_id(&meta, &config.cluster_id).await?;
     let data = stores::object_storage(&config.storage).await?;
-    let wal = stores::wal(&wal_uri, config.node_id, node_epoch).await?;
+    let opening = startup.retry(
+        &clock,
+        "WAL",
+        |e: &RuntimeError| matches!(e, RuntimeError::Unreachable(_)),
+        || stores::wal(&wal_uri, config.node_id, node_epoch),
+    );
+    let wal = tokio::select! {
+        r = opening => r?,
+        _ = &mut shutdown => {
+            meta.close().await;
+            tracing::info!("stopped while waiting for the WAL");
+            return Ok(());
+        }
+    };
     let mut engine = stores::engine_config(&wal_uri)?;
     engine.log_cache_bytes = config.wal_cache_size;
     engine.block_cache_bytes = config.block_cache_size;
@@ -306,14 +373,6 @@ pub async fn run(
             TcpListener::bind(a)
                 .await
                 .map_err(|e| RuntimeError::Listen(format!("--kafka-listen {a}: {e}")))?,
-        ),
-        None => None,
-    };
-    let admin = match config.admin_listen {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .map_err(|e| RuntimeError::Listen(format!("{a}: {e}")))?,
         ),
         None => None,
     };
@@ -343,20 +402,8 @@ pub async fn run(
         cors: pico_http::cors::CorsOrigins::parse(&config.cors_origins)
             .map_err(RuntimeError::Config)?,
     };
-    let timeouts = listener::Timeouts {
-        body_min_rate: config.body_min_rate,
-        body_rate_grace: config.body_rate_grace,
-        body_deadline: config.body_deadline,
-        ..listener::Timeouts::default()
-    };
-    let extra_hosts = allowed_hosts(&config);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let kafka_stop = stop_rx.clone();
     let proto_app = pico_http::protocol_router(node.clone(), opts);
-    let listen = listener::ListenOptions {
-        http2_max_streams: config.http2_max_streams,
-    };
-    let mut servers = Vec::new();
     servers.push(tokio::spawn(listener::serve(
         protocol,
         proto_app,
@@ -366,20 +413,7 @@ pub async fn run(
         stop_rx.clone(),
     )));
     tracing::info!(addr = %local, "protocol listener ready");
-    if let Some(admin) = admin {
-        let addr = admin
-            .local_addr()
-            .map_err(|e| RuntimeError::Listen(e.to_string()))?;
-        servers.push(tokio::spawn(listener::serve(
-            admin,
-            pico_http::admin_router(node.clone(), metrics),
-            listen,
-            timeouts,
-            host::HostPolicy::for_listener(addr, &extra_hosts),
-            stop_rx,
-        )));
-        tracing::info!(addr = %addr, "admin listener ready");
-    }
+    startup.serve(pico_http::admin_router(node.clone(), metrics));
     if let Some(kafka) = kafka {
         let addr = kafka
             .local_addr()

@@ -128,6 +128,11 @@ pub async fn wal(
                     PgWalError::Url(_) | PgWalError::Unsafe { .. } | PgWalError::EpochRange(_) => {
                         RuntimeError::Config(format!("WAL `{at}`: {e}"))
                     }
+                    // No answer, or an answer a later try may not give (starting up, too
+                    // many connections, ...): the node waits for it (see `startup`).
+                    PgWalError::Db(_) | PgWalError::Timeout(_) => {
+                        RuntimeError::Unreachable(format!("WAL `{at}`: {e}"))
+                    }
                     _ => RuntimeError::Startup(format!("WAL `{at}`: {e}")),
                 })
             }
