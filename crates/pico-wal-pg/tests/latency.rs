@@ -6,7 +6,8 @@
 //! - `five round trips`: what an append cost before (pool acquire with its ping, BEGIN, the
 //!   fence's `SELECT … FOR SHARE`, the INSERT, COMMIT), for comparison.
 //!
-//! A measurement, not a check (timings on a shared machine prove nothing), so ignored by
+//! The three run interleaved, one of each per round, so a disk that changes speed under other
+//! load slows each alike. A measurement, not a check (timings on a shared machine prove nothing), so ignored by
 //! default: `cargo test --release -p pico-wal-pg --test latency -- --ignored --nocapture`.
 
 mod common;
@@ -52,30 +53,7 @@ async fn append_latency_against_a_bare_insert() {
         .execute(&mut conn)
         .await
         .unwrap();
-    let mut floor = Vec::with_capacity(N);
-    for i in 0..WARMUP + N {
-        let t = Instant::now();
-        sqlx::query("INSERT INTO floor (body) VALUES ($1)")
-            .bind(&body[..])
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        if i >= WARMUP {
-            floor.push(t.elapsed());
-        }
-    }
-
     let wal = PgWal::open(&db.url, 1, 1).await.unwrap();
-    let mut append = Vec::with_capacity(N);
-    for i in 0..WARMUP + N {
-        let rec = WalRecord::new(1, 1, i as u64, 1, body.clone(), Bytes::new());
-        let t = Instant::now();
-        wal.append(vec![rec]).await.unwrap();
-        if i >= WARMUP {
-            append.push(t.elapsed());
-        }
-    }
-
     // The former path, on the same tables (node 2, positions of its own).
     let pool = PgPoolOptions::new()
         .max_connections(4)
@@ -86,8 +64,29 @@ async fn append_latency_against_a_bare_insert() {
         .execute(&pool)
         .await
         .unwrap();
-    let mut old = Vec::with_capacity(N);
+
+    // Interleaved, one of each per round: a shared machine's disk changes speed by the
+    // second, and each gets the same share of it.
+    let (mut floor, mut append, mut old) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..WARMUP + N {
+        let keep = i >= WARMUP;
+        let t = Instant::now();
+        sqlx::query("INSERT INTO floor (body) VALUES ($1)")
+            .bind(&body[..])
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        if keep {
+            floor.push(t.elapsed());
+        }
+
+        let rec = WalRecord::new(1, 1, i as u64, 1, body.clone(), Bytes::new());
+        let t = Instant::now();
+        wal.append(vec![rec]).await.unwrap();
+        if keep {
+            append.push(t.elapsed());
+        }
+
         let t = Instant::now();
         let mut c = pool.acquire().await.unwrap();
         let mut tx = c.begin().await.unwrap();
@@ -111,7 +110,7 @@ async fn append_latency_against_a_bare_insert() {
         .unwrap();
         tx.commit().await.unwrap();
         drop(c);
-        if i >= WARMUP {
+        if keep {
             old.push(t.elapsed());
         }
     }
