@@ -3,6 +3,8 @@
 //!
 //! - `floor`: a single-row INSERT and its commit (autocommit) on a prepared statement;
 //! - `append`: `PgWal::append` as the engine calls it (one statement: fence + INSERT);
+//! - `fenced, bare conn`: the append's statement alone on the floor's connection (what
+//!   `PgWal` adds around it: encoding, its lock, timeouts);
 //! - `five round trips`: what an append cost before (pool acquire with its ping, BEGIN, the
 //!   fence's `SELECT … FOR SHARE`, the INSERT, COMMIT), for comparison.
 //!
@@ -21,7 +23,7 @@ use s3stream::{Wal, WalRecord};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
 
-const N: usize = 2000;
+const N: usize = 1000;
 const WARMUP: usize = 100;
 
 fn pct(samples: &mut [Duration], p: f64) -> f64 {
@@ -68,6 +70,17 @@ async fn append_latency_against_a_bare_insert() {
     // Interleaved, one of each per round: a shared machine's disk changes speed by the
     // second, and each gets the same share of it.
     let (mut floor, mut append, mut old) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut fo, mut ex) = (Vec::new(), Vec::new());
+    sqlx::query("INSERT INTO pico_wal_nodes (node_id, epoch) VALUES (3, 1), (4, 1)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    const FENCED: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
+     SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
+         WHERE node_id = $1 AND epoch <= $3 FOR SHARE
+     ON CONFLICT (node_id, position)
+     DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload
+     RETURNING position";
     for i in 0..WARMUP + N {
         let keep = i >= WARMUP;
         let t = Instant::now();
@@ -78,6 +91,32 @@ async fn append_latency_against_a_bare_insert() {
             .unwrap();
         if keep {
             floor.push(t.elapsed());
+        }
+
+        let t = Instant::now();
+        let r: Option<i64> = sqlx::query_scalar(FENCED)
+            .bind(3i32)
+            .bind(i as i64 + 1)
+            .bind(1i64)
+            .bind(&body[..])
+            .fetch_optional(&mut conn)
+            .await
+            .unwrap();
+        assert!(r.is_some());
+        if keep {
+            fo.push(t.elapsed());
+        }
+        let t = Instant::now();
+        sqlx::query(FENCED)
+            .bind(4i32)
+            .bind(i as i64 + 1)
+            .bind(1i64)
+            .bind(&body[..])
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        if keep {
+            ex.push(t.elapsed());
         }
 
         let rec = WalRecord::new(1, 1, i as u64, 1, body.clone(), Bytes::new());
@@ -121,5 +160,7 @@ async fn append_latency_against_a_bare_insert() {
     report("floor (INSERT)", floor, floor_p50);
     let a = report("PgWal::append", append, floor_p50);
     report("five round trips", old, floor_p50);
+    report("fenced, bare conn", fo, floor_p50);
+    report("same, no RETURNING", ex, floor_p50);
     assert!(a > 0.0);
 }
