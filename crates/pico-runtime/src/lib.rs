@@ -324,42 +324,43 @@ pub async fn run(
     let meta_url = config.meta_url.clone();
     // Only Postgres is waited for: a SQLite file that fails to open will not fix itself.
     let meta_waits = !meta_url.starts_with("sqlite:");
-    let opening = startup.retry(
-        &clock,
-        "metadata store",
-        |e: &pico_sql::MetaError| {
-            meta_waits && matches!(e.kind(), pico_common::ErrorKind::Unavailable(_))
-        },
-        || MetaLog::open(&meta_url, MetaLogOptions::default()),
-    );
-    let meta = tokio::select! {
-        r = opening => r.map_err(|e| {
+    let opened = startup
+        .retry(
+            &clock,
+            "metadata store",
+            |e: &pico_sql::MetaError| {
+                meta_waits && matches!(e.kind(), pico_common::ErrorKind::Unavailable(_))
+            },
+            || MetaLog::open(&meta_url, MetaLogOptions::default()),
+            &mut shutdown,
+        )
+        .await
+        .map_err(|e| {
             let url = pico_common::uri::redact(&config.meta_url);
             RuntimeError::Startup(format!("metadata log `{url}`: {e}"))
-        })?,
-        _ = &mut shutdown => {
-            tracing::info!("stopped while waiting for the metadata store");
-            return Ok(());
-        }
+        })?;
+    let Some(meta) = opened else {
+        tracing::info!("stopped while waiting for the metadata store");
+        return Ok(());
     };
     let node_epoch = config
         .node_epoch
         .unwrap_or_else(|| next_node_epoch(&meta, config.node_id, now_ms()));
     check_cluster_id(&meta, &config.cluster_id).await?;
     let data = stores::object_storage(&config.storage).await?;
-    let opening = startup.retry(
-        &clock,
-        "WAL",
-        |e: &RuntimeError| matches!(e, RuntimeError::Unreachable(_)),
-        || stores::wal(&wal_uri, config.node_id, node_epoch),
-    );
-    let wal = tokio::select! {
-        r = opening => r?,
-        _ = &mut shutdown => {
-            meta.close().await;
-            tracing::info!("stopped while waiting for the WAL");
-            return Ok(());
-        }
+    let opened = startup
+        .retry(
+            &clock,
+            "WAL",
+            |e: &RuntimeError| matches!(e, RuntimeError::Unreachable(_)),
+            || stores::wal(&wal_uri, config.node_id, node_epoch),
+            &mut shutdown,
+        )
+        .await?;
+    let Some(wal) = opened else {
+        meta.close().await;
+        tracing::info!("stopped while waiting for the WAL");
+        return Ok(());
     };
     let mut engine = stores::engine_config(&wal_uri)?;
     engine.log_cache_bytes = config.wal_cache_size;

@@ -82,20 +82,23 @@ impl Startup {
         }
     }
 
-    /// Runs `open` until it succeeds or fails with an error `retryable` refuses, sleeping on
-    /// `clock` between attempts. Logs the first failure, then at most one line per
-    /// [`LOG_EVERY`], and the success after waiting.
-    pub async fn retry<T, E, F, Fut>(
+    /// Runs `open` until it succeeds (`Some`) or fails with an error `retryable` refuses,
+    /// sleeping on `clock` between attempts; `None` if `stop` resolves during such a sleep (a
+    /// shutdown while waiting; an attempt under way is let finish). Logs the first failure,
+    /// then at most one line per [`LOG_EVERY`], and the success after waiting.
+    pub async fn retry<T, E, F, Fut, S>(
         &self,
         clock: &SharedClock,
         what: &'static str,
         retryable: impl Fn(&E) -> bool,
         mut open: F,
-    ) -> Result<T, E>
+        stop: &mut S,
+    ) -> Result<Option<T>, E>
     where
         E: Display,
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, E>>,
+        S: Future<Output = ()> + Unpin,
     {
         let started = clock.now_ms();
         let mut failures = 0u64;
@@ -115,7 +118,7 @@ impl Startup {
                             "reachable; starting"
                         );
                     }
-                    return Ok(v);
+                    return Ok(Some(v));
                 }
                 Err(e) if retryable(&e) => {
                     failures += 1;
@@ -133,7 +136,10 @@ impl Startup {
                              /ready answers 503 meanwhile)"
                         );
                     }
-                    clock.sleep(wait).await;
+                    tokio::select! {
+                        _ = clock.sleep(wait) => {}
+                        _ = &mut *stop => return Ok(None),
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -182,6 +188,7 @@ mod tests {
                                 }
                             }
                         },
+                        &mut std::future::pending::<()>(),
                     )
                     .await
             })
@@ -196,21 +203,38 @@ mod tests {
             assert_eq!(calls.load(Ordering::SeqCst), failures, "retried too early");
             manual.advance(RETRY_MAX);
         }
-        assert_eq!(task.await.unwrap(), Ok(3));
+        assert_eq!(task.await.unwrap(), Ok(Some(3)));
     }
 
     #[tokio::test]
     async fn an_error_no_wait_can_fix_is_returned_at_once() {
         let clock = pico_common::clock::system();
         let startup = Startup::default();
-        let r: Result<(), String> = startup
+        let r: Result<Option<()>, String> = startup
             .retry(
                 &clock,
                 "WAL",
                 |e: &String| e != "bad url",
                 || async { Err("bad url".to_string()) },
+                &mut std::future::pending::<()>(),
             )
             .await;
         assert_eq!(r, Err("bad url".to_string()));
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_while_waiting_ends_the_wait() {
+        let clock = pico_common::clock::system();
+        let startup = Startup::default();
+        let r: Result<Option<()>, String> = startup
+            .retry(
+                &clock,
+                "metadata store",
+                |_: &String| true,
+                || async { Err("refused".to_string()) },
+                &mut std::future::ready(()),
+            )
+            .await;
+        assert_eq!(r, Ok(None));
     }
 }
