@@ -273,7 +273,9 @@ pub fn transfers_are_of_live_streams(s: &State) -> Result<(), String> {
             return Err(format!("transfer of an unknown stream: stream_id={id}"));
         };
         if t.released_ms.is_some() && m.owner.is_some() {
-            return Err(format!("released transfer of an owned stream: stream_id={id}"));
+            return Err(format!(
+                "released transfer of an owned stream: stream_id={id}"
+            ));
         }
     }
     Ok(())

@@ -27,10 +27,10 @@ mod remove;
 mod transfer;
 
 pub use kv::KvError;
+pub use raw::RawRead;
 pub use transfer::{
     DRAIN_TIMEOUT, HANDOFF_HOLD, HINT_TTL, StreamPlacement, TransferAccepted, TransferError,
 };
-pub use raw::RawRead;
 
 use crate::api::*;
 use crate::catalog::MetaCatalog;
