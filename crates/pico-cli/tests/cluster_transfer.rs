@@ -274,6 +274,35 @@ async fn cluster_transfer_under_concurrent_producers_keeps_offsets_and_records()
     eprintln!("pico admin transfer --wait: {}", stdout.trim());
     let ack = c1.append(name, "after").await.unwrap();
     assert_eq!(ack.start_seq, acked.len() as u64, "offsets continue");
+
+    // Refusals are clear 4xx answers.
+    let status = |r: Result<pico_client::TransferStarted, pico_client::ClientError>| {
+        r.map(|_| 202).unwrap_or_else(|e| e.status().unwrap_or(0))
+    };
+    eventually("node 1 owns it everywhere", async || {
+        admin1
+            .placement(name)
+            .await
+            .unwrap()
+            .unwrap()
+            .owner
+            .map(|o| o.node_id)
+            == Some(1)
+    })
+    .await;
+    assert_eq!(status(admin1.transfer("no/such", 2).await), 404);
+    assert_eq!(status(admin1.transfer(name, 9).await), 404, "unknown node");
+    assert_eq!(status(admin1.transfer(name, 1).await), 409, "already there");
+    let bad = http
+        .post(format!(
+            "http://127.0.0.1:{}/admin/transfer",
+            nodes[0].admin
+        ))
+        .body(r#"{"stream":"orders/moving"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), reqwest::StatusCode::BAD_REQUEST);
 }
 
 /// Two nodes create the same names at the same moment: one stream per name, the loser's

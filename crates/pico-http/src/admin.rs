@@ -113,19 +113,7 @@ async fn ready(State(a): State<Admin>) -> impl IntoResponse {
 /// `POST /admin/transfer {"stream": name, "toNode": id}`: 202 once the request is in the log;
 /// the handoff runs on the owner and the target (poll `GET /admin/streams/{name}` for it).
 async fn transfer(State(a): State<Admin>, body: axum::body::Bytes) -> Response {
-    let parsed: Result<(StreamName, u32), String> = (|| {
-        let v: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| format!("body is not JSON: {e}"))?;
-        let stream = v["stream"]
-            .as_str()
-            .ok_or("`stream` (a stream name) is required")?;
-        let name = StreamName::from_path(stream).map_err(|e| e.to_string())?;
-        let to_node = v["toNode"]
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or("`toNode` (a node id) is required")?;
-        Ok((name, to_node))
-    })();
+    let parsed = parse_transfer(&body);
     let (name, to_node) = match parsed {
         Ok(p) => p,
         Err(m) => {
@@ -146,6 +134,21 @@ async fn transfer(State(a): State<Admin>, body: axum::body::Bytes) -> Response {
             .into_response(),
         Err(e) => HttpError::from(e).into_response(),
     }
+}
+
+/// The transfer request's body: `{"stream": name, "toNode": id}`.
+fn parse_transfer(body: &[u8]) -> Result<(StreamName, u32), String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let stream = v["stream"]
+        .as_str()
+        .ok_or("`stream` (a stream name) is required")?;
+    let name = StreamName::from_path(stream).map_err(|e| e.to_string())?;
+    let to_node = v["toNode"]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or("`toNode` (a node id) is required")?;
+    Ok((name, to_node))
 }
 
 /// `GET /admin/streams/{name}`: owner, epoch, committed end, and a transfer under way.
