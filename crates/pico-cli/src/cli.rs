@@ -63,6 +63,9 @@ impl Command {
             | Command::Close { name }
             | Command::Delete { name }
             | Command::Trim { name, .. } => Some(name),
+            Command::Admin(a) => match &a.command {
+                AdminCommand::Transfer { name, .. } => Some(name),
+            },
             Command::Serve(_) | Command::Bench(_) | Command::Ls { .. } => None,
         }
     }
@@ -168,6 +171,38 @@ pub enum Command {
         /// New first offset.
         #[arg(long, env = "PICO_TRIM_SEQ")]
         seq: u64,
+    },
+    /// Talk to a node's admin listener.
+    Admin(AdminArgs),
+}
+
+/// `pico admin`: the admin listener's API.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Admin listener of the node to ask (any node of the cluster).
+    #[arg(
+        long,
+        global = true,
+        env = "PICO_ADMIN_ENDPOINT",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub admin_endpoint: String,
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Move a stream to another node: its owner flushes and releases it, the target opens it
+    /// at the next epoch; offsets and idempotent producers carry on.
+    Transfer {
+        name: String,
+        /// The node to move it to.
+        #[arg(long, env = "PICO_TO_NODE")]
+        to_node: u32,
+        /// Wait until the target owns the stream, and print how long the handoff took.
+        #[arg(long, env = "PICO_WAIT", value_parser = BoolishValueParser::new(), action = clap::ArgAction::SetTrue)]
+        wait: bool,
     },
 }
 

@@ -449,6 +449,52 @@ pub fn check_name(name: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Longest `pico admin transfer --wait` waits for the target to own the stream.
+const TRANSFER_WAIT: Duration = Duration::from_secs(60);
+
+/// `pico admin …`.
+pub async fn admin(args: &crate::cli::AdminArgs, token: Option<String>) -> anyhow::Result<()> {
+    use crate::cli::AdminCommand;
+    let admin = pico_client::AdminClient::new(&args.admin_endpoint, token)?;
+    match &args.command {
+        AdminCommand::Transfer {
+            name,
+            to_node,
+            wait: false,
+        } => {
+            let t = admin.transfer(name, *to_node).await?;
+            eprintln!(
+                "transfer of {name} to node {to_node} requested (from node {}, epoch {})",
+                t.from_node.map_or("none".to_string(), |n| n.to_string()),
+                t.epoch
+            );
+        }
+        AdminCommand::Transfer {
+            name,
+            to_node,
+            wait: true,
+        } => {
+            let h = admin
+                .transfer_and_wait(name, *to_node, TRANSFER_WAIT)
+                .await
+                .with_context(|| format!("transfer of {name} to node {to_node}"))?;
+            println!(
+                "node={to_node} epoch={} handoff_ms={}",
+                h.epoch,
+                h.elapsed.as_millis()
+            );
+            eprintln!(
+                "{name} moved from node {} to node {to_node} in {} ms",
+                h.started
+                    .from_node
+                    .map_or("none".to_string(), |n| n.to_string()),
+                h.elapsed.as_millis()
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,8 @@
-//! `pico`: the PicoMQ server, client CLI and benchmark (the admin tool comes later).
+//! `pico`: the PicoMQ server, client CLI, admin tool and benchmark.
 //!
 //! - [`cli`]: clap definitions; every flag has a `PICO_` environment variable.
 //! - [`serve`]: `pico serve` → `pico_runtime::run`, with the loopback/auth exposure check.
-//! - [`commands`]: create, head, append, read, tail, ls, close, delete, trim.
+//! - [`commands`]: create, head, append, read, tail, ls, close, delete, trim, admin.
 //! - [`bench`]: `pico bench`, the load generator (Pico and Durable Streams protocols).
 //! - [`size`]: `64KiB`-style size parsing.
 
@@ -124,6 +124,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Close { name } => commands::close(&client, &name).await,
         Command::Delete { name } => commands::delete(&client, &name).await,
         Command::Trim { name, seq } => commands::trim(&client, &name, seq).await,
+        Command::Admin(args) => commands::admin(&args, cli.token).await,
     }
 }
 

@@ -9,12 +9,18 @@ use pico_protocol::headers::{
     PICO_PRODUCER_EPOCH, PICO_PRODUCER_ID, PICO_PRODUCER_SEQ, PICO_START_SEQ, PICO_TRIM_SEQ,
     PICO_TTL, PICO_UP_TO_DATE,
 };
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
 use reqwest::{Method, Response, StatusCode, Url};
 use std::time::Duration;
 
 /// Redirect hops followed before giving up (a 307 points at the owner, so one is normal).
 const MAX_REDIRECTS: usize = 5;
+/// Default [`ClientOptions::append_retry_budget`].
+pub const APPEND_RETRY_BUDGET: Duration = Duration::from_secs(15);
+/// First pause before such a resend (doubling, and at least the server's `Retry-After`).
+const APPEND_BACKOFF: Duration = Duration::from_millis(10);
+/// Statuses a producer append is re-sent after (the server's "retry later", and gateways').
+const RETRYABLE_STATUS: [u16; 3] = [500, 502, 503];
 
 /// Default [`ClientOptions::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,6 +41,9 @@ pub struct ClientOptions {
     /// The same for long-poll reads: keep it above the server's long-poll wait
     /// (`--long-poll-timeout-sec`), or a read at an idle tail fails instead of answering empty.
     pub long_poll_timeout: Duration,
+    /// How long an append carrying a producer triple keeps being re-sent after its first
+    /// failure that may pass (see [`Client::append_with`]); zero: never re-sent.
+    pub append_retry_budget: Duration,
 }
 
 impl Default for ClientOptions {
@@ -44,6 +53,7 @@ impl Default for ClientOptions {
             token: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             long_poll_timeout: DEFAULT_LONG_POLL_TIMEOUT,
+            append_retry_budget: APPEND_RETRY_BUDGET,
         }
     }
 }
@@ -57,6 +67,7 @@ pub struct Client {
     token: Option<String>,
     request_timeout: Duration,
     long_poll_timeout: Duration,
+    append_retry_budget: Duration,
 }
 
 /// An answer read to its end: status, headers, body.
@@ -88,6 +99,7 @@ impl Client {
             token: options.token,
             request_timeout: options.request_timeout,
             long_poll_timeout: options.long_poll_timeout,
+            append_retry_budget: options.append_retry_budget,
         })
     }
 
@@ -288,7 +300,8 @@ impl Client {
             .await
     }
 
-    /// Appends one record with a raw body and optional protocol headers.
+    /// Appends one record with a raw body and optional protocol headers. With a producer
+    /// triple, failures that may pass are retried (see [`ClientOptions::append_retry_budget`]).
     pub async fn append_with(
         &self,
         name: &str,
@@ -349,6 +362,12 @@ impl Client {
         Ok(header_u64(&h, PICO_START_SEQ)?.unwrap_or(seq))
     }
 
+    /// One append. A producer append (`Pico-Producer-*` headers) is re-sent after a failure
+    /// that may pass (no connection, no answer, 500/502/503 as during a restart or a stream's
+    /// transfer to another node), within [`APPEND_RETRY_BUDGET`]: the server applies a producer
+    /// triple at most once and answers a repeat with the original offsets, so a resend cannot
+    /// write twice. Any other append is sent once (redirects aside): a 503 does not prove it
+    /// was not written (a close that failed after its records were), so resending could.
     async fn post(
         &self,
         name: &str,
@@ -356,9 +375,50 @@ impl Client {
         body: Bytes,
     ) -> Result<AppendAck, ClientError> {
         let url = self.stream_url(name, &[])?;
-        let (_, h, _) = self
-            .exchange_ok(Method::POST, url, headers, Some(body))
-            .await?;
+        let idempotent = headers.contains_key(PICO_PRODUCER_ID);
+        let mut give_up: Option<tokio::time::Instant> = None;
+        let mut resends = 0u32;
+        let h = loop {
+            let answer = self
+                .exchange(
+                    Method::POST,
+                    url.clone(),
+                    headers.clone(),
+                    Some(body.clone()),
+                    self.request_timeout,
+                )
+                .await;
+            let (error, retry_after) = match answer {
+                Ok((status, h, b)) => {
+                    if !idempotent || !RETRYABLE_STATUS.contains(&status.as_u16()) {
+                        break ok((status, h, b))?.1;
+                    }
+                    let after = h
+                        .get(RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse().ok())
+                        .map(Duration::from_secs);
+                    (ClientError::from_response(status.as_u16(), &b), after)
+                }
+                Err(e @ (ClientError::Transport(_) | ClientError::Timeout(_))) if idempotent => {
+                    (e, None)
+                }
+                Err(e) => return Err(e),
+            };
+            let now = tokio::time::Instant::now();
+            let left = give_up
+                .get_or_insert(now + self.append_retry_budget)
+                .saturating_duration_since(now);
+            if left.is_zero() {
+                return Err(error);
+            }
+            resends += 1;
+            tracing::debug!(%url, resends, error = %error, "resending producer append");
+            let backoff = APPEND_BACKOFF
+                .saturating_mul(1 << resends.min(6))
+                .max(retry_after.unwrap_or_default());
+            tokio::time::sleep(backoff.min(left)).await;
+        };
         let h = &h;
         let next_seq = header_u64(h, PICO_NEXT_SEQ)?
             .ok_or_else(|| ClientError::Decode("append response without Pico-Next-Seq".into()))?;
@@ -620,6 +680,82 @@ pub(crate) mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(client(&base).head("nope").await.unwrap(), None);
+    }
+
+    /// A server that answers the first `fail` POSTs with 503 (`Retry-After: 0`), then 200,
+    /// counting every POST it gets.
+    async fn flaky_server(fail: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let posts = Arc::new(AtomicUsize::new(0));
+        let seen = posts.clone();
+        let app = Router::new().route(
+            "/s",
+            post(move || {
+                let n = seen.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n < fail {
+                        (
+                            AxStatus::SERVICE_UNAVAILABLE,
+                            [("retry-after", "0"), ("pico-next-seq", "0")],
+                            r#"{"error":"unavailable","message":"stream is being handed off"}"#,
+                        )
+                    } else {
+                        (
+                            AxStatus::OK,
+                            [("pico-start-seq", "0"), ("pico-next-seq", "1")],
+                            "",
+                        )
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://{addr}"), posts)
+    }
+
+    use std::sync::Arc;
+
+    /// A producer append is re-sent through 503s (the server applies its triple at most once);
+    /// a plain one is not (a 503 does not prove it unwritten), and the budget bounds resends.
+    #[tokio::test]
+    async fn producer_appends_are_resent_after_503_plain_ones_are_not() {
+        use std::sync::atomic::Ordering;
+        let producer = AppendOptions {
+            producer: Some(crate::types::Producer {
+                id: "p".into(),
+                epoch: 0,
+                seq: 0,
+            }),
+            ..Default::default()
+        };
+        let (base, posts) = flaky_server(3).await;
+        let ack = client(&base)
+            .append_with("s", "x", &producer)
+            .await
+            .unwrap();
+        assert_eq!(ack.next_seq, 1);
+        assert_eq!(posts.load(Ordering::SeqCst), 4);
+
+        let (base, posts) = flaky_server(1).await;
+        let err = client(&base).append("s", "x").await.unwrap_err();
+        assert_eq!(err.status(), Some(503));
+        assert_eq!(posts.load(Ordering::SeqCst), 1);
+
+        let (base, posts) = flaky_server(usize::MAX).await;
+        let bounded = Client::new(
+            &base,
+            ClientOptions {
+                append_retry_budget: Duration::from_millis(200),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let err = bounded.append_with("s", "x", &producer).await.unwrap_err();
+        assert_eq!(err.status(), Some(503));
+        let n = posts.load(Ordering::SeqCst);
+        assert!((2..50).contains(&n), "{n} attempts in a 200 ms budget");
     }
 
     /// Accepts connections and never answers, holding them open.

@@ -8,6 +8,11 @@
 //! create or fork retried with records (a body, or a fork's partial prefix record) appends them
 //! when the first attempt did not finish, and appending here would open the stream here, fencing
 //! the owner and dropping the appends it acknowledged but has not committed yet.
+//!
+//! A live transfer (docs/design/transfer.md) is invisible here but for a pause: a write for a
+//! stream this node is handing off waits at the door until the handoff ends, then gets the 307
+//! to the target like any request for a stream owned elsewhere. Reads are served meanwhile
+//! (every record is still here).
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -44,6 +49,9 @@ pub async fn redirect_to_owner(
     let Some(name) = stream_of(req.uri().path(), ds_at_root) else {
         return next.run(req).await;
     };
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        node.hold_for_handoff(&name).await;
+    }
     let Some(owner) = node.owner_url(&name) else {
         return next.run(req).await;
     };

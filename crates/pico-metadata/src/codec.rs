@@ -10,7 +10,7 @@
 use crate::command::{Command, CommitRange, ForkOrigin, Initial, ProducerMark, StreamConfig};
 use crate::invariants;
 use crate::state::{
-    NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta,
+    NodeInfo, ObjectMeta, Owner, ProducerState, RegistryEntry, Slice, State, StreamMeta, Transfer,
 };
 use std::sync::Arc;
 use thiserror::Error;
@@ -129,6 +129,19 @@ pub fn encode_state(s: &State) -> Vec<u8> {
         w.str(k);
         w.bytes(v);
     }
+    // Last and only when there are any, so snapshots written before transfers existed (and
+    // the usual snapshot, with none) keep one encoding.
+    if !s.transfers.is_empty() {
+        w.len(s.transfers.len());
+        for (id, t) in s.transfers.iter() {
+            w.u64(*id);
+            w.u32(t.to_node);
+            w.owner(t.from);
+            w.i64(t.epoch);
+            w.i64(t.requested_ms);
+            w.opt_i64(t.released_ms);
+        }
+    }
     w.0
 }
 
@@ -215,6 +228,19 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
         let v = r.bytes("kv value")?;
         s.kv.insert(k, v);
     }
+    if !r.buf.is_empty() {
+        for _ in 0..r.count("transfers", 8 + 4 + 1 + 8 + 8 + 1)? {
+            let id = r.u64("transfer stream_id")?;
+            let t = Transfer {
+                to_node: r.u32("transfer to_node")?,
+                from: r.owner()?,
+                epoch: r.i64("transfer epoch")?,
+                requested_ms: r.i64("transfer requested_ms")?,
+                released_ms: r.opt_i64("transfer released_ms")?,
+            };
+            s.transfers.insert(id, t);
+        }
+    }
     r.finish()?;
     invariants::check_snapshot(&s).map_err(CodecError::Invariant)?;
     Ok(s)
@@ -285,6 +311,16 @@ impl Writer {
             }
         }
     }
+    fn owner(&mut self, o: Option<Owner>) {
+        match o {
+            None => self.u8(0),
+            Some(o) => {
+                self.u8(1);
+                self.u32(o.node_id);
+                self.u64(o.node_epoch);
+            }
+        }
+    }
     fn fork(&mut self, f: Option<&ForkOrigin>) {
         match f {
             None => self.u8(0),
@@ -313,14 +349,7 @@ impl Writer {
         self.u64(m.id);
         self.str(&m.name);
         self.i64(m.epoch);
-        match m.owner {
-            None => self.u8(0),
-            Some(o) => {
-                self.u8(1);
-                self.u32(o.node_id);
-                self.u64(o.node_epoch);
-            }
-        }
+        self.owner(m.owner);
         self.u64(m.start_offset);
         self.u64(m.end_offset);
         self.bool(m.deleted);
@@ -507,6 +536,33 @@ impl Writer {
                 self.u64(*node_epoch);
                 self.i64(*now_ms);
             }
+            // 21 and 22 are failover's, 25 the Kafka frontend's.
+            Command::TransferStream {
+                stream_id,
+                to_node,
+                now_ms,
+            } => {
+                self.u8(23);
+                self.u64(*stream_id);
+                self.u32(*to_node);
+                self.i64(*now_ms);
+            }
+            Command::CompleteTransfer {
+                stream_id,
+                epoch,
+                node_id,
+                node_epoch,
+                to_node,
+                now_ms,
+            } => {
+                self.u8(24);
+                self.u64(*stream_id);
+                self.i64(*epoch);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.u32(*to_node);
+                self.i64(*now_ms);
+            }
         }
     }
 }
@@ -615,6 +671,16 @@ impl<'a> Reader<'a> {
             tag => Err(CodecError::BadTag { what, tag }),
         }
     }
+    fn owner(&mut self) -> Result<Option<Owner>, CodecError> {
+        match self.u8("owner tag")? {
+            0 => Ok(None),
+            1 => Ok(Some(Owner {
+                node_id: self.u32("owner node_id")?,
+                node_epoch: self.u64("owner node_epoch")?,
+            })),
+            tag => Err(CodecError::BadTag { what: "owner", tag }),
+        }
+    }
     fn fork(&mut self) -> Result<Option<ForkOrigin>, CodecError> {
         match self.u8("fork tag")? {
             0 => Ok(None),
@@ -647,14 +713,7 @@ impl<'a> Reader<'a> {
         let id = self.u64("stream id")?;
         let name = self.str("stream name")?;
         let epoch = self.i64("stream epoch")?;
-        let owner = match self.u8("owner tag")? {
-            0 => None,
-            1 => Some(Owner {
-                node_id: self.u32("owner node_id")?,
-                node_epoch: self.u64("owner node_epoch")?,
-            }),
-            tag => return Err(CodecError::BadTag { what: "owner", tag }),
-        };
+        let owner = self.owner()?;
         let start_offset = self.u64("start_offset")?;
         let end_offset = self.u64("end_offset")?;
         let deleted = self.bool("deleted")?;
@@ -805,6 +864,19 @@ impl<'a> Reader<'a> {
             20 => Command::Heartbeat {
                 node_id: self.u32("node_id")?,
                 node_epoch: self.u64("node_epoch")?,
+                now_ms: self.i64("now_ms")?,
+            },
+            23 => Command::TransferStream {
+                stream_id: self.u64("stream_id")?,
+                to_node: self.u32("to_node")?,
+                now_ms: self.i64("now_ms")?,
+            },
+            24 => Command::CompleteTransfer {
+                stream_id: self.u64("stream_id")?,
+                epoch: self.i64("epoch")?,
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+                to_node: self.u32("to_node")?,
                 now_ms: self.i64("now_ms")?,
             },
             14 => Command::KvInit {

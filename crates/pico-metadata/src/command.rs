@@ -187,6 +187,28 @@ pub enum Command {
         key: String,
         value: Vec<u8>,
     },
+    /// An operator asks for the stream to move to node `to_node` (docs/design/transfer.md).
+    /// Records a pending [`crate::state::Transfer`] at the stream's current epoch and owner;
+    /// the owner, tailing the log, drains and answers with `CompleteTransfer`. A stream nobody
+    /// owns has nothing to drain: it is released for `to_node` at once. Rejected for a target
+    /// that is not registered or already owns the stream, and while another transfer of the
+    /// stream is under way.
+    TransferStream {
+        stream_id: u64,
+        to_node: u32,
+        now_ms: i64,
+    },
+    /// The owner flushed everything it acknowledged into committed objects and gives the stream
+    /// up for `to_node`: `ReleaseStream` (same checks) plus the routing hint naming the target.
+    /// Requires the pending transfer to `to_node` at `epoch`.
+    CompleteTransfer {
+        stream_id: u64,
+        epoch: i64,
+        node_id: u32,
+        node_epoch: u64,
+        to_node: u32,
+        now_ms: i64,
+    },
 }
 
 impl Command {
@@ -208,6 +230,8 @@ impl Command {
             Command::KvDelete { .. } => "kv_delete",
             Command::KvInit { .. } => "kv_init",
             Command::Heartbeat { .. } => "heartbeat",
+            Command::TransferStream { .. } => "transfer_stream",
+            Command::CompleteTransfer { .. } => "complete_transfer",
         }
     }
 }
@@ -245,6 +269,13 @@ pub enum Outcome {
     Forgotten,
     Touched,
     KvDone,
+    /// A transfer was recorded; `released` when the stream had no owner to drain (the hint
+    /// already names the target).
+    TransferRequested {
+        from: Option<crate::state::Owner>,
+        epoch: i64,
+        released: bool,
+    },
 }
 
 /// Deterministic rejections: the state is unchanged (except `applied_index`).

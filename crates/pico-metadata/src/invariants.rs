@@ -19,6 +19,7 @@ pub fn check(s: &State) -> Result<(), String> {
     owners_are_registered(s)?;
     sealed_tail_holds(s)?;
     fork_counts_match(s)?;
+    transfers_are_of_live_streams(s)?;
     Ok(())
 }
 
@@ -257,6 +258,23 @@ pub fn fork_counts_match(s: &State) -> Result<(), String> {
             return Err(format!(
                 "fork count mismatch: name=`{name}` forks={} referencing={n}",
                 e.forks
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// 11. A transfer names a stream that exists (opening or deleting the stream ends it), and a
+///     released one a stream nobody owns: the release took the owner away, and the next open,
+///     which would set one, ends the transfer. So the routing hint never contradicts an owner.
+pub fn transfers_are_of_live_streams(s: &State) -> Result<(), String> {
+    for (id, t) in s.transfers.iter() {
+        let Some(m) = s.streams.get(id) else {
+            return Err(format!("transfer of an unknown stream: stream_id={id}"));
+        };
+        if t.released_ms.is_some() && m.owner.is_some() {
+            return Err(format!(
+                "released transfer of an owned stream: stream_id={id}"
             ));
         }
     }

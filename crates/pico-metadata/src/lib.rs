@@ -17,4 +17,5 @@ pub use command::{
 };
 pub use state::{
     NodeInfo, ObjectMeta, Owner, ProducerState, Producers, RegistryEntry, Slice, State, StreamMeta,
+    Transfer,
 };

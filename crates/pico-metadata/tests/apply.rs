@@ -971,3 +971,178 @@ fn kv_init_stores_once_and_refuses_another_value() {
     ));
     assert_eq!(s.kv["cluster/id"], b"alpha".to_vec());
 }
+
+// ---- transfers (docs/design/transfer.md) ----
+
+fn transfer(stream_id: u64, to_node: u32) -> Command {
+    Command::TransferStream {
+        stream_id,
+        to_node,
+        now_ms: 100,
+    }
+}
+
+fn complete(stream_id: u64, epoch: i64, node: (u32, u64), to_node: u32) -> Command {
+    Command::CompleteTransfer {
+        stream_id,
+        epoch,
+        node_id: node.0,
+        node_epoch: node.1,
+        to_node,
+        now_ms: 200,
+    }
+}
+
+/// The whole handoff: requested at the owner's epoch, completed by the owner (releasing it with
+/// a hint naming the target), ended by the target's open at the next epoch; committed data and
+/// producer state are the stream's, so they carry over untouched.
+#[test]
+fn transfer_is_requested_completed_by_the_owner_and_ended_by_the_open() {
+    let (mut s, id) = setup();
+    register(&mut s, 2, 7);
+    let mut r = range(id, 0, 0, 3);
+    r.producers = vec![ProducerMark {
+        id: "p".into(),
+        epoch: 0,
+        seq: 2,
+        start_offset: 2,
+        end_offset: 3,
+    }];
+    commit(&mut s, (1, 1), "k1", vec![r]);
+    let owner = s.streams[&id].owner;
+    assert_eq!(
+        ok(&mut s, transfer(id, 2)),
+        Outcome::TransferRequested {
+            from: owner,
+            epoch: 0,
+            released: false
+        }
+    );
+    let t = s.transfers[&id];
+    assert!(t.pending_on(&s.streams[&id]));
+    assert_eq!(t.released_ms, None);
+    // Only the owner, at its epochs, for the recorded target.
+    assert!(matches!(
+        err(&mut s, complete(id, 0, (2, 7), 2)),
+        ApplyError::NotOwner { .. }
+    ));
+    assert!(matches!(
+        err(&mut s, complete(id, 0, (1, 1), 3)),
+        ApplyError::Invalid(_)
+    ));
+    assert!(matches!(
+        err(&mut s, complete(id, 1, (1, 1), 2)),
+        ApplyError::StaleStreamEpoch { .. }
+    ));
+    assert_eq!(ok(&mut s, complete(id, 0, (1, 1), 2)), Outcome::Released);
+    assert_eq!(s.streams[&id].owner, None);
+    assert_eq!(s.transfers[&id].released_ms, Some(200));
+    // Once released there is nothing left to complete.
+    assert!(matches!(
+        err(&mut s, complete(id, 0, (1, 1), 2)),
+        ApplyError::NotOwner { .. }
+    ));
+    let opened = ok(
+        &mut s,
+        Command::OpenStream {
+            stream_id: id,
+            node_id: 2,
+            node_epoch: 7,
+        },
+    );
+    assert_eq!(
+        opened,
+        Outcome::Opened {
+            epoch: 1,
+            start_offset: 0,
+            end_offset: 3
+        }
+    );
+    assert!(s.transfers.is_empty(), "the target's open ends it");
+    assert_eq!(s.streams[&id].producers["p"].seq, 2);
+}
+
+/// Rejections: unknown stream or target, a target that already owns it, a second transfer
+/// while one is under way. A transfer the source never finished is superseded by any open
+/// (its epoch moves on), after which a new one may start.
+#[test]
+fn transfer_rejections_and_supersession() {
+    let (mut s, id) = setup();
+    register(&mut s, 2, 7);
+    assert!(matches!(
+        err(&mut s, transfer(99, 2)),
+        ApplyError::StreamNotFound { .. }
+    ));
+    assert!(matches!(
+        err(&mut s, transfer(id, 5)),
+        ApplyError::UnknownNode { node_id: 5 }
+    ));
+    assert!(matches!(
+        err(&mut s, transfer(id, 1)),
+        ApplyError::Conflict { .. }
+    ));
+    ok(&mut s, transfer(id, 2));
+    let e = err(&mut s, transfer(id, 2));
+    assert!(
+        matches!(&e, ApplyError::Conflict { reason, .. } if reason.contains("under way")),
+        "{e}"
+    );
+    // The source gave up and reopened: the pending transfer is over.
+    ok(
+        &mut s,
+        Command::OpenStream {
+            stream_id: id,
+            node_id: 1,
+            node_epoch: 1,
+        },
+    );
+    assert!(s.transfers.is_empty());
+    assert!(matches!(
+        err(&mut s, complete(id, 0, (1, 1), 2)),
+        ApplyError::StaleStreamEpoch { .. }
+    ));
+    ok(&mut s, transfer(id, 2));
+    // Deleting the stream ends a transfer too.
+    ok(
+        &mut s,
+        Command::DeleteStream {
+            name: "a".into(),
+            stream_id: id,
+        },
+    );
+    assert!(s.transfers.is_empty());
+}
+
+/// A stream nobody owns has nothing to drain: released for the target at once. A released
+/// transfer is only a hint, so another request replaces it.
+#[test]
+fn transfer_of_an_unowned_stream_is_released_at_once() {
+    let mut s = State::new();
+    register(&mut s, 1, 1);
+    register(&mut s, 2, 1);
+    let id = create(&mut s, "u");
+    assert_eq!(
+        ok(&mut s, transfer(id, 2)),
+        Outcome::TransferRequested {
+            from: None,
+            epoch: -1,
+            released: true
+        }
+    );
+    assert_eq!(s.transfers[&id].released_ms, Some(100));
+    ok(&mut s, transfer(id, 1));
+    assert_eq!(s.transfers[&id].to_node, 1);
+}
+
+/// Transfers, pending or released, survive a snapshot.
+#[test]
+fn transfers_round_trip_through_snapshots() {
+    use pico_metadata::codec::{decode_state, encode_state};
+    let (mut s, id) = setup();
+    register(&mut s, 2, 7);
+    assert_eq!(decode_state(&encode_state(&s)).unwrap(), s);
+    ok(&mut s, transfer(id, 2));
+    assert_eq!(decode_state(&encode_state(&s)).unwrap(), s);
+    ok(&mut s, complete(id, 0, (1, 1), 2));
+    assert_eq!(decode_state(&encode_state(&s)).unwrap(), s);
+}

@@ -39,4 +39,5 @@ pub use error::*;
 pub use live::LongPoll;
 pub use node::RawRead;
 pub use node::{KvError, Node, StartError, StreamEvent};
+pub use node::{StreamPlacement, TransferAccepted, TransferError};
 pub use stats::{EngineStats, NodeStats};

@@ -55,6 +55,16 @@ impl Waiters {
         self.update(stream, |s| !std::mem::replace(&mut s.gone, true));
     }
 
+    /// The stream moved to another node: its waiters here answer as on a timeout (their
+    /// client's next request is redirected to the new owner) instead of waiting for a tail
+    /// that will not move here.
+    pub fn release(&self, stream: u64) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&stream);
+    }
+
     fn update(&self, stream: u64, f: impl FnOnce(&mut Signal) -> bool) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = map.get(&stream) {

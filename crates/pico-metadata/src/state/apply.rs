@@ -95,11 +95,14 @@ impl State {
                     node_id: *node_id,
                     node_epoch: *node_epoch,
                 });
-                Ok(Outcome::Opened {
+                let opened = Outcome::Opened {
                     epoch: s.epoch,
                     start_offset: s.start_offset,
                     end_offset: s.end_offset,
-                })
+                };
+                // The target opened it, or a transfer given up was superseded: either way over.
+                self.transfers.remove(stream_id);
+                Ok(opened)
             }
             Command::ReleaseStream {
                 stream_id,
@@ -214,6 +217,7 @@ impl State {
                     }
                     // All refs released at once, so the stream owns no slices: forget it.
                 }
+                self.transfers.remove(stream_id);
                 if referenced {
                     return Ok(Outcome::SoftDeleted);
                 }
@@ -295,6 +299,52 @@ impl State {
                 self.kv.remove(key);
                 Ok(Outcome::KvDone)
             }
+            Command::TransferStream {
+                stream_id,
+                to_node,
+                now_ms,
+            } => self.transfer_stream(*stream_id, *to_node, *now_ms),
+            Command::CompleteTransfer {
+                stream_id,
+                epoch,
+                node_id,
+                node_epoch,
+                to_node,
+                now_ms,
+            } => {
+                self.check_node(*node_id, *node_epoch)?;
+                let s = self.live_stream(*stream_id)?;
+                let owner = Owner {
+                    node_id: *node_id,
+                    node_epoch: *node_epoch,
+                };
+                if s.owner != Some(owner) {
+                    return Err(ApplyError::NotOwner {
+                        stream_id: *stream_id,
+                    });
+                }
+                if s.epoch != *epoch {
+                    return Err(ApplyError::StaleStreamEpoch {
+                        stream_id: *stream_id,
+                        given: *epoch,
+                        current: s.epoch,
+                    });
+                }
+                let pending = self
+                    .transfers
+                    .get(stream_id)
+                    .filter(|t| t.to_node == *to_node && t.pending_on(s))
+                    .copied();
+                let Some(mut t) = pending else {
+                    return Err(ApplyError::Invalid(format!(
+                        "no pending transfer: stream_id={stream_id} to_node={to_node}"
+                    )));
+                };
+                t.released_ms = Some(*now_ms);
+                self.live_stream_mut(*stream_id)?.owner = None;
+                self.transfers.insert(*stream_id, t);
+                Ok(Outcome::Released)
+            }
             Command::KvInit { key, value } => match self.kv.get(key) {
                 Some(stored) if stored != value => Err(ApplyError::Conflict {
                     name: key.clone(),
@@ -360,6 +410,48 @@ impl State {
         Ok(Outcome::Created {
             stream_id: id,
             created: true,
+        })
+    }
+
+    /// Records a transfer request (see `Command::TransferStream`).
+    fn transfer_stream(
+        &mut self,
+        stream_id: u64,
+        to_node: u32,
+        now_ms: i64,
+    ) -> Result<Outcome, ApplyError> {
+        let s = self.live_stream(stream_id)?;
+        if !self.nodes.contains_key(&to_node) {
+            return Err(ApplyError::UnknownNode { node_id: to_node });
+        }
+        if s.owner.is_some_and(|o| o.node_id == to_node) {
+            return Err(ApplyError::Conflict {
+                name: s.name.to_string(),
+                reason: format!("the stream is already on node {to_node}"),
+            });
+        }
+        if let Some(t) = self.transfers.get(&stream_id)
+            && t.pending_on(s)
+        {
+            return Err(ApplyError::Conflict {
+                name: s.name.to_string(),
+                reason: format!("a transfer to node {} is under way", t.to_node),
+            });
+        }
+        // Nobody to drain: released for the target at once.
+        let released_ms = s.owner.is_none().then_some(now_ms);
+        let t = Transfer {
+            to_node,
+            from: s.owner,
+            epoch: s.epoch,
+            requested_ms: now_ms,
+            released_ms,
+        };
+        self.transfers.insert(stream_id, t);
+        Ok(Outcome::TransferRequested {
+            from: t.from,
+            epoch: t.epoch,
+            released: released_ms.is_some(),
         })
     }
 

@@ -174,6 +174,33 @@ const _: () = {
     assert!(size_of::<RegistryEntry>() + 16 <= 128);
 };
 
+/// A live transfer of a stream to another node (docs/design/transfer.md), keyed by stream id
+/// in [`State::transfers`]. Any `OpenStream` of the stream ends it (the target opened it, or
+/// the transfer was abandoned and someone reopened it), and so does deleting the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    pub to_node: u32,
+    /// The owner when it was requested; `None`: nobody owned it, nothing to drain.
+    pub from: Option<Owner>,
+    /// The stream epoch when it was requested.
+    pub epoch: i64,
+    pub requested_ms: i64,
+    /// When the source released the stream for `to_node` (its clock): from then on the
+    /// record is a routing hint. `None` while the source drains.
+    pub released_ms: Option<i64>,
+}
+
+impl Transfer {
+    /// Whether the source still has to drain and release: requested, not released, and the
+    /// stream still owned by the same process at the same epoch.
+    pub fn pending_on(&self, meta: &StreamMeta) -> bool {
+        self.released_ms.is_none()
+            && self.from.is_some()
+            && meta.owner == self.from
+            && meta.epoch == self.epoch
+    }
+}
+
 /// A committed object in storage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectMeta {
@@ -200,6 +227,8 @@ pub struct State {
     /// Objects with `live_refs == 0` awaiting GC.
     pub destroyed: im::OrdSet<String>,
     pub kv: im::OrdMap<String, Vec<u8>>,
+    /// Transfers requested and not yet ended by an open of the stream (usually empty).
+    pub transfers: im::OrdMap<u64, Transfer>,
     /// Content types shared by the registry's entries (a cache: not encoded, not compared).
     pub content_types: ContentTypes,
 }
@@ -266,7 +295,8 @@ impl State {
             + self.registry.len()
             + self.objects.len()
             + self.destroyed.len()
-            + self.kv.len()) as u64
+            + self.kv.len()
+            + self.transfers.len()) as u64
     }
 
     pub fn new() -> State {
@@ -279,6 +309,7 @@ impl State {
             objects: im::OrdMap::new(),
             destroyed: im::OrdSet::new(),
             kv: im::OrdMap::new(),
+            transfers: im::OrdMap::new(),
             content_types: ContentTypes::default(),
         }
     }

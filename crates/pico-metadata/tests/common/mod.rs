@@ -161,6 +161,25 @@ pub fn command() -> impl Strategy<Value = Command> {
                 now_ms,
             }
         }),
+        (0u64..5, 0u32..3, any::<i64>()).prop_map(|(stream_id, to_node, now_ms)| {
+            Command::TransferStream {
+                stream_id,
+                to_node,
+                now_ms,
+            }
+        }),
+        (0u64..5, -1i64..4, 0u32..3, 0u64..4, 0u32..3, any::<i64>()).prop_map(
+            |(stream_id, epoch, node_id, node_epoch, to_node, now_ms)| {
+                Command::CompleteTransfer {
+                    stream_id,
+                    epoch,
+                    node_id,
+                    node_epoch,
+                    to_node,
+                    now_ms,
+                }
+            }
+        ),
         (
             name(),
             name(),
@@ -229,6 +248,10 @@ pub enum Step {
     Forget(usize),
     /// Fork live stream #i into `name`, `back` records below its committed end.
     Fork(usize, String, u64, bool),
+    /// Ask for live stream #i to move to node `n`.
+    Transfer(usize, u32),
+    /// The owner of live stream #i completes its pending transfer.
+    CompleteTransfer(usize),
 }
 
 pub fn step() -> impl Strategy<Value = Step> {
@@ -244,6 +267,8 @@ pub fn step() -> impl Strategy<Value = Step> {
         1 => any::<usize>().prop_map(Step::Forget),
         2 => (any::<usize>(), name(), 0u64..4, any::<bool>())
             .prop_map(|(i, n, b, c)| Step::Fork(i, n, b, c)),
+        1 => (any::<usize>(), 0u32..3).prop_map(|(i, n)| Step::Transfer(i, n)),
+        1 => any::<usize>().prop_map(Step::CompleteTransfer),
     ]
 }
 
@@ -357,6 +382,23 @@ pub fn resolve(steps: &[Step]) -> Vec<Command> {
                     initial: Default::default(),
                     now_ms: i as i64,
                 }
+            }),
+            Step::Transfer(idx, n) => pick(*idx).map(|id| Command::TransferStream {
+                stream_id: id,
+                to_node: *n,
+                now_ms: i as i64,
+            }),
+            Step::CompleteTransfer(idx) => pick(*idx).and_then(|id| {
+                let m = &s.streams[&id];
+                let (t, o) = (s.transfers.get(&id)?, m.owner?);
+                Some(Command::CompleteTransfer {
+                    stream_id: id,
+                    epoch: m.epoch,
+                    node_id: o.node_id,
+                    node_epoch: o.node_epoch,
+                    to_node: t.to_node,
+                    now_ms: i as i64,
+                })
             }),
             Step::Delete(idx) => pick(*idx).map(|id| Command::DeleteStream {
                 name: s.streams[&id].name.to_string(),

@@ -19,7 +19,7 @@ mod orphans;
 mod test_support;
 mod ttl;
 
-pub(crate) use heartbeat::OwnHeartbeat;
+pub(crate) use heartbeat::{Liveness, OwnHeartbeat};
 pub(crate) use lease::{LeaseState, lease_pass, release_lease};
 
 use crate::node::Node;

@@ -10,6 +10,7 @@
 //! - `registry`: name resolution through the view, listing, TTL and expiry, stream info.
 //! - `ownership`: lazy open on this node; where a stream owned elsewhere lives.
 //! - `kv`: facade state in the metadata KV (Kafka committed offsets).
+//! - `transfer`: live transfer of a stream to another node (drain, release, open there).
 //!
 //! This file holds the node itself: start, shutdown, readiness, events and proposals.
 
@@ -23,9 +24,13 @@ mod raw;
 mod read;
 mod registry;
 mod remove;
+mod transfer;
 
 pub use kv::KvError;
 pub use raw::RawRead;
+pub use transfer::{
+    DRAIN_TIMEOUT, HANDOFF_HOLD, HINT_TTL, StreamPlacement, TransferAccepted, TransferError,
+};
 
 use crate::api::*;
 use crate::catalog::MetaCatalog;
@@ -72,6 +77,8 @@ pub(crate) struct Inner {
     pub(crate) events: tokio::sync::broadcast::Sender<StreamEvent>,
     /// Expired streams whose background removal is in flight.
     pub(crate) removing: Arc<std::sync::Mutex<HashSet<u64>>>,
+    /// Live transfers this process takes part in (`transfer`).
+    pub(crate) transfers: transfer::Transfers,
 }
 
 /// A stream id's place in [`Inner::removing`], released on drop (even if the task panics).
@@ -201,12 +208,19 @@ impl Node {
                 tasks: std::sync::Mutex::new(Vec::new()),
                 events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
                 removing: Arc::default(),
+                transfers: Default::default(),
             }),
         };
         // Before the loops start, so their first passes (orphans right after a restart) already
         // run if this node is the holder.
         crate::maintenance::lease_pass(node.clone()).await;
         crate::maintenance::spawn_all(&node);
+        let transfers = transfer::spawn(&node);
+        node.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(transfers);
         Ok(node)
     }
 

@@ -25,14 +25,18 @@ impl Node {
         let view = self.inner.meta.view();
         let entry = view.registry.get(name.as_str())?;
         let meta = view.streams.get(&entry.stream_id)?;
-        let owner = meta.owner.as_ref()?;
-        if owner.node_id == self.inner.config.node_id {
+        // Released by a transfer: steered to its target while the hint is fresh.
+        let owner_id = match meta.owner.as_ref() {
+            Some(owner) => owner.node_id,
+            None => self.handoff_target(&view, meta.id)?,
+        };
+        if owner_id == self.inner.config.node_id {
             return None;
         }
         if entry.closed && entry.closed_at.is_some_and(|at| meta.end_offset >= at) {
             return None;
         }
-        view.nodes.get(&owner.node_id).map(|n| n.address.clone())
+        view.nodes.get(&owner_id).map(|n| n.address.clone())
     }
 
     /// Number of streams open on this node (for stats and tests).
@@ -60,6 +64,14 @@ impl Node {
             .get_or_try_init(|| async {
                 if !self.inner.serving.load(Ordering::Relaxed) {
                     return Err(AppendError::Unavailable("node is shutting down".into()));
+                }
+                // Its acknowledged tail is being flushed for a transfer: an open here would
+                // take it back. The request is answered 503 and retried (then redirected).
+                if self.handing_off(stream_id) {
+                    return Err(AppendError::Unavailable(format!(
+                        "stream is being handed off to another node, retry: name=`{}`",
+                        r.name
+                    )));
                 }
 
                 // A previous incarnation of this stream still has engine state: flush it into
