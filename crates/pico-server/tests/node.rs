@@ -1037,7 +1037,10 @@ async fn a_dropped_append_whose_write_fails_still_breaks_the_open_stream() {
     // Submitted, and waiting for the stalled WAL.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while node.engine().stats().appends < 2 {
-        assert!(std::time::Instant::now() < deadline, "the append never reached the engine");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the append never reached the engine"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -981,7 +981,10 @@ mod tests {
             for i in 0..20u64 {
                 let before = ticks.load(Ordering::Relaxed);
                 wal.append(vec![rec(1, i, 1)]).await.unwrap();
-                assert!(ticks.load(Ordering::Relaxed) > before, "append {i} held the worker");
+                assert!(
+                    ticks.load(Ordering::Relaxed) > before,
+                    "append {i} held the worker"
+                );
             }
             ticker.abort();
         });
