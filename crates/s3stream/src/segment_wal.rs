@@ -149,6 +149,9 @@ pub struct SegmentWal {
     committer: Result<Committer, String>,
 }
 
+/// What recovery returns: every entry still in the WAL, ascending by position.
+type Entries = Vec<(u64, Vec<WalRecord>)>;
+
 /// Work for the committer thread; each job answers on its own oneshot.
 enum Job {
     Append {
@@ -162,7 +165,7 @@ enum Job {
         reply: oneshot::Sender<Result<bool, WalError>>,
     },
     Recover {
-        reply: oneshot::Sender<Result<Vec<(u64, Vec<WalRecord>)>, WalError>>,
+        reply: oneshot::Sender<Result<Entries, WalError>>,
     },
 }
 
