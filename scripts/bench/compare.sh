@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # PicoMQ side by side with the systems users would pick instead, in one run on this machine:
-# the Durable Streams Node reference server (in-memory and file-backed), NATS JetStream
+# Electric's Rust Durable Streams server (the fastest DS server we can run here; crates.io
+# `durable-streams`, version pinned below), the Durable Streams Node reference server
+# (in-memory and file-backed), NATS JetStream
 # (fsync-before-ack and its lazy default), plus the floors (disk fsync, a Postgres commit, a
 # trivial hyper handler). Every server runs on 127.0.0.1 on a free port, is started by this
 # script, recorded by pid and stopped by pid. See docs/performance.md for the figures.
 #
 # usage: scripts/bench/compare.sh [section ...]
-#   sections: floors ds nats streams producer issue2   (default: all, in that order)
+#   sections: floors electric ds nats streams producer issue2   (default: all, in that order)
 # env:
 #   BENCH_DURATION (10s) / BENCH_WARMUP (2s)   measured time and warmup of every run
 #   PICO_BIN        use this pico binary instead of building target/release/pico
 #   BENCH_WORK      work directory (default target/bench); npm/venv installs are cached there
 #   BENCH_KEEP=1    keep the per-run data directories
+#   BENCH_ELECTRIC=0   leave Electric's server out (its rows are n/a; smoke.sh does, so CI does
+#                   not build it); otherwise it is built once with `cargo install` (~2 min)
+#   BENCH_ELECTRIC_ROOT   where it is installed (default $BENCH_WORK/electric: bin/durable-streams-server)
+#   BENCH_ROUNDS (2)   interleaved fresh-server rounds per system in the electric section
 #   BENCH_IDLE_STREAMS (100000) / BENCH_APPEND_RECORDS (1000000)   sizes of the issue-2 rows
 #                   (scripts/bench/smoke.sh makes them small to run every section in CI)
 set -euo pipefail
@@ -23,7 +29,7 @@ WARM=${BENCH_WARMUP:-2s}
 RUN=$WORK/run-$(date +%Y%m%d-%H%M%S)
 RESULTS=$RUN/results.tsv
 SECTIONS=("$@")
-[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(floors ds nats streams producer issue2)
+[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(floors electric ds nats streams producer issue2)
 mkdir -p "$RUN"
 : >"$RESULTS"
 
@@ -116,6 +122,26 @@ ensure_venv() {
   fi
 }
 
+# Electric's Durable Streams server, built from crates.io at a pinned version into its own root.
+ELECTRIC_VERSION=0.1.5
+ELECTRIC_ROOT=${BENCH_ELECTRIC_ROOT:-$WORK/electric}
+ELECTRIC=$ELECTRIC_ROOT/bin/durable-streams-server
+electric_enabled() { [ "${BENCH_ELECTRIC:-1}" != 0 ]; }
+ensure_electric() {
+  electric_enabled || return 1
+  if [ -x "$ELECTRIC" ] && grep -q "\"durable-streams $ELECTRIC_VERSION " "$ELECTRIC_ROOT/.crates.toml" 2>/dev/null; then
+    return 0
+  fi
+  log "installing durable-streams $ELECTRIC_VERSION (Electric's server) into $ELECTRIC_ROOT (cargo install, ~2 min)"
+  mkdir -p "$ELECTRIC_ROOT"
+  if ! CARGO_TARGET_DIR=$ELECTRIC_ROOT/target nice cargo install durable-streams --version "$ELECTRIC_VERSION" \
+      --locked --root "$ELECTRIC_ROOT" >"$ELECTRIC_ROOT/install.log" 2>&1; then
+    log "Electric's server could not be installed (see $ELECTRIC_ROOT/install.log): its rows show n/a"
+    return 1
+  fi
+  rm -rf "$ELECTRIC_ROOT/target"
+}
+
 # ---------------------------------------------------------------------------------------------
 # servers
 # ---------------------------------------------------------------------------------------------
@@ -148,6 +174,18 @@ start_ds_ref() { # name mem|file
     (cd "$WORK/ds-ref" && exec env PORT="$port" LONG_POLL_MS=30000 node ds-ref-server.mjs) \
       >"$SRV_DIR/server.log" 2>&1 &
   fi
+  SRV_PID=$!; PIDS+=("$SRV_PID")
+  SRV_URL=http://127.0.0.1:$port
+  wait_port "$port" 30 || { tail -20 "$SRV_DIR/server.log" >&2; return 1; }
+}
+start_electric() { # name
+  ensure_electric || return 1
+  SRV_DIR=$RUN/$1; mkdir -p "$SRV_DIR"
+  local port; port=$(free_port)
+  # Its defaults: `--durability wal` (acks after a group-commit fdatasync, as PicoMQ does), one
+  # WAL shard and tokio worker per core.
+  "$ELECTRIC" --host 127.0.0.1 --port "$port" --data-dir "$SRV_DIR/data" --long-poll-timeout-ms 30000 \
+    >"$SRV_DIR/server.log" 2>&1 &
   SRV_PID=$!; PIDS+=("$SRV_PID")
   SRV_URL=http://127.0.0.1:$port
   wait_port "$port" 30 || { tail -20 "$SRV_DIR/server.log" >&2; return 1; }
@@ -453,6 +491,8 @@ ds_start() {
       else proto=pico; note="Pico protocol: this build does not serve DS yet"; fi ;;
     ds-ref-mem) start_ds_ref "ds-ref-mem-$2" mem; proto=ds; note="in memory" ;;
     ds-ref-file) start_ds_ref "ds-ref-file-$2" file; proto=ds; note="file-backed" ;;
+    electric) start_electric "ds-electric-$2" || return 1
+      proto=ds; note="Electric durable-streams $ELECTRIC_VERSION, wal mode (fdatasync before ack)" ;;
     # The same engine without a disk (memory:// WAL and objects, NOT durable): what the disk costs.
     picomq-memory) BENCH_PICO_STORAGE=-2@memory://bench start_pico "ds-picomq-memory-$2"
       proto=ds; note="memory://, not durable: the engine without the disk" ;;
@@ -463,8 +503,10 @@ ds_start() {
 }
 
 section_ds() {
-  local sys proto tool f note path
-  for sys in picomq ds-ref-mem ds-ref-file; do
+  local sys proto tool f note path peers="ds-ref-mem"
+  local systems="picomq ds-ref-mem ds-ref-file"
+  if electric_enabled && ensure_electric; then systems+=" electric"; peers+=" electric"; fi
+  for sys in $systems; do
     ds_start $sys small
     read -r rps p50 p99 bad < <(wrk_post "$SRV_URL$path" 100 64)
     add_row "small appends/s (64 conns, 100 B, 1 stream)" "$sys" "wrk" "$rps" "appends/s" higher "$note; p99 ${p99} ms; non-2xx $bad"
@@ -491,8 +533,8 @@ section_ds() {
       f=$(bench_median3 "$SRV_URL" $proto --readers $n --read-mode sse --connections 1 -n 1 -b 100 --target-mibps $mibps --streams 1)
       add_row "SSE delivery p99 (append→event), $n subscribers, ~$rate appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(expected "$f" "$n"); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
     done
-    # Over HTTP/2 the subscribers share two connections (the reference server speaks HTTP/1.1
-    # only, so PicoMQ alone has this row).
+    # Over HTTP/2 the subscribers share two connections (the reference server and Electric's
+    # speak HTTP/1.1 only, so PicoMQ alone has this row).
     if [ "$sys" = picomq ]; then
       f=$(bench_median3 "$SRV_URL" $proto --http2 --reader-connections 2 --readers 1000 --read-mode sse --connections 1 -n 1 -b 100 --target-mibps 0.00096 --streams 1)
       add_row "SSE delivery p99 (append→event), 1000 subscribers over HTTP/2, ~10 appends/s" "$sys" "pico bench" "$(j .e2e_latency.p99_ms "$f")" "ms" lower "$(p99s "$f"); $note; 2 connections × 500 streams; p50 $(j .e2e_latency.p50_ms "$f") ms; delivered $(j .read.records "$f") of $(expected "$f" 1000); client CPU $(j2 .client_cpu_secs "$f") s$(mach "$f")"
@@ -501,14 +543,15 @@ section_ds() {
     fi
     stop_server
   done
-  # The goal's batched row: three rounds of PicoMQ and the reference in memory, interleaved,
+  # The goal's batched row: three rounds of PicoMQ and its DS peers (the reference in memory,
+  # Electric's server), interleaved,
   # each run on a fresh server, so a drift of the machine within the run (the disk's burst
   # budget, another guest's steal) hits both alike; each row shows its median run and lists
   # all three. Seen on one machine within an hour: the reference 190 / 253 / 297 MiB/s.
   local round
   declare -A runs=() notes=()
   for round in 1 2 3; do
-    for sys in picomq ds-ref-mem; do
+    for sys in picomq $peers; do
       ds_start $sys batched8-$round
       notes[$sys]=$note
       f=$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1)
@@ -517,7 +560,7 @@ section_ds() {
     done
   done
   stop_server
-  for sys in picomq ds-ref-mem; do
+  for sys in picomq $peers; do
     # shellcheck disable=SC2086 # the three report paths
     f=$(median_of .write.mib_per_sec 0 ${runs[$sys]})
     add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "$sys" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$(cat "$f.runs") MiB/s in 3 interleaved fresh-server runs, median shown; ${notes[$sys]}; p99 $(j .write_latency.p99_ms "$f") ms; client $(j2 .client_cpu_cores "$f") cores$(mach "$f")$(cat "${f%.json}.srv" 2>/dev/null || true)"
@@ -529,6 +572,49 @@ section_ds() {
   f=$(bench "$SRV_URL" $proto --connections 8 -n 64 -b 1KiB --streams 1)
   add_row "batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)" "picomq-memory" "pico bench" "$(j .write.mib_per_sec "$f")" "MiB/s" higher "$note$(mach "$f")"
   stop_server
+}
+
+# cpu_ticks PID: the process's user + system CPU so far, in clock ticks (/proc/PID/stat).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# The goal's small-append row against Electric's server (issue 40): BENCH_ROUNDS interleaved
+# rounds (PicoMQ, then Electric, each on a fresh server with a fresh stream), the same wrk
+# command for both; each row shows its median run and lists every run, with the server's own
+# CPU per acknowledged append (user + system, from /proc, over the measured run only).
+section_electric() {
+  local sys round systems="picomq" rps p50 p99 bad t0 t1 o
+  if electric_enabled && ensure_electric; then systems="picomq electric"
+  else log "electric: Electric's server left out (BENCH_ELECTRIC=0 or not installed); PicoMQ's rows only"; fi
+  local hz; hz=$(getconf CLK_TCK)
+  declare -A runs=() notes=()
+  for round in $(seq 1 "${BENCH_ROUNDS:-2}"); do
+    for sys in $systems; do
+      ds_start $sys small-$round
+      notes[$sys]=$note
+      # Warm the server and its stream up, unmeasured: the first requests open the stream.
+      printf '%s\n' 'wrk.method = "POST"' 'wrk.body = string.rep("x", 100)' \
+        'wrk.headers["Content-Type"] = "text/plain"' >"$RUN/warm.lua"
+      wrk -t2 -c64 -d"$(secs "$WARM")s" -s "$RUN/warm.lua" "$SRV_URL$path" >/dev/null 2>&1 || true
+      t0=$(cpu_ticks "$SRV_PID")
+      read -r rps p50 p99 bad < <(wrk_post "$SRV_URL$path" 100 64)
+      t1=$(cpu_ticks "$SRV_PID")
+      o=$(python3 -c "import sys
+rps, secs, ticks, hz = sys.argv[1:]
+try:
+    n = float(rps) * float(secs)
+    print(f'{(int(ticks) / int(hz)) / n * 1e6:.1f}' if n else 'n/a')
+except ValueError:
+    print('n/a')" "$rps" "$(secs "$DUR")" "$((t1 - t0))" "$hz")
+      echo "$rps $p50 $p99 $bad $o $(cut -d' ' -f1-3 /proc/loadavg)" >>"$RUN/electric-$sys.runs"
+      runs[$sys]+="$rps "
+    done
+  done
+  stop_server
+  for sys in $systems; do
+    # The run with the median rate (the lower middle for an even count).
+    local med; med=$(sort -g -k1,1 "$RUN/electric-$sys.runs" | sed -n "$(( ($(wc -l <"$RUN/electric-$sys.runs") + 1) / 2 ))p")
+    read -r rps p50 p99 bad o l1 l5 l15 <<<"$med"
+    add_row "small durable appends/s vs Electric (wrk -t2 -c64, 100 B, 1 stream)" "$sys" "wrk" "$rps" "appends/s" higher "$(echo ${runs[$sys]} | tr ' ' /) appends/s in ${BENCH_ROUNDS:-2} interleaved fresh-server rounds, median shown; ${notes[$sys]}; p50 ${p50} ms, p99 ${p99} ms; non-2xx $bad; server CPU $o µs per append; load average $l1 $l5 $l15"
+  done
 }
 
 section_nats() {
@@ -634,7 +720,7 @@ section_issue2() {
 
 for s in "${SECTIONS[@]}"; do
   case $s in
-    floors|ds|nats|streams|producer|issue2) "section_$s" ;;
+    floors|electric|ds|nats|streams|producer|issue2) "section_$s" ;;
     *) echo "unknown section: $s" >&2; exit 2 ;;
   esac
 done
@@ -765,6 +851,22 @@ r = p / max(nats) if p and nats else None
 goals.append(("acked publish >= NATS JetStream with fsync before ack (its faster client)", fmt(r), None if r is None else r >= 1))
 v = val("appends over 10k streams (16×4 in flight, 100 records/request)", "picomq")
 goals.append((">= 250k appends/s over 10k streams", fmt(v, " records/s"), None if v is None else v >= 250_000))
+# Issue 40: Electric's Rust server, the fastest Durable Streams server we can run here. Left out
+# (BENCH_ELECTRIC=0, as smoke.sh does), its goals are context, not n/a.
+has_electric = any(r[1] == "electric" for rs in by.values() for r in rs)
+def judged(ok):
+    return ok if has_electric else "info"
+r = ratio("small durable appends/s vs Electric (wrk -t2 -c64, 100 B, 1 stream)", "electric", "wrk")
+goals.append(("(issue 40) small durable appends >= 1x Electric's server (wrk, interleaved fresh-server rounds)" + ("" if has_electric else ": Electric's server left out"), fmt(r) if has_electric else "", judged(None if r is None else r >= 1)))
+for r_ in by.get("small durable appends/s vs Electric (wrk -t2 -c64, 100 B, 1 stream)", []):
+    m = re.search(r"server CPU (\S+) µs per append", (r_ + [""] * 7)[6])
+    if m:
+        goals.append((f"  context: {r_[1]}'s server CPU per append in its median run: {m.group(1)} µs", "", "info"))
+v, e = val("SSE delivery p99 (append→event), 1000 subscribers, ~10 appends/s", "picomq"), val("SSE delivery p99 (append→event), 1000 subscribers, ~10 appends/s", "electric")
+r = e / v if v and e else None
+goals.append(("(issue 40) SSE delivery p99 at 1000 subscribers (HTTP/1.1) <= Electric's (ratio = Electric's p99 / PicoMQ's)", fmt(r) if has_electric else "", judged(None if r is None else r >= 1)))
+r = ratio("batched 1 KiB ingest (8 conns, 64 × 1 KiB/request)", "electric", "pico bench")
+goals.append(("(issue 40) batched 1 KiB ingest >= 1.5x Electric's server", fmt(r) if has_electric else "", judged(None if r is None else r >= 1.5)))
 print("Goals of issue 4 (this run):")
 md += ["", "Goals of issue 4 (this run):", ""]
 for name, shown, ok in goals:

@@ -1007,6 +1007,62 @@ async fn appends_queued_behind_a_stalled_stream_give_up_at_one_deadline() {
     assert!(first.await.unwrap().is_ok());
 }
 
+/// An append waits for its WAL write in the request itself (no task per append); a request
+/// dropped during that wait (the client went away) still has a failed write break the open
+/// stream, so the next request reloads the committed state instead of trusting this writer's.
+#[tokio::test]
+async fn a_dropped_append_whose_write_fails_still_breaks_the_open_stream() {
+    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+        .await
+        .unwrap();
+    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    let inner: Arc<dyn Wal> =
+        Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
+    let wal = Arc::new(s3stream::testing::FaultWal::new(inner));
+    let config = NodeConfig {
+        node_epoch: 1,
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config, meta, data, wal.clone(), EngineConfig::default())
+        .await
+        .unwrap();
+    node.create(create_req("s")).await.unwrap();
+    assert!(node.append(append_req("s", &["a"])).await.is_ok());
+    assert_eq!(node.open_streams(), 1);
+    wal.hold_appends(true);
+    let request = tokio::spawn({
+        let node = node.clone();
+        async move { node.append(append_req("s", &["b"])).await }
+    });
+    // Submitted, and waiting for the stalled WAL.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while node.engine().stats().appends < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the append never reached the engine"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    // Every attempt of the write fails once the WAL moves again.
+    wal.fail_appends(100);
+    wal.hold_appends(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while node.open_streams() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failed write of a dropped request left the stream open as if nothing happened"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wal.fail_appends(0);
+    // The next request reopens the stream at its committed state and goes on from there.
+    let next = node.append(append_req("s", &["c"])).await.unwrap();
+    assert_eq!(next.next_seq, 2, "{next:?}");
+}
+
 #[tokio::test]
 async fn a_read_inside_a_range_fenced_before_upload_is_unavailable() {
     // Uploads happen only when asked, so the appends stay unuploaded until the fence is set up.

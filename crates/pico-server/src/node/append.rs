@@ -11,7 +11,10 @@ use pico_common::StreamName;
 use pico_metadata::{ApplyError, Command, ProducerMark};
 use pico_protocol::{Record, crc_parts, encode_batch};
 use s3stream::crc;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 impl Node {
@@ -259,11 +262,16 @@ impl Node {
         }
         drop(w);
 
-        // Durability wait and seal run in their own task: a client that disconnects must not
-        // leave a close decided in memory but never committed.
-        let close = req.close.then_some(mark);
-        self.finish_detached(&open, pending, next, new_next, close, now, &r.name)
-            .await?;
+        match (pending, req.close) {
+            // The common case waits in the request itself: no task per append.
+            (Some(p), false) => DurableWait::new(self, &open, p).wait().await?,
+            // A close must be committed even if the client disconnects: its own task.
+            (pending, close) => {
+                let close = close.then_some(mark);
+                self.finish_detached(&open, pending, next, new_next, close, now, &r.name)
+                    .await?
+            }
+        }
         // Nobody listening is fine: the channel is a bounded, lossy broadcast.
         let _ = self.inner.events.send(StreamEvent::Appended {
             name: r.name.clone(),
@@ -281,8 +289,9 @@ impl Node {
         })
     }
 
-    /// [`Node::finish_append`] in a task of its own: a client that disconnects must not leave
-    /// a close decided in memory but never committed.
+    /// [`Node::finish_append`] in a task of its own, for appends that close the stream: a
+    /// client that disconnects must not leave a close decided in memory but never committed.
+    /// Closes are rare; plain appends wait in the request ([`DurableWait`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn finish_detached(
         &self,
@@ -324,10 +333,7 @@ impl Node {
             Some(p) => {
                 if let Err(e) = p.durable().await {
                     self.break_open(&open).await;
-                    return Err(match e {
-                        s3stream::EngineError::WalFenced(m) => AppendError::Superseded(m),
-                        e => AppendError::Durability(e.to_string()),
-                    });
+                    return Err(durable_error(e));
                 }
             }
             None => self.wait_durable(&open, next).await?,
@@ -431,5 +437,87 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// A failed durability wait, as the client hears it.
+fn durable_error(e: s3stream::EngineError) -> AppendError {
+    match e {
+        s3stream::EngineError::WalFenced(m) => AppendError::Superseded(m),
+        e => AppendError::Durability(e.to_string()),
+    }
+}
+
+/// An append's wait for its WAL group commit, polled by the request itself: the engine's writer
+/// answers on the append's oneshot, so a plain append costs no task of its own.
+///
+/// Cancel-safe: a request dropped before the wait ends (the client went away, a timeout) hands
+/// what is left to a task, only then. A write that fails must still break the open stream,
+/// or the next request would trust offsets and producer state this writer decided in memory.
+struct DurableWait<'a> {
+    node: &'a Node,
+    open: &'a Arc<OpenStream>,
+    state: Wait,
+}
+
+enum Wait {
+    /// The engine has not answered yet.
+    Ack(s3stream::PendingAppend),
+    /// The write failed: the open stream is being broken.
+    Breaking,
+    Done,
+}
+
+impl<'a> DurableWait<'a> {
+    fn new(node: &'a Node, open: &'a Arc<OpenStream>, ack: s3stream::PendingAppend) -> Self {
+        DurableWait {
+            node,
+            open,
+            state: Wait::Ack(ack),
+        }
+    }
+
+    async fn wait(mut self) -> Result<(), AppendError> {
+        let answer = std::future::poll_fn(|cx| match &mut self.state {
+            Wait::Ack(ack) => Pin::new(ack).poll(cx),
+            _ => Poll::Ready(Err(s3stream::EngineError::ShuttingDown)),
+        })
+        .await;
+        match answer {
+            Ok(_) => {
+                self.state = Wait::Done;
+                Ok(())
+            }
+            Err(e) => {
+                self.state = Wait::Breaking;
+                self.node.break_open(self.open).await;
+                self.state = Wait::Done;
+                Err(durable_error(e))
+            }
+        }
+    }
+}
+
+impl Drop for DurableWait<'_> {
+    fn drop(&mut self) {
+        let state = std::mem::replace(&mut self.state, Wait::Done);
+        if matches!(state, Wait::Done) {
+            return;
+        }
+        // Requests run on the runtime; without one (it is shutting down) nobody is left to
+        // trust the stream's state.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (node, open) = (self.node.clone(), self.open.clone());
+        rt.spawn(async move {
+            let failed = match state {
+                Wait::Ack(ack) => ack.durable().await.is_err(),
+                _ => true,
+            };
+            if failed {
+                node.break_open(&open).await;
+            }
+        });
     }
 }

@@ -125,7 +125,23 @@ pub struct PendingAppend {
 impl PendingAppend {
     /// Resolves once the WAL write holding this append is durable.
     pub async fn durable(self) -> Result<Appended, EngineError> {
-        self.ack.await.unwrap_or(Err(EngineError::ShuttingDown))
+        self.await
+    }
+}
+
+/// The same wait as [`PendingAppend::durable`], polled in place: a caller can keep the append
+/// in a guard that hands it to a task if the caller is dropped first. Not to be polled again
+/// once it has answered.
+impl std::future::Future for PendingAppend {
+    type Output = Result<Appended, EngineError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.ack)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(EngineError::ShuttingDown)))
     }
 }
 
