@@ -33,6 +33,10 @@ pub struct NodeConfig {
     /// Longest an append waits for its stream's turn and the engine's queue space together
     /// (storage stalled or not keeping up); then 503.
     pub submit_timeout: Duration,
+    /// Longest an append that arrived ahead of its producer's earlier batches waits for them
+    /// before it is answered as a sequence gap. Pipelined requests overtake each other by well
+    /// under a millisecond; a real gap (a lost batch, a client bug) costs this much more.
+    pub reorder_wait: Duration,
     /// How often this node proposes a heartbeat through the metadata log.
     pub heartbeat_every: Duration,
     /// A node whose heartbeat has not been accepted for this long is not live: it stops
@@ -60,6 +64,7 @@ impl Default for NodeConfig {
             slots: None,
             allow_local_webhooks: true,
             submit_timeout: Duration::from_secs(30),
+            reorder_wait: Duration::from_millis(20),
             heartbeat_every: Duration::from_secs(1),
             liveness_timeout: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(10),

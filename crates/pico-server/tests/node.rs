@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_protocol::Record;
-use pico_server::testing::start_test_node;
+use pico_server::testing::{start_test_node, start_test_node_with};
 use pico_server::*;
 use pico_sql::{MetaLog, MetaLogOptions};
 use s3stream::{
@@ -172,7 +172,15 @@ async fn producers_pipeline_dedupe_and_fence() {
 
 #[tokio::test]
 async fn producer_batches_that_overtake_their_predecessors_wait_for_them() {
-    let node = start_test_node().await;
+    // A wide reorder window: the early batches must still be waiting when seq 0 arrives, even
+    // on a loaded machine (the 20 ms default is tuned for pipelined clients, not for a test
+    // whose tasks may be descheduled).
+    let node = start_test_node_with(NodeConfig {
+        long_poll_timeout: Duration::from_millis(500),
+        reorder_wait: Duration::from_secs(2),
+        ..NodeConfig::default()
+    })
+    .await;
     node.create(create_req("o")).await.unwrap();
     let with = |epoch, seq, body: &str| AppendRequest {
         producer: Some(ProducerClaim {

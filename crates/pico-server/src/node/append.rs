@@ -94,7 +94,7 @@ impl Node {
             .map_err(busy)?;
         if let Some(p) = &req.producer {
             // Arrived ahead of its predecessors: hold it (bounded) until they are accepted.
-            let deadline = tokio::time::Instant::now() + REORDER_WAIT;
+            let deadline = tokio::time::Instant::now() + self.inner.config.reorder_wait;
             while !w.broken && !w.closed && producers::early(w.producers.get(&p.id).copied(), p) {
                 // Created before the lock is released, so no move between the two is missed.
                 let moved = open.producers_moved.notified();

@@ -385,10 +385,6 @@ pub const MAX_READ_RECORDS: usize = 10_000;
 /// Largest accepted TTL (ten years): keeps every deadline computation far from overflow.
 pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 
-/// Longest an append that arrived ahead of its producer's earlier batches waits for them
-/// before it is answered as a sequence gap. Pipelined requests overtake each other by well
-/// under a millisecond here; a real gap (a lost batch, a client bug) costs this much more.
-const REORDER_WAIT: Duration = Duration::from_millis(20);
 /// Longest a duplicate or close waits for earlier appends to become durable.
 const DURABLE_WAIT: Duration = Duration::from_secs(60);
 
