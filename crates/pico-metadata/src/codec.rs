@@ -129,8 +129,26 @@ pub fn encode_state(s: &State) -> Vec<u8> {
         w.str(k);
         w.bytes(v);
     }
+    // Optional trailing sections, each a tag then its body, written only when not empty: a
+    // snapshot without them keeps the layout it had before they existed.
+    let fenced: Vec<(u32, u64)> = s
+        .nodes
+        .values()
+        .filter_map(|n| Some((n.node_id, n.fenced_epoch?)))
+        .collect();
+    if !fenced.is_empty() {
+        w.u8(SECTION_FENCED);
+        w.len(fenced.len());
+        for (id, e) in fenced {
+            w.u32(id);
+            w.u64(e);
+        }
+    }
     w.0
 }
+
+/// Trailing snapshot section: nodes failover fenced, as (node id, fenced epoch).
+const SECTION_FENCED: u8 = 1;
 
 /// A snapshot of the whole state. The decoded state must also pass
 /// [`invariants::check_snapshot`]: a snapshot is trusted in place of the log it replaces, and a
@@ -148,6 +166,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
             address: r.str("address")?,
             registered_at_ms: r.i64("registered_at_ms")?,
             last_heartbeat_ms: r.i64("last_heartbeat_ms")?,
+            fenced_epoch: None,
         };
         s.nodes.insert(n.node_id, n);
     }
@@ -214,6 +233,26 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
         let k = r.str("kv key")?;
         let v = r.bytes("kv value")?;
         s.kv.insert(k, v);
+    }
+    while !r.buf.is_empty() {
+        match r.u8("section tag")? {
+            SECTION_FENCED => {
+                for _ in 0..r.count("fenced nodes", 4 + 8)? {
+                    let id = r.u32("fenced node_id")?;
+                    let e = r.u64("fenced epoch")?;
+                    let n = s.nodes.get_mut(&id).ok_or_else(|| {
+                        CodecError::Invariant(format!("fenced node not registered: node_id={id}"))
+                    })?;
+                    n.fenced_epoch = Some(e);
+                }
+            }
+            tag => {
+                return Err(CodecError::BadTag {
+                    what: "snapshot section",
+                    tag,
+                });
+            }
+        }
     }
     r.finish()?;
     invariants::check_snapshot(&s).map_err(CodecError::Invariant)?;
@@ -506,6 +545,32 @@ impl Writer {
                 self.u32(*node_id);
                 self.u64(*node_epoch);
                 self.i64(*now_ms);
+            }
+            Command::FenceNode {
+                node_id,
+                node_epoch,
+                last_heartbeat_ms,
+                by_node_id,
+                by_node_epoch,
+            } => {
+                self.u8(21);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.i64(*last_heartbeat_ms);
+                self.u32(*by_node_id);
+                self.u64(*by_node_epoch);
+            }
+            Command::ReleaseFenced {
+                node_id,
+                node_epoch,
+                by_node_id,
+                by_node_epoch,
+            } => {
+                self.u8(22);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.u32(*by_node_id);
+                self.u64(*by_node_epoch);
             }
         }
     }
@@ -810,6 +875,19 @@ impl<'a> Reader<'a> {
             14 => Command::KvInit {
                 key: self.str("key")?,
                 value: self.bytes("value")?,
+            },
+            21 => Command::FenceNode {
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+                last_heartbeat_ms: self.i64("last_heartbeat_ms")?,
+                by_node_id: self.u32("by_node_id")?,
+                by_node_epoch: self.u64("by_node_epoch")?,
+            },
+            22 => Command::ReleaseFenced {
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+                by_node_id: self.u32("by_node_id")?,
+                by_node_epoch: self.u64("by_node_epoch")?,
             },
             13 => {
                 let name = self.str("name")?;
