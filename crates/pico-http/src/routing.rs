@@ -12,12 +12,12 @@
 //! when the first attempt did not finish, and appending here would open the stream here, fencing
 //! the owner and dropping the appends it acknowledged but has not committed yet.
 
+use crate::error::HttpError;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use pico_common::StreamName;
-use crate::error::HttpError;
 use pico_server::{Node, Route};
 
 /// The stream a request path names, if any (Pico path, or DS under `/v1/stream/`). Must agree

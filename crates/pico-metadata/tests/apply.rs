@@ -1021,14 +1021,23 @@ fn fence_commits_on_behalf_and_releases_the_fenced_incarnations_streams() {
         by_node_id: 2,
         by_node_epoch: 7,
     };
-    assert!(matches!(err(&mut s, release.clone()), ApplyError::Invalid(_)));
+    assert!(matches!(
+        err(&mut s, release.clone()),
+        ApplyError::Invalid(_)
+    ));
     // Node 2 may not commit to node 1's stream while node 1 is live.
-    assert_eq!(commit(&mut s, (2, 7), "early", vec![range(id, 0, 0, 2)]), vec![false]);
+    assert_eq!(
+        commit(&mut s, (2, 7), "early", vec![range(id, 0, 0, 2)]),
+        vec![false]
+    );
 
     assert_eq!(ok(&mut s, fence(50, 7)), Outcome::NodeFenced);
     assert_eq!(s.nodes[&1].epoch, 2);
     assert_eq!(s.nodes[&1].fenced_epoch, Some(1));
-    assert!(matches!(err(&mut s, fence(50, 7)), ApplyError::StaleNodeEpoch { .. }));
+    assert!(matches!(
+        err(&mut s, fence(50, 7)),
+        ApplyError::StaleNodeEpoch { .. }
+    ));
     pico_metadata::invariants::check(&s).unwrap();
     // The zombie: heartbeats, commits, opens and releases rejected.
     for c in [
@@ -1060,7 +1069,10 @@ fn fence_commits_on_behalf_and_releases_the_fenced_incarnations_streams() {
         assert!(matches!(err(&mut s, c), ApplyError::StaleNodeEpoch { .. }));
     }
     // The fencer commits the recovered tail at the stream's current epoch, as the owner would.
-    assert_eq!(commit(&mut s, (2, 7), "recovered", vec![range(id, 0, 0, 3)]), vec![true]);
+    assert_eq!(
+        commit(&mut s, (2, 7), "recovered", vec![range(id, 0, 0, 3)]),
+        vec![true]
+    );
     assert_eq!(s.streams[&id].end_offset, 3);
     assert_eq!(
         ok(&mut s, release.clone()),
@@ -1068,7 +1080,10 @@ fn fence_commits_on_behalf_and_releases_the_fenced_incarnations_streams() {
     );
     assert_eq!(s.streams[&id].owner, None);
     // Released: nobody commits at the old epoch any more; the next open bumps it.
-    assert_eq!(commit(&mut s, (2, 7), "late", vec![range(id, 0, 3, 4)]), vec![false]);
+    assert_eq!(
+        commit(&mut s, (2, 7), "late", vec![range(id, 0, 3, 4)]),
+        vec![false]
+    );
     assert!(matches!(
         ok(
             &mut s,

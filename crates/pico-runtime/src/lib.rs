@@ -346,9 +346,15 @@ pub async fn run(
         ..NodeConfig::default()
     };
     let wal = stores::wal(&wal_uri, config.node_id, node_epoch).await?;
-    let mut node = Node::start(node_config.clone(), meta.clone(), data.clone(), wal, engine.clone())
-        .await
-        .map_err(|e| RuntimeError::Startup(e.to_string()))?;
+    let mut node = Node::start(
+        node_config.clone(),
+        meta.clone(),
+        data.clone(),
+        wal,
+        engine.clone(),
+    )
+    .await
+    .map_err(|e| RuntimeError::Startup(e.to_string()))?;
 
     let opts = pico_http::HttpOptions {
         routing_local: config.routing == Routing::Local,
@@ -515,7 +521,11 @@ struct KafkaServer {
 }
 
 impl KafkaServer {
-    fn spawn(config: &Config, kafka: TcpListener, node: &Node) -> Result<KafkaServer, RuntimeError> {
+    fn spawn(
+        config: &Config,
+        kafka: TcpListener,
+        node: &Node,
+    ) -> Result<KafkaServer, RuntimeError> {
         let addr = kafka
             .local_addr()
             .map_err(|e| RuntimeError::Listen(e.to_string()))?;

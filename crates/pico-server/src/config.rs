@@ -12,11 +12,7 @@ pub trait PeerWals: Send + Sync + std::fmt::Debug {
     /// Node `node_id`'s WAL, opened at `fence_epoch` (the epoch failover registered for it):
     /// a WAL that fences by epoch (Postgres) refuses the fenced process's appends from the
     /// moment this returns, and any append it acknowledged is readable through the handle.
-    async fn open(
-        &self,
-        node_id: u32,
-        fence_epoch: u64,
-    ) -> Result<Arc<dyn s3stream::Wal>, String>;
+    async fn open(&self, node_id: u32, fence_epoch: u64) -> Result<Arc<dyn s3stream::Wal>, String>;
 }
 
 #[derive(Debug, Clone)]

@@ -62,7 +62,15 @@ pub(crate) async fn failover_pass(node: Node, state: Arc<Failover>) {
         fence(node.clone(), lapse).await;
     }
     for (node_id, fenced_epoch, placeholder) in pending(&node, &state) {
-        match recover(node.clone(), wals.clone(), node_id, fenced_epoch, placeholder).await {
+        match recover(
+            node.clone(),
+            wals.clone(),
+            node_id,
+            fenced_epoch,
+            placeholder,
+        )
+        .await
+        {
             Ok(()) => release(node.clone(), state.clone(), node_id, fenced_epoch).await,
             Err(e) => tracing::warn!(
                 node_id,
@@ -84,10 +92,11 @@ fn report_lapses(node: &Node, state: &Failover, lapsed: &[Lapse]) {
             .streams
             .values()
             .filter(|m| {
-                m.owner == Some(Owner {
-                    node_id: *id,
-                    node_epoch: *epoch,
-                })
+                m.owner
+                    == Some(Owner {
+                        node_id: *id,
+                        node_epoch: *epoch,
+                    })
             })
             .count();
         if cfg.peer_wals.is_some() {
@@ -156,7 +165,9 @@ fn pending(node: &Node, state: &Failover) -> Vec<(u32, u64, u64)> {
     let mut owning = BTreeSet::new();
     for m in view.streams.values() {
         if let Some(o) = m.owner
-            && fenced.iter().any(|f| (f.0, f.1) == (o.node_id, o.node_epoch))
+            && fenced
+                .iter()
+                .any(|f| (f.0, f.1) == (o.node_id, o.node_epoch))
         {
             owning.insert((o.node_id, o.node_epoch));
         }
@@ -456,15 +467,25 @@ mod tests {
             append(&a, "s", v).await.unwrap();
         }
         let id = a.meta().view().stream_by_name("s").unwrap().1.id;
-        assert_eq!(a.meta().view().streams[&id].end_offset, 0, "only in the WAL");
-        assert_eq!(b.route(&name("s")), Route::Redirect("http://127.0.0.1:4001".into()));
+        assert_eq!(
+            a.meta().view().streams[&id].end_offset,
+            0,
+            "only in the WAL"
+        );
+        assert_eq!(
+            b.route(&name("s")),
+            Route::Redirect("http://127.0.0.1:4001".into())
+        );
 
         let state = Arc::new(Failover::default());
         liveness_pass(b.clone()).await; // B's first look at A: the timeout starts here.
         for second in 1..=4 {
             tick(&clock, &b, &state).await;
             let view = b.meta().view();
-            assert_eq!(view.nodes[&1].fenced_epoch, None, "fenced early, at {second} s");
+            assert_eq!(
+                view.nodes[&1].fenced_epoch, None,
+                "fenced early, at {second} s"
+            );
             assert!(view.streams[&id].owner.is_some());
             if second == 4 {
                 // A's last accepted heartbeat (its registration) is 4 s old: past its window.
@@ -475,14 +496,20 @@ mod tests {
                 );
             }
         }
-        assert!(wals.events.lock().unwrap().is_empty(), "no failover before the lapse");
+        assert!(
+            wals.events.lock().unwrap().is_empty(),
+            "no failover before the lapse"
+        );
         // A lapsed as seen by B: clients get a 503, not a redirect to a dead node.
         tick(&clock, &b, &state).await;
         let view = b.meta().view();
         assert_eq!(view.nodes[&1].fenced_epoch, Some(11));
         assert_eq!(view.nodes[&1].epoch, 12);
         assert_eq!(view.streams[&id].owner, None, "released");
-        assert_eq!(view.streams[&id].end_offset, 4, "recovered: r0 r1 r2 and the late one");
+        assert_eq!(
+            view.streams[&id].end_offset, 4,
+            "recovered: r0 r1 r2 and the late one"
+        );
         assert_eq!(
             *wals.events.lock().unwrap(),
             vec![
@@ -515,7 +542,10 @@ mod tests {
         a.inner.engine.flush().await.ok();
         b.inner.engine.flush().await.unwrap();
         let view = b.meta().view();
-        assert_eq!(view.streams[&id].end_offset, 5, "nothing of the zombie's committed");
+        assert_eq!(
+            view.streams[&id].end_offset, 5,
+            "nothing of the zombie's committed"
+        );
         assert_eq!(values(&b, "s").await.len(), 5);
         // Nothing more to do: later passes leave the released streams alone.
         tick(&clock, &b, &state).await;

@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use gc::gc_pass;
 use failover::{Failover, failover_pass};
+use gc::gc_pass;
 use heartbeat::{heartbeat_pass, liveness_pass};
 use idle::{IdleRelease, idle_pass};
 use orphans::{OrphanGcs, orphan_sweep};
