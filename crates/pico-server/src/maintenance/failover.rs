@@ -276,7 +276,7 @@ mod tests {
     use super::*;
     use crate::maintenance::test_support::*;
     use crate::node::Route;
-    use pico_common::clock::{Clock, ManualClock};
+    use pico_common::clock::ManualClock;
     use s3stream::{Wal, WalError, WalRecord};
 
     /// The shared WAL store, with a log of what the view said when failover touched it.
