@@ -4,6 +4,9 @@
 //! creates (PUT) of names nobody owns; `--routing local` turns redirects off. A stale view costs
 //! a hop, never a split stream: the owner is fenced by epochs, not by this check.
 //!
+//! A stream whose owner stopped heartbeating (as seen here), or that failover fenced, is
+//! answered 503 with `Retry-After: 1` until failover releases it (docs/design/failover.md).
+//!
 //! A PUT of a stream another node owns is redirected too (PICO-SURFACE.md says PUT never is): a
 //! create or fork retried with records (a body, or a fork's partial prefix record) appends them
 //! when the first attempt did not finish, and appending here would open the stream here, fencing
@@ -14,12 +17,13 @@
 //! to the target like any request for a stream owned elsewhere. Reads are served meanwhile
 //! (every record is still here).
 
+use crate::error::HttpError;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use pico_common::StreamName;
-use pico_server::Node;
+use pico_server::{Node, Route};
 
 /// The stream a request path names, if any (Pico path, or DS under `/v1/stream/`). Must agree
 /// with the handlers: a stream they serve that this misses is never redirected.
@@ -52,8 +56,16 @@ pub async fn redirect_to_owner(
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
         node.hold_for_handoff(&name).await;
     }
-    let Some(owner) = node.owner_url(&name) else {
-        return next.run(req).await;
+    let owner = match node.route(&name) {
+        Route::Local => return next.run(req).await,
+        Route::Redirect(url) => url,
+        // The owner lapsed or was fenced: a redirect would point at a dead address, and serving
+        // here would fence its acknowledged appends before failover recovers them.
+        Route::Unavailable(why) => {
+            let mut e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why);
+            e.retry_after = Some(std::time::Duration::from_secs(1));
+            return e.into_response();
+        }
     };
     let path_and_query = req
         .uri()

@@ -129,9 +129,23 @@ pub fn encode_state(s: &State) -> Vec<u8> {
         w.str(k);
         w.bytes(v);
     }
-    // Last and only when there are any, so snapshots written before transfers existed (and
-    // the usual snapshot, with none) keep one encoding.
+    // Optional trailing sections, each a tag then its body, written only when not empty: a
+    // snapshot without them keeps the layout it had before they existed.
+    let fenced: Vec<(u32, u64)> = s
+        .nodes
+        .values()
+        .filter_map(|n| Some((n.node_id, n.fenced_epoch?)))
+        .collect();
+    if !fenced.is_empty() {
+        w.u8(SECTION_FENCED);
+        w.len(fenced.len());
+        for (id, e) in fenced {
+            w.u32(id);
+            w.u64(e);
+        }
+    }
     if !s.transfers.is_empty() {
+        w.u8(SECTION_TRANSFERS);
         w.len(s.transfers.len());
         for (id, t) in s.transfers.iter() {
             w.u64(*id);
@@ -144,6 +158,11 @@ pub fn encode_state(s: &State) -> Vec<u8> {
     }
     w.0
 }
+
+/// Trailing snapshot section: nodes failover fenced, as (node id, fenced epoch).
+const SECTION_FENCED: u8 = 1;
+/// Trailing snapshot section: live transfers, as (stream id, transfer).
+const SECTION_TRANSFERS: u8 = 2;
 
 /// A snapshot of the whole state. The decoded state must also pass
 /// [`invariants::check_snapshot`]: a snapshot is trusted in place of the log it replaces, and a
@@ -161,6 +180,7 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
             address: r.str("address")?,
             registered_at_ms: r.i64("registered_at_ms")?,
             last_heartbeat_ms: r.i64("last_heartbeat_ms")?,
+            fenced_epoch: None,
         };
         s.nodes.insert(n.node_id, n);
     }
@@ -228,17 +248,37 @@ pub fn decode_state(bytes: &[u8]) -> Result<State, CodecError> {
         let v = r.bytes("kv value")?;
         s.kv.insert(k, v);
     }
-    if !r.buf.is_empty() {
-        for _ in 0..r.count("transfers", 8 + 4 + 1 + 8 + 8 + 1)? {
-            let id = r.u64("transfer stream_id")?;
-            let t = Transfer {
-                to_node: r.u32("transfer to_node")?,
-                from: r.owner()?,
-                epoch: r.i64("transfer epoch")?,
-                requested_ms: r.i64("transfer requested_ms")?,
-                released_ms: r.opt_i64("transfer released_ms")?,
-            };
-            s.transfers.insert(id, t);
+    while !r.buf.is_empty() {
+        match r.u8("section tag")? {
+            SECTION_FENCED => {
+                for _ in 0..r.count("fenced nodes", 4 + 8)? {
+                    let id = r.u32("fenced node_id")?;
+                    let e = r.u64("fenced epoch")?;
+                    let n = s.nodes.get_mut(&id).ok_or_else(|| {
+                        CodecError::Invariant(format!("fenced node not registered: node_id={id}"))
+                    })?;
+                    n.fenced_epoch = Some(e);
+                }
+            }
+            SECTION_TRANSFERS => {
+                for _ in 0..r.count("transfers", 8 + 4 + 1 + 8 + 8 + 1)? {
+                    let id = r.u64("transfer stream_id")?;
+                    let t = Transfer {
+                        to_node: r.u32("transfer to_node")?,
+                        from: r.owner()?,
+                        epoch: r.i64("transfer epoch")?,
+                        requested_ms: r.i64("transfer requested_ms")?,
+                        released_ms: r.opt_i64("transfer released_ms")?,
+                    };
+                    s.transfers.insert(id, t);
+                }
+            }
+            tag => {
+                return Err(CodecError::BadTag {
+                    what: "snapshot section",
+                    tag,
+                });
+            }
         }
     }
     r.finish()?;
@@ -563,6 +603,32 @@ impl Writer {
                 self.u32(*to_node);
                 self.i64(*now_ms);
             }
+            Command::FenceNode {
+                node_id,
+                node_epoch,
+                last_heartbeat_ms,
+                by_node_id,
+                by_node_epoch,
+            } => {
+                self.u8(21);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.i64(*last_heartbeat_ms);
+                self.u32(*by_node_id);
+                self.u64(*by_node_epoch);
+            }
+            Command::ReleaseFenced {
+                node_id,
+                node_epoch,
+                by_node_id,
+                by_node_epoch,
+            } => {
+                self.u8(22);
+                self.u32(*node_id);
+                self.u64(*node_epoch);
+                self.u32(*by_node_id);
+                self.u64(*by_node_epoch);
+            }
         }
     }
 }
@@ -882,6 +948,19 @@ impl<'a> Reader<'a> {
             14 => Command::KvInit {
                 key: self.str("key")?,
                 value: self.bytes("value")?,
+            },
+            21 => Command::FenceNode {
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+                last_heartbeat_ms: self.i64("last_heartbeat_ms")?,
+                by_node_id: self.u32("by_node_id")?,
+                by_node_epoch: self.u64("by_node_epoch")?,
+            },
+            22 => Command::ReleaseFenced {
+                node_id: self.u32("node_id")?,
+                node_epoch: self.u64("node_epoch")?,
+                by_node_id: self.u32("by_node_id")?,
+                by_node_epoch: self.u64("by_node_epoch")?,
             },
             13 => {
                 let name = self.str("name")?;

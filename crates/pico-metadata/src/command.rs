@@ -92,6 +92,30 @@ pub enum Command {
         node_epoch: u64,
         now_ms: i64,
     },
+    /// Failover: the maintenance-lease holder `by_node_id`/`by_node_epoch` (current) fences node
+    /// `node_id`'s process at `node_epoch`, whose heartbeat stopped at `last_heartbeat_ms`.
+    /// Accepted only while both are still the node's registered epoch and last heartbeat (a
+    /// compare-and-set on what the holder saw lapse: a heartbeat or a restart in between wins).
+    /// Raises the registered epoch to `node_epoch + 1`, held by no process, and marks it fenced
+    /// (`NodeInfo::fenced_epoch`): from then on that process's commits, opens, releases and
+    /// heartbeats are rejected, and its streams may be committed to and released by failover.
+    FenceNode {
+        node_id: u32,
+        node_epoch: u64,
+        last_heartbeat_ms: i64,
+        by_node_id: u32,
+        by_node_epoch: u64,
+    },
+    /// Failover, after the fenced incarnation's WAL was committed: releases (owner = none)
+    /// every stream owned by `node_id` at `node_epoch`, which must be the node's fenced
+    /// incarnation (a registration since then rejects it: the node's new process recovers its
+    /// own WAL). The next open anywhere bumps each stream's epoch.
+    ReleaseFenced {
+        node_id: u32,
+        node_epoch: u64,
+        by_node_id: u32,
+        by_node_epoch: u64,
+    },
     /// Allocates an internal stream AND stores the registry entry, atomically (one command: no
     /// orphan ids). Idempotent: same name + same config (+ same closed status, counting the
     /// close `initial` asks for) -> existing; different -> Conflict. `closed` creates it closed
@@ -232,6 +256,8 @@ impl Command {
             Command::Heartbeat { .. } => "heartbeat",
             Command::TransferStream { .. } => "transfer_stream",
             Command::CompleteTransfer { .. } => "complete_transfer",
+            Command::FenceNode { .. } => "fence_node",
+            Command::ReleaseFenced { .. } => "release_fenced",
         }
     }
 }
@@ -253,6 +279,12 @@ pub enum Outcome {
         end_offset: u64,
     },
     Released,
+    /// A node incarnation was fenced (`FenceNode`).
+    NodeFenced,
+    /// `ReleaseFenced` released this many streams.
+    ReleasedFenced {
+        streams: u64,
+    },
     Sealed {
         closed_at: u64,
     },

@@ -17,6 +17,7 @@ pub fn check(s: &State) -> Result<(), String> {
     live_refs_count_slices(s)?;
     destroyed_is_unreferenced(s)?;
     owners_are_registered(s)?;
+    fenced_nodes_hold_no_epoch(s)?;
     sealed_tail_holds(s)?;
     fork_counts_match(s)?;
     transfers_are_of_live_streams(s)?;
@@ -211,6 +212,34 @@ pub fn owners_are_registered(s: &State) -> Result<(), String> {
             if m.epoch < 0 {
                 return Err(format!("owned stream never opened: stream_id={}", m.id));
             }
+        }
+    }
+    Ok(())
+}
+
+/// 8b. A fenced node's registered epoch is one above its fenced incarnation (no process can
+///     hold it: registration needs a higher one), and nothing is owned at that epoch.
+pub fn fenced_nodes_hold_no_epoch(s: &State) -> Result<(), String> {
+    for n in s.nodes.values() {
+        if let Some(e) = n.fenced_epoch
+            && e.checked_add(1) != Some(n.epoch)
+        {
+            return Err(format!(
+                "fenced node not one epoch above its fenced incarnation: node_id={} epoch={} fenced={e}",
+                n.node_id, n.epoch
+            ));
+        }
+    }
+    for m in s.streams.values() {
+        if let Some(o) = m.owner
+            && s.nodes
+                .get(&o.node_id)
+                .is_some_and(|n| n.fenced_epoch.is_some() && o.node_epoch == n.epoch)
+        {
+            return Err(format!(
+                "stream owned at a fenced node's placeholder epoch: stream_id={} node_id={}",
+                m.id, o.node_id
+            ));
         }
     }
     Ok(())

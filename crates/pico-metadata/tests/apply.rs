@@ -1146,3 +1146,164 @@ fn transfers_round_trip_through_snapshots() {
     ok(&mut s, complete(id, 0, (1, 1), 2));
     assert_eq!(decode_state(&encode_state(&s)).unwrap(), s);
 }
+
+/// Failover at the metadata level: the fence is a compare-and-set on the lapsed heartbeat, it
+/// locks the zombie out of every node-scoped command, lets the fencer commit the zombie's WAL
+/// tail at the stream's current epoch, and only then releases its streams for a reopen at
+/// epoch + 1. A registration of the node afterwards ends the fenced state.
+#[test]
+fn fence_commits_on_behalf_and_releases_the_fenced_incarnations_streams() {
+    let (mut s, id) = setup();
+    register(&mut s, 2, 7);
+    let fence = |hb: i64, by_epoch: u64| Command::FenceNode {
+        node_id: 1,
+        node_epoch: 1,
+        last_heartbeat_ms: hb,
+        by_node_id: 2,
+        by_node_epoch: by_epoch,
+    };
+    // A stale fencer, a stale view of the heartbeat, a node fencing itself: refused.
+    assert!(matches!(
+        err(&mut s, fence(1, 6)),
+        ApplyError::StaleNodeEpoch { node_id: 2, .. }
+    ));
+    ok(
+        &mut s,
+        Command::Heartbeat {
+            node_id: 1,
+            node_epoch: 1,
+            now_ms: 50,
+        },
+    );
+    assert!(matches!(err(&mut s, fence(1, 7)), ApplyError::Invalid(_)));
+    assert!(matches!(
+        err(
+            &mut s,
+            Command::FenceNode {
+                node_id: 2,
+                node_epoch: 7,
+                last_heartbeat_ms: 1,
+                by_node_id: 2,
+                by_node_epoch: 7,
+            }
+        ),
+        ApplyError::Invalid(_)
+    ));
+    // Releasing before the fence: refused (not a fenced incarnation).
+    let release = Command::ReleaseFenced {
+        node_id: 1,
+        node_epoch: 1,
+        by_node_id: 2,
+        by_node_epoch: 7,
+    };
+    assert!(matches!(
+        err(&mut s, release.clone()),
+        ApplyError::Invalid(_)
+    ));
+    // Node 2 may not commit to node 1's stream while node 1 is live.
+    assert_eq!(
+        commit(&mut s, (2, 7), "early", vec![range(id, 0, 0, 2)]),
+        vec![false]
+    );
+
+    assert_eq!(ok(&mut s, fence(50, 7)), Outcome::NodeFenced);
+    assert_eq!(s.nodes[&1].epoch, 2);
+    assert_eq!(s.nodes[&1].fenced_epoch, Some(1));
+    assert!(matches!(
+        err(&mut s, fence(50, 7)),
+        ApplyError::StaleNodeEpoch { .. }
+    ));
+    pico_metadata::invariants::check(&s).unwrap();
+    // The zombie: heartbeats, commits, opens and releases rejected.
+    for c in [
+        Command::Heartbeat {
+            node_id: 1,
+            node_epoch: 1,
+            now_ms: 60,
+        },
+        Command::CommitObject {
+            node_id: 1,
+            node_epoch: 1,
+            key: "zombie".into(),
+            size: 1,
+            ranges: vec![range(id, 0, 0, 1)],
+            now_ms: 60,
+        },
+        Command::OpenStream {
+            stream_id: id,
+            node_id: 1,
+            node_epoch: 1,
+        },
+        Command::ReleaseStream {
+            stream_id: id,
+            epoch: 0,
+            node_id: 1,
+            node_epoch: 1,
+        },
+    ] {
+        assert!(matches!(err(&mut s, c), ApplyError::StaleNodeEpoch { .. }));
+    }
+    // The fencer commits the recovered tail at the stream's current epoch, as the owner would.
+    assert_eq!(
+        commit(&mut s, (2, 7), "recovered", vec![range(id, 0, 0, 3)]),
+        vec![true]
+    );
+    assert_eq!(s.streams[&id].end_offset, 3);
+    assert_eq!(
+        ok(&mut s, release.clone()),
+        Outcome::ReleasedFenced { streams: 1 }
+    );
+    assert_eq!(s.streams[&id].owner, None);
+    // Released: nobody commits at the old epoch any more; the next open bumps it.
+    assert_eq!(
+        commit(&mut s, (2, 7), "late", vec![range(id, 0, 3, 4)]),
+        vec![false]
+    );
+    assert!(matches!(
+        ok(
+            &mut s,
+            Command::OpenStream {
+                stream_id: id,
+                node_id: 2,
+                node_epoch: 7,
+            }
+        ),
+        Outcome::Opened {
+            epoch: 1,
+            end_offset: 3,
+            ..
+        }
+    ));
+    pico_metadata::invariants::check(&s).unwrap();
+    // The node comes back: a higher epoch than the fence's placeholder, not fenced any more.
+    assert!(matches!(
+        err(
+            &mut s,
+            Command::RegisterNode {
+                node_id: 1,
+                node_epoch: 2,
+                address: "n1".into(),
+                now_ms: 70,
+            }
+        ),
+        ApplyError::StaleNodeEpoch { .. }
+    ));
+    register(&mut s, 1, 3);
+    assert_eq!(s.nodes[&1].fenced_epoch, None);
+    assert!(matches!(err(&mut s, release), ApplyError::Invalid(_)));
+    // The fenced state survives a snapshot.
+    let mut f = s.clone();
+    ok(
+        &mut f,
+        Command::FenceNode {
+            node_id: 1,
+            node_epoch: 3,
+            last_heartbeat_ms: 1,
+            by_node_id: 2,
+            by_node_epoch: 7,
+        },
+    );
+    let back = pico_metadata::codec::decode_state(&pico_metadata::codec::encode_state(&f)).unwrap();
+    assert_eq!(back, f);
+    assert_eq!(back.nodes[&1].fenced_epoch, Some(3));
+}

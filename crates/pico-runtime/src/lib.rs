@@ -273,6 +273,11 @@ fn check_http_address(url: &str) -> Result<(), RuntimeError> {
 }
 
 /// Runs a node until `shutdown` resolves (SIGINT/SIGTERM in the binary), then drains.
+///
+/// A process that failover fences (its heartbeat lapsed: paused, or cut off from the
+/// database) rejoins in place: it drops the fenced incarnation without flushing anything (its
+/// streams belong to other nodes now), registers a new, higher node epoch on the same
+/// listeners, and serves again once that incarnation is up (docs/design/failover.md).
 pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -362,6 +367,13 @@ pub async fn run(
         tracing::info!("stopped while waiting for the WAL");
         return Ok(());
     };
+    let peer_wals = stores::peer_wals(&wal_uri).await?;
+    if peer_wals.is_none() {
+        tracing::info!(
+            "the WAL is on this node's own disk: no other node can recover it, so automatic \
+             failover is off (a dead node's streams wait for it to restart)"
+        );
+    }
     let mut engine = stores::engine_config(&wal_uri)?;
     engine.log_cache_bytes = config.wal_cache_size;
     engine.block_cache_bytes = config.block_cache_size;
@@ -391,11 +403,18 @@ pub async fn run(
         max_request_size: config.max_request_size,
         slots: config.slots,
         allow_local_webhooks: config.listen.ip().is_loopback(),
+        peer_wals,
         ..NodeConfig::default()
     };
-    let node = Node::start(node_config, meta, data, wal, engine)
-        .await
-        .map_err(|e| RuntimeError::Startup(e.to_string()))?;
+    let mut node = Node::start(
+        node_config.clone(),
+        meta.clone(),
+        data.clone(),
+        wal,
+        engine.clone(),
+    )
+    .await
+    .map_err(|e| RuntimeError::Startup(e.to_string()))?;
 
     let opts = pico_http::HttpOptions {
         routing_local: config.routing == Routing::Local,
@@ -403,38 +422,89 @@ pub async fn run(
         cors: pico_http::cors::CorsOrigins::parse(&config.cors_origins)
             .map_err(RuntimeError::Config)?,
     };
-    let kafka_stop = stop_rx.clone();
-    let proto_app = pico_http::protocol_router(node.clone(), opts);
+    let proto_app = SwapRouter::new(pico_http::protocol_router(node.clone(), opts.clone()));
     servers.push(tokio::spawn(listener::serve(
         protocol,
-        proto_app,
+        proto_app.router(),
         listen,
         timeouts,
         host::HostPolicy::for_listener(local, &extra_hosts),
         stop_rx.clone(),
     )));
     tracing::info!(addr = %local, "protocol listener ready");
-    startup.serve(pico_http::admin_router(node.clone(), metrics));
-    if let Some(kafka) = kafka {
-        let addr = kafka
-            .local_addr()
-            .map_err(|e| RuntimeError::Listen(e.to_string()))?;
-        let (host, port) = kafka_advertised(&config, addr)?;
-        let opts = pico_kafka::KafkaOptions {
-            broker_id: i32::try_from(config.node_id).unwrap_or(i32::MAX),
-            advertised_host: host,
-            advertised_port: port,
-            cluster_id: config.cluster_id.clone(),
-            ..pico_kafka::KafkaOptions::default()
-        };
-        let broker = std::sync::Arc::new(pico_kafka::Broker::new(node.clone(), opts));
-        servers.push(tokio::spawn(pico_kafka::serve(kafka, broker, kafka_stop)));
-        tracing::info!(addr = %addr, "kafka listener ready");
-    }
+    // The routers are swapped when the node rejoins as a new incarnation; the listeners stay.
+    let admin_app = SwapRouter::new(pico_http::admin_router(node.clone(), metrics.clone()));
+    startup.serve(admin_app.router());
+    let mut kafka_server = match kafka {
+        Some(kafka) => Some(KafkaServer::spawn(&config, kafka, &node)?),
+        None => None,
+    };
 
-    shutdown.await;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = node.fenced_by_failover() => {}
+        }
+        // Fenced: this incarnation's streams were taken over. Drop it without flushing (what
+        // failover did not commit was never acknowledged) and rejoin at a higher epoch.
+        tracing::warn!("fenced by failover: rejoining as a new incarnation of this node");
+        node.abandon().await;
+        let mut attempt = 0u32;
+        let rejoined = loop {
+            let epoch = next_node_epoch(&meta, config.node_id, now_ms());
+            let started = async {
+                let wal = stores::wal(&wal_uri, config.node_id, epoch).await?;
+                let cfg = NodeConfig {
+                    node_epoch: epoch,
+                    ..node_config.clone()
+                };
+                Node::start(cfg, meta.clone(), data.clone(), wal, engine.clone())
+                    .await
+                    .map_err(|e| RuntimeError::Startup(e.to_string()))
+            };
+            let result = tokio::select! {
+                _ = &mut shutdown => None,
+                r = started => Some(r),
+            };
+            match result {
+                None => break None,
+                Some(Ok(n)) => break Some(n),
+                Some(Err(e)) => {
+                    attempt = attempt.saturating_add(1);
+                    tracing::warn!(error = %e, attempt, "rejoin failed; retrying");
+                    tokio::select! {
+                        _ = &mut shutdown => break None,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        };
+        let Some(new) = rejoined else {
+            tracing::info!("stopped while rejoining");
+            let _ = stop_tx.send(true);
+            if let Some(k) = kafka_server.take() {
+                k.stop().await;
+            }
+            drop(wal_lock);
+            return Ok(());
+        };
+        node = new;
+        proto_app.swap(pico_http::protocol_router(node.clone(), opts.clone()));
+        admin_app.swap(pico_http::admin_router(node.clone(), metrics.clone()));
+        if let Some(k) = kafka_server.take() {
+            kafka_server = Some(k.restart(&config, &node).await?);
+        }
+        tracing::info!(
+            node_epoch = node.config().node_epoch,
+            "rejoined with a new node epoch"
+        );
+    }
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
+    if let Some(k) = kafka_server.take() {
+        let _ = k.stop.send(true);
+        servers.push(k.task);
+    }
     let drain = tokio::time::sleep(config.shutdown_drain);
     tokio::pin!(drain);
     for s in servers {
@@ -447,6 +517,80 @@ pub async fn run(
     drop(wal_lock);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A router whose routes can be replaced while its listener keeps accepting (a rejoin swaps
+/// in the new incarnation's).
+#[derive(Clone)]
+struct SwapRouter(std::sync::Arc<std::sync::RwLock<axum::Router>>);
+
+impl SwapRouter {
+    fn new(router: axum::Router) -> SwapRouter {
+        SwapRouter(std::sync::Arc::new(std::sync::RwLock::new(router)))
+    }
+
+    fn swap(&self, router: axum::Router) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = router;
+    }
+
+    /// A router that sends every request to the current one.
+    fn router(&self) -> axum::Router {
+        use tower::ServiceExt;
+        let current = self.clone();
+        axum::Router::new().fallback_service(tower::service_fn(
+            move |req: axum::extract::Request| {
+                let router = current.0.read().unwrap_or_else(|p| p.into_inner()).clone();
+                async move { router.oneshot(req).await }
+            },
+        ))
+    }
+}
+
+/// The Kafka listener and its broker, which is bound to one node incarnation: a rejoin stops
+/// it and binds the same address again for the new one.
+struct KafkaServer {
+    addr: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KafkaServer {
+    fn spawn(
+        config: &Config,
+        kafka: TcpListener,
+        node: &Node,
+    ) -> Result<KafkaServer, RuntimeError> {
+        let addr = kafka
+            .local_addr()
+            .map_err(|e| RuntimeError::Listen(e.to_string()))?;
+        let (host, port) = kafka_advertised(config, addr)?;
+        let opts = pico_kafka::KafkaOptions {
+            broker_id: i32::try_from(config.node_id).unwrap_or(i32::MAX),
+            advertised_host: host,
+            advertised_port: port,
+            cluster_id: config.cluster_id.clone(),
+            ..pico_kafka::KafkaOptions::default()
+        };
+        let broker = std::sync::Arc::new(pico_kafka::Broker::new(node.clone(), opts));
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(pico_kafka::serve(kafka, broker, stop_rx));
+        tracing::info!(addr = %addr, "kafka listener ready");
+        Ok(KafkaServer { addr, stop, task })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+
+    async fn restart(self, config: &Config, node: &Node) -> Result<KafkaServer, RuntimeError> {
+        let addr = self.addr;
+        self.stop().await;
+        let kafka = TcpListener::bind(addr)
+            .await
+            .map_err(|e| RuntimeError::Listen(format!("--kafka-listen {addr}: {e}")))?;
+        KafkaServer::spawn(config, kafka, node)
+    }
 }
 
 /// The Kafka address clients are told to connect to: `--kafka-advertise host:port`, else the

@@ -2,6 +2,7 @@
 
 use crate::RuntimeError;
 use pico_common::{BucketUri, Scheme};
+use pico_server::PeerWals;
 use pico_wal_pg::{PgWal, PgWalError};
 use s3stream::{
     EngineConfig, FileStorage, MemoryStorage, ObjectStorage, ObjectWal, S3Config, S3Storage,
@@ -150,6 +151,65 @@ pub async fn wal(
             let storage = object_storage(uri).await?;
             Ok(Arc::new(ObjectWal::new(storage, format!("wal/{node_id}"))))
         }
+    }
+}
+
+/// Other nodes' WALs, for failover (pico-server's `PeerWals`): the same place as this node's,
+/// for any node id. `None` for a WAL on local disk (`file://`), which no other node reads, and
+/// for `memory://` (one process's own): failover is then off.
+pub async fn peer_wals(uri: &BucketUri) -> Result<Option<Arc<dyn PeerWals>>, RuntimeError> {
+    Ok(match uri.scheme {
+        Scheme::Postgres => Some(Arc::new(PgPeerWals {
+            url: uri.location.clone(),
+        })),
+        Scheme::File | Scheme::Memory => None,
+        Scheme::S3 => Some(Arc::new(ObjectPeerWals {
+            storage: object_storage(uri).await?,
+        })),
+    })
+}
+
+/// Postgres WALs: opening one at the fence epoch registers that epoch for the node, which
+/// waits for the fenced process's append in flight and refuses every later one.
+struct PgPeerWals {
+    url: String,
+}
+
+impl std::fmt::Debug for PgPeerWals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PgPeerWals({})", pico_common::uri::redact(&self.url))
+    }
+}
+
+#[async_trait::async_trait]
+impl PeerWals for PgPeerWals {
+    async fn open(&self, node_id: u32, fence_epoch: u64) -> Result<Arc<dyn Wal>, String> {
+        match PgWal::open(&self.url, node_id, fence_epoch).await {
+            Ok(w) => Ok(Arc::new(w)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Object-storage WALs (`wal/{node_id}/`): readable by anyone; the fenced process's later
+/// appends are kept from being acknowledged by its acknowledgement window, not by the store.
+struct ObjectPeerWals {
+    storage: Arc<dyn ObjectStorage>,
+}
+
+impl std::fmt::Debug for ObjectPeerWals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ObjectPeerWals")
+    }
+}
+
+#[async_trait::async_trait]
+impl PeerWals for ObjectPeerWals {
+    async fn open(&self, node_id: u32, _fence_epoch: u64) -> Result<Arc<dyn Wal>, String> {
+        Ok(Arc::new(ObjectWal::new(
+            self.storage.clone(),
+            format!("wal/{node_id}"),
+        )))
     }
 }
 

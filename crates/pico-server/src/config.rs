@@ -1,7 +1,19 @@
 //! Node configuration (what `pico serve` flags become once parsed).
 
 use pico_common::clock::SharedClock;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// Opens another node's WAL for failover (docs/design/failover.md): the runtime provides one
+/// when the WAL is shared storage every node reaches (Postgres, object storage); a local
+/// file WAL has none, and failover is off.
+#[async_trait::async_trait]
+pub trait PeerWals: Send + Sync + std::fmt::Debug {
+    /// Node `node_id`'s WAL, opened at `fence_epoch` (the epoch failover registered for it):
+    /// a WAL that fences by epoch (Postgres) refuses the fenced process's appends from the
+    /// moment this returns, and any append it acknowledged is readable through the handle.
+    async fn open(&self, node_id: u32, fence_epoch: u64) -> Result<Arc<dyn s3stream::Wal>, String>;
+}
 
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -44,6 +56,8 @@ pub struct NodeConfig {
     pub liveness_timeout: Duration,
     /// Expiry of the maintenance lease; its holder renews it every third of it.
     pub lease_ttl: Duration,
+    /// Other nodes' WALs, for failover; None = no failover (a local WAL no other node reads).
+    pub peer_wals: Option<Arc<dyn PeerWals>>,
     /// Where wall time comes from (TTL, expiry, producer ageing, idle release); tests pass a
     /// manual clock.
     pub clock: SharedClock,
@@ -68,6 +82,7 @@ impl Default for NodeConfig {
             heartbeat_every: Duration::from_secs(1),
             liveness_timeout: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(10),
+            peer_wals: None,
             clock: pico_common::clock::system(),
         }
     }

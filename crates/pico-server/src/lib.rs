@@ -34,10 +34,10 @@ pub mod ttl;
 pub mod waiters;
 
 pub use api::*;
-pub use config::NodeConfig;
+pub use config::{NodeConfig, PeerWals};
 pub use error::*;
 pub use live::LongPoll;
 pub use node::RawRead;
-pub use node::{KvError, Node, StartError, StreamEvent};
+pub use node::{KvError, Node, Route, StartError, StreamEvent};
 pub use node::{StreamPlacement, TransferAccepted, TransferError};
 pub use stats::{EngineStats, NodeStats};

@@ -56,6 +56,7 @@ impl State {
                         address: address.clone(),
                         registered_at_ms: *now_ms,
                         last_heartbeat_ms: *now_ms,
+                        fenced_epoch: None,
                     },
                 );
                 Ok(Outcome::NodeRegistered)
@@ -71,6 +72,81 @@ impl State {
                     n.last_heartbeat_ms = n.last_heartbeat_ms.max(*now_ms);
                 }
                 Ok(Outcome::HeartbeatRecorded)
+            }
+            Command::FenceNode {
+                node_id,
+                node_epoch,
+                last_heartbeat_ms,
+                by_node_id,
+                by_node_epoch,
+            } => {
+                self.check_node(*by_node_id, *by_node_epoch)?;
+                if node_id == by_node_id {
+                    return Err(ApplyError::Invalid(format!(
+                        "a node cannot fence itself: node_id={node_id}"
+                    )));
+                }
+                self.check_node(*node_id, *node_epoch)?;
+                let Some(n) = self.nodes.get_mut(node_id) else {
+                    return Err(ApplyError::UnknownNode { node_id: *node_id });
+                };
+                if n.fenced_epoch.is_some() {
+                    return Err(ApplyError::Invalid(format!(
+                        "node already fenced: node_id={node_id} epoch={node_epoch}"
+                    )));
+                }
+                if n.last_heartbeat_ms != *last_heartbeat_ms {
+                    return Err(ApplyError::Invalid(format!(
+                        "node heartbeat moved since it was seen lapsed: node_id={node_id} \
+                         seen={last_heartbeat_ms} current={}",
+                        n.last_heartbeat_ms
+                    )));
+                }
+                let raised = node_epoch
+                    .checked_add(1)
+                    .ok_or_else(|| ApplyError::Invalid("node epochs exhausted".into()))?;
+                n.epoch = raised;
+                n.fenced_epoch = Some(*node_epoch);
+                Ok(Outcome::NodeFenced)
+            }
+            Command::ReleaseFenced {
+                node_id,
+                node_epoch,
+                by_node_id,
+                by_node_epoch,
+            } => {
+                self.check_node(*by_node_id, *by_node_epoch)?;
+                let n = self
+                    .nodes
+                    .get(node_id)
+                    .ok_or(ApplyError::UnknownNode { node_id: *node_id })?;
+                let fenced = Owner {
+                    node_id: *node_id,
+                    node_epoch: *node_epoch,
+                };
+                if !n.fenced(&fenced) {
+                    return Err(ApplyError::Invalid(format!(
+                        "not the node's fenced incarnation: node_id={node_id} epoch={node_epoch} \
+                         registered={} fenced={:?}",
+                        n.epoch, n.fenced_epoch
+                    )));
+                }
+                // One pass over every stream: failover is rare, and the row stays small
+                // whatever the fenced node owned.
+                let owned: Vec<u64> = self
+                    .streams
+                    .iter()
+                    .filter(|(_, m)| m.owner == Some(fenced))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in &owned {
+                    if let Some(m) = self.streams.get_mut(id) {
+                        Arc::make_mut(m).owner = None;
+                    }
+                }
+                Ok(Outcome::ReleasedFenced {
+                    streams: owned.len() as u64,
+                })
             }
             Command::CreateStream {
                 name,
@@ -611,7 +687,12 @@ impl State {
         let Some(s) = self.streams.get(&r.stream_id) else {
             return RangeResult::Rejected;
         };
-        let owner_ok = s.owner.is_some_and(|o| o.node_id == node_id);
+        // The owner's own node (its current process, recovering an earlier incarnation's WAL),
+        // or, for a stream of a fenced incarnation, whoever runs failover: that incarnation can
+        // commit nothing any more, and failover commits its WAL before it releases the stream.
+        let owner_ok = s.owner.is_some_and(|o| {
+            o.node_id == node_id || self.nodes.get(&o.node_id).is_some_and(|n| n.fenced(&o))
+        });
         if s.deleted
             || !owner_ok
             || r.epoch != s.epoch

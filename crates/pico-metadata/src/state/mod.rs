@@ -23,6 +23,17 @@ pub struct NodeInfo {
     /// Liveness is judged by whether this changes, on the observer's clock (see
     /// docs/design/cluster.md), so clock skew between nodes does not matter.
     pub last_heartbeat_ms: i64,
+    /// `Some(e)`: failover fenced this node's process at epoch `e` (`FenceNode`); `epoch` is
+    /// then `e + 1`, an epoch no process holds, until the node registers again.
+    pub fenced_epoch: Option<u64>,
+}
+
+impl NodeInfo {
+    /// Whether `owner` is this node's fenced incarnation: its streams wait for failover to
+    /// commit its WAL and release them, and nobody serves them meanwhile.
+    pub fn fenced(&self, owner: &Owner) -> bool {
+        owner.node_id == self.node_id && self.fenced_epoch == Some(owner.node_epoch)
+    }
 }
 
 /// The node process that currently owns a stream.

@@ -180,6 +180,25 @@ pub fn command() -> impl Strategy<Value = Command> {
                 }
             }
         ),
+        (0u32..3, 0u64..5, -1i64..2, 0u32..3, 0u64..4).prop_map(
+            |(node_id, node_epoch, last_heartbeat_ms, by_node_id, by_node_epoch)| {
+                Command::FenceNode {
+                    node_id,
+                    node_epoch,
+                    last_heartbeat_ms,
+                    by_node_id,
+                    by_node_epoch,
+                }
+            }
+        ),
+        (0u32..3, 0u64..5, 0u32..3, 0u64..4).prop_map(
+            |(node_id, node_epoch, by_node_id, by_node_epoch)| Command::ReleaseFenced {
+                node_id,
+                node_epoch,
+                by_node_id,
+                by_node_epoch,
+            }
+        ),
         (
             name(),
             name(),

@@ -14,9 +14,8 @@
 
 use crate::node::Node;
 use pico_metadata::{ApplyError, Command, State};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// This node's own heartbeat state, read by `Node::ready`.
@@ -46,9 +45,28 @@ impl OwnHeartbeat {
         self.fenced.load(Ordering::Relaxed)
     }
 
+    /// Whether this process may acknowledge a write whose WAL append completed by `now_ms`
+    /// (or serve records that exist only in its WAL): a heartbeat that started less than
+    /// [`ack_window`] ago was accepted. Failover fences a node only after its heartbeat stayed
+    /// unchanged for the whole `liveness_timeout` on the fencer's clock, counted from when the
+    /// fencer saw that heartbeat, which is after it started; so every write acknowledged under
+    /// this rule was durable in the WAL before the fence, and the fencer's WAL read finds it.
+    /// A node cut off from the database, or paused, stops acknowledging within the window.
+    pub(crate) fn ack_fresh(&self, now_ms: i64, timeout: Duration) -> bool {
+        let last = self.last_ok_ms.load(Ordering::Relaxed);
+        !self.fenced() && now_ms.saturating_sub(last) < millis(ack_window(timeout))
+    }
+
     fn ok(&self, at_ms: i64) {
         self.last_ok_ms.fetch_max(at_ms, Ordering::Relaxed);
     }
+}
+
+/// How long after the start of its last accepted heartbeat a node still acknowledges writes:
+/// four fifths of the liveness timeout (the rest is margin for clock rates and the fencer's
+/// scheduling; a healthy node heartbeats every second).
+pub(crate) fn ack_window(liveness_timeout: Duration) -> Duration {
+    liveness_timeout * 4 / 5
 }
 
 fn millis(d: Duration) -> i64 {
@@ -68,55 +86,92 @@ pub(crate) async fn heartbeat_pass(node: Node) {
     match node.inner.meta.propose(beat).await {
         Ok(Ok(_)) => node.inner.heartbeat.ok(now),
         Ok(Err(e @ (ApplyError::StaleNodeEpoch { .. } | ApplyError::UnknownNode { .. }))) => {
+            // The rejection was applied in log order, so the view holds why.
+            let by_failover = node
+                .inner
+                .meta
+                .view()
+                .nodes
+                .get(&cfg.node_id)
+                .is_some_and(|n| n.fenced_epoch == Some(cfg.node_epoch));
             if !node.inner.heartbeat.fenced.swap(true, Ordering::Relaxed) {
-                tracing::error!(
-                    error = %e,
-                    "this node process was fenced (a newer one registered, or failover took its \
-                     streams): it can commit nothing more; restart it to rejoin"
-                );
+                if by_failover {
+                    tracing::error!(
+                        error = %e,
+                        "this node process was fenced by failover (its heartbeat lapsed): it \
+                         acknowledges and commits nothing more; its streams were taken over"
+                    );
+                } else {
+                    tracing::error!(
+                        error = %e,
+                        "this node process was fenced (a newer one registered): it can commit \
+                         nothing more"
+                    );
+                }
             }
             node.inner.registered.store(false, Ordering::Relaxed);
+            if by_failover {
+                node.inner.fenced_by_failover.send_replace(true);
+            }
         }
         Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat rejected"),
         Err(e) => tracing::warn!(error = %e, "heartbeat not recorded (metadata log unavailable)"),
     }
 }
 
-/// The lease holder's watch over other nodes: logs each node incarnation whose heartbeat
-/// lapsed, once. Failover (fence, recover its WAL, release its streams) starts here when it is
-/// built (docs/design/cluster.md); until then its streams wait for it to restart.
-pub(crate) async fn liveness_pass(node: Node, watch: Arc<Mutex<LivenessWatch>>) {
+/// Every node's watch over the others' heartbeats, on its own clock: routing answers 503 for
+/// a stream whose owner lapsed rather than redirect to it, and the lease holder's failover
+/// fences the lapsed ones.
+pub(crate) async fn liveness_pass(node: Node) {
     let cfg = &node.inner.config;
     let view = node.inner.meta.view();
     let now = cfg.clock.now_ms();
-    let mut w = watch.lock().unwrap_or_else(|p| p.into_inner());
-    let lapsed: BTreeSet<(u32, u64)> = w
+    let mut w = node
+        .inner
         .liveness
-        .lapsed(&view, now, cfg.liveness_timeout)
-        .into_iter()
-        .filter(|(id, _)| *id != cfg.node_id)
-        .collect();
-    for (id, epoch) in lapsed.difference(&w.reported) {
-        let owned = view
-            .streams
-            .values()
-            .filter(|m| m.owner.is_some_and(|o| o.node_id == *id))
-            .count();
-        tracing::warn!(
-            node_id = id,
-            node_epoch = epoch,
-            owned_streams = owned,
-            "node heartbeat lapsed: its streams wait for it to restart (no automatic failover yet)"
-        );
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    // A gap in this loop (the process was paused, or starved) means nothing was observed
+    // meanwhile: start every node's count afresh rather than read the gap as their silence.
+    if w.last_pass_ms
+        .is_some_and(|t| now.saturating_sub(t) > millis(cfg.liveness_timeout) / 2)
+    {
+        tracing::info!("liveness observation resumed after a gap: every node gets a full timeout");
+        w.liveness = Liveness::default();
     }
-    w.reported = lapsed;
+    w.last_pass_ms = Some(now);
+    let lapsed = w.liveness.lapsed(&view, now, cfg.liveness_timeout);
+    w.lapsed = lapsed
+        .into_iter()
+        .filter(|l| l.node_id != cfg.node_id)
+        .collect();
 }
 
-/// [`liveness_pass`]'s memory: what it saw, and which lapses it already reported.
+/// [`liveness_pass`]'s memory: what it saw, and which node incarnations lapsed.
 #[derive(Debug, Default)]
 pub(crate) struct LivenessWatch {
     liveness: Liveness,
-    reported: BTreeSet<(u32, u64)>,
+    last_pass_ms: Option<i64>,
+    /// Other nodes whose heartbeat lapsed as seen here, not fenced yet.
+    pub(crate) lapsed: Vec<Lapse>,
+}
+
+impl LivenessWatch {
+    /// Whether node `node_id` at `node_epoch` lapsed as seen here.
+    pub(crate) fn is_lapsed(&self, node_id: u32, node_epoch: u64) -> bool {
+        self.lapsed
+            .iter()
+            .any(|l| l.node_id == node_id && l.node_epoch == node_epoch)
+    }
+}
+
+/// A node incarnation whose heartbeat stopped, and the heartbeat value it stopped at (failover
+/// fences it only if that is still the value: a compare-and-set in `FenceNode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Lapse {
+    pub(crate) node_id: u32,
+    pub(crate) node_epoch: u64,
+    pub(crate) last_heartbeat_ms: i64,
 }
 
 /// What an observer has seen of each node's heartbeats, to tell which lapsed.
@@ -127,14 +182,10 @@ pub(crate) struct Liveness {
 }
 
 impl Liveness {
-    /// Updates from the view at the observer's `now_ms`; returns the nodes (id, epoch) whose
-    /// heartbeat has not changed for `timeout` as seen here, in id order.
-    pub(crate) fn lapsed(
-        &mut self,
-        view: &State,
-        now_ms: i64,
-        timeout: Duration,
-    ) -> Vec<(u32, u64)> {
+    /// Updates from the view at the observer's `now_ms`; returns the nodes whose heartbeat has
+    /// not changed for `timeout` as seen here, in id order. Fenced nodes are left out: no
+    /// process holds their registered epoch, and failover already has them.
+    pub(crate) fn lapsed(&mut self, view: &State, now_ms: i64, timeout: Duration) -> Vec<Lapse> {
         self.seen.retain(|id, _| view.nodes.contains_key(id));
         let mut out = Vec::new();
         for (id, n) in view.nodes.iter() {
@@ -145,8 +196,12 @@ impl Liveness {
             if (entry.0, entry.1) != (n.epoch, n.last_heartbeat_ms) {
                 *entry = (n.epoch, n.last_heartbeat_ms, now_ms);
             }
-            if now_ms.saturating_sub(entry.2) >= millis(timeout) {
-                out.push((*id, n.epoch));
+            if n.fenced_epoch.is_none() && now_ms.saturating_sub(entry.2) >= millis(timeout) {
+                out.push(Lapse {
+                    node_id: *id,
+                    node_epoch: n.epoch,
+                    last_heartbeat_ms: n.last_heartbeat_ms,
+                });
             }
         }
         out
@@ -160,6 +215,7 @@ mod tests {
     use crate::maintenance::test_support::node_with;
     use pico_common::clock::{Clock, ManualClock};
     use s3stream::{EngineConfig, MemoryStorage};
+    use std::sync::Arc;
 
     fn config(clock: &Arc<ManualClock>) -> NodeConfig {
         NodeConfig {
@@ -254,19 +310,25 @@ mod tests {
         // Node 2's clock is a day behind: irrelevant.
         register(&mut s, 2, 20, -86_400_000);
         let mut l = Liveness::default();
-        assert!(l.lapsed(&s, 1_000, t).is_empty(), "first look");
+        let mut l_ids = |s: &State, now: i64| -> Vec<(u32, u64)> {
+            l.lapsed(s, now, t)
+                .into_iter()
+                .map(|x| (x.node_id, x.node_epoch))
+                .collect()
+        };
+        assert!(l_ids(&s, 1_000).is_empty(), "first look");
         beat(&mut s, 1, 10, 1);
         beat(&mut s, 2, 20, -86_399_000);
-        assert!(l.lapsed(&s, 5_999, t).is_empty());
+        assert!(l_ids(&s, 5_999).is_empty());
         // Node 1 beats again at 6 s, node 2 stops after its beat seen at 5.999 s.
         beat(&mut s, 1, 10, 2);
-        assert!(l.lapsed(&s, 6_000, t).is_empty());
-        assert!(l.lapsed(&s, 10_998, t).is_empty());
-        assert_eq!(l.lapsed(&s, 10_999, t), vec![(2, 20)]);
-        assert_eq!(l.lapsed(&s, 11_000, t), vec![(1, 10), (2, 20)]);
+        assert!(l_ids(&s, 6_000).is_empty());
+        assert!(l_ids(&s, 10_998).is_empty());
+        assert_eq!(l_ids(&s, 10_999), vec![(2, 20)]);
+        assert_eq!(l_ids(&s, 11_000), vec![(1, 10), (2, 20)]);
         // Node 2 restarts: a new epoch is a sign of life even before its first heartbeat.
         register(&mut s, 2, 21, -86_390_000);
-        assert_eq!(l.lapsed(&s, 12_000, t), vec![(1, 10)]);
-        assert_eq!(l.lapsed(&s, 17_000, t), vec![(1, 10), (2, 21)]);
+        assert_eq!(l_ids(&s, 12_000), vec![(1, 10)]);
+        assert_eq!(l_ids(&s, 17_000), vec![(1, 10), (2, 21)]);
     }
 }

@@ -43,6 +43,11 @@ impl LeaseState {
         until != i64::MIN && now_ms >= until
     }
 
+    /// Counts the lease as not held (a process that stops without giving the row back).
+    pub(crate) fn clear(&self) {
+        self.set(i64::MIN);
+    }
+
     fn set(&self, until_ms: i64) {
         self.held_until_ms.store(until_ms, Ordering::Relaxed);
     }

@@ -5,11 +5,13 @@
 //! - `idle`: releases streams nobody wrote for a while.
 //! - `heartbeat`: this node's liveness through the metadata log; lapse of other nodes.
 //! - `lease`: the maintenance lease (one SQL row with a TTL).
+//! - `failover`: the holder fences lapsed nodes, commits their WAL, releases their streams.
 //!
-//! Every node runs heartbeats, the lease loop, touches, idle release and waiter sweeps. GC,
-//! orphan cleanup and TTL sweeps run only on the lease holder ([`gated`]); with one node, that
-//! node takes the lease at its first pass.
+//! Every node runs heartbeats, liveness observation, the lease loop, touches, idle release and
+//! waiter sweeps. GC, orphan cleanup, TTL sweeps and failover run only on the lease holder
+//! ([`gated`]); with one node, that node takes the lease at its first pass.
 
+mod failover;
 mod gc;
 mod heartbeat;
 mod idle;
@@ -19,7 +21,7 @@ mod orphans;
 mod test_support;
 mod ttl;
 
-pub(crate) use heartbeat::{Liveness, OwnHeartbeat};
+pub(crate) use heartbeat::{Liveness, LivenessWatch, OwnHeartbeat};
 pub(crate) use lease::{LeaseState, lease_pass, release_lease};
 
 use crate::node::Node;
@@ -27,8 +29,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use failover::{Failover, failover_pass};
 use gc::gc_pass;
-use heartbeat::{LivenessWatch, heartbeat_pass, liveness_pass};
+use heartbeat::{heartbeat_pass, liveness_pass};
 use idle::{IdleRelease, idle_pass};
 use orphans::{OrphanGcs, orphan_sweep};
 pub(crate) use ttl::flush_touches;
@@ -44,12 +47,15 @@ pub(crate) fn spawn_all(node: &Node) {
     ));
     // Renewed three times per TTL, so one slow round trip does not lose it.
     tasks.push(spawn_loop(node.clone(), cfg.lease_ttl / 3, lease_pass));
-    let watch = Arc::new(std::sync::Mutex::new(LivenessWatch::default()));
+    // Observation on every node (routing answers 503 for a lapsed owner); failover, after it
+    // in the same loop, only on the holder.
+    let failover = Arc::new(Failover::default());
     tasks.push(spawn_loop(node.clone(), cfg.heartbeat_every, move |n| {
-        gated(n, {
-            let watch = watch.clone();
-            move |n| liveness_pass(n, watch)
-        })
+        let failover = failover.clone();
+        async move {
+            liveness_pass(n.clone()).await;
+            gated(n, move |n| boxed_failover_pass(n, failover)).await;
+        }
     }));
     tasks.push(spawn_loop(node.clone(), Duration::from_secs(5), |n| {
         gated(n, gc_pass)
@@ -87,6 +93,15 @@ pub(crate) fn spawn_all(node: &Node) {
             })
         },
     ));
+}
+
+/// [`failover_pass`] boxed: its future is checked `Send` here, in a non-generic context (in
+/// the loop's generic one the compiler cannot prove it for every lifetime).
+fn boxed_failover_pass(
+    node: Node,
+    state: Arc<Failover>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(failover_pass(node, state))
 }
 
 /// Runs `pass` only while this node holds the maintenance lease.

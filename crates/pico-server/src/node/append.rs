@@ -338,6 +338,15 @@ impl Node {
             }
             None => self.wait_durable(&open, next).await?,
         }
+        // Durable in the WAL, but acknowledged only if failover cannot have fenced this
+        // process before the write landed (docs/design/failover.md, "acknowledgement window").
+        if !self.may_ack() {
+            return Err(AppendError::Unavailable(
+                "this node cannot confirm its liveness with the metadata log (cut off, or \
+                 fenced): the append is not acknowledged; retry"
+                    .into(),
+            ));
+        }
         if let Some(mark) = close {
             let sealed = self
                 .propose(Command::SealStream {

@@ -27,6 +27,7 @@ mod remove;
 mod transfer;
 
 pub use kv::KvError;
+pub use ownership::Route;
 pub use raw::RawRead;
 pub use transfer::{
     DRAIN_TIMEOUT, HANDOFF_HOLD, HINT_TTL, StreamPlacement, TransferAccepted, TransferError,
@@ -73,6 +74,11 @@ pub(crate) struct Inner {
     pub(crate) heartbeat: crate::maintenance::OwnHeartbeat,
     /// Whether this process holds the maintenance lease.
     pub(crate) lease: crate::maintenance::LeaseState,
+    /// Other nodes' heartbeats as seen here (routing, failover).
+    pub(crate) liveness: std::sync::Mutex<crate::maintenance::LivenessWatch>,
+    /// Set once a heartbeat was rejected because failover fenced this process
+    /// ([`Node::fenced_by_failover`]).
+    pub(crate) fenced_by_failover: tokio::sync::watch::Sender<bool>,
     pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pub(crate) events: tokio::sync::broadcast::Sender<StreamEvent>,
     /// Expired streams whose background removal is in flight.
@@ -205,6 +211,8 @@ impl Node {
                 registered: AtomicBool::new(true),
                 heartbeat: crate::maintenance::OwnHeartbeat::new(registered_at_ms),
                 lease: crate::maintenance::LeaseState::default(),
+                liveness: Default::default(),
+                fenced_by_failover: tokio::sync::watch::Sender::new(false),
                 tasks: std::sync::Mutex::new(Vec::new()),
                 events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
                 removing: Arc::default(),
@@ -299,6 +307,29 @@ impl Node {
             node_epoch: self.inner.config.node_epoch,
             maintenance_lease: self.holds_maintenance_lease(),
         }
+    }
+
+    /// Resolves once failover fenced this process (its heartbeat lapsed, another node took its
+    /// streams over): it acknowledges and commits nothing from then on. The host rejoins by
+    /// [`Node::abandon`]ing it and starting a new incarnation (a higher epoch).
+    pub async fn fenced_by_failover(&self) {
+        let mut rx = self.inner.fenced_by_failover.subscribe();
+        let _ = rx.wait_for(|f| *f).await;
+    }
+
+    /// Stops a fenced process without flushing anything: its streams belong to other nodes
+    /// now, and whatever it holds that failover did not commit was never acknowledged. Stops
+    /// the background tasks and the engine (as a crash would). The metadata log stays open:
+    /// the host starts the next incarnation on it.
+    pub async fn abandon(&self) {
+        self.inner.serving.store(false, Ordering::Relaxed);
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            t.abort();
+        }
+        self.inner.lease.clear();
+        self.inner.engine.abort();
     }
 
     /// Stops serving, flushes every open stream into committed objects, stops background tasks.

@@ -11,32 +11,84 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use tokio::sync::Mutex;
 
+/// Where a request for a stream is served ([`Node::route`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Serve it here.
+    Local,
+    /// Redirect (307) to the owner's advertised base URL.
+    Redirect(String),
+    /// Nobody can serve it for now (the owner lapsed or was fenced): 503, retry shortly.
+    Unavailable(String),
+}
+
 impl Node {
-    /// The owner's advertised URL when another registered node owns the stream (for 307s).
-    /// `None` = serve here: unowned, owned by this node, or closed with everything up to its
-    /// close committed (nothing of it lives only on the owner, so any node reads it and answers
-    /// appends with the closed error). A closed stream whose tail is still uncommitted goes to
-    /// its owner, who holds that tail.
-    ///
-    /// An owner whose heartbeat lapsed is still redirected to: its acknowledged but uncommitted
-    /// appends are in its WAL, and opening the stream here would fence them. Failover recovers
-    /// that WAL first (docs/design/cluster.md).
+    /// The owner's advertised URL when another registered node owns the stream (for 307s);
+    /// `None` when it is served here, or nowhere for now (see [`Node::route`]).
     pub fn owner_url(&self, name: &StreamName) -> Option<String> {
+        match self.route(name) {
+            Route::Redirect(url) => Some(url),
+            Route::Local | Route::Unavailable(_) => None,
+        }
+    }
+
+    /// Where a request naming `name` is served (the routing middleware asks, no SQL):
+    /// - here: unowned, owned by this node, or closed with everything up to its close
+    ///   committed (nothing of it lives only on the owner, so any node reads it and answers
+    ///   appends with the closed error);
+    /// - on its owner (a 307): owned by another live node. A closed stream whose tail is still
+    ///   uncommitted goes there too, as the owner holds that tail;
+    /// - nowhere for now (a 503 with `Retry-After`): its owner's heartbeat lapsed as seen here,
+    ///   or failover fenced it and has not released the stream yet. Its acknowledged appends
+    ///   may sit only in the owner's WAL, so opening it here would fence them, and a redirect
+    ///   would send the client to a dead address; failover releases it within seconds.
+    pub fn route(&self, name: &StreamName) -> Route {
         let view = self.inner.meta.view();
-        let entry = view.registry.get(name.as_str())?;
-        let meta = view.streams.get(&entry.stream_id)?;
-        // Released by a transfer: steered to its target while the hint is fresh.
-        let owner_id = match meta.owner.as_ref() {
-            Some(owner) => owner.node_id,
-            None => self.handoff_target(&view, meta.id)?,
+        let Some(entry) = view.registry.get(name.as_str()) else {
+            return Route::Local;
         };
-        if owner_id == self.inner.config.node_id {
-            return None;
+        let Some(meta) = view.streams.get(&entry.stream_id) else {
+            return Route::Local;
+        };
+        let Some(owner) = meta.owner.as_ref() else {
+            // Released by a transfer: steered to its target while the hint is fresh.
+            return match self.handoff_target(&view, meta.id) {
+                Some(to) if to != self.inner.config.node_id => view
+                    .nodes
+                    .get(&to)
+                    .map_or(Route::Local, |n| Route::Redirect(n.address.clone())),
+                _ => Route::Local,
+            };
+        };
+        if owner.node_id == self.inner.config.node_id {
+            return Route::Local;
         }
         if entry.closed && entry.closed_at.is_some_and(|at| meta.end_offset >= at) {
-            return None;
+            return Route::Local;
         }
-        view.nodes.get(&owner_id).map(|n| n.address.clone())
+        let Some(n) = view.nodes.get(&owner.node_id) else {
+            return Route::Local;
+        };
+        if n.fenced(owner) {
+            return Route::Unavailable(format!(
+                "stream owner node {} was fenced by failover; its streams are being recovered",
+                owner.node_id
+            ));
+        }
+        let lapsed = owner.node_epoch == n.epoch
+            && self
+                .inner
+                .liveness
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_lapsed(owner.node_id, owner.node_epoch);
+        if lapsed {
+            return Route::Unavailable(format!(
+                "stream owner node {} stopped heartbeating; failover is taking its streams over",
+                owner.node_id
+            ));
+        }
+        Route::Redirect(n.address.clone())
     }
 
     /// Number of streams open on this node (for stats and tests).

@@ -62,6 +62,11 @@ impl Node {
                 start_seq: start,
             });
         }
+        if from > tail && self.tail_withheld(&r.meta) {
+            return Err(ReadError::Unavailable(
+                "this node cannot confirm its liveness with the metadata log: retry".into(),
+            ));
+        }
         if from > tail {
             return Err(ReadError::BeyondTail {
                 offset: from,

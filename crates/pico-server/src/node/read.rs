@@ -34,6 +34,11 @@ impl Node {
         }
         // Offsets past the tail were never handed out: answering an empty, cacheable 200 would
         // let a reader skip the records written there later.
+        if from > tail && self.tail_withheld(&r.meta) {
+            return Err(ReadError::Unavailable(
+                "this node cannot confirm its liveness with the metadata log: retry".into(),
+            ));
+        }
         if from > tail {
             return Err(ReadError::BeyondTail {
                 offset: from,

@@ -129,12 +129,38 @@ impl Node {
     }
 
     /// The readable tail: the engine's durable end when the stream is open here, else the
-    /// committed end from the view.
+    /// committed end from the view. Records only in this node's WAL are shown only while it
+    /// may acknowledge writes ([`Node::may_ack`]): a node failover may have fenced must not
+    /// show what failover did not recover.
     pub(crate) fn tail(&self, meta: &StreamMeta) -> u64 {
-        self.inner
-            .engine
-            .durable_end(meta.id)
-            .map_or(meta.end_offset, |d| d.max(meta.end_offset))
+        match self.inner.engine.durable_end(meta.id) {
+            Some(d) if d > meta.end_offset && self.may_ack() => d,
+            _ => meta.end_offset,
+        }
+    }
+
+    /// Whether [`Node::tail`] holds back records this node has in its WAL: an offset past it
+    /// may exist, so a read there is answered "retry" rather than "beyond the tail".
+    pub(crate) fn tail_withheld(&self, meta: &StreamMeta) -> bool {
+        !self.may_ack()
+            && self
+                .inner
+                .engine
+                .durable_end(meta.id)
+                .is_some_and(|d| d > meta.end_offset)
+    }
+
+    /// Whether this process may acknowledge writes (and show records only its WAL holds):
+    /// always with a WAL no other node reads (no failover can take its streams), else only
+    /// within the acknowledgement window after its last accepted heartbeat (see
+    /// `maintenance::heartbeat::ack_window` and docs/design/failover.md).
+    pub(crate) fn may_ack(&self) -> bool {
+        let cfg = &self.inner.config;
+        cfg.peer_wals.is_none()
+            || self
+                .inner
+                .heartbeat
+                .ack_fresh(cfg.clock.now_ms(), cfg.liveness_timeout)
     }
 
     pub(crate) fn info(&self, r: &Resolved) -> StreamInfo {

@@ -402,6 +402,8 @@ struct Counters {
 
 struct Shared {
     cfg: EngineConfig,
+    /// Object keys are this plus a counter (`data/{node}/{epoch}/` for a node's own engine).
+    key_prefix: String,
     data: Arc<dyn ObjectStorage>,
     wal: Arc<dyn Wal>,
     catalog: Arc<dyn Catalog>,
@@ -443,10 +445,7 @@ impl Shared {
 
     fn next_object_key(&self) -> String {
         let n = self.object_counter.fetch_add(1, Ordering::SeqCst);
-        format!(
-            "{}{n:020}",
-            data_prefix(self.cfg.node_id, self.cfg.node_epoch)
-        )
+        format!("{}{n:020}", self.key_prefix)
     }
 }
 
@@ -492,13 +491,52 @@ impl Engine {
         catalog: Arc<dyn Catalog>,
         on_durable: DurableHook,
     ) -> Result<(Engine, RecoveryReport), EngineError> {
+        let prefix = data_prefix(cfg.node_id, cfg.node_epoch);
+        let (shared, rx) = Self::shared_state(cfg, prefix, data, wal, catalog, on_durable).await?;
+        let report = recovery::recover(&shared).await?;
+
+        let writer = tokio::spawn(writer::run(shared.clone(), rx));
+        let uploader = tokio::spawn(uploader::run(shared.clone()));
+        let engine = Engine {
+            inner: Arc::new(EngineInner {
+                shared,
+                tasks: Mutex::new(vec![writer, uploader]),
+            }),
+        };
+        Ok((engine, report))
+    }
+
+    /// Recovery alone, of a WAL that is not this process's own (failover: a fenced node's
+    /// WAL): the same selection and commits as [`Engine::start`]'s, with objects written under
+    /// `key_prefix` (which no other writer may use), then the WAL trimmed. Starts no tasks and
+    /// opens no stream. `cfg` gives the upload settings.
+    pub async fn recover_wal(
+        cfg: EngineConfig,
+        key_prefix: String,
+        data: Arc<dyn ObjectStorage>,
+        wal: Arc<dyn Wal>,
+        catalog: Arc<dyn Catalog>,
+    ) -> Result<RecoveryReport, EngineError> {
+        let key_prefix = format!("{}/", key_prefix.trim_end_matches('/'));
+        let (shared, _rx) =
+            Self::shared_state(cfg, key_prefix, data, wal, catalog, Arc::new(|_, _| {})).await?;
+        recovery::recover(&shared).await
+    }
+
+    async fn shared_state(
+        cfg: EngineConfig,
+        prefix: String,
+        data: Arc<dyn ObjectStorage>,
+        wal: Arc<dyn Wal>,
+        catalog: Arc<dyn Catalog>,
+        on_durable: DurableHook,
+    ) -> Result<(Arc<Shared>, mpsc::UnboundedReceiver<WriteItem>), EngineError> {
         if cfg.max_bytes_in_batch == 0 || cfg.max_unflushed_bytes == 0 {
             return Err(EngineError::InvalidRequest(
                 "max_bytes_in_batch and max_unflushed_bytes must be > 0".into(),
             ));
         }
         // Object keys must never collide with a previous run's objects at the same node epoch.
-        let prefix = data_prefix(cfg.node_id, cfg.node_epoch);
         let next_counter = data
             .list(&prefix)
             .await?
@@ -530,6 +568,7 @@ impl Engine {
             block_cache: Mutex::new(BlockCache::new(cfg.block_cache_bytes)),
             large_slice: tokio::sync::Mutex::new(None),
             cfg,
+            key_prefix: prefix,
             data,
             wal,
             catalog,
@@ -544,18 +583,7 @@ impl Engine {
             counters: Counters::default(),
             timings: telemetry::EngineTimings::default(),
         });
-
-        let report = recovery::recover(&shared).await?;
-
-        let writer = tokio::spawn(writer::run(shared.clone(), rx));
-        let uploader = tokio::spawn(uploader::run(shared.clone()));
-        let engine = Engine {
-            inner: Arc::new(EngineInner {
-                shared,
-                tasks: Mutex::new(vec![writer, uploader]),
-            }),
-        };
-        Ok((engine, report))
+        Ok((shared, rx))
     }
 
     fn shared(&self) -> &Shared {

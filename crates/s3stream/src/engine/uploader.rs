@@ -212,19 +212,23 @@ pub(super) async fn put_and_commit(
     shared: &Shared,
     objects: &mut [PlannedObject],
 ) -> Result<(), EngineError> {
-    let puts: Vec<(usize, Result<(), StorageError>)> = stream::iter(
-        objects
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| o.put != PutState::Done && o.outcome.is_none())
-            .map(|(i, o)| {
-                let (key, data) = (o.key.clone(), o.data.clone());
-                async move { (i, timed_put(shared, &key, data).await) }
-            }),
-    )
-    .buffer_unordered(shared.cfg.upload_parallelism.max(1))
-    .collect()
-    .await;
+    // The futures are collected first: an iterator adapter over `&PlannedObject` held across
+    // the await would make this future's `Send` unprovable where it is nested in another
+    // (failover's recovery runs it inside a maintenance pass).
+    let todo: Vec<_> = objects
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.put != PutState::Done && o.outcome.is_none())
+        .map(|(i, o)| (i, o.key.clone(), o.data.clone()))
+        .collect();
+    let mut futures = Vec::with_capacity(todo.len());
+    for (i, key, data) in todo {
+        futures.push(async move { (i, timed_put(shared, &key, data).await) });
+    }
+    let puts: Vec<(usize, Result<(), StorageError>)> = stream::iter(futures)
+        .buffer_unordered(shared.cfg.upload_parallelism.max(1))
+        .collect()
+        .await;
     let mut failed = None;
     for (i, result) in puts {
         match result {
