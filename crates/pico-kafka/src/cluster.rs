@@ -137,8 +137,8 @@ impl Broker {
     /// Whether node `node_id` runs at `epoch` and its heartbeat moved within the liveness
     /// timeout, on this node's clock.
     fn is_live(&self, node_id: u32, epoch: u64) -> bool {
-        let view = self.node.meta().view();
-        let Some(n) = view.nodes.get(&node_id) else {
+        let nodes = self.node.cluster_nodes();
+        let Some(n) = nodes.iter().find(|n| n.node_id == node_id) else {
             return false;
         };
         if n.epoch != epoch {
@@ -159,25 +159,15 @@ impl Broker {
 
     /// The leader of the partition stored in `name`.
     pub(crate) fn leader_of(&self, name: &StreamName) -> Leader {
-        if self.node.owner_url(name).is_none() {
-            return Leader::Here;
-        }
-        let view = self.node.meta().view();
-        let owner = view
-            .registry
-            .get(name.as_str())
-            .and_then(|e| view.streams.get(&e.stream_id))
-            .and_then(|m| m.owner);
-        drop(view);
-        let Some(owner) = owner else {
+        let Some(owner) = self.node.owner_node(name) else {
             return Leader::Here;
         };
         let listed = self
             .node
-            .kv_get(&format!("{BROKERS_PREFIX}{}", owner.node_id))
+            .kv_get(&format!("{BROKERS_PREFIX}{owner}"))
             .and_then(|v| serde_json::from_slice::<Advert>(&v).ok())
-            .is_some_and(|a| self.is_live(owner.node_id, a.node_epoch));
-        match i32::try_from(owner.node_id) {
+            .is_some_and(|a| self.is_live(owner, a.node_epoch));
+        match i32::try_from(owner) {
             Ok(id) if listed => Leader::Node(id),
             _ => Leader::Unavailable,
         }

@@ -15,13 +15,14 @@ use pico_protocol::{BatchError, ProducedBatch, check_produced};
 use pico_server::AppendError;
 
 use crate::broker::Broker;
-use crate::producers::{Check, PartitionState, StoredBatch, restore};
+use crate::producers::{Check, PartitionState, Producers, StoredBatch, restore};
 
 const ATTRIBUTES_AT: usize = 21;
 const PRODUCER_ID_AT: usize = 43;
 const PRODUCER_EPOCH_AT: usize = 51;
 const BASE_SEQUENCE_AT: usize = 53;
 const LAST_OFFSET_DELTA_AT: usize = 23;
+const MAX_TIMESTAMP_AT: usize = 35;
 const HEADER_LEN: usize = 61;
 /// Offsets searched for a producer's latest batches, first, before widening (×8 each time).
 const LOOKUP_FIRST: u64 = 1024;
@@ -30,6 +31,9 @@ const LOOKUP_FIRST: u64 = 1024;
 const LOOKUP_BYTES: usize = 64 << 20;
 /// Bytes per read while searching.
 const LOOKUP_READ: usize = 1 << 20;
+/// Clock skew allowed between the node that handed out a producer id and this one: batches
+/// appended more than this before the id was handed out cannot be the producer's.
+const LOOKUP_SKEW_MS: i64 = 30_000;
 
 /// The producer fields of a batch header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +203,9 @@ impl Broker {
 
     /// The state a producer left on a partition before this process knew it (a restart, or
     /// the partition moved here): its batches among the stream's latest, searched from the
-    /// tail backwards in widening windows until some are found or [`LOOKUP_BYTES`] are read.
+    /// tail backwards in widening windows until some are found, [`LOOKUP_BYTES`] are read, or
+    /// the batches are older than the producer id (then it has none before them: a producer
+    /// handed out by another node that writes here for the first time costs one short read).
     async fn look_up_producer(
         &self,
         name: &StreamName,
@@ -220,7 +226,9 @@ impl Broker {
         let mut budget = LOOKUP_BYTES;
         let mut end = head.next_seq;
         let mut window = LOOKUP_FIRST;
-        while end > head.start_seq && budget > 0 && found.is_empty() {
+        let since = Producers::handed_out_ms(producer).saturating_sub(LOOKUP_SKEW_MS);
+        let mut older = false;
+        while end > head.start_seq && budget > 0 && found.is_empty() && !older {
             let from = end.saturating_sub(window).max(head.start_seq);
             let mut at = from;
             while at < end && budget > 0 {
@@ -231,6 +239,9 @@ impl Broker {
                     .map_err(|e| unavailable(e.to_string()))?;
                 budget = budget.saturating_sub(read.bytes());
                 for b in &read.batches {
+                    // Batches are appended in time order: one appended before the producer
+                    // existed means the older windows hold none of its batches either.
+                    older |= appended_ms(b).is_some_and(|t| t < since);
                     // A batch straddling `from` belongs to the next, older window.
                     if let Some(s) = stored_batch(b, producer).filter(|s| s.base_offset >= from)
                         && s.base_offset < end
@@ -286,6 +297,12 @@ fn stored_batch(batch: &[u8], producer: i64) -> Option<StoredBatch> {
         count: delta.checked_add(1)?,
         base_offset: pico_protocol::batch::base_offset(batch).ok()?,
     })
+}
+
+/// A stored batch's append time: its max timestamp (the node sets it on every append).
+fn appended_ms(batch: &[u8]) -> Option<i64> {
+    let at = batch.get(MAX_TIMESTAMP_AT..MAX_TIMESTAMP_AT + 8)?;
+    Some(i64::from_be_bytes(at.try_into().ok()?))
 }
 
 /// A batch the checks refused, as Kafka answers it: damage the client may fix by sending

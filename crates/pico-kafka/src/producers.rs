@@ -185,6 +185,12 @@ impl Producers {
         ((n << NODE_BITS) | self.node_tag, 0)
     }
 
+    /// When `id` was handed out (ms, on the clock of the node that did), from the id itself;
+    /// ids from elsewhere give nonsense, which only shortens or lengthens a bounded search.
+    pub fn handed_out_ms(id: i64) -> i64 {
+        (id >> NODE_BITS) / 1000
+    }
+
     /// Whether this process handed out `id` (then nothing of it can be stored yet but what
     /// this process wrote, and the stream need not be searched).
     pub fn allocated_here(&self, id: i64) -> bool {
@@ -234,6 +240,8 @@ mod tests {
         let (y, _) = b.allocate();
         assert_ne!(x, y, "two nodes in the same millisecond");
         assert!(a.allocated_here(x) && !a.allocated_here(y));
+        assert_eq!(Producers::handed_out_ms(x), 1_000);
+        assert_eq!(Producers::handed_out_ms(y), 1_000);
         // The same node restarted: the id is from before, so its batches may be stored.
         let restarted = Producers::new(clock, 1);
         assert!(!restarted.allocated_here(x));

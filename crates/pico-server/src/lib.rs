@@ -38,5 +38,5 @@ pub use config::NodeConfig;
 pub use error::*;
 pub use live::LongPoll;
 pub use node::RawRead;
-pub use node::{KvError, Node, StartError, StreamEvent};
+pub use node::{ClusterNode, KvError, Node, StartError, StreamEvent};
 pub use stats::{EngineStats, NodeStats};

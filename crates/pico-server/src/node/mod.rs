@@ -25,6 +25,7 @@ mod registry;
 mod remove;
 
 pub use kv::KvError;
+pub use ownership::ClusterNode;
 pub use raw::RawRead;
 
 use crate::api::*;

@@ -11,6 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use tokio::sync::Mutex;
 
+/// A registered node as [`Node::cluster_nodes`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub node_id: u32,
+    pub epoch: u64,
+    /// The node's own clock at its latest accepted heartbeat.
+    pub last_heartbeat_ms: i64,
+}
+
 impl Node {
     /// The owner's advertised URL when another registered node owns the stream (for 307s).
     /// `None` = serve here: unowned, owned by this node, or closed with everything up to its
@@ -22,6 +31,14 @@ impl Node {
     /// appends are in its WAL, and opening the stream here would fence them. Failover recovers
     /// that WAL first (docs/design/cluster.md).
     pub fn owner_url(&self, name: &StreamName) -> Option<String> {
+        let owner = self.owner_node(name)?;
+        let view = self.inner.meta.view();
+        view.nodes.get(&owner).map(|n| n.address.clone())
+    }
+
+    /// The id of the node [`Node::owner_url`] sends requests for `name` to (the Kafka facade
+    /// names it partition leader); `None` = serve here.
+    pub fn owner_node(&self, name: &StreamName) -> Option<u32> {
         let view = self.inner.meta.view();
         let entry = view.registry.get(name.as_str())?;
         let meta = view.streams.get(&entry.stream_id)?;
@@ -32,7 +49,23 @@ impl Node {
         if entry.closed && entry.closed_at.is_some_and(|at| meta.end_offset >= at) {
             return None;
         }
-        view.nodes.get(&owner.node_id).map(|n| n.address.clone())
+        view.nodes
+            .contains_key(&owner.node_id)
+            .then_some(owner.node_id)
+    }
+
+    /// Every registered node, in id order: what a facade lists as the cluster (liveness is
+    /// the caller's to judge, from whether `last_heartbeat_ms` moves).
+    pub fn cluster_nodes(&self) -> Vec<ClusterNode> {
+        let view = self.inner.meta.view();
+        view.nodes
+            .values()
+            .map(|n| ClusterNode {
+                node_id: n.node_id,
+                epoch: n.epoch,
+                last_heartbeat_ms: n.last_heartbeat_ms,
+            })
+            .collect()
     }
 
     /// Number of streams open on this node (for stats and tests).
