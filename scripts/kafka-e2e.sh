@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # End to end with real Kafka clients against the real `pico` binary (issue 39): starts a node
 # with its Kafka listener on a free loopback port, then
-#   - kcat (librdkafka 2.0.2) produces 100k messages and consumes them back byte-exact;
+#   - kcat (librdkafka 2.0.2) produces 100k messages and consumes them back byte-exact, and
+#     20k more as gzip and as lz4 batches;
 #   - confluent-kafka: an idempotent producer (acks=all), a consumer group of 2 on a
 #     4-partition topic that rebalances when one member leaves, cross-protocol reads and
-#     appends against the HTTP listener; kafka-python and aiokafka produce and consume;
+#     appends against the HTTP listener, batches of every compression codec consumed back and
+#     read over HTTP; kafka-python and aiokafka produce and consume;
 #   - kafkajs: an idempotent producer and a consumer group, checked field by field and over HTTP;
 #   - the node restarts on the same storage and the group resumes from its committed offsets.
 # Clients come from scripts/lib/kafka-peers.sh (kcat from apt, a venv for the Python clients,
@@ -57,6 +59,25 @@ else
   fail "kcat produce"
   tail -n 5 "$DATA/kcat-p.log" >&2
 fi
+
+# kcat with gzip and lz4 batches (stored as sent): consumed back byte-exact.
+for codec in gzip lz4; do
+  head -n 20000 "$DATA/in.txt" >"$DATA/z.txt"
+  if timeout 120 "$KCAT" -P -b "$BOOT" -t "kcat-$codec" -z "$codec" -l "$DATA/z.txt" \
+    2>"$DATA/kcat-z.log"; then
+    timeout 120 "$KCAT" -C -b "$BOOT" -t "kcat-$codec" -o beginning -c 20000 -e -q -f '%s\n' \
+      >"$DATA/z-out.txt" 2>>"$DATA/kcat-z.log" || true
+    if cmp -s "$DATA/z.txt" "$DATA/z-out.txt"; then
+      ok "kcat -z $codec 20k messages byte-exact"
+    else
+      fail "kcat -z $codec round trip differs ($(wc -l <"$DATA/z-out.txt") lines back)"
+      tail -n 5 "$DATA/kcat-z.log" >&2
+    fi
+  else
+    fail "kcat -z $codec produce"
+    tail -n 5 "$DATA/kcat-z.log" >&2
+  fi
+done
 
 run_py() {
   if "$KAFKA_PY" scripts/kafka/e2e.py "$1" "$BOOT" "http://127.0.0.1:$PORT"; then

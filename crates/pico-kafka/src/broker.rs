@@ -5,10 +5,11 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use pico_server::Node;
 
 use crate::KafkaOptions;
+use crate::cluster::Liveness;
 use crate::groups::Coordinator;
 use crate::producers::Producers;
 use crate::validate;
@@ -30,6 +31,7 @@ pub struct Broker {
     pub(crate) opts: KafkaOptions,
     pub(crate) groups: Coordinator,
     pub(crate) producers: Producers,
+    pub(crate) liveness: Liveness,
 }
 
 impl Broker {
@@ -37,7 +39,8 @@ impl Broker {
         let clock = node.config().clock.clone();
         Broker {
             groups: Coordinator::new(node.clone(), clock.clone()),
-            producers: Producers::new(clock),
+            producers: Producers::new(clock, opts.broker_id),
+            liveness: Liveness::default(),
             node,
             opts,
         }
@@ -140,30 +143,59 @@ impl Broker {
                 let r = decode!(FindCoordinatorRequest);
                 encode(api, v, correlation, &self.find_coordinator(r, v))
             }
+            // A group's membership lives on its coordinator only: elsewhere NOT_COORDINATOR
+            // sends the client back to FindCoordinator.
             ApiKey::JoinGroup => {
                 let r = decode!(JoinGroupRequest);
-                encode(
-                    api,
-                    v,
-                    correlation,
-                    &self.groups.join(r, v, client_id).await,
-                )
+                let resp = if self.coordinates(r.group_id.0.as_str()) {
+                    self.groups.join(r, v, client_id).await
+                } else {
+                    let mut resp = JoinGroupResponse::default();
+                    resp.error_code = ResponseError::NotCoordinator.code();
+                    resp.generation_id = -1;
+                    resp.member_id = r.member_id;
+                    resp
+                };
+                encode(api, v, correlation, &resp)
             }
             ApiKey::SyncGroup => {
                 let r = decode!(SyncGroupRequest);
-                encode(api, v, correlation, &self.groups.sync(r).await)
+                let resp = if self.coordinates(r.group_id.0.as_str()) {
+                    self.groups.sync(r).await
+                } else {
+                    SyncGroupResponse::default()
+                        .with_error_code(ResponseError::NotCoordinator.code())
+                };
+                encode(api, v, correlation, &resp)
             }
             ApiKey::Heartbeat => {
                 let r = decode!(HeartbeatRequest);
-                encode(api, v, correlation, &self.groups.heartbeat(r))
+                let resp = if self.coordinates(r.group_id.0.as_str()) {
+                    self.groups.heartbeat(r)
+                } else {
+                    HeartbeatResponse::default()
+                        .with_error_code(ResponseError::NotCoordinator.code())
+                };
+                encode(api, v, correlation, &resp)
             }
             ApiKey::LeaveGroup => {
                 let r = decode!(LeaveGroupRequest);
-                encode(api, v, correlation, &self.groups.leave(r, v))
+                let resp = if self.coordinates(r.group_id.0.as_str()) {
+                    self.groups.leave(r, v)
+                } else {
+                    LeaveGroupResponse::default()
+                        .with_error_code(ResponseError::NotCoordinator.code())
+                };
+                encode(api, v, correlation, &resp)
             }
             ApiKey::OffsetCommit => {
                 let r = decode!(OffsetCommitRequest);
-                encode(api, v, correlation, &self.groups.commit(r, v).await)
+                let resp = if self.coordinates(r.group_id.0.as_str()) {
+                    self.groups.commit(r, v).await
+                } else {
+                    commit_refused(&r, ResponseError::NotCoordinator)
+                };
+                encode(api, v, correlation, &resp)
             }
             ApiKey::OffsetFetch => {
                 let r = decode!(OffsetFetchRequest);
@@ -176,6 +208,10 @@ impl Broker {
             ApiKey::DescribeGroups => {
                 let r = decode!(DescribeGroupsRequest);
                 encode(api, v, correlation, &self.groups.describe(r))
+            }
+            ApiKey::DescribeCluster => {
+                let r = decode!(DescribeClusterRequest);
+                encode(api, v, correlation, &self.describe_cluster(r, v))
             }
             ApiKey::DescribeConfigs => {
                 let r = decode!(DescribeConfigsRequest);
@@ -198,9 +234,10 @@ impl Broker {
             resp.port = -1;
             return resp;
         }
-        resp.node_id = BrokerId(self.opts.broker_id);
-        resp.host = self.opts.advertised_host.clone().into();
-        resp.port = self.opts.advertised_port;
+        let at = self.coordinator_for(r.key.as_str());
+        resp.node_id = BrokerId(at.id);
+        resp.host = StrBytes::from_string(at.host);
+        resp.port = at.port;
         resp
     }
 
@@ -217,6 +254,33 @@ impl Broker {
         resp.producer_epoch = epoch;
         resp
     }
+}
+
+/// An OffsetCommit answer refusing every partition with `code`.
+fn commit_refused(r: &OffsetCommitRequest, code: ResponseError) -> OffsetCommitResponse {
+    use kafka_protocol::messages::offset_commit_response::{
+        OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+    };
+    let mut resp = OffsetCommitResponse::default();
+    resp.topics = r
+        .topics
+        .iter()
+        .map(|t| {
+            let mut out = OffsetCommitResponseTopic::default();
+            out.name = t.name.clone();
+            out.partitions = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    OffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(code.code())
+                })
+                .collect();
+            out
+        })
+        .collect();
+    resp
 }
 
 /// The ApiVersions answer: every supported API at its version range.

@@ -28,6 +28,26 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>, mut stop: watch::
         })
     };
     let _ticker = AbortOnDrop(ticker);
+    // Other nodes list this one in Metadata once its address is in the metadata log.
+    let advertiser = {
+        let broker = broker.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let mut delay = std::time::Duration::from_millis(100);
+            loop {
+                match broker.advertise().await {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(error = %e, "kafka address not stored yet, retrying"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.changed() => return,
+                }
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+        })
+    };
+    let _advertiser = AbortOnDrop(advertiser);
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p {

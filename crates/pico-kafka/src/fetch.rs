@@ -137,6 +137,7 @@ impl Broker {
             .stream_of(topic, partition)
             .await
             .ok_or(ResponseError::UnknownTopicOrPartition)?;
+        self.check_leader(&name)?;
         let info = self
             .node
             .head(&name)
@@ -222,6 +223,7 @@ impl Broker {
             .stream_of(topic, partition)
             .await
             .ok_or(ResponseError::UnknownTopicOrPartition)?;
+        self.check_leader(&name)?;
         let info = self
             .node
             .head(&name)

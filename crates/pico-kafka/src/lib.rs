@@ -7,6 +7,8 @@
 //! - [`validate`]: the structural pass every request passes before it is decoded.
 //! - [`versions`]: the APIs and versions this listener serves (ApiVersions).
 //! - [`broker`]: decoding, dispatch and response encoding.
+//! - [`cluster`]: brokers (the live nodes' Kafka addresses), partition leaders (stream
+//!   owners), DescribeCluster.
 //! - [`topics`]: topic ↔ stream naming, Metadata and topic administration.
 //! - [`produce`]: Produce, with idempotent producers ([`producers`]).
 //! - [`fetch`]: Fetch (long-poll through the node's wait primitive) and ListOffsets.
@@ -14,6 +16,7 @@
 //!   metadata KV.
 
 pub mod broker;
+pub mod cluster;
 pub mod conn;
 pub mod fetch;
 pub mod groups;

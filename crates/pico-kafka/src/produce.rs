@@ -1,24 +1,39 @@
-//! Produce: each partition's record batches are checked (magic 2, CRC, no compression, not
-//! transactional), their records appended to the partition's stream, and answered once the
-//! append is durable. acks=0 appends the same way; the connection just sends no answer.
+//! Produce: each partition's record batches are checked whole (magic 2, CRC, record count,
+//! every record; compressed ones inflated under a cap; not transactional) and stored as sent
+//! (compressed or not) at the partition stream's tail, answered once durable. acks=0 appends
+//! the same way; the connection just sends no answer.
 
 use bytes::Bytes;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
+use pico_common::StreamName;
 use pico_protocol::batch::batch_len;
-use pico_protocol::decode_batch;
-use pico_server::{AppendError, AppendRequest};
+use pico_protocol::compression::Codec;
+use pico_protocol::{BatchError, ProducedBatch, check_produced};
+use pico_server::AppendError;
 
 use crate::broker::Broker;
-use crate::producers::Check;
+use crate::producers::{Check, PartitionState, Producers, StoredBatch, restore};
 
 const ATTRIBUTES_AT: usize = 21;
 const PRODUCER_ID_AT: usize = 43;
 const PRODUCER_EPOCH_AT: usize = 51;
 const BASE_SEQUENCE_AT: usize = 53;
+const LAST_OFFSET_DELTA_AT: usize = 23;
+const MAX_TIMESTAMP_AT: usize = 35;
 const HEADER_LEN: usize = 61;
+/// Offsets searched for a producer's latest batches, first, before widening (×8 each time).
+const LOOKUP_FIRST: u64 = 1024;
+/// Most bytes read when searching a partition for a producer's batches: its retries are of
+/// batches written just before the restart or move, near the tail.
+const LOOKUP_BYTES: usize = 64 << 20;
+/// Bytes per read while searching.
+const LOOKUP_READ: usize = 1 << 20;
+/// Clock skew allowed between the node that handed out a producer id and this one: batches
+/// appended more than this before the id was handed out cannot be the producer's.
+const LOOKUP_SKEW_MS: i64 = 30_000;
 
 /// The producer fields of a batch header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +113,8 @@ impl Broker {
             ResponseError::UnknownTopicOrPartition,
             "no such topic or partition".to_string(),
         ))?;
+        self.check_leader(&name)
+            .map_err(|code| (code, "another node leads this partition".to_string()))?;
         let mut data = records.unwrap_or_default();
         if data.is_empty() {
             return Err((ResponseError::CorruptMessage, "no record batch".into()));
@@ -129,10 +146,10 @@ impl Broker {
             ));
         }
         let attributes = i16::from_be_bytes([batch[ATTRIBUTES_AT], batch[ATTRIBUTES_AT + 1]]);
-        if attributes & 0x07 != 0 {
+        if Codec::from_attributes(attributes).is_none() {
             return Err((
                 ResponseError::UnsupportedCompressionType,
-                "compressed batches are not supported: produce with compression.type=none".into(),
+                format!("unknown compression codec: attributes={attributes:#06x}"),
             ));
         }
         if attributes & 0x30 != 0 {
@@ -142,31 +159,22 @@ impl Broker {
             ));
         }
         let producer = batch_producer(&batch);
-        let decoded = decode_batch(&batch).map_err(|e| {
-            (
-                ResponseError::CorruptMessage,
-                format!("bad record batch: {e}"),
-            )
-        })?;
-        let count = i32::try_from(decoded.records.len()).unwrap_or(i32::MAX);
-        if count == 0 {
-            return Err((ResponseError::CorruptMessage, "empty record batch".into()));
-        }
-        let request = AppendRequest {
-            name: name.clone(),
-            records: decoded.records,
-            producer: None,
-            match_seq: None,
-            close: false,
-            content_type: None,
-        };
+        let checked = check_produced(&batch).map_err(batch_refusal)?;
+        let count = i32::try_from(checked.records().len()).unwrap_or(i32::MAX);
         if producer.id < 0 {
-            return self.append(request).await;
+            return self.append(name, checked).await;
         }
         // The producer's partition state is held from the check to the accept: a retry on
         // another connection waits and then sees the first attempt's outcome.
         let state = self.producers.state(producer.id, name.as_str());
         let mut state = state.lock().await;
+        if state.needs_lookup() {
+            if self.producers.allocated_here(producer.id) {
+                state.settle();
+            } else {
+                *state = self.look_up_producer(name, producer.id).await?;
+            }
+        }
         match state.check(producer.epoch, producer.base_seq, count) {
             Check::Duplicate(base_offset) => Ok(Written {
                 base_offset,
@@ -180,7 +188,7 @@ impl Broker {
                 ),
             )),
             Check::Append => {
-                let w = self.append(request).await?;
+                let w = self.append(name, checked).await?;
                 state.accept(
                     producer.epoch,
                     producer.base_seq,
@@ -193,8 +201,73 @@ impl Broker {
         }
     }
 
-    async fn append(&self, request: AppendRequest) -> Result<Written, Refusal> {
-        match self.node.append(request).await {
+    /// The state a producer left on a partition before this process knew it (a restart, or
+    /// the partition moved here): its batches among the stream's latest, searched from the
+    /// tail backwards in widening windows until some are found, [`LOOKUP_BYTES`] are read, or
+    /// the batches are older than the producer id (then it has none before them: a producer
+    /// handed out by another node that writes here for the first time costs one short read).
+    async fn look_up_producer(
+        &self,
+        name: &StreamName,
+        producer: i64,
+    ) -> Result<PartitionState, Refusal> {
+        let unavailable = |e: String| {
+            (
+                ResponseError::KafkaStorageError,
+                format!("looking up producer {producer}: {e}"),
+            )
+        };
+        let head = self
+            .node
+            .head(name)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let mut found: Vec<StoredBatch> = Vec::new();
+        let mut budget = LOOKUP_BYTES;
+        let mut end = head.next_seq;
+        let mut window = LOOKUP_FIRST;
+        let since = Producers::handed_out_ms(producer).saturating_sub(LOOKUP_SKEW_MS);
+        let mut older = false;
+        while end > head.start_seq && budget > 0 && found.is_empty() && !older {
+            let from = end.saturating_sub(window).max(head.start_seq);
+            let mut at = from;
+            while at < end && budget > 0 {
+                let read = self
+                    .node
+                    .read_raw(name, at, LOOKUP_READ.min(budget))
+                    .await
+                    .map_err(|e| unavailable(e.to_string()))?;
+                budget = budget.saturating_sub(read.bytes());
+                for b in &read.batches {
+                    // Batches are appended in time order: one appended before the producer
+                    // existed means the older windows hold none of its batches either.
+                    older |= appended_ms(b).is_some_and(|t| t < since);
+                    // A batch straddling `from` belongs to the next, older window.
+                    if let Some(s) = stored_batch(b, producer).filter(|s| s.base_offset >= from)
+                        && s.base_offset < end
+                    {
+                        found.push(s);
+                    }
+                }
+                if read.batches.is_empty() || read.next_seq <= at {
+                    break;
+                }
+                at = read.next_seq;
+            }
+            end = from;
+            window = window.saturating_mul(8);
+        }
+        tracing::debug!(
+            producer,
+            stream = %name,
+            found = found.len(),
+            "idempotent producer looked up in its partition"
+        );
+        Ok(restore(&found, self.producers.now_ms()))
+    }
+
+    async fn append(&self, name: &StreamName, batch: ProducedBatch) -> Result<Written, Refusal> {
+        match self.node.append_batch(name, batch).await {
             Ok(out) => Ok(Written {
                 base_offset: out.start_seq.unwrap_or(out.next_seq),
                 append_ms: out.timestamp_ms,
@@ -202,6 +275,51 @@ impl Broker {
             Err(e) => Err((append_error_code(&e), e.to_string())),
         }
     }
+}
+
+/// `batch` as one of `producer`'s, if it is (header fields only).
+fn stored_batch(batch: &[u8], producer: i64) -> Option<StoredBatch> {
+    if batch.len() < HEADER_LEN {
+        return None;
+    }
+    let p = batch_producer(batch);
+    if p.id != producer {
+        return None;
+    }
+    let delta = i32::from_be_bytes(
+        batch[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4]
+            .try_into()
+            .ok()?,
+    );
+    Some(StoredBatch {
+        epoch: p.epoch,
+        base_seq: p.base_seq,
+        count: delta.checked_add(1)?,
+        base_offset: pico_protocol::batch::base_offset(batch).ok()?,
+    })
+}
+
+/// A stored batch's append time: its max timestamp (the node sets it on every append).
+fn appended_ms(batch: &[u8]) -> Option<i64> {
+    let at = batch.get(MAX_TIMESTAMP_AT..MAX_TIMESTAMP_AT + 8)?;
+    Some(i64::from_be_bytes(at.try_into().ok()?))
+}
+
+/// A batch the checks refused, as Kafka answers it: damage the client may fix by sending
+/// again is CORRUPT_MESSAGE (retriable), anything else is not retried.
+fn batch_refusal(e: BatchError) -> Refusal {
+    let code = match &e {
+        BatchError::Crc { .. }
+        | BatchError::Truncated { .. }
+        | BatchError::BadLength { .. }
+        | BatchError::BadMagic(_) => ResponseError::CorruptMessage,
+        BatchError::Inflated { .. } => ResponseError::MessageTooLarge,
+        BatchError::Unsupported(_) => ResponseError::UnsupportedCompressionType,
+        BatchError::Decompress { .. } | BatchError::BadRecord { .. } | BatchError::Mismatch(_) => {
+            ResponseError::InvalidRecord
+        }
+    };
+    (code, format!("bad record batch: {e}"))
 }
 
 /// The producer id, epoch and base sequence of a batch (header already length-checked).

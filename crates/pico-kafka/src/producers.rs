@@ -4,9 +4,12 @@
 //!
 //! Kafka sequences count records (a batch of n records advances the next expected sequence by
 //! n), which the node's own producer rule (one sequence per append) cannot express, so the
-//! state lives here, in memory. After a restart a producer is unknown and its next batch is
-//! accepted at whatever sequence it carries: a retry that straddles a restart can be written
-//! twice (docs/kafka.md).
+//! state is kept here, in memory, and rebuilt from the stream itself: a producer's batches are
+//! stored as sent, with its id, epoch and base sequence in their headers. A producer this
+//! process did not hand out (one from before a restart, or from another node before the
+//! partition moved here) is looked up in the partition's latest batches ([`restore`]; the
+//! scan is in `produce.rs`) before its first batch here is judged, so a retry that straddles a
+//! restart is answered with its original offset.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -22,6 +25,10 @@ const MAX_STATES: usize = 100_000;
 /// A producer partition state unused this long may be dropped when the table is full.
 const IDLE_MS: i64 = 15 * 60 * 1000;
 
+/// Low bits of a producer id that name the node that handed it out, so nodes of a cluster
+/// never hand out the same id.
+const NODE_BITS: u32 = 6;
+
 /// One producer's state on one partition.
 #[derive(Debug, Default)]
 pub struct PartitionState {
@@ -30,6 +37,33 @@ pub struct PartitionState {
     /// (base sequence, last sequence, base offset) of the latest batches.
     recent: VecDeque<(i32, i32, u64)>,
     last_used_ms: i64,
+    /// Looked up in the stream already (or known to be new): not again.
+    settled: bool,
+}
+
+/// One of a producer's batches found in a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredBatch {
+    pub epoch: i16,
+    pub base_seq: i32,
+    pub count: i32,
+    pub base_offset: u64,
+}
+
+/// The state a producer's batches found in a partition (in offset order) leave: the epoch and
+/// last sequence of the latest, and the latest [`RECENT`] of that epoch for retries.
+pub fn restore(found: &[StoredBatch], now_ms: i64) -> PartitionState {
+    let mut s = PartitionState {
+        settled: true,
+        ..PartitionState::default()
+    };
+    for b in found {
+        if s.epoch.is_some_and(|e| b.epoch < e) {
+            continue; // an older epoch's batch cannot follow a newer one's; ignore it
+        }
+        s.accept(b.epoch, b.base_seq, b.count, b.base_offset, now_ms);
+    }
+    s
 }
 
 /// What to do with a batch.
@@ -42,6 +76,16 @@ pub enum Check {
 }
 
 impl PartitionState {
+    /// Whether the stream must be searched for this producer's batches before judging one.
+    pub fn needs_lookup(&self) -> bool {
+        !self.settled && self.epoch.is_none()
+    }
+
+    /// Nothing to search for (a producer this process handed out, or already searched).
+    pub fn settle(&mut self) {
+        self.settled = true;
+    }
+
     pub fn check(&self, epoch: i16, base_seq: i32, count: i32) -> Check {
         let Some(stored) = self.epoch else {
             return Check::Append;
@@ -86,6 +130,7 @@ impl PartitionState {
             self.recent.pop_front();
         }
         self.last_used_ms = now;
+        self.settled = true;
     }
 }
 
@@ -104,16 +149,24 @@ type Key = (i64, String);
 /// Every producer's partition states, and the producer id allocator.
 pub struct Producers {
     clock: SharedClock,
+    /// This node's tag in the low bits of the ids it hands out.
+    node_tag: i64,
+    /// The counter when this process started: ids above it (with this node's tag) are ours.
+    first: i64,
+    /// The last counter value handed out.
     next_id: AtomicI64,
     states: std::sync::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<PartitionState>>>>,
 }
 
 impl Producers {
-    pub fn new(clock: SharedClock) -> Producers {
-        // Ids from the clock (1000 a millisecond): unique across restarts without storage.
-        let start = clock.now_ms().max(1).saturating_mul(1000);
+    pub fn new(clock: SharedClock, node_id: i32) -> Producers {
+        // Ids from the clock (1000 a millisecond) and the node: unique across restarts and
+        // nodes without storage.
+        let start = counter_floor(clock.now_ms());
         Producers {
             clock,
+            node_tag: i64::from(node_id) & ((1 << NODE_BITS) - 1),
+            first: start,
             next_id: AtomicI64::new(start),
             states: Default::default(),
         }
@@ -121,14 +174,30 @@ impl Producers {
 
     /// A fresh producer id at epoch 0.
     pub fn allocate(&self) -> (i64, i16) {
-        let floor = self.clock.now_ms().max(1).saturating_mul(1000);
-        let id = self
+        let floor = counter_floor(self.clock.now_ms());
+        let prev = self
             .next_id
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 Some(n.max(floor) + 1)
             })
             .unwrap_or(floor);
-        (id.max(floor), 0)
+        let n = prev.max(floor) + 1;
+        ((n << NODE_BITS) | self.node_tag, 0)
+    }
+
+    /// When `id` was handed out (ms, on the clock of the node that did), from the id itself;
+    /// ids from elsewhere give nonsense, which only shortens or lengthens a bounded search.
+    pub fn handed_out_ms(id: i64) -> i64 {
+        (id >> NODE_BITS) / 1000
+    }
+
+    /// Whether this process handed out `id` (then nothing of it can be stored yet but what
+    /// this process wrote, and the stream need not be searched).
+    pub fn allocated_here(&self, id: i64) -> bool {
+        let n = id >> NODE_BITS;
+        id & ((1 << NODE_BITS) - 1) == self.node_tag
+            && n > self.first
+            && n <= self.next_id.load(Ordering::Relaxed)
     }
 
     /// The state of `producer` on `stream`; hold its lock across check, append and accept.
@@ -153,9 +222,63 @@ impl Producers {
     }
 }
 
+/// The id counter's value at `now_ms`: 1000 ids a millisecond.
+fn counter_floor(now_ms: i64) -> i64 {
+    now_ms.clamp(1, i64::MAX >> (NODE_BITS + 10)) * 1000
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_name_their_node_and_this_process_knows_its_own() {
+        let clock = pico_common::clock::ManualClock::new(1_000);
+        let a = Producers::new(clock.clone(), 1);
+        let b = Producers::new(clock.clone(), 2);
+        let (x, _) = a.allocate();
+        let (y, _) = b.allocate();
+        assert_ne!(x, y, "two nodes in the same millisecond");
+        assert!(a.allocated_here(x) && !a.allocated_here(y));
+        assert_eq!(Producers::handed_out_ms(x), 1_000);
+        assert_eq!(Producers::handed_out_ms(y), 1_000);
+        // The same node restarted: the id is from before, so its batches may be stored.
+        let restarted = Producers::new(clock, 1);
+        assert!(!restarted.allocated_here(x));
+        let (z, _) = restarted.allocate();
+        assert!(restarted.allocated_here(z));
+    }
+
+    #[test]
+    fn state_is_restored_from_stored_batches() {
+        let found = [
+            StoredBatch {
+                epoch: 0,
+                base_seq: 0,
+                count: 3,
+                base_offset: 10,
+            },
+            StoredBatch {
+                epoch: 0,
+                base_seq: 3,
+                count: 2,
+                base_offset: 20,
+            },
+        ];
+        let s = restore(&found, 0);
+        assert!(!s.needs_lookup());
+        assert_eq!(s.check(0, 3, 2), Check::Duplicate(20));
+        assert_eq!(s.check(0, 0, 3), Check::Duplicate(10));
+        assert_eq!(s.check(0, 5, 1), Check::Append);
+        assert_eq!(
+            s.check(0, 9, 1),
+            Check::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+        // Nothing found: the next batch is accepted as it comes, and not searched for again.
+        let s = restore(&[], 0);
+        assert!(!s.needs_lookup());
+        assert_eq!(s.check(0, 7, 1), Check::Append);
+    }
 
     #[test]
     fn sequences_advance_by_record_count_and_retries_get_their_offset() {

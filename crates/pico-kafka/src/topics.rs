@@ -28,6 +28,7 @@ use pico_common::StreamName;
 use pico_server::{CreateConfig, CreateError, CreateRequest, DeleteError, ListRequest, ReadError};
 
 use crate::broker::Broker;
+use crate::cluster::Leader;
 
 /// Most partitions one topic may have.
 pub const MAX_PARTITIONS: i32 = 1024;
@@ -244,27 +245,45 @@ impl Broker {
             if n == 0 {
                 t.error_code = topic_error(ResponseError::UnknownTopicOrPartition);
             }
-            t.partitions = (0..n)
-                .map(|p| {
-                    let mut part = MetadataResponsePartition::default();
-                    part.partition_index = p;
-                    part.leader_id = BrokerId(self.opts.broker_id);
-                    if v >= 7 {
-                        part.leader_epoch = 0;
+            for p in 0..n {
+                let mut part = MetadataResponsePartition::default();
+                part.partition_index = p;
+                let leader = match self.stream_of(&name, p).await {
+                    Some(stream) => self.leader_of(&stream),
+                    None => Leader::Here,
+                };
+                let leader = match leader {
+                    Leader::Here => self.opts.broker_id,
+                    Leader::Node(id) => id,
+                    Leader::Unavailable => {
+                        part.error_code = ResponseError::LeaderNotAvailable.code();
+                        -1
                     }
-                    part.replica_nodes = vec![BrokerId(self.opts.broker_id)];
-                    part.isr_nodes = vec![BrokerId(self.opts.broker_id)];
-                    part
-                })
-                .collect();
+                };
+                part.leader_id = BrokerId(leader);
+                if v >= 7 {
+                    part.leader_epoch = 0;
+                }
+                if leader >= 0 {
+                    part.replica_nodes = vec![BrokerId(leader)];
+                    part.isr_nodes = vec![BrokerId(leader)];
+                }
+                t.partitions.push(part);
+            }
             topics.push(t);
         }
         let mut resp = MetadataResponse::default();
-        let mut broker = MetadataResponseBroker::default();
-        broker.node_id = BrokerId(self.opts.broker_id);
-        broker.host = StrBytes::from_string(self.opts.advertised_host.clone());
-        broker.port = self.opts.advertised_port;
-        resp.brokers = vec![broker];
+        resp.brokers = self
+            .brokers()
+            .into_iter()
+            .map(|b| {
+                let mut broker = MetadataResponseBroker::default();
+                broker.node_id = BrokerId(b.id);
+                broker.host = StrBytes::from_string(b.host);
+                broker.port = b.port;
+                broker
+            })
+            .collect();
         if v >= 2 {
             resp.cluster_id = Some(StrBytes::from_string(self.opts.cluster_id.clone()));
         }

@@ -207,6 +207,16 @@ fn body(s: &mut Shape<'_>, key: i16, v: i16) -> R {
             }
             Ok(())
         }
+        K::DescribeCluster => {
+            s.i8()?; // include cluster authorized operations
+            if v >= 1 {
+                s.i8()?; // endpoint type
+            }
+            if v >= 2 {
+                s.i8()?; // include fenced brokers
+            }
+            s.tagged()
+        }
         K::Metadata => {
             s.array(v >= 1, |s| s.string(false))?;
             if v >= 4 {

@@ -1,7 +1,7 @@
 //! The APIs this listener serves and their versions. Only non-flexible versions (plus
-//! ApiVersions v3, which every current client tries first): they are what the structural
-//! pass in [`crate::validate`] walks, and every current client (librdkafka, kafka-python,
-//! aiokafka, kafkajs) negotiates them.
+//! ApiVersions v3, which every current client tries first, and DescribeCluster, which has no
+//! other): they are what the structural pass in [`crate::validate`] walks, and every current
+//! client (librdkafka, kafka-python, aiokafka, kafkajs) negotiates them.
 
 use kafka_protocol::messages::ApiKey;
 
@@ -26,6 +26,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::InitProducerId, 0, 1),
     (ApiKey::DescribeConfigs, 1, 3),
     (ApiKey::CreatePartitions, 0, 1),
+    (ApiKey::DescribeCluster, 0, 2),
 ];
 
 /// Whether (`key`, `version`) is served.
@@ -40,7 +41,7 @@ mod tests {
     use super::*;
 
     /// Every advertised version is one the codec decodes, and non-flexible (but ApiVersions
-    /// v3), so the structural pass covers it.
+    /// v3 and DescribeCluster), so the structural pass covers it.
     #[test]
     fn advertised_versions_are_decodable_and_walked() {
         for &(k, min, max) in SUPPORTED {
@@ -48,7 +49,9 @@ mod tests {
             assert!(range.min <= min && max <= range.max, "{k:?}");
             for v in min..=max {
                 let flexible = k.request_header_version(v) >= 2;
-                assert_eq!(flexible, k == ApiKey::ApiVersions && v >= 3, "{k:?} v{v}");
+                let walked_flexible =
+                    (k == ApiKey::ApiVersions && v >= 3) || k == ApiKey::DescribeCluster;
+                assert_eq!(flexible, walked_flexible, "{k:?} v{v}");
             }
         }
     }

@@ -25,7 +25,7 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use pico_common::StreamName;
 use pico_kafka::broker::Reply;
-use pico_protocol::{Record, decode_batch, encode_batch};
+use pico_protocol::{Record, decode_batch, stamp_batch};
 use pico_server::{AppendRequest, ReadFrom, ReadRequest};
 
 fn topic(name: &str) -> TopicName {
@@ -350,11 +350,11 @@ async fn produced_records_are_fetched_at_their_stream_offsets() {
     let offs: Vec<u64> = out.records.iter().map(|r| r.offset).collect();
     assert_eq!(offs, [0, 1, 2, 3, 4]);
     assert_eq!(out.records[3].record.value, Bytes::from_static(b"b0"));
-    // Byte for byte the stored batches: the node stores each append as one batch of its
-    // records stamped with the append time, so re-encoding them must give the same bytes.
+    // Byte for byte the producer's batches as stored: only the base offset, the
+    // LogAppendTime bit and the append time as max timestamp (so the CRC) are set.
     let recs: Vec<Record> = out.records.iter().map(|r| r.record.clone()).collect();
-    let mut stored = encode_batch(0, &recs[..3]).to_vec();
-    stored.extend_from_slice(&encode_batch(3, &recs[3..]));
+    let mut stored = stamp_batch(&batch(&first, None), 0, recs[0].timestamp_ms).to_vec();
+    stored.extend_from_slice(&stamp_batch(&batch(&second, None), 3, recs[3].timestamp_ms));
     assert_eq!(
         &set[..],
         &stored[..],
@@ -410,7 +410,7 @@ fn record_set(mut set: &[u8]) -> Vec<(u64, Record)> {
 }
 
 #[tokio::test]
-async fn corrupt_and_compressed_batches_are_refused() {
+async fn corrupt_batches_and_unknown_codecs_are_refused() {
     let b = broker().await;
     assert_eq!(create(&b, "c", 1).await, 0);
     let mut bad = batch(&[rec("x")], None).to_vec();
@@ -418,9 +418,17 @@ async fn corrupt_and_compressed_batches_are_refused() {
     bad[n - 1] ^= 0xff; // CRC no longer matches
     let p = produce(&b, "c", 0, Bytes::from(bad), 8).await;
     assert_eq!(p.error_code, ResponseError::CorruptMessage.code());
+    // Marked gzip, but the records are not gzip.
     let mut gz = batch(&[rec("x")], None).to_vec();
     gz[22] |= 1;
+    let crc = crc32c::crc32c(&gz[21..]);
+    gz[17..21].copy_from_slice(&crc.to_be_bytes());
     let p = produce(&b, "c", 0, Bytes::from(gz), 8).await;
+    assert_eq!(p.error_code, ResponseError::InvalidRecord.code());
+    // Codec 5 does not exist.
+    let mut five = batch(&[rec("x")], None).to_vec();
+    five[22] |= 5;
+    let p = produce(&b, "c", 0, Bytes::from(five), 8).await;
     assert_eq!(
         p.error_code,
         ResponseError::UnsupportedCompressionType.code()

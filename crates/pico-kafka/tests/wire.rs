@@ -260,6 +260,7 @@ fn valid_frame(key: ApiKey, v: i16) -> Vec<u8> {
                 &CreatePartitionsRequest::default().with_topics(vec![ct]),
             )
         }
+        ApiKey::DescribeCluster => frame(key, v, &DescribeClusterRequest::default()),
         other => panic!("no request for {other:?}"),
     };
     f.to_vec()

@@ -1,4 +1,7 @@
-//! The stored record format: Kafka RecordBatch v2 (magic 2), uncompressed.
+//! The stored record format: Kafka RecordBatch v2 (magic 2). The node encodes its own batches
+//! uncompressed; a Kafka producer's batch is stored as it was sent, compressed or not (only
+//! its base offset, timestamp type and max timestamp are set on append: [`stamp_batch`]), and
+//! readers inflate it through [`crate::compression`], bounded.
 //!
 //! Layout (big-endian): baseOffset i64, batchLength i32, partitionLeaderEpoch i32, magic i8,
 //! crc u32 (CRC-32C over attributes..end), attributes i16, lastOffsetDelta i32,
@@ -11,6 +14,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
 
+use crate::compression::{Codec, MAX_DECOMPRESSED, decompress};
 use crate::reader::ByteReader;
 use crate::record::Record;
 
@@ -23,6 +27,9 @@ const MAGIC_OFFSET: usize = 16;
 const CRC_OFFSET: usize = 17;
 const ATTRIBUTES_OFFSET: usize = 21;
 const LAST_OFFSET_DELTA_OFFSET: usize = 23;
+const MAX_TIMESTAMP_OFFSET: usize = 35;
+/// Attributes bit: the batch's records carry the log append time (its max timestamp).
+const LOG_APPEND_TIME: i16 = 0x08;
 const RECORDS_COUNT_OFFSET: usize = 57;
 /// The smallest possible encoded record: length, attrs, ts delta, offset delta,
 /// key len, value len, headers count, one byte each (minus the length prefix).
@@ -42,6 +49,12 @@ pub enum BatchError {
     Unsupported(&'static str),
     #[error("malformed record: index={index} reason={reason}")]
     BadRecord { index: usize, reason: &'static str },
+    #[error("batch does not decompress: codec={codec} reason={reason}")]
+    Decompress { codec: &'static str, reason: String },
+    #[error("batch inflates past the cap: codec={codec} cap={cap}")]
+    Inflated { codec: &'static str, cap: usize },
+    #[error("records do not match the batch header: {0}")]
+    Mismatch(String),
 }
 
 /// A decoded batch: the base offset and its records in order.
@@ -189,15 +202,19 @@ fn be8(data: &[u8], at: usize) -> [u8; 8] {
 /// value is copied out of `data`; [`batch_records`] decodes lazily without copies.
 pub fn decode_batch(data: &[u8]) -> Result<DecodedBatch, BatchError> {
     let layout = verify(data, true)?;
-    let mut cur = ByteReader::new(&data[HEADER_LEN..layout.total]);
+    let inflated;
+    let body = match layout.codec {
+        Codec::None => &data[HEADER_LEN..layout.total],
+        codec => {
+            inflated = decompress(codec, &data[HEADER_LEN..layout.total], MAX_DECOMPRESSED)?;
+            check_count(layout.count, inflated.len())?;
+            &inflated[..]
+        }
+    };
+    let mut cur = ByteReader::new(body);
     let mut records = Vec::with_capacity(layout.count);
     for index in 0..layout.count {
-        records.push(decode_record(
-            &mut cur,
-            index,
-            layout.base_ts,
-            Bytes::copy_from_slice,
-        )?);
+        records.push(decode_record(&mut cur, index, layout.time, Bytes::copy_from_slice)?.0);
     }
     if cur.remaining() != 0 {
         return Err(BatchError::BadLength {
@@ -230,13 +247,25 @@ pub fn batch_records_verified(data: &Bytes) -> Result<BatchRecords, BatchError> 
 fn batch_records_checked(data: &Bytes, crc: bool) -> Result<BatchRecords, BatchError> {
     let layout = verify(data, crc)?;
     Ok(BatchRecords {
-        data: data.slice(HEADER_LEN..layout.total),
+        data: records_of(data, &layout)?,
         pos: 0,
         index: 0,
         count: layout.count,
         base_offset: layout.base_offset,
-        base_ts: layout.base_ts,
+        time: layout.time,
     })
+}
+
+/// The records' bytes of a verified batch: a slice of it, or inflated (bounded).
+fn records_of(data: &Bytes, layout: &Layout) -> Result<Bytes, BatchError> {
+    match layout.codec {
+        Codec::None => Ok(data.slice(HEADER_LEN..layout.total)),
+        codec => {
+            let inflated = decompress(codec, &data[HEADER_LEN..layout.total], MAX_DECOMPRESSED)?;
+            check_count(layout.count, inflated.len())?;
+            Ok(Bytes::from(inflated))
+        }
+    }
 }
 
 /// The records of one verified batch, decoded on demand (see [`batch_records`]).
@@ -248,7 +277,7 @@ pub struct BatchRecords {
     index: usize,
     count: usize,
     base_offset: u64,
-    base_ts: i64,
+    time: TimeBase,
 }
 
 impl BatchRecords {
@@ -286,9 +315,9 @@ impl Iterator for BatchRecords {
         }
         let data = &self.data;
         let mut cur = ByteReader::new(&data[self.pos..]);
-        let record = decode_record(&mut cur, self.index, self.base_ts, |s| data.slice_ref(s));
+        let record = decode_record(&mut cur, self.index, self.time, |s| data.slice_ref(s));
         match record {
-            Ok(r) => {
+            Ok((r, _)) => {
                 self.pos += cur.position();
                 self.index += 1;
                 Some(Ok(r))
@@ -307,7 +336,28 @@ struct Layout {
     total: usize,
     count: usize,
     base_offset: u64,
-    base_ts: i64,
+    time: TimeBase,
+    codec: Codec,
+}
+
+/// Where a batch's record timestamps come from: the base timestamp plus each record's delta
+/// (CreateTime), or the batch's max timestamp for every record (LogAppendTime).
+#[derive(Debug, Clone, Copy)]
+struct TimeBase {
+    base: i64,
+    log_append: Option<i64>,
+}
+
+/// Every record takes at least `MIN_RECORD_LEN + 1` bytes: a count the bytes cannot hold is
+/// refused before anything is allocated for it.
+fn check_count(count: usize, available: usize) -> Result<(), BatchError> {
+    if count.saturating_mul(MIN_RECORD_LEN + 1) > available {
+        return Err(BatchError::BadLength {
+            declared: count as i64,
+            available,
+        });
+    }
+    Ok(())
 }
 
 fn verify(data: &[u8], crc: bool) -> Result<Layout, BatchError> {
@@ -317,38 +367,46 @@ fn verify(data: &[u8], crc: bool) -> Result<Layout, BatchError> {
         check_layout(data)?
     };
     let attributes = i16::from_be_bytes([data[ATTRIBUTES_OFFSET], data[ATTRIBUTES_OFFSET + 1]]);
-    if attributes & 7 != 0 {
-        return Err(BatchError::Unsupported("compressed batch"));
-    }
+    let codec =
+        Codec::from_attributes(attributes).ok_or(BatchError::Unsupported("compression codec"))?;
     if attributes & 0x20 != 0 {
         return Err(BatchError::Unsupported("control batch"));
     }
     let base_offset = i64::from_be_bytes(be8(data, 0)) as u64;
     let base_ts = i64::from_be_bytes(be8(data, 27));
+    let max_ts = i64::from_be_bytes(be8(data, MAX_TIMESTAMP_OFFSET));
     let count = i32::from_be_bytes(be4(data, RECORDS_COUNT_OFFSET));
-    let available = total - HEADER_LEN;
-    if count < 0 || (count as usize).saturating_mul(MIN_RECORD_LEN + 1) > available {
+    if count < 0 {
         return Err(BatchError::BadLength {
             declared: count as i64,
-            available,
+            available: total - HEADER_LEN,
         });
+    }
+    // Compressed records are counted against their inflated size once inflated.
+    if codec == Codec::None {
+        check_count(count as usize, total - HEADER_LEN)?;
     }
     Ok(Layout {
         total,
         count: count as usize,
         base_offset,
-        base_ts,
+        time: TimeBase {
+            base: base_ts,
+            log_append: (attributes & LOG_APPEND_TIME != 0).then_some(max_ts),
+        },
+        codec,
     })
 }
 
 /// Decodes the record at `cur`; `bytes` turns a field's slice into [`Bytes`] (a copy, or a
 /// slice of the batch's own buffer).
+/// Returns the record and its offset delta.
 fn decode_record<'a>(
     cur: &mut ByteReader<'a>,
     index: usize,
-    base_ts: i64,
+    time: TimeBase,
     bytes: impl Fn(&'a [u8]) -> Bytes,
-) -> Result<Record, BatchError> {
+) -> Result<(Record, i64), BatchError> {
     let bad = |reason| BatchError::BadRecord { index, reason };
     let len = cur.varlong().ok_or(bad("length"))?;
     if len < 0 || len as usize > cur.remaining() {
@@ -357,7 +415,7 @@ fn decode_record<'a>(
     let mut rec = ByteReader::new(cur.take(len as usize).ok_or(bad("length"))?);
     rec.take(1).ok_or(bad("attributes"))?;
     let ts_delta = rec.varlong().ok_or(bad("timestamp delta"))?;
-    let _offset_delta = rec.varlong().ok_or(bad("offset delta"))?;
+    let offset_delta = rec.varlong().ok_or(bad("offset delta"))?;
     let key = rec.nullable_bytes().ok_or(bad("key"))?.map(&bytes);
     let value = rec
         .nullable_bytes()
@@ -383,12 +441,102 @@ fn decode_record<'a>(
     if rec.remaining() != 0 {
         return Err(bad("trailing bytes in record"));
     }
-    Ok(Record {
-        timestamp_ms: base_ts.wrapping_add(ts_delta),
+    let record = Record {
+        timestamp_ms: time
+            .log_append
+            .unwrap_or_else(|| time.base.wrapping_add(ts_delta)),
         key,
         value,
         headers,
+    };
+    Ok((record, offset_delta))
+}
+
+/// A producer's batch, checked whole by [`check_produced`] (only it makes one, so holding one
+/// is the proof).
+#[derive(Debug, Clone)]
+pub struct ProducedBatch {
+    batch: Bytes,
+    records: Vec<Record>,
+    codec: Codec,
+}
+
+impl ProducedBatch {
+    /// Its records (slices of the batch, or of its inflated records).
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// The batch as sent, and its records.
+    pub fn into_parts(self) -> (Bytes, Vec<Record>) {
+        (self.batch, self.records)
+    }
+}
+
+/// Checks a batch a producer sent before it is stored as sent: header, magic, CRC, not a
+/// control batch, at least one record, the records (inflated, bounded by
+/// [`MAX_DECOMPRESSED`]) exactly as many as the header says, each well formed with offset
+/// delta = its index and nothing after the last. Every reader can then decode it.
+pub fn check_produced(data: &Bytes) -> Result<ProducedBatch, BatchError> {
+    let layout = verify(data, true)?;
+    if layout.total != data.len() {
+        return Err(BatchError::BadLength {
+            declared: layout.total as i64,
+            available: data.len(),
+        });
+    }
+    let mismatch = |why: String| Err(BatchError::Mismatch(why));
+    if layout.count == 0 {
+        return mismatch("no records".into());
+    }
+    let last_delta = i32::from_be_bytes(be4(data, LAST_OFFSET_DELTA_OFFSET));
+    if i64::from(last_delta) != layout.count as i64 - 1 {
+        return mismatch(format!(
+            "last offset delta={last_delta} records={}",
+            layout.count
+        ));
+    }
+    let body = records_of(data, &layout)?;
+    let mut cur = ByteReader::new(&body);
+    let mut records = Vec::with_capacity(layout.count);
+    for index in 0..layout.count {
+        let (r, delta) = decode_record(&mut cur, index, layout.time, |s| body.slice_ref(s))?;
+        if delta != index as i64 {
+            return mismatch(format!("record {index} has offset delta {delta}"));
+        }
+        records.push(r);
+    }
+    if cur.remaining() != 0 {
+        return mismatch(format!("{} bytes after the last record", cur.remaining()));
+    }
+    Ok(ProducedBatch {
+        batch: data.clone(),
+        records,
+        codec: layout.codec,
     })
+}
+
+/// A producer's checked batch as stored: base offset `base`, and (as a Kafka broker with
+/// `message.timestamp.type=LogAppendTime` does) the LogAppendTime bit and `append_ms` as max
+/// timestamp, so every reader sees the append time. The records stay as sent (compressed or
+/// not); the CRC is recomputed over the changed header.
+pub fn stamp_batch(data: &[u8], base: u64, append_ms: i64) -> Bytes {
+    let mut out = BytesMut::from(data);
+    if out.len() < HEADER_LEN {
+        return out.freeze();
+    }
+    set_base_offset(&mut out, base);
+    let attributes = i16::from_be_bytes([out[ATTRIBUTES_OFFSET], out[ATTRIBUTES_OFFSET + 1]]);
+    out[ATTRIBUTES_OFFSET..ATTRIBUTES_OFFSET + 2]
+        .copy_from_slice(&(attributes | LOG_APPEND_TIME).to_be_bytes());
+    out[MAX_TIMESTAMP_OFFSET..MAX_TIMESTAMP_OFFSET + 8].copy_from_slice(&append_ms.to_be_bytes());
+    let crc = crc32c::crc32c(&out[ATTRIBUTES_OFFSET..]);
+    out[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
+    out.freeze()
 }
 
 /// The record count of a verified batch, without decoding the records.
@@ -604,13 +752,116 @@ mod tests {
     #[test]
     fn rejects_compressed_and_bad_magic() {
         let mut b = encode_batch(0, &[rec(1, None, "v", &[])]).to_vec();
-        b[ATTRIBUTES_OFFSET + 1] |= 1; // gzip
+        b[ATTRIBUTES_OFFSET + 1] |= 1; // gzip, over bytes that are not gzip
+        let crc = crc32c::crc32c(&b[ATTRIBUTES_OFFSET..]);
+        b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
+        assert!(matches!(
+            decode_batch(&b),
+            Err(BatchError::Decompress { codec: "gzip", .. })
+        ));
+        b[ATTRIBUTES_OFFSET + 1] |= 7; // no such codec
         let crc = crc32c::crc32c(&b[ATTRIBUTES_OFFSET..]);
         b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
         assert!(matches!(decode_batch(&b), Err(BatchError::Unsupported(_))));
         let mut b = encode_batch(0, &[]).to_vec();
         b[MAGIC_OFFSET] = 1;
         assert_eq!(decode_batch(&b), Err(BatchError::BadMagic(1)));
+    }
+
+    /// `batch` (uncompressed) with its records compressed by `codec` (1 gzip, 4 zstd).
+    fn compressed(batch: &[u8], codec: i16) -> Bytes {
+        use std::io::Write;
+        let records = &batch[HEADER_LEN..];
+        let packed = match codec {
+            1 => {
+                let mut e =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(records).unwrap();
+                e.finish().unwrap()
+            }
+            4 => zstd::encode_all(records, 3).unwrap(),
+            _ => unreachable!(),
+        };
+        let mut b = batch[..HEADER_LEN].to_vec();
+        b.extend_from_slice(&packed);
+        let len = (b.len() - LOG_OVERHEAD) as i32;
+        b[LENGTH_OFFSET..LENGTH_OFFSET + 4].copy_from_slice(&len.to_be_bytes());
+        b[ATTRIBUTES_OFFSET..ATTRIBUTES_OFFSET + 2].copy_from_slice(&codec.to_be_bytes());
+        let crc = crc32c::crc32c(&b[ATTRIBUTES_OFFSET..]);
+        b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
+        Bytes::from(b)
+    }
+
+    /// A producer's compressed batch is checked, stamped and then read back by every reader
+    /// with its records, at the append time.
+    #[test]
+    fn compressed_batches_are_checked_stamped_and_read() {
+        let recs = vec![
+            rec(5, Some("k"), "one", &[("h", "v")]),
+            rec(9, None, "two", &[]),
+        ];
+        for codec in [1, 4] {
+            let b = compressed(&encode_batch(0, &recs), codec);
+            let checked = check_produced(&b).unwrap();
+            assert_eq!(checked.records(), recs);
+            let stored = stamp_batch(&b, 42, 1_000);
+            assert_eq!(stored.len(), b.len());
+            assert_eq!(
+                stored[HEADER_LEN..],
+                b[HEADER_LEN..],
+                "records kept as sent"
+            );
+            let read: Vec<Record> = batch_records(&stored)
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let at_append: Vec<Record> = recs
+                .iter()
+                .map(|r| Record {
+                    timestamp_ms: 1_000,
+                    ..r.clone()
+                })
+                .collect();
+            assert_eq!(read, at_append);
+            assert_eq!(decode_batch(&stored).unwrap().base_offset, 42);
+            assert_eq!(decode_batch(&stored).unwrap().records, at_append);
+            let mut skipping = batch_records_verified(&stored).unwrap();
+            skipping.skip_records(1).unwrap();
+            assert_eq!(skipping.next().unwrap().unwrap(), at_append[1]);
+        }
+    }
+
+    #[test]
+    fn produced_batches_must_match_their_header() {
+        let recs = vec![rec(1, None, "a", &[]), rec(2, None, "b", &[])];
+        let good = encode_batch(0, &recs);
+        assert!(check_produced(&good).is_ok());
+        // Header says one record more than the records hold.
+        let mut b = good.to_vec();
+        b[RECORDS_COUNT_OFFSET..RECORDS_COUNT_OFFSET + 4].copy_from_slice(&3i32.to_be_bytes());
+        b[LAST_OFFSET_DELTA_OFFSET..LAST_OFFSET_DELTA_OFFSET + 4]
+            .copy_from_slice(&2i32.to_be_bytes());
+        let crc = crc32c::crc32c(&b[ATTRIBUTES_OFFSET..]);
+        b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
+        assert!(check_produced(&Bytes::from(b)).is_err());
+        // Last offset delta disagrees with the count.
+        let mut b = good.to_vec();
+        b[LAST_OFFSET_DELTA_OFFSET..LAST_OFFSET_DELTA_OFFSET + 4]
+            .copy_from_slice(&5i32.to_be_bytes());
+        let crc = crc32c::crc32c(&b[ATTRIBUTES_OFFSET..]);
+        b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_be_bytes());
+        assert!(matches!(
+            check_produced(&Bytes::from(b)),
+            Err(BatchError::Mismatch(_))
+        ));
+        // A flipped bit fails the CRC; no records at all is refused.
+        let mut b = good.to_vec();
+        *b.last_mut().unwrap() ^= 1;
+        assert!(matches!(
+            check_produced(&Bytes::from(b)),
+            Err(BatchError::Crc { .. })
+        ));
+        assert!(check_produced(&encode_batch(0, &[])).is_err());
     }
 
     #[test]

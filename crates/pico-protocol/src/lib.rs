@@ -2,6 +2,7 @@
 //!
 //! - [`record`]: [`Record`], the record every protocol translates to and from.
 //! - [`batch`]: the stored record format (Kafka RecordBatch v2, CRC-32C).
+//! - [`compression`]: bounded decompression of Kafka producers' compressed batches.
 //! - [`headers`]: Pico and Durable Streams header names, batch content types.
 //! - [`ds_json`]: Durable Streams JSON mode (flatten one level, render arrays).
 //! - [`json_batch`]: the `application/vnd.picomq.batch+json` body and the `json` read format,
@@ -15,6 +16,7 @@
 
 pub mod batch;
 pub mod binary;
+pub mod compression;
 pub mod cursor;
 pub mod ds_json;
 pub mod headers;
@@ -26,8 +28,9 @@ mod reader;
 pub mod record;
 
 pub use batch::{
-    BatchError, BatchRecords, DecodedBatch, batch_records, batch_records_verified, crc_parts,
-    decode_batch, encode_batch, record_count, set_base_offset,
+    BatchError, BatchRecords, DecodedBatch, ProducedBatch, batch_records, batch_records_verified,
+    check_produced, crc_parts, decode_batch, encode_batch, record_count, set_base_offset,
+    stamp_batch,
 };
 pub use binary::{
     BinaryError, MAX_HEADER_KEY_LEN, MAX_HEADERS, MAX_HEADERS_PER_APPEND, check_storable,

@@ -7,9 +7,10 @@ use crate::error::*;
 use crate::open::OpenStream;
 use crate::producers::{self, Aux, Placed};
 use crate::waiters::Signal;
+use bytes::Bytes;
 use pico_common::StreamName;
 use pico_metadata::{ApplyError, Command, ProducerMark};
-use pico_protocol::{Record, crc_parts, encode_batch};
+use pico_protocol::{ProducedBatch, Record, crc_parts, encode_batch, stamp_batch};
 use s3stream::crc;
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +29,41 @@ impl Node {
         &self,
         req: AppendRequest,
         opts: AppendOptions,
+    ) -> Result<AppendOutcome, AppendError> {
+        self.append_inner(req, opts, None).await
+    }
+
+    /// Appends a Kafka producer's RecordBatch v2 as it was sent, compressed or not. The batch
+    /// was checked whole ([`pico_protocol::check_produced`]: CRC, record count, every record,
+    /// the inflated size bounded; the facade maps its errors to its wire); it is stored with
+    /// its base offset, the LogAppendTime bit and the append time set ([`stamp_batch`]). Same
+    /// writer, offsets, checks and durability as [`Node::append`]; no producer claim (Kafka
+    /// idempotence counts records: the facade keeps it).
+    pub async fn append_batch(
+        &self,
+        name: &StreamName,
+        checked: ProducedBatch,
+    ) -> Result<AppendOutcome, AppendError> {
+        let (batch, records) = checked.into_parts();
+        let req = AppendRequest {
+            name: name.clone(),
+            records,
+            producer: None,
+            match_seq: None,
+            close: false,
+            content_type: None,
+        };
+        self.append_inner(req, AppendOptions::default(), Some(batch))
+            .await
+    }
+
+    /// An append of `req.records`; with `raw`, those are the records of that producer batch,
+    /// which is stored in place of encoding them.
+    async fn append_inner(
+        &self,
+        req: AppendRequest,
+        opts: AppendOptions,
+        raw: Option<Bytes>,
     ) -> Result<AppendOutcome, AppendError> {
         let now = self.now_ms();
         let r = self.resolve(&req.name, now).ok_or_else(|| {
@@ -189,15 +225,21 @@ impl Node {
 
         let mut pending = None;
         if !req.records.is_empty() {
-            let records: Vec<Record> = req
-                .records
-                .into_iter()
-                .map(|mut rec| {
-                    rec.timestamp_ms = now;
-                    rec
-                })
-                .collect();
-            let batch = encode_batch(next, &records);
+            let record_count = req.records.len() as u32;
+            let batch = match raw {
+                Some(raw) => stamp_batch(&raw, next, now),
+                None => {
+                    let records: Vec<Record> = req
+                        .records
+                        .into_iter()
+                        .map(|mut rec| {
+                            rec.timestamp_ms = now;
+                            rec
+                        })
+                        .collect();
+                    encode_batch(next, &records)
+                }
+            };
             let aux = producers::encode_aux(&Aux {
                 producer: req.producer.clone(),
                 stream_seq: opts.stream_seq.clone(),
@@ -211,7 +253,7 @@ impl Node {
             let submit = engine.append(s3stream::AppendRequest {
                 stream: stream_id,
                 epoch: open.epoch,
-                record_count: records.len() as u32,
+                record_count,
                 batch,
                 batch_crc,
                 aux,

@@ -27,7 +27,7 @@ mod remove;
 mod transfer;
 
 pub use kv::KvError;
-pub use ownership::Route;
+pub use ownership::{ClusterNode, Route};
 pub use raw::RawRead;
 pub use transfer::{
     DRAIN_TIMEOUT, HANDOFF_HOLD, HINT_TTL, StreamPlacement, TransferAccepted, TransferError,

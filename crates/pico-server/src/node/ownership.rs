@@ -22,6 +22,15 @@ pub enum Route {
     Unavailable(String),
 }
 
+/// A registered node as [`Node::cluster_nodes`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterNode {
+    pub node_id: u32,
+    pub epoch: u64,
+    /// The node's own clock at its latest accepted heartbeat.
+    pub last_heartbeat_ms: i64,
+}
+
 impl Node {
     /// The owner's advertised URL when another registered node owns the stream (for 307s);
     /// `None` when it is served here, or nowhere for now (see [`Node::route`]).
@@ -89,6 +98,35 @@ impl Node {
             ));
         }
         Route::Redirect(n.address.clone())
+    }
+
+    /// The id of the node requests for `name` go to (the Kafka facade names it partition
+    /// leader): its owner, or a transfer's target; `None` = serve here.
+    pub fn owner_node(&self, name: &StreamName) -> Option<u32> {
+        if self.route(name) == Route::Local {
+            return None;
+        }
+        let view = self.inner.meta.view();
+        let entry = view.registry.get(name.as_str())?;
+        let meta = view.streams.get(&entry.stream_id)?;
+        match meta.owner.as_ref() {
+            Some(owner) => Some(owner.node_id),
+            None => self.handoff_target(&view, meta.id),
+        }
+    }
+
+    /// Every registered node, in id order: what a facade lists as the cluster (liveness is
+    /// the caller's to judge, from whether `last_heartbeat_ms` moves).
+    pub fn cluster_nodes(&self) -> Vec<ClusterNode> {
+        let view = self.inner.meta.view();
+        view.nodes
+            .values()
+            .map(|n| ClusterNode {
+                node_id: n.node_id,
+                epoch: n.epoch,
+                last_heartbeat_ms: n.last_heartbeat_ms,
+            })
+            .collect()
     }
 
     /// Number of streams open on this node (for stats and tests).

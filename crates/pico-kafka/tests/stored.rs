@@ -1,0 +1,383 @@
+//! Producers' batches stored as sent (compressed ones too), idempotent producers across a
+//! restart of the facade, and the cluster view (brokers, leaders, DescribeCluster), through
+//! `Broker::handle` against a real node on in-memory storage.
+
+mod common;
+
+use std::io::Write;
+
+use bytes::Bytes;
+use common::*;
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::produce_response::PartitionProduceResponse;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use pico_common::StreamName;
+use pico_kafka::{Broker, KafkaOptions};
+use pico_protocol::{Record, encode_batch};
+use pico_server::{ReadFrom, ReadRequest};
+
+const HEADER_LEN: usize = 61;
+
+fn topic(name: &str) -> TopicName {
+    TopicName(StrBytes::from_string(name.to_string()))
+}
+
+async fn create(b: &Broker, name: &str) {
+    let mut t = CreatableTopic::default();
+    t.name = topic(name);
+    t.num_partitions = 1;
+    t.replication_factor = 1;
+    let req = CreateTopicsRequest::default().with_topics(vec![t]);
+    let resp: CreateTopicsResponse = call(b, ApiKey::CreateTopics, 4, &req).await;
+    assert_eq!(resp.topics[0].error_code, 0);
+}
+
+async fn produce(b: &Broker, name: &str, records: Bytes) -> PartitionProduceResponse {
+    let mut p = PartitionProduceData::default();
+    p.index = 0;
+    p.records = Some(records);
+    let mut t = TopicProduceData::default();
+    t.name = topic(name);
+    t.partition_data = vec![p];
+    let req = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![t]);
+    let resp: ProduceResponse = call(b, ApiKey::Produce, 8, &req).await;
+    resp.responses[0].partition_responses[0].clone()
+}
+
+async fn fetch(b: &Broker, name: &str, offset: i64) -> fetch_response::PartitionData {
+    let mut p = FetchPartition::default();
+    p.fetch_offset = offset;
+    p.partition_max_bytes = 1 << 20;
+    let mut t = FetchTopic::default();
+    t.topic = topic(name);
+    t.partitions = vec![p];
+    let req = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_bytes(50 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![t]);
+    let resp: FetchResponse = call(b, ApiKey::Fetch, 11, &req).await;
+    resp.responses[0].partitions[0].clone()
+}
+
+async fn tail(b: &Broker, name: &str) -> u64 {
+    b.node()
+        .head(&StreamName::parse(name).unwrap())
+        .await
+        .unwrap()
+        .next_seq
+}
+
+/// `batch` (uncompressed, from [`batch`]) with its records compressed by Kafka codec `codec`
+/// as clients do (snappy: xerial framing, as the Java client; lz4: a frame).
+fn compress(batch: &[u8], codec: i16) -> Bytes {
+    let records = &batch[HEADER_LEN..];
+    let packed = match codec {
+        1 => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            e.write_all(records).unwrap();
+            e.finish().unwrap()
+        }
+        2 => {
+            let mut out = vec![
+                0x82, b'S', b'N', b'A', b'P', b'P', b'Y', 0, 0, 0, 0, 1, 0, 0, 0, 1,
+            ];
+            let c = snap::raw::Encoder::new().compress_vec(records).unwrap();
+            out.extend_from_slice(&(c.len() as u32).to_be_bytes());
+            out.extend_from_slice(&c);
+            out
+        }
+        3 => {
+            let mut e = lz4_flex::frame::FrameEncoder::new(Vec::new());
+            e.write_all(records).unwrap();
+            e.finish().unwrap()
+        }
+        4 => zstd::encode_all(records, 3).unwrap(),
+        _ => unreachable!(),
+    };
+    let mut b = batch[..HEADER_LEN].to_vec();
+    b.extend_from_slice(&packed);
+    let len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    let attributes = i16::from_be_bytes([b[21], b[22]]) | codec;
+    b[21..23].copy_from_slice(&attributes.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Bytes::from(b)
+}
+
+fn recs(prefix: &str, n: usize) -> Vec<Record> {
+    (0..n).map(|i| rec(&format!("{prefix}-{i}"))).collect()
+}
+
+/// Compressed batches of every codec are stored as sent: Fetch returns the producer's bytes
+/// (only base offset, timestamp type, max timestamp and so the CRC differ), and HTTP reads of
+/// the same stream see every record, key and header at the same offsets.
+#[tokio::test]
+async fn compressed_batches_are_stored_as_sent_and_read_over_http() {
+    let b = broker().await;
+    create(&b, "z").await;
+    let mut expected: Vec<Record> = Vec::new();
+    let mut sent = Vec::new();
+    for codec in 1..=4i16 {
+        let records = recs(&format!("codec{codec}"), 3);
+        let batch = compress(&batch(&records, None), codec);
+        let p = produce(&b, "z", batch.clone()).await;
+        assert_eq!(p.error_code, 0, "codec {codec}: {:?}", p.error_message);
+        assert_eq!(p.base_offset, expected.len() as i64);
+        expected.extend(records);
+        sent.push((p.base_offset, batch));
+    }
+    assert_eq!(tail(&b, "z").await, 12);
+    for (offset, batch) in &sent {
+        let part = fetch(&b, "z", *offset).await;
+        let got = part.records.unwrap();
+        let len = pico_protocol::batch::batch_len(&got).unwrap();
+        assert_eq!(len, batch.len());
+        let stored = &got[..len];
+        assert_eq!(&stored[..8], &offset.to_be_bytes(), "base offset assigned");
+        assert_eq!(stored[HEADER_LEN..], batch[HEADER_LEN..], "records as sent");
+        assert_eq!(
+            stored[23..35],
+            batch[23..35],
+            "count and base timestamp kept"
+        );
+        assert_eq!(stored[43..61], batch[43..61], "producer fields kept");
+        assert_eq!(stored[22] & 0x07, batch[22] & 0x07, "codec kept");
+        assert_eq!(stored[22] & 0x08, 0x08, "LogAppendTime");
+        let crc = crc32c::crc32c(&stored[21..]);
+        assert_eq!(&stored[17..21], &crc.to_be_bytes(), "a valid batch");
+    }
+    let read = b
+        .node()
+        .read(ReadRequest {
+            name: StreamName::parse("z").unwrap(),
+            from: ReadFrom::Offset(0),
+            max_records: None,
+            max_bytes: None,
+            touch: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(read.records.len(), 12);
+    for (i, (got, want)) in read.records.iter().zip(&expected).enumerate() {
+        assert_eq!(got.offset, i as u64);
+        let got = &got.record;
+        assert_eq!(
+            (&got.key, &got.value, &got.headers),
+            (&want.key, &want.value, &want.headers)
+        );
+    }
+}
+
+/// A batch that would inflate past the cap is refused, nothing is stored, and the node serves on.
+#[tokio::test]
+async fn a_decompression_bomb_is_refused() {
+    let b = broker().await;
+    create(&b, "bomb").await;
+    let huge = Record {
+        timestamp_ms: 0,
+        key: None,
+        value: Bytes::from(vec![0u8; 80 << 20]),
+        headers: vec![],
+    };
+    let bomb = compress(&encode_batch(0, &[huge]), 4);
+    assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+    let p = produce(&b, "bomb", bomb).await;
+    assert_eq!(p.error_code, ResponseError::MessageTooLarge.code());
+    assert_eq!(tail(&b, "bomb").await, 0);
+    let p = produce(&b, "bomb", compress(&batch(&recs("ok", 2), None), 3)).await;
+    assert_eq!((p.error_code, p.base_offset), (0, 0));
+}
+
+/// The facade restarts (a new `Broker` over the same node: the stream is what survives): a
+/// producer retries its last batches, which are answered with their original offsets and
+/// not written again; its next batch is taken at the next sequence, a gap is refused.
+#[tokio::test]
+async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
+    let clock = pico_common::clock::ManualClock::new(1_000_000);
+    let node = pico_server::testing::start_test_node_with(pico_server::NodeConfig {
+        clock: clock.clone(),
+        ..pico_server::NodeConfig::default()
+    })
+    .await;
+    let first = Broker::new(node.clone(), KafkaOptions::default());
+    create(&first, "i").await;
+    let init: InitProducerIdResponse = call(
+        &first,
+        ApiKey::InitProducerId,
+        1,
+        &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000),
+    )
+    .await;
+    let pid = init.producer_id.0;
+    // Another producer's batches in between, so the lookup must pick this producer's out.
+    let one = compress(&batch(&recs("a", 2), Some((pid, 0, 0))), 4);
+    let other = batch(&recs("o", 3), Some((pid + 1, 0, 0)));
+    let two = batch(&recs("b", 1), Some((pid, 0, 2)));
+    assert_eq!(produce(&first, "i", one.clone()).await.base_offset, 0);
+    assert_eq!(produce(&first, "i", other).await.base_offset, 2);
+    assert_eq!(produce(&first, "i", two.clone()).await.base_offset, 5);
+    drop(first);
+    clock.advance(std::time::Duration::from_secs(5));
+
+    let restarted = Broker::new(node.clone(), KafkaOptions::default());
+    let p = produce(&restarted, "i", two).await;
+    assert_eq!(
+        (p.error_code, p.base_offset),
+        (0, 5),
+        "{:?}",
+        p.error_message
+    );
+    let p = produce(&restarted, "i", one).await;
+    assert_eq!(
+        (p.error_code, p.base_offset),
+        (0, 0),
+        "{:?}",
+        p.error_message
+    );
+    assert_eq!(tail(&restarted, "i").await, 6, "nothing written twice");
+    let gap = produce(&restarted, "i", batch(&recs("c", 1), Some((pid, 0, 9)))).await;
+    assert_eq!(
+        gap.error_code,
+        ResponseError::OutOfOrderSequenceNumber.code()
+    );
+    let next = produce(&restarted, "i", batch(&recs("c", 1), Some((pid, 0, 3)))).await;
+    assert_eq!((next.error_code, next.base_offset), (0, 6));
+    // A producer this process hands out is new everywhere: no lookup, taken as it comes.
+    let init: InitProducerIdResponse = call(
+        &restarted,
+        ApiKey::InitProducerId,
+        1,
+        &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000),
+    )
+    .await;
+    assert_ne!(init.producer_id.0, pid);
+    let fresh = batch(&recs("f", 1), Some((init.producer_id.0, 0, 0)));
+    assert_eq!(produce(&restarted, "i", fresh).await.base_offset, 7);
+}
+
+/// Another node (registered in the metadata log, with its Kafka address stored, its heartbeat
+/// live) owns a stream: Metadata lists both brokers and names it the partition's leader, and a
+/// produce or fetch here is answered NOT_LEADER_OR_FOLLOWER.
+#[tokio::test]
+async fn partitions_owned_by_another_node_are_led_by_it() {
+    let b = broker().await;
+    b.advertise().await.unwrap();
+    create(&b, "mine").await;
+    create(&b, "theirs").await;
+    let (other_id, other_epoch, _) = pico_server::testing::OTHER_NODE;
+    pico_server::testing::open_on_other_node(b.node(), "theirs").await;
+    let advert = pico_kafka::cluster::Advert {
+        node_epoch: other_epoch,
+        host: "10.0.0.2".into(),
+        port: 19092,
+    };
+    b.node()
+        .kv_put_many(vec![(
+            format!("{}{other_id}", pico_kafka::cluster::BROKERS_PREFIX),
+            serde_json::to_vec(&advert).unwrap(),
+        )])
+        .await
+        .unwrap();
+
+    let req = MetadataRequest::default().with_topics(None);
+    let md: MetadataResponse = call(&b, ApiKey::Metadata, 8, &req).await;
+    let mut brokers: Vec<(i32, String, i32)> = md
+        .brokers
+        .iter()
+        .map(|x| (x.node_id.0, x.host.to_string(), x.port))
+        .collect();
+    brokers.sort();
+    let me = KafkaOptions::default();
+    assert_eq!(
+        brokers,
+        vec![
+            (me.broker_id, me.advertised_host.clone(), me.advertised_port),
+            (other_id as i32, "10.0.0.2".to_string(), 19092),
+        ]
+    );
+    let leader = |name: &str| {
+        let t = md
+            .topics
+            .iter()
+            .find(|t| t.name.as_ref().unwrap().0.as_str() == name)
+            .unwrap();
+        (t.partitions[0].error_code, t.partitions[0].leader_id.0)
+    };
+    assert_eq!(leader("mine"), (0, me.broker_id));
+    assert_eq!(leader("theirs"), (0, other_id as i32));
+
+    let p = produce(&b, "theirs", batch(&recs("x", 1), None)).await;
+    assert_eq!(p.error_code, ResponseError::NotLeaderOrFollower.code());
+    assert_eq!(
+        fetch(&b, "theirs", 0).await.error_code,
+        ResponseError::NotLeaderOrFollower.code()
+    );
+    let p = produce(&b, "mine", batch(&recs("x", 1), None)).await;
+    assert_eq!((p.error_code, p.base_offset), (0, 0));
+
+    // DescribeCluster (flexible versions) lists the same brokers.
+    for v in 0..=2 {
+        let req = DescribeClusterRequest::default().with_endpoint_type(1);
+        let dc: DescribeClusterResponse = call(&b, ApiKey::DescribeCluster, v, &req).await;
+        assert_eq!(dc.error_code, 0);
+        assert_eq!(dc.cluster_id.as_str(), me.cluster_id);
+        let mut ids: Vec<i32> = dc.brokers.iter().map(|x| x.broker_id.0).collect();
+        ids.sort();
+        assert_eq!(ids, vec![me.broker_id, other_id as i32], "v{v}");
+    }
+}
+
+/// A node whose heartbeat stopped is no longer listed; its partitions have no leader until it
+/// is back (it still holds their unflushed tail).
+#[tokio::test]
+async fn a_lapsed_owner_is_not_a_broker_and_its_partitions_have_no_leader() {
+    let clock = pico_common::clock::ManualClock::new(1_000_000);
+    let node = pico_server::testing::start_test_node_with(pico_server::NodeConfig {
+        clock: clock.clone(),
+        ..pico_server::NodeConfig::default()
+    })
+    .await;
+    let b = Broker::new(node, KafkaOptions::default());
+    create(&b, "theirs").await;
+    let (other_id, other_epoch, _) = pico_server::testing::OTHER_NODE;
+    pico_server::testing::open_on_other_node(b.node(), "theirs").await;
+    let advert = pico_kafka::cluster::Advert {
+        node_epoch: other_epoch,
+        host: "10.0.0.2".into(),
+        port: 19092,
+    };
+    b.node()
+        .kv_put_many(vec![(
+            format!("{}{other_id}", pico_kafka::cluster::BROKERS_PREFIX),
+            serde_json::to_vec(&advert).unwrap(),
+        )])
+        .await
+        .unwrap();
+    let req = MetadataRequest::default().with_topics(None);
+    let md: MetadataResponse = call(&b, ApiKey::Metadata, 8, &req).await;
+    assert_eq!(md.brokers.len(), 2);
+    clock.advance(b.node().config().liveness_timeout);
+    let md: MetadataResponse = call(&b, ApiKey::Metadata, 8, &req).await;
+    assert_eq!(md.brokers.len(), 1, "the lapsed node is not listed");
+    let t = md
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().unwrap().0.as_str() == "theirs")
+        .unwrap();
+    assert_eq!(
+        t.partitions[0].error_code,
+        ResponseError::LeaderNotAvailable.code()
+    );
+    assert_eq!(t.partitions[0].leader_id.0, -1);
+    let p = produce(&b, "theirs", batch(&recs("x", 1), None)).await;
+    assert_eq!(p.error_code, ResponseError::NotLeaderOrFollower.code());
+}
