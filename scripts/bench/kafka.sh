@@ -41,9 +41,12 @@ if [ -z "${PICO_BIN:-}" ]; then
 fi
 if [ -z "${TANSU_BIN:-}" ]; then
   TANSU_BIN=$TOOLS/tansu/bin/tansu
+  # Also where TEST-PEERS.md's install puts it.
+  [ -x "$TANSU_BIN" ] || [ ! -x "$HOME/.cache/tansu/bin/tansu" ] || TANSU_BIN=$HOME/.cache/tansu/bin/tansu
   if [ ! -x "$TANSU_BIN" ]; then
-    log "installing tansu 0.6.0 into $TOOLS/tansu (a long build, once per machine)"
-    cargo install tansu@0.6.0 --locked --features dynostore --root "$TOOLS/tansu" >&2
+    log "installing tansu 0.6.0 into $TOOLS/tansu (a long build, once per machine; resumable)"
+    CARGO_TARGET_DIR=$TOOLS/tansu-target \
+      cargo install tansu@0.6.0 --locked --features dynostore --root "$TOOLS/tansu" >&2
   fi
 fi
 MOTO_VENV=$TOOLS/moto
