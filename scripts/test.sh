@@ -18,4 +18,5 @@ cargo build -p pico-cli --bins --examples
 SUBSCRIPTIONS=1 bash scripts/ds-conformance.sh
 bash scripts/ds-client-e2e.sh
 bash scripts/kafka-e2e.sh
+bash scripts/kafka-fuzz.sh
 bash scripts/bench/smoke.sh

@@ -75,6 +75,9 @@ impl Command {
 pub enum Protocol {
     Pico,
     Ds,
+    /// The Kafka wire protocol: `pico bench` only, with `--endpoint HOST:PORT` of the node's
+    /// Kafka listener.
+    Kafka,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

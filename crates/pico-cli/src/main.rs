@@ -3,7 +3,7 @@
 //! - [`cli`]: clap definitions; every flag has a `PICO_` environment variable.
 //! - [`serve`]: `pico serve` → `pico_runtime::run`, with the loopback/auth exposure check.
 //! - [`commands`]: create, head, append, read, tail, ls, close, delete, trim, admin.
-//! - [`bench`]: `pico bench`, the load generator (Pico and Durable Streams protocols).
+//! - [`bench`]: `pico bench`, the load generator (Pico, Durable Streams and Kafka protocols).
 //! - [`size`]: `64KiB`-style size parsing.
 
 // jemalloc instead of glibc malloc: measured 11 % less server CPU per small append, and half
@@ -78,9 +78,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         )
         .await;
     }
-    if cli.protocol == Protocol::Ds {
+    if cli.protocol != Protocol::Pico {
         anyhow::bail!(
-            "--protocol ds is not yet supported by the client commands (use --protocol pico)"
+            "--protocol {} is not supported by the client commands (use --protocol pico)",
+            if cli.protocol == Protocol::Ds {
+                "ds"
+            } else {
+                "kafka"
+            }
         );
     }
     if let Some(profile) = &cli.profile {

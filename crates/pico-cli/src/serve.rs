@@ -32,6 +32,9 @@ pub fn to_config(args: &ServeArgs, protocol: Protocol) -> anyhow::Result<Config>
         protocol: match protocol {
             Protocol::Pico => RootProtocol::Pico,
             Protocol::Ds => RootProtocol::Ds,
+            Protocol::Kafka => bail!(
+                "--protocol kafka is not a root protocol: the Kafka listener is --kafka-listen"
+            ),
         },
         slots: args.slots,
         long_poll_timeout: Duration::from_secs(args.long_poll_timeout_sec),

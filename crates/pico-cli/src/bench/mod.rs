@@ -1,10 +1,11 @@
-//! `pico bench`: a load generator for the Pico and Durable Streams protocols.
+//! `pico bench`: a load generator for the Pico, Durable Streams and Kafka protocols.
 //!
 //! - [`target`]: request shapes of each protocol (create, append, producer answers).
 //! - [`writer`]: plain append loops and pipelined idempotent producers.
 //! - [`reader`]: tailers measuring append→delivery latency (long-poll or SSE).
 //! - [`sse_conn`]: the SSE tailers' connections (HTTP/1.1 and HTTP/2, a task per connection).
 //! - [`append_conn`]: the plain append loops' HTTP/1.1 connections (hyper, no pool).
+//! - [`kafka`]: `--protocol kafka`, pipelined Produce requests (acks=all) over the Kafka wire.
 //! - [`payload`]: record bodies stamped with their send time.
 //! - [`stats`]: counters, HDR histograms, the report.
 //! - [`sse`]: an incremental event-stream parser.
@@ -15,6 +16,7 @@
 //! stderr every second, the report to stdout.
 
 mod append_conn;
+mod kafka;
 mod machine;
 mod payload;
 mod reader;
@@ -238,11 +240,29 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
             args.streams
         );
     }
+    let kafka = global.protocol == Protocol::Kafka;
+    if kafka {
+        // The Kafka load is plain acks=all Produce requests; readers, HTTP/2 and HTTP
+        // idempotent producers have no Kafka form here.
+        for (set, flag) in [
+            (args.producer, "--producer"),
+            (readers > 0, "--readers"),
+            (global.http2, "--http2"),
+        ] {
+            if set {
+                bail!("{flag} is not supported with --protocol kafka");
+            }
+        }
+    }
     let read_mode = args.read_mode.unwrap_or(match global.protocol {
-        Protocol::Pico => ReadMode::LongPoll,
+        Protocol::Pico | Protocol::Kafka => ReadMode::LongPoll,
         Protocol::Ds => ReadMode::Sse,
     });
-    let target = Target::new(global.protocol, &global.endpoint);
+    let target = if kafka {
+        Target::new(Protocol::Kafka, &kafka::bootstrap(&global.endpoint)?)
+    } else {
+        Target::new(global.protocol, &global.endpoint)
+    };
     let run_id = format!(
         "{}-{}",
         std::process::id(),
@@ -256,17 +276,30 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| format!("bench/{run_id}"));
     let prefix = prefix.trim_matches('/').to_string();
+    // Kafka topics cannot hold `/`: `bench/1-2/s0` is the topic `bench-1-2-s0`.
     let streams: Vec<String> = (0..args.streams)
         .map(|i| format!("{prefix}/s{i}"))
+        .map(|s| if kafka { kafka::topic_name(&s) } else { s })
         .collect();
 
     let connections = args.connections as usize;
-    let clients: Vec<reqwest::Client> = (0..connections)
-        .map(|_| http_client(global.http2, global.token.as_deref()))
-        .collect::<anyhow::Result<_>>()?;
+    let clients: Vec<reqwest::Client> = if kafka {
+        Vec::new()
+    } else {
+        (0..connections)
+            .map(|_| http_client(global.http2, global.token.as_deref()))
+            .collect::<anyhow::Result<_>>()?
+    };
 
     let setup = Instant::now();
-    if let Err(e) = create_all(&target, &clients, &streams).await {
+    let mut kafka_addr = None;
+    if kafka {
+        let addr = kafka::resolve(&target.base).await?;
+        if let Err(e) = kafka::create_topics(addr, &streams).await {
+            bail!("setup failed: {e}");
+        }
+        kafka_addr = Some(addr);
+    } else if let Err(e) = create_all(&target, &clients, &streams).await {
         bail!("setup failed: {e}");
     }
     let setup_secs = setup.elapsed().as_secs_f64();
@@ -404,7 +437,16 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     }
 
     let mut writer_tasks = Vec::new();
-    if args.producer {
+    if let Some(addr) = kafka_addr {
+        for c in 0..connections {
+            writer_tasks.push(tokio::spawn(kafka::producer_loop(
+                ctx.clone(),
+                addr,
+                c,
+                connections,
+            )));
+        }
+    } else if args.producer {
         for (c, http) in clients.iter().enumerate() {
             match global.protocol {
                 Protocol::Pico => {
@@ -420,6 +462,8 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
                     http.clone(),
                     c,
                 ))),
+                // Refused at the start; Kafka connections are started above.
+                Protocol::Kafka => {}
             }
         }
     } else {
@@ -476,7 +520,13 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
     let secs = args.duration.as_secs_f64().max(1e-9);
     let report = Report {
         protocol: ctx.target.name(),
-        http: if global.http2 { "HTTP/2" } else { "HTTP/1.1" },
+        http: if kafka {
+            "Kafka TCP (acks=all)"
+        } else if global.http2 {
+            "HTTP/2"
+        } else {
+            "HTTP/1.1"
+        },
         endpoint: global.endpoint.clone(),
         streams: ctx.streams.len(),
         connections,

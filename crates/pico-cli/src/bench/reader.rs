@@ -133,7 +133,8 @@ pub async fn run(ctx: Arc<Ctx>, http: reqwest::Client, idx: usize) {
     // the tailers when it stops, and every sample is already in the shared histogram.
     while !ctx.stopped() {
         let res = match ctx.target.protocol {
-            Protocol::Pico => pico_long_poll(&http, &url, &mut tail).await,
+            // Kafka runs have no readers (refused at the start).
+            Protocol::Pico | Protocol::Kafka => pico_long_poll(&http, &url, &mut tail).await,
             Protocol::Ds => ds_long_poll(&http, &url, &mut tail).await,
         };
         if let Err(e) = res {
@@ -181,7 +182,7 @@ impl SseTail {
     pub fn request_url(&self) -> String {
         let pos = self.tail.pos.as_deref().unwrap_or("now");
         match self.tail.ctx.target.protocol {
-            Protocol::Pico => format!("{}?seq={pos}&live=sse", self.url),
+            Protocol::Pico | Protocol::Kafka => format!("{}?seq={pos}&live=sse", self.url),
             Protocol::Ds => format!("{}?offset={pos}&live=sse", self.url),
         }
     }
@@ -210,7 +211,9 @@ impl SseTail {
         self.got_bytes |= !bytes.is_empty();
         let mut parser = std::mem::take(&mut self.parser);
         let r = match self.tail.ctx.target.protocol {
-            Protocol::Pico => parser.feed(bytes, |ev| pico_event(&mut self.tail, ev)),
+            Protocol::Pico | Protocol::Kafka => {
+                parser.feed(bytes, |ev| pico_event(&mut self.tail, ev))
+            }
             Protocol::Ds => {
                 let b64 = self.base64;
                 parser.feed(bytes, |ev| ds_event(&mut self.tail, b64, ev))

@@ -375,6 +375,8 @@ impl Report {
         let mut s = String::new();
         let mode = if self.producer {
             "idempotent producer"
+        } else if self.protocol == "kafka" {
+            "Produce requests"
         } else {
             "plain appends"
         };

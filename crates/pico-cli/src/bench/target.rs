@@ -6,6 +6,8 @@
 //! - Durable Streams: `PUT/POST /v1/stream/{name}`; a batch is the records concatenated (DS is
 //!   byte-addressed: one POST is one message); producer headers `Producer-*`, 200 accepted,
 //!   204 duplicate, gap = 409 + `Producer-Expected-Seq`.
+//! - Kafka: not HTTP; [`super::kafka`] sends the requests. A batch is one Kafka RecordBatch v2
+//!   (uncompressed), the body of one partition's Produce data.
 
 use super::payload;
 use crate::cli::Protocol;
@@ -16,6 +18,8 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 
 const TEXT: &str = "text/plain";
 const BINARY_BATCH: &str = "application/vnd.picomq.batch";
+/// Not sent anywhere: a Kafka batch travels inside a Produce request.
+const KAFKA_BATCH: &str = "application/vnd.kafka.record-batch";
 
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -36,13 +40,15 @@ impl Target {
         match self.protocol {
             Protocol::Pico => "pico",
             Protocol::Ds => "ds",
+            Protocol::Kafka => "kafka",
         }
     }
 
-    /// The URL of a stream (names have no leading slash).
+    /// The URL of a stream (names have no leading slash); for Kafka `HOST:PORT/topic`, only
+    /// ever shown in messages.
     pub fn url(&self, stream: &str) -> String {
         match self.protocol {
-            Protocol::Pico => format!("{}/{stream}", self.base),
+            Protocol::Pico | Protocol::Kafka => format!("{}/{stream}", self.base),
             Protocol::Ds => format!("{}/v1/stream/{stream}", self.base),
         }
     }
@@ -73,6 +79,7 @@ impl Target {
                 payload::write_records(&mut v, count, size, stamp_us);
                 (Bytes::from(v), TEXT)
             }
+            Protocol::Kafka => (kafka_batch(count, size, stamp_us), KAFKA_BATCH),
         }
     }
 
@@ -104,7 +111,8 @@ impl Target {
     /// Producer header names of this protocol: (id, epoch, seq, expected-seq).
     pub fn producer_headers(&self) -> [&'static str; 4] {
         match self.protocol {
-            Protocol::Pico => [
+            // Kafka runs have no HTTP producers (`--producer` is refused for them).
+            Protocol::Pico | Protocol::Kafka => [
                 "pico-producer-id",
                 "pico-producer-epoch",
                 "pico-producer-seq",
@@ -164,6 +172,24 @@ fn binary_batch(count: usize, size: usize, stamp_us: u64) -> Bytes {
     b.freeze()
 }
 
+/// One uncompressed Kafka RecordBatch v2 of `count` stamped records, as a producer without
+/// idempotence sends it (producer id -1), with the wall clock as every record's timestamp.
+fn kafka_batch(count: usize, size: usize, stamp_us: u64) -> Bytes {
+    let value = Bytes::from(payload::record(size, stamp_us));
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let records: Vec<pico_protocol::Record> = (0..count)
+        .map(|_| pico_protocol::Record {
+            timestamp_ms: now_ms,
+            key: None,
+            value: value.clone(),
+            headers: Vec::new(),
+        })
+        .collect();
+    pico_protocol::encode_batch(0, &records)
+}
+
 /// The error for an append the server answered with a non-2xx `status` and `body`.
 pub fn refused(status: reqwest::StatusCode, body: &[u8]) -> String {
     format!(
@@ -210,6 +236,21 @@ mod tests {
         let (body, ct) = t.body(4, 20, 9);
         assert_eq!((body.len(), ct), (80, TEXT));
         assert_eq!(t.url("x"), "http://h:1/v1/stream/x");
+    }
+
+    #[test]
+    fn kafka_batches_are_record_batches_the_server_decodes() {
+        let t = Target::new(Protocol::Kafka, "127.0.0.1:9092");
+        let (body, _) = t.body(3, 40, 0x77);
+        let batch = pico_protocol::decode_batch(&body).unwrap();
+        assert_eq!(batch.records.len(), 3);
+        assert!(
+            batch
+                .records
+                .iter()
+                .all(|r| r.value.len() == 40 && payload::stamp_of(&r.value) == Some(0x77))
+        );
+        assert_eq!(t.name(), "kafka");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 /// Pause after a failed request, so a dead server does not turn into a busy loop.
-const ERROR_PAUSE: Duration = Duration::from_millis(50);
+pub(super) const ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 impl Pacer {
     /// Waits for the slot of the next `bytes`; returns the time latency is measured from.
@@ -43,7 +43,7 @@ impl Pacer {
     }
 }
 
-async fn send_time(ctx: &Ctx) -> u64 {
+pub(super) async fn send_time(ctx: &Ctx) -> u64 {
     match &ctx.pacer {
         Some(p) => p.wait((ctx.batch * ctx.record_size) as u64).await,
         None => now_us(),
@@ -105,7 +105,7 @@ pub async fn plain_loop(ctx: Arc<Ctx>, mut transport: Transport, k: usize, loops
 }
 
 /// What became of one request or producer batch.
-enum Outcome {
+pub(super) enum Outcome {
     Acked,
     Failed(String),
     /// A producer batch given up unsent because an earlier one of its producer failed.
@@ -137,7 +137,7 @@ impl Outcome {
 /// `hist` if in the window); true if it was acknowledged. A failed producer batch is one
 /// error, and each successor abandoned after it is counted apart, so one failure does not
 /// read as `in_flight` of them.
-fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Outcome) -> bool {
+pub(super) fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Outcome) -> bool {
     let t1 = now_us();
     let in_window = ctx.in_window(t1);
     match res {
@@ -171,7 +171,7 @@ fn batch_done(ctx: &Ctx, hist: &mut Histogram<u64>, t0: u64, res: Outcome) -> bo
 /// a latency sample (a server that stalls at the end must not show a clean tail), and the
 /// report gives how many there were and the oldest age. One sent after the window closed is
 /// not part of the measurement.
-fn unfinished(ctx: &Ctx, t0: u64) {
+pub(super) fn unfinished(ctx: &Ctx, t0: u64) {
     if t0 >= ctx.measure_end.load(std::sync::atomic::Ordering::Relaxed) {
         return;
     }
