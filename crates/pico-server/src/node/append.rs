@@ -306,7 +306,10 @@ impl Node {
 
         match (pending, req.close) {
             // The common case waits in the request itself: no task per append.
-            (Some(p), false) => DurableWait::new(self, &open, p).wait().await?,
+            (Some(p), false) => {
+                DurableWait::new(self, &open, p).wait().await?;
+                self.ack_allowed()?;
+            }
             // A close must be committed even if the client disconnects: its own task.
             (pending, close) => {
                 let close = close.then_some(mark);
@@ -359,6 +362,19 @@ impl Node {
         })
     }
 
+    /// Durable in the WAL, but acknowledged only if failover cannot have fenced this process
+    /// before the write landed (docs/design/failover.md, "acknowledgement window").
+    pub(crate) fn ack_allowed(&self) -> Result<(), AppendError> {
+        if self.may_ack() {
+            return Ok(());
+        }
+        Err(AppendError::Unavailable(
+            "this node cannot confirm its liveness with the metadata log (cut off, or fenced): \
+             the append is not acknowledged; retry"
+                .into(),
+        ))
+    }
+
     /// Second half of an append: waits for durability (or, close-only, for everything before
     /// it), then commits the close. Any failure breaks the open stream so the next request
     /// reloads the committed state instead of trusting what this writer decided in memory.
@@ -380,15 +396,7 @@ impl Node {
             }
             None => self.wait_durable(&open, next).await?,
         }
-        // Durable in the WAL, but acknowledged only if failover cannot have fenced this
-        // process before the write landed (docs/design/failover.md, "acknowledgement window").
-        if !self.may_ack() {
-            return Err(AppendError::Unavailable(
-                "this node cannot confirm its liveness with the metadata log (cut off, or \
-                 fenced): the append is not acknowledged; retry"
-                    .into(),
-            ));
-        }
+        self.ack_allowed()?;
         if let Some(mark) = close {
             let sealed = self
                 .propose(Command::SealStream {

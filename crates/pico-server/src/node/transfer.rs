@@ -253,7 +253,7 @@ impl Node {
         lock(&self.inner.transfers.liveness)
             .lapsed(&view, self.now_ms(), self.inner.config.liveness_timeout)
             .into_iter()
-            .map(|(id, _)| id)
+            .map(|l| l.node_id)
             .collect()
     }
 
