@@ -157,7 +157,7 @@ start_pico() { # name [serve args...]
   SRV_URL=http://127.0.0.1:$port; SRV_ADMIN=$admin
   local i
   for i in $(seq 1 300); do
-    curl -fs "http://127.0.0.1:$admin/health" >/dev/null 2>&1 && return 0
+    curl -fs "http://127.0.0.1:$admin/ready" >/dev/null 2>&1 && return 0
     kill -0 "$SRV_PID" 2>/dev/null || break
     sleep 0.1
   done
