@@ -21,7 +21,7 @@ mod orphans;
 mod test_support;
 mod ttl;
 
-pub(crate) use heartbeat::{Liveness, LivenessWatch, OwnHeartbeat};
+pub(crate) use heartbeat::{LivenessWatch, OwnHeartbeat};
 pub(crate) use lease::{LeaseState, lease_pass, release_lease};
 
 use crate::node::Node;
@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use failover::{Failover, failover_pass};
 use gc::gc_pass;
-use heartbeat::{heartbeat_pass, liveness_pass};
+use heartbeat::heartbeat_pass;
+pub(crate) use heartbeat::liveness_pass;
 use idle::{IdleRelease, idle_pass};
 use orphans::{OrphanGcs, orphan_sweep};
 pub(crate) use ttl::flush_touches;

@@ -17,7 +17,6 @@
 //! request opening the stream anywhere finds it whole. The hint only steers, and expires.
 
 use super::*;
-use crate::maintenance::Liveness;
 use pico_common::ErrorKind;
 use pico_metadata::{Owner, Transfer};
 use std::collections::HashMap;
@@ -43,8 +42,6 @@ pub(crate) struct Transfers {
     gates: Mutex<HashMap<u64, watch::Sender<bool>>>,
     /// Streams with a drain or a proactive open in flight, so each starts once.
     busy: Arc<Mutex<HashSet<u64>>>,
-    /// Other nodes' heartbeats as seen here: a transfer's target must be live.
-    liveness: Mutex<Liveness>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -156,7 +153,14 @@ impl Node {
             return Err(TransferError::UnknownNode(to_node));
         }
         let cfg = &self.inner.config;
-        if to_node != cfg.node_id && self.lapsed_nodes().contains(&to_node) {
+        let target_epoch = view.nodes.get(&to_node).map_or(0, |n| n.epoch);
+        let lapsed = self
+            .inner
+            .liveness
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_lapsed(to_node, target_epoch);
+        if to_node != cfg.node_id && lapsed {
             return Err(TransferError::NotLive {
                 node_id: to_node,
                 timeout_secs: cfg.liveness_timeout.as_secs(),
@@ -245,16 +249,6 @@ impl Node {
         let released = t.released_ms?;
         let age = self.now_ms().saturating_sub(released);
         (age < HINT_TTL.as_millis() as i64).then_some(t.to_node)
-    }
-
-    /// Nodes whose heartbeat this node saw unchanged for the liveness timeout.
-    fn lapsed_nodes(&self) -> Vec<u32> {
-        let view = self.inner.meta.view();
-        lock(&self.inner.transfers.liveness)
-            .lapsed(&view, self.now_ms(), self.inner.config.liveness_timeout)
-            .into_iter()
-            .map(|l| l.node_id)
-            .collect()
     }
 
     /// The source's half: gate, break the writer, flush, release for the target.
@@ -364,12 +358,10 @@ impl Node {
 
 /// One look at the view: starts the drains this node owes (it owns a stream with a pending
 /// transfer) and the opens it is due (a stream released for it). Returns the tasks started.
-/// Also feeds the liveness this node judges targets by.
 pub(crate) fn transfer_pass(node: &Node) -> Vec<JoinHandle<()>> {
     let view = node.inner.meta.view();
     let cfg = &node.inner.config;
     let transfers = &node.inner.transfers;
-    lock(&transfers.liveness).lapsed(&view, node.now_ms(), cfg.liveness_timeout);
     let me = Some(Owner {
         node_id: cfg.node_id,
         node_epoch: cfg.node_epoch,

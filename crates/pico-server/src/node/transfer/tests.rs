@@ -254,9 +254,12 @@ async fn transfer_requests_are_refused_with_reasons() {
     assert!(e.to_string().contains("under way"), "{e}");
     // Node 2 stops heartbeating (its loops are stopped); node 1 watches it for the timeout.
     create(&a, "t").await;
-    transfer_pass(&a);
-    clock.advance(a.config().liveness_timeout);
-    transfer_pass(&a);
+    // The node's liveness watch runs every heartbeat period (a longer gap resets it).
+    for _ in 0..4 {
+        crate::maintenance::liveness_pass(a.clone()).await;
+        clock.advance(a.config().liveness_timeout / 3);
+    }
+    crate::maintenance::liveness_pass(a.clone()).await;
     let e = a.request_transfer(&name("t"), 2).await.unwrap_err();
     assert!(
         matches!(e, TransferError::NotLive { node_id: 2, .. }),
