@@ -73,9 +73,16 @@ fn brokers(md: &MetadataResponse) -> Vec<(i32, i32)> {
     out
 }
 
+/// (error code, leader id) of the first partition; a topic this node's view does not have yet
+/// comes back with its error and no partitions.
 fn leader(md: &MetadataResponse) -> (i16, i32) {
-    let p = &md.topics[0].partitions[0];
-    (p.error_code, p.leader_id.0)
+    let Some(t) = md.topics.first() else {
+        return (-1, -1);
+    };
+    match t.partitions.first() {
+        Some(p) => (p.error_code, p.leader_id.0),
+        None => (t.error_code, -1),
+    }
 }
 
 async fn produce(b: &Broker, name: &str) -> (i16, i64) {

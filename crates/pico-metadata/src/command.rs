@@ -107,7 +107,8 @@ pub enum Command {
         by_node_epoch: u64,
     },
     /// Failover, after the fenced incarnation's WAL was committed: releases (owner = none)
-    /// every stream owned by `node_id` at `node_epoch`, which must be the node's fenced
+    /// every stream owned by `node_id` at `node_epoch` or an earlier incarnation (the node's
+    /// WAL holds theirs too, and failover committed it), which must be the node's fenced
     /// incarnation (a registration since then rejects it: the node's new process recovers its
     /// own WAL). The next open anywhere bumps each stream's epoch.
     ReleaseFenced {
@@ -339,6 +340,11 @@ pub enum ApplyError {
     },
     #[error("node does not own the stream: stream_id={stream_id}")]
     NotOwner { stream_id: u64 },
+    /// Another node's process owns the stream: its acknowledged tail may live only in that
+    /// node's WAL, so an open here (an epoch bump) would fence it. The owner releases it, a
+    /// transfer hands it over, or failover releases it after committing the owner's WAL.
+    #[error("stream is owned by another node: stream_id={stream_id} owner={owner_node_id}")]
+    OwnedElsewhere { stream_id: u64, owner_node_id: u32 },
     #[error("stream deleted: stream_id={stream_id}")]
     StreamDeleted { stream_id: u64 },
     #[error("invalid command: {0}")]
@@ -358,6 +364,9 @@ impl ApplyError {
             | ApplyError::UnknownNode { .. }
             | ApplyError::StaleStreamEpoch { .. }
             | ApplyError::NotOwner { .. } => ErrorKind::Fenced,
+            ApplyError::OwnedElsewhere { .. } => {
+                ErrorKind::Unavailable(Some(std::time::Duration::from_secs(1)))
+            }
             ApplyError::Invalid(_) => ErrorKind::BadRequest,
         }
     }

@@ -272,24 +272,54 @@ fn open_requires_current_node_epoch_and_bumps_epoch() {
         ApplyError::StreamNotFound { stream_id: 99 }
     );
     register(&mut s, 2, 1);
-    // Another node takes over: the epoch bump fences the previous owner's commits.
+    let open = |node_id, node_epoch| Command::OpenStream {
+        stream_id: id,
+        node_id,
+        node_epoch,
+    };
+    // Node 1 owns it: its acknowledged tail may sit only in its WAL, so node 2 may not take
+    // it by bumping the epoch, live or restarted (the new process recovers that WAL).
+    assert_eq!(
+        err(&mut s, open(2, 1)),
+        ApplyError::OwnedElsewhere {
+            stream_id: id,
+            owner_node_id: 1
+        }
+    );
+    register(&mut s, 1, 2);
     assert!(matches!(
-        ok(
-            &mut s,
-            Command::OpenStream {
-                stream_id: id,
-                node_id: 2,
-                node_epoch: 1
-            }
-        ),
+        err(&mut s, open(2, 1)),
+        ApplyError::OwnedElsewhere { .. }
+    ));
+    // The owner node's new process reopens it: the epoch bump fences the old one's commits.
+    assert!(matches!(
+        ok(&mut s, open(1, 2)),
         Outcome::Opened { epoch: 1, .. }
     ));
     assert_eq!(
-        commit(&mut s, (1, 1), "k1", vec![range(id, 0, 0, 5)]),
+        commit(&mut s, (1, 2), "k0", vec![range(id, 0, 0, 5)]),
+        vec![false]
+    );
+    // Released by its owner, it opens anywhere.
+    ok(
+        &mut s,
+        Command::ReleaseStream {
+            stream_id: id,
+            epoch: 1,
+            node_id: 1,
+            node_epoch: 2,
+        },
+    );
+    assert!(matches!(
+        ok(&mut s, open(2, 1)),
+        Outcome::Opened { epoch: 2, .. }
+    ));
+    assert_eq!(
+        commit(&mut s, (1, 2), "k1", vec![range(id, 1, 0, 5)]),
         vec![false]
     );
     assert_eq!(
-        commit(&mut s, (2, 1), "k2", vec![range(id, 1, 0, 5)]),
+        commit(&mut s, (2, 1), "k2", vec![range(id, 2, 0, 5)]),
         vec![true]
     );
 }
@@ -1207,6 +1237,18 @@ fn fence_commits_on_behalf_and_releases_the_fenced_incarnations_streams() {
     );
 
     assert_eq!(ok(&mut s, fence(50, 7)), Outcome::NodeFenced);
+    // Fenced but not yet released: its WAL is still being committed, so no open elsewhere.
+    assert!(matches!(
+        err(
+            &mut s,
+            Command::OpenStream {
+                stream_id: id,
+                node_id: 2,
+                node_epoch: 7,
+            }
+        ),
+        ApplyError::OwnedElsewhere { .. }
+    ));
     assert_eq!(s.nodes[&1].epoch, 2);
     assert_eq!(s.nodes[&1].fenced_epoch, Some(1));
     assert!(matches!(
@@ -1306,4 +1348,60 @@ fn fence_commits_on_behalf_and_releases_the_fenced_incarnations_streams() {
     let back = pico_metadata::codec::decode_state(&pico_metadata::codec::encode_state(&f)).unwrap();
     assert_eq!(back, f);
     assert_eq!(back.nodes[&1].fenced_epoch, Some(3));
+}
+
+/// A node that restarted still owns streams under its previous incarnation until it reopens
+/// them; when the new incarnation is fenced, failover committed the node's whole WAL, so
+/// releasing frees those streams too (nothing else could: no other node may open them).
+#[test]
+fn release_fenced_frees_the_streams_of_earlier_incarnations_too() {
+    let (mut s, a) = setup();
+    register(&mut s, 2, 7);
+    register(&mut s, 1, 2);
+    let b = create(&mut s, "b");
+    ok(
+        &mut s,
+        Command::OpenStream {
+            stream_id: b,
+            node_id: 1,
+            node_epoch: 2,
+        },
+    );
+    let hb = s.nodes[&1].last_heartbeat_ms;
+    ok(
+        &mut s,
+        Command::FenceNode {
+            node_id: 1,
+            node_epoch: 2,
+            last_heartbeat_ms: hb,
+            by_node_id: 2,
+            by_node_epoch: 7,
+        },
+    );
+    assert_eq!(
+        ok(
+            &mut s,
+            Command::ReleaseFenced {
+                node_id: 1,
+                node_epoch: 2,
+                by_node_id: 2,
+                by_node_epoch: 7,
+            }
+        ),
+        Outcome::ReleasedFenced { streams: 2 }
+    );
+    for id in [a, b] {
+        assert_eq!(s.streams[&id].owner, None);
+        assert!(matches!(
+            ok(
+                &mut s,
+                Command::OpenStream {
+                    stream_id: id,
+                    node_id: 2,
+                    node_epoch: 7,
+                }
+            ),
+            Outcome::Opened { .. }
+        ));
+    }
 }

@@ -40,8 +40,10 @@ pub async fn start_test_node_with(mut config: NodeConfig) -> Node {
 pub const OTHER_NODE: (u32, u64, &str) = (2, 7, "http://10.0.0.2:4437");
 
 /// Registers [`OTHER_NODE`] and opens the existing stream `name` on it, as that node's first
-/// request would: `node` then sees the stream owned elsewhere. Returns the stream's id and the
-/// epoch it was opened at (for a later `ReleaseStream`). Registers the other node only once.
+/// request would: `node` then sees the stream owned elsewhere. If `node` has it open, `node`
+/// releases it first (as its idle pass would): only a released stream opens elsewhere. Returns
+/// the stream's id and the epoch it was opened at (for a later `ReleaseStream`). Registers the
+/// other node only once.
 pub async fn open_on_other_node(node: &Node, name: &str) -> (u64, i64) {
     use pico_metadata::{Command, Outcome};
     let (node_id, node_epoch, address) = OTHER_NODE;
@@ -63,6 +65,19 @@ pub async fn open_on_other_node(node: &Node, name: &str) -> (u64, i64) {
         .get(name)
         .expect("the stream exists")
         .stream_id;
+    let mine: Vec<_> = node
+        .inner
+        .open
+        .all()
+        .into_iter()
+        .filter(|o| o.stream_id == stream_id)
+        .collect();
+    if !mine.is_empty() {
+        assert!(
+            crate::maintenance::release_now(node, mine).await,
+            "`{name}` could not be released here"
+        );
+    }
     let opened = meta
         .propose(Command::OpenStream {
             stream_id,

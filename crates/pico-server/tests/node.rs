@@ -1101,8 +1101,19 @@ async fn a_read_inside_a_range_fenced_before_upload_is_unavailable() {
     );
     let stream_id = node.head(&name("f")).await.unwrap().stream_id;
 
-    // Another node takes the stream over: this node's range of it is now fenced.
+    // The stream is released behind the engine's back (as a bug elsewhere might) and another
+    // node opens it: this node's range of it is now fenced.
     let other = node.config().node_id + 1;
+    node.meta()
+        .propose(pico_metadata::Command::ReleaseStream {
+            stream_id,
+            epoch: 0,
+            node_id: node.config().node_id,
+            node_epoch: 1,
+        })
+        .await
+        .unwrap()
+        .unwrap();
     node.meta()
         .propose(pico_metadata::Command::RegisterNode {
             node_id: other,
@@ -1799,4 +1810,53 @@ async fn a_stopped_metadata_log_makes_the_node_unready() {
         assert!(tokio::time::Instant::now() < deadline, "still ready: {r:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A node whose view lags (or that serves `--routing local`, or a Kafka client ignoring the
+/// leader) must not open a stream another live node owns: the epoch bump would fence the
+/// owner's acknowledged, not yet committed tail. The open is refused at apply, the append gets
+/// a retryable 503, and the owner keeps the stream at its epoch.
+#[tokio::test]
+async fn an_append_here_never_takes_a_stream_another_node_owns() {
+    use pico_server::testing::{OTHER_NODE, open_on_other_node, owner_of};
+    let node = start_test_node().await;
+    node.create(create_req("theirs")).await.unwrap();
+    let (id, epoch) = open_on_other_node(&node, "theirs").await;
+    let refused = node.append(append_req("theirs", &["x"])).await;
+    assert!(
+        matches!(&refused, Err(AppendError::Unavailable(m)) if m.contains("owned by another node")),
+        "{refused:?}"
+    );
+    assert_eq!(owner_of(&node, id), Some(OTHER_NODE.0));
+    assert_eq!(node.meta().view().streams[&id].epoch, epoch);
+
+    // And the other way: a stream this node appended to is refused to the other node.
+    node.create(create_req("mine")).await.unwrap();
+    node.append(append_req("mine", &["a"])).await.unwrap();
+    let mine = node.meta().view().registry["mine"].stream_id;
+    let (other, other_epoch, _) = OTHER_NODE;
+    let outcome = node
+        .meta()
+        .propose(pico_metadata::Command::OpenStream {
+            stream_id: mine,
+            node_id: other,
+            node_epoch: other_epoch,
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(pico_metadata::ApplyError::OwnedElsewhere { .. })
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(owner_of(&node, mine), Some(node.config().node_id));
+    assert_eq!(
+        node.append(append_req("mine", &["b"]))
+            .await
+            .unwrap()
+            .next_seq,
+        2
+    );
 }

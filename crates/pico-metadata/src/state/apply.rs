@@ -136,7 +136,11 @@ impl State {
                 let owned: Vec<u64> = self
                     .streams
                     .iter()
-                    .filter(|(_, m)| m.owner == Some(fenced))
+                    .filter(|(_, m)| {
+                        m.owner.is_some_and(|o| {
+                            o.node_id == fenced.node_id && o.node_epoch <= fenced.node_epoch
+                        })
+                    })
                     .map(|(id, _)| *id)
                     .collect();
                 for id in &owned {
@@ -162,6 +166,20 @@ impl State {
                 node_epoch,
             } => {
                 self.check_node(*node_id, *node_epoch)?;
+                // Only its owner node (any incarnation: a restarted node recovers its own WAL
+                // before it serves) or nobody may open a stream. Another registered node's
+                // process may hold acknowledged appends in its WAL only; the epoch bump below
+                // would fence them. A view that lags, `--routing local` or a Kafka client that
+                // ignores the leader must not be able to do that.
+                if let Some(o) = self.live_stream(*stream_id)?.owner
+                    && o.node_id != *node_id
+                    && self.nodes.contains_key(&o.node_id)
+                {
+                    return Err(ApplyError::OwnedElsewhere {
+                        stream_id: *stream_id,
+                        owner_node_id: o.node_id,
+                    });
+                }
                 let s = self.live_stream_mut(*stream_id)?;
                 s.epoch = s
                     .epoch

@@ -139,6 +139,16 @@ async fn release_streams(node: &Node, idle: Vec<Arc<OpenStream>>, pending: &Idle
     batch
 }
 
+/// Releases these open streams now, as an idle pass would (tests move a stream to another
+/// node this way: only a released stream may be opened elsewhere). True if all went through.
+#[cfg(any(test, feature = "testing"))]
+pub(crate) async fn release_now(node: &Node, opens: Vec<Arc<OpenStream>>) -> bool {
+    let pending = IdleRelease::default();
+    let ok = release_streams(node, opens, &pending).await.ok;
+    let left = pending.take();
+    ok && left.cmds.is_empty() && left.streams.is_empty()
+}
+
 /// Streams released per idle batch (bounds one batch's work and its metadata row).
 const IDLE_BATCH: usize = 4096;
 #[cfg(test)]

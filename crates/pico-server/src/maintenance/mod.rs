@@ -33,6 +33,8 @@ use failover::{Failover, failover_pass};
 use gc::gc_pass;
 use heartbeat::heartbeat_pass;
 pub(crate) use heartbeat::liveness_pass;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use idle::release_now;
 use idle::{IdleRelease, idle_pass};
 use orphans::{OrphanGcs, orphan_sweep};
 pub(crate) use ttl::flush_touches;
