@@ -5,15 +5,16 @@
 //! `streamNextOffset`). Each wait that times out sends a keep-alive control.
 //!
 //! A subscriber reads for itself until it is at the tail; from then on it follows the stream's
-//! shared hub (`pico_server::live::hub`), which reads each append once for all subscribers; the
-//! `event: data` frame is rendered once per frame (kept on it for the others), and each
-//! subscriber only adds its own control event. Whenever the hub's frames do not line up with its
-//! offset it reads for itself again.
+//! shared hub (`pico_server::live::hub`), which reads each append once for all subscribers and
+//! encodes its events once per group of subscribers that send the same bytes (same rendering,
+//! same cursor, [`GroupEncoder`]); the body takes the ready bytes from its slot. Whenever the
+//! hub's frames do not line up with its offset it reads for itself again.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::task::{Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -22,13 +23,13 @@ use axum::response::Response;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use futures::Stream;
 use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_protocol::headers::is_json;
 use pico_protocol::{OffsetSpec, push_decimal, push_offset};
-use pico_server::live::hub::{Frame, Subscription};
+use pico_server::live::hub::{Delivery, Encoder, Event, Frame, GroupKey, Subscription};
 use pico_server::{ReadOutcome, ReadRecord};
-use tokio::sync::broadcast;
 use tokio::time::{Instant, Sleep};
 
 use crate::telemetry::SseOpen;
@@ -137,6 +138,43 @@ const INLINE_DATA: usize = 4 * 1024;
 /// Room for one control event (its longest form is about 110 bytes).
 const CONTROL_LEN: usize = 128;
 
+/// Encodes a hub frame for one group of DS subscribers (one rendering, one cursor): the bytes
+/// [`SseState::take`] would queue for a frame it renders at once, made once for the group.
+struct GroupEncoder {
+    render: Render,
+    cursor: u64,
+}
+
+impl Encoder for GroupEncoder {
+    fn encode(&self, f: &Frame) -> Option<Vec<Bytes>> {
+        if f.unshared || f.payload_len > RENDER_AT_ONCE_MAX {
+            // Read, or rendered piece by piece, by each subscriber ([`SseState::take`]).
+            return None;
+        }
+        let up_to_date = f.up_to_date || f.closed;
+        let data = if f.records.is_empty() {
+            Bytes::new()
+        } else {
+            // Shared with the groups of the same rendering (other cursors).
+            let render = self.render;
+            f.rendered(render.kind(), |f| {
+                let mut buf = Vec::new();
+                data_frame(&mut buf, &f.records, render);
+                Bytes::from(buf)
+            })
+        };
+        let mut control = Vec::with_capacity(data.len().min(INLINE_DATA) + CONTROL_LEN);
+        if data.len() <= INLINE_DATA {
+            // One chunk, so one socket write per subscriber per event pair.
+            control.extend_from_slice(&data);
+            control_frame(&mut control, self.cursor, f.next, up_to_date, f.closed);
+            return Some(vec![Bytes::from(control)]);
+        }
+        control_frame(&mut control, self.cursor, f.next, up_to_date, f.closed);
+        Some(vec![data, Bytes::from(control)])
+    }
+}
+
 struct SseState {
     ds: Ds,
     name: StreamName,
@@ -152,9 +190,11 @@ struct SseState {
     deadline: Instant,
     poll: Duration,
     /// The stream's hub, joined on first catching up and kept while it lives, so frames
-    /// published while this subscriber writes or reads are not lost (they wait in the channel).
+    /// published while this subscriber writes or reads are not lost (they wait in its slot).
     hub: Option<Subscription>,
-    /// Keep-alive timer for `follow`, armed no later than its next wanted wake-up.
+    /// When the current wait for the hub ends with a keep-alive (set as the wait starts).
+    wake: Option<Instant>,
+    /// Keep-alive timer for following, armed no later than `wake`.
     keepalive: Pin<Box<Sleep>>,
     /// The waker `keepalive` last registered: while it is still ours and the timer has not
     /// fired, polling it again is skipped (one timer poll per subscriber per append saved).
@@ -190,6 +230,7 @@ impl SseState {
             deadline,
             poll: cfg.long_poll_timeout,
             hub: None,
+            wake: None,
             keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
             keepalive_waker: None,
             pending: Pieces::default(),
@@ -232,94 +273,106 @@ impl SseState {
         }
     }
 
-    /// Queues a hub frame that starts at this subscriber's offset.
+    /// Queues a hub delivery that starts at this subscriber's offset.
+    fn deliver(&mut self, d: &Delivery) {
+        let Some(parts) = &d.parts else {
+            self.take(&d.frame);
+            return;
+        };
+        for p in parts {
+            self.pending.ready(p.clone());
+        }
+        self.next = d.frame.next;
+        if d.frame.closed {
+            self.done = true;
+        }
+    }
+
+    /// Queues a hub frame its group's encoder left to each subscriber: too large to hold (read
+    /// for itself) or to render at once (rendered for this subscriber as it is sent).
     fn take(&mut self, f: &Frame) {
         if f.unshared {
-            // Too large for the hub to hold: read and rendered as its own.
             self.caught_up = false;
             return;
         }
         let up_to_date = f.up_to_date || f.closed;
-        if f.payload_len > RENDER_AT_ONCE_MAX {
-            // Too large to render once for all: rendered for this subscriber as it is sent.
-            let values = f.records.iter().map(|r| r.record.value.clone());
-            let writer = DataFrameWriter::new(values, self.render);
-            self.pending.render(writer);
-            let c = self.control(f.next, up_to_date, f.closed);
-            self.pending.ready(c);
-        } else {
-            let data = if f.records.is_empty() {
-                Bytes::new()
-            } else {
-                let render = self.render;
-                f.rendered(render.kind(), |f| {
-                    let mut buf = Vec::new();
-                    data_frame(&mut buf, &f.records, render);
-                    Bytes::from(buf)
-                })
-            };
-            if data.len() <= INLINE_DATA {
-                let mut buf = Vec::with_capacity(data.len() + CONTROL_LEN);
-                buf.extend_from_slice(&data);
-                control_frame(&mut buf, self.cursor, f.next, up_to_date, f.closed);
-                self.pending.ready(Bytes::from(buf));
-            } else {
-                self.pending.ready(data);
-                let c = self.control(f.next, up_to_date, f.closed);
-                self.pending.ready(c);
-            }
-        }
+        let values = f.records.iter().map(|r| r.record.value.clone());
+        let writer = DataFrameWriter::new(values, self.render);
+        self.pending.render(writer);
+        let c = self.control(f.next, up_to_date, f.closed);
+        self.pending.ready(c);
         self.next = f.next;
         if f.closed {
             self.done = true;
         }
     }
 
-    /// Waits for the hub's next frame at this subscriber's offset. Returns with a frame or a
-    /// keep-alive queued, `done` set, or `caught_up` cleared when this subscriber must read for
-    /// itself (it lagged, the frame starts elsewhere, or the hub ended).
-    async fn follow(&mut self) {
-        let now = Instant::now();
-        let wake = now + self.deadline.saturating_duration_since(now).min(self.poll);
-        if self.hub.is_none() {
-            let sub = self.ds.node.follow(&self.name, self.stream_id, self.next);
-            // A frame the hub sent between this subscriber's last read and its joining is not
-            // in its channel and would never come: read the gap instead (later frames wait in
-            // the channel meanwhile).
-            let behind = sub.hub.published() > self.next;
-            self.hub = Some(sub);
-            if behind {
-                self.caught_up = false;
-                return;
-            }
-        }
-        let Some(sub) = &mut self.hub else { return };
-        let got = loop {
-            tokio::select! {
-                biased;
-                r = sub.rx.recv() => match r {
-                    Ok(f) if f.next <= self.next && f.from != self.next && !f.closed => {
-                        // Published before this subscriber's own read got past it.
-                        continue;
-                    }
-                    r => break Some(r),
-                },
-                () = poll_keepalive(&mut self.keepalive, &mut self.keepalive_waker) => {
-                    // The timer stays armed across waits and is only moved when it fires
-                    // early: re-arming it per event would cost a timer-wheel insert and
-                    // removal per subscriber per append. `wake` never moves backwards, so
-                    // firing late cannot happen.
-                    if Instant::now() < wake {
-                        self.keepalive.as_mut().reset(wake);
-                        self.keepalive_waker = None;
-                        continue;
-                    }
-                    break None;
+    /// The fast path of a caught-up subscriber in its hub: takes the next delivery from its
+    /// slot, or a keep-alive once `poll` passes without one. `Ready` with something queued,
+    /// `done` set, or `caught_up` cleared when it must read for itself (it lagged, the frame
+    /// starts elsewhere, or the hub ended).
+    fn poll_follow(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let wake = match self.wake {
+            Some(w) => w,
+            None => {
+                let now = Instant::now();
+                if now >= self.deadline {
+                    self.done = true;
+                    return Poll::Ready(());
                 }
+                let w = now + (self.deadline - now).min(self.poll);
+                self.wake = Some(w);
+                w
+            }
+        };
+        let got = loop {
+            let Some(sub) = &self.hub else {
+                self.caught_up = false;
+                return Poll::Ready(());
+            };
+            match sub.poll_next(cx) {
+                Poll::Ready(Event::Delivery(d))
+                    if d.frame.next <= self.next
+                        && d.frame.from != self.next
+                        && !d.frame.closed =>
+                {
+                    // Published before this subscriber's own read got past it.
+                    continue;
+                }
+                Poll::Ready(e) => break Some(e),
+                Poll::Pending => break None,
             }
         };
         match got {
+            Some(Event::Delivery(d)) if d.frame.from == self.next => self.deliver(&d),
+            Some(Event::Delivery(_)) => self.caught_up = false,
+            Some(Event::Lagged) => {
+                tracing::debug!(stream = %self.name, "sse subscriber lagged its hub");
+                self.caught_up = false;
+            }
+            Some(Event::Ended) => {
+                // The hub ended (closed, deleted, read error): the read path decides what
+                // that means for this subscriber; a later catch-up joins a fresh hub.
+                self.hub = None;
+                self.caught_up = false;
+            }
             None => {
+                // The timer stays armed across waits and is only moved when it fires early:
+                // re-arming it per event would cost a timer-wheel insert and removal per
+                // subscriber per append. `wake` never moves backwards, so firing late cannot
+                // happen.
+                loop {
+                    std::task::ready!(poll_keepalive(
+                        &mut self.keepalive,
+                        &mut self.keepalive_waker,
+                        cx
+                    ));
+                    if Instant::now() >= wake {
+                        break;
+                    }
+                    self.keepalive.as_mut().reset(wake);
+                    self.keepalive_waker = None;
+                }
                 if Instant::now() < self.deadline {
                     let c = self.control(self.next, true, false);
                     self.pending.ready(c);
@@ -327,29 +380,41 @@ impl SseState {
                     self.done = true;
                 }
             }
-            Some(Ok(f)) if f.from == self.next => self.take(&f),
-            Some(Ok(_)) => self.caught_up = false,
-            Some(Err(broadcast::error::RecvError::Lagged(n))) => {
-                tracing::debug!(stream = %self.name, skipped = n, "sse subscriber lagged its hub");
-                self.caught_up = false;
-            }
-            Some(Err(broadcast::error::RecvError::Closed)) => {
-                // The hub ended (closed, deleted, read error): the read path decides what
-                // that means for this subscriber; a later catch-up joins a fresh hub.
-                self.hub = None;
-                self.caught_up = false;
-            }
         }
+        self.wake = None;
+        Poll::Ready(())
     }
 
+    /// The slow path: joins the hub once caught up (reading the gap if the hub is already
+    /// past this subscriber), or reads for itself.
     async fn step(&mut self) {
         if Instant::now() >= self.deadline {
             self.done = true;
             return;
         }
         if self.caught_up {
-            self.follow().await;
-            if self.caught_up || self.done {
+            if self.hub.is_none() {
+                let key = GroupKey {
+                    kind: self.render.kind(),
+                    params: [self.cursor, 0],
+                };
+                let (render, cursor) = (self.render, self.cursor);
+                let sub = self
+                    .ds
+                    .node
+                    .follow(&self.name, self.stream_id, self.next, key, || {
+                        Arc::new(GroupEncoder { render, cursor })
+                    });
+                // A frame the hub sent between this subscriber's last read and its joining is
+                // not in its slot and would never come: read the gap instead (later frames
+                // wait in the slot meanwhile).
+                let behind = sub.hub.published() > self.next;
+                self.hub = Some(sub);
+                if !behind {
+                    return;
+                }
+                self.caught_up = false;
+            } else {
                 return;
             }
         }
@@ -368,20 +433,19 @@ impl SseState {
     }
 }
 
-/// Waits for the keep-alive timer, polling it only when it fired or the task's waker changed
-/// (a registered timer wakes the task itself).
-fn poll_keepalive<'a>(
-    timer: &'a mut Pin<Box<Sleep>>,
-    registered: &'a mut Option<Waker>,
-) -> impl Future<Output = ()> + 'a {
-    std::future::poll_fn(move |cx| {
-        if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && !timer.is_elapsed() {
-            return Poll::Pending;
-        }
-        let r = timer.as_mut().poll(cx);
-        *registered = r.is_pending().then(|| cx.waker().clone());
-        r
-    })
+/// Polls the keep-alive timer only when it fired or the task's waker changed (a registered
+/// timer wakes the task itself).
+fn poll_keepalive(
+    timer: &mut Pin<Box<Sleep>>,
+    registered: &mut Option<Waker>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && !timer.is_elapsed() {
+        return Poll::Pending;
+    }
+    let r = timer.as_mut().poll(cx);
+    *registered = r.is_pending().then(|| cx.waker().clone());
+    r
 }
 
 pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, DsError> {
@@ -419,19 +483,55 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
     Ok(resp)
 }
 
-/// The response body: the queued frames, then a step at a time until done.
-fn body(st: SseState) -> Body {
-    Body::from_stream(futures::stream::unfold(st, |mut st| async move {
+/// A slow-path step in progress, owning the state until it is done.
+type Step = Pin<Box<dyn Future<Output = Box<SseState>> + Send>>;
+
+/// The response body: the queued frames; while caught up, the hub's deliveries straight from
+/// the subscriber's slot (no future, no allocation per event); otherwise a step at a time.
+struct SseBody {
+    st: Option<Box<SseState>>,
+    step: Option<Step>,
+}
+
+impl Stream for SseBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
         loop {
+            if let Some(step) = &mut this.step {
+                let st = std::task::ready!(step.as_mut().poll(cx));
+                this.step = None;
+                this.st = Some(st);
+            }
+            let Some(st) = this.st.as_mut() else {
+                return Poll::Ready(None);
+            };
             if let Some(b) = st.pending.next_bytes() {
-                return Some((Ok::<Bytes, Infallible>(b), st));
+                return Poll::Ready(Some(Ok(b)));
             }
             if st.done {
-                return None;
+                return Poll::Ready(None);
             }
-            st.step().await;
+            if st.caught_up && st.hub.is_some() {
+                std::task::ready!(st.poll_follow(cx));
+                continue;
+            }
+            if let Some(mut st) = this.st.take() {
+                this.step = Some(Box::pin(async move {
+                    st.step().await;
+                    st
+                }));
+            }
         }
-    }))
+    }
+}
+
+fn body(st: SseState) -> Body {
+    Body::from_stream(SseBody {
+        st: Some(Box::new(st)),
+        step: None,
+    })
 }
 
 /// A subscriber of a text stream whose own read just reached `next`, the tail, before it joins

@@ -450,3 +450,115 @@ async fn expect_keep_alive(s: &mut Sub, after: Duration, next: u64) {
     assert_eq!(v["upToDate"], true);
     assert_eq!(v["streamNextOffset"], format_offset(next));
 }
+
+/// Many subscribers of one stream each get every append once and in order, from one hub and,
+/// with no cursor echoed, one group; a subscriber whose client is gone (its body dropped)
+/// leaves the hub at once, and the last one takes the hub with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_subscribers_get_each_event_once_and_the_gone_leave() {
+    let (app, hubs) = app().await;
+    const SUBS: usize = 100;
+    const N: usize = 20;
+    let u = format!("{DS_ROOT}/many");
+    assert_eq!(
+        call(&app, Method::PUT, &u, "text/plain", Body::empty()).await,
+        201
+    );
+    let mut subs = Vec::new();
+    for _ in 0..SUBS {
+        let mut s = Sub::open(&app, &u).await;
+        assert_eq!(s.event().await.unwrap().0, "control");
+        subs.push(s);
+    }
+    // The first append reaches everyone through the hub, which they all join meanwhile.
+    assert_eq!(
+        call(&app, Method::POST, &u, "text/plain", "r000;".into()).await,
+        204
+    );
+    for s in &mut subs {
+        assert_eq!(s.event().await.unwrap(), ("data".into(), "r000;".into()));
+        assert_eq!(s.event().await.unwrap().0, "control");
+    }
+    assert_eq!(hubs.len(), 1);
+    assert_eq!(hubs.subscribers(), SUBS);
+    // Clients gone: their subscriptions go with their bodies.
+    let gone = subs.split_off(SUBS / 2);
+    drop(gone);
+    assert_eq!(hubs.subscribers(), SUBS / 2);
+    let readers: Vec<_> = subs.into_iter().map(|s| tokio::spawn(s.rest())).collect();
+    for i in 1..N {
+        let body = format!("r{i:03};");
+        assert_eq!(
+            call(&app, Method::POST, &u, "text/plain", body.into()).await,
+            204
+        );
+    }
+    let req = Request::post(&u)
+        .header("stream-closed", "true")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.clone().oneshot(req).await.unwrap().status(), 204);
+    let want: String = (1..N).map(|i| format!("r{i:03};")).collect();
+    for t in readers {
+        let events = t.await.unwrap();
+        assert_eq!(payloads(&events, N as u64).concat(), want);
+    }
+    assert!(hubs.is_empty(), "hub outlived its subscribers");
+}
+
+/// Subscribers that echo different cursors send different control events: each gets its own
+/// cursor with the same data, byte for byte what a subscriber reading for itself would send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_by_cursor_keep_each_subscribers_control() {
+    let node: Node = start_test_node().await;
+    let app = mount(node.clone(), DS_ROOT);
+    let u = format!("{DS_ROOT}/cursors");
+    assert_eq!(
+        call(&app, Method::PUT, &u, "text/plain", Body::empty()).await,
+        201
+    );
+    // A cursor far ahead of the clock is echoed back plus a jitter: the two differ, or at
+    // least are each the subscriber's own.
+    let mut subs = Vec::new();
+    let mut cursors = Vec::new();
+    for c in ["", "&cursor=999999999990", "&cursor=999999999000"] {
+        let req = Request::get(format!("{u}?offset=now&live=sse{c}"))
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let mut s = Sub {
+            body: resp.into_body().into_data_stream(),
+            buf: String::new(),
+        };
+        let (event, payload) = s.event().await.unwrap();
+        assert_eq!(event, "control");
+        let v: Value = serde_json::from_str(&payload).unwrap();
+        cursors.push(v["streamCursor"].as_str().unwrap().to_string());
+        subs.push(s);
+    }
+    // Let them join the hub.
+    for s in &mut subs {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), s.event())
+                .await
+                .is_err()
+        );
+    }
+    assert_eq!(node.hubs().subscribers(), 3);
+    assert_eq!(
+        call(&app, Method::POST, &u, "text/plain", "a\nb".into()).await,
+        204
+    );
+    for (s, cursor) in subs.iter_mut().zip(&cursors) {
+        assert_eq!(s.event().await.unwrap(), ("data".into(), "a\nb".into()));
+        let (event, payload) = s.event().await.unwrap();
+        assert_eq!(event, "control");
+        assert_eq!(
+            payload,
+            format!(
+                "{{\"streamCursor\":\"{cursor}\",\"streamNextOffset\":\"{}\",\"upToDate\":true}}",
+                format_offset(1)
+            )
+        );
+    }
+}

@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,11 +18,10 @@ use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_protocol::json_render::JsonRecordsWriter;
 use pico_protocol::{encode_binary, render_json};
-use pico_server::live::hub::{Frame, Subscription};
+use pico_server::live::hub::{Delivery, Encoder, Event, Frame, GroupKey, Subscription};
 use pico_server::node::MAX_READ_RECORDS;
 use pico_server::{LongPoll, Node, ReadError, ReadFrom, ReadOutcome, ReadRecord, ReadRequest};
 use serde_json::json;
-use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{Params, no_store, set, set_true, stream_name, text_value};
@@ -405,6 +405,49 @@ impl<S: Stream<Item = Bytes>> Stream for KeepAlive<S> {
     }
 }
 
+/// The `event: data` of a read small enough to render at once.
+fn data_event(records: &[ReadRecord], next: u64) -> Bytes {
+    let recs = records.iter().map(|r| (r.offset, &r.record));
+    event_bytes("data", Some(next), render_json(recs).as_bytes())
+}
+
+/// Whether a hub frame holds exactly what a subscriber's own read with these limits would at
+/// the hub's moment: all of it fits its `count` / `bytes`, and a frame cut short by the
+/// server's limits is only taken by a subscriber without limits of its own.
+fn fits(count: Option<usize>, bytes: Option<usize>, f: &Frame) -> bool {
+    let n = f.records.len();
+    if count.is_none() && bytes.is_none() {
+        return true;
+    }
+    (f.up_to_date || f.closed)
+        && count.is_none_or(|c| n <= c.clamp(1, MAX_READ_RECORDS))
+        && bytes.is_none_or(|b| n <= 1 || f.payload_len <= b)
+}
+
+/// Encodes a hub frame once for the Pico subscribers with one pair of limits: the events
+/// [`SseState::take`] would queue, rendered at once.
+struct GroupEncoder {
+    count: Option<usize>,
+    bytes: Option<usize>,
+}
+
+impl Encoder for GroupEncoder {
+    fn encode(&self, f: &Frame) -> Option<Vec<Bytes>> {
+        if f.unshared || f.payload_len > RENDER_AT_ONCE_MAX || !fits(self.count, self.bytes, f) {
+            return None;
+        }
+        let mut out = Vec::new();
+        if !f.records.is_empty() {
+            // Shared with the groups of other limits.
+            out.push(f.rendered(PICO_DATA, |f| data_event(&f.records, f.next)));
+        }
+        if !f.records.is_empty() || f.closed {
+            out.push(control(f.next, f.up_to_date, f.closed));
+        }
+        Some(out)
+    }
+}
+
 struct SseState {
     node: Node,
     name: StreamName,
@@ -438,7 +481,7 @@ impl SseState {
     /// Queues the events for one read. Returns whether the reader is caught up (should wait).
     fn absorb(&mut self, out: ReadOutcome, first: bool) -> bool {
         let len = payload_len(&out);
-        self.queue(&out.records, len, None, out.next_seq);
+        self.queue(&out.records, len, out.next_seq);
         self.end_step(
             !out.records.is_empty(),
             out.next_seq,
@@ -448,15 +491,15 @@ impl SseState {
         )
     }
 
-    /// Queues the events of a hub frame that starts at this subscriber's offset; the data event
-    /// of a small read is rendered once for every Pico subscriber of the frame.
+    /// Queues the events of a hub frame too large to render at once, rendered for this
+    /// subscriber as they are sent.
     fn take(&mut self, f: &Frame) -> bool {
-        self.queue(&f.records, f.payload_len, Some(f), f.next);
+        self.queue(&f.records, f.payload_len, f.next);
         self.end_step(!f.records.is_empty(), f.next, f.up_to_date, f.closed, false)
     }
 
     /// Queues the `event: data` of `records`, which end at `next`.
-    fn queue(&mut self, records: &[ReadRecord], len: usize, shared: Option<&Frame>, next: u64) {
+    fn queue(&mut self, records: &[ReadRecord], len: usize, next: u64) {
         if records.is_empty() {
             return;
         }
@@ -469,15 +512,7 @@ impl SseState {
             });
             return;
         }
-        let render = |records: &[ReadRecord]| {
-            let recs = records.iter().map(|r| (r.offset, &r.record));
-            event_bytes("data", Some(next), render_json(recs).as_bytes())
-        };
-        let data = match shared {
-            Some(f) => f.rendered(PICO_DATA, |f| render(&f.records)),
-            None => render(records),
-        };
-        self.pending.ready(data);
+        self.pending.ready(data_event(records, next));
     }
 
     /// After a read or frame's data: its control event, the new position, the end at close.
@@ -499,17 +534,26 @@ impl SseState {
         !has_data || up_to_date
     }
 
-    /// Whether a hub frame holds exactly what this subscriber's own read at the hub's moment
-    /// would have: all of it fits its `count` / `bytes`, and a frame cut short by the server's
-    /// limits is only taken by a subscriber without limits of its own.
-    fn fits(&self, f: &Frame) -> bool {
-        let n = f.records.len();
-        if self.count.is_none() && self.bytes.is_none() {
-            return true;
+    /// Queues a hub delivery that starts at this subscriber's offset: its group's bytes, or,
+    /// for a frame left to each subscriber, the frame rendered for this one. `None` when the
+    /// frame is not what this subscriber's own read would return: read for itself.
+    fn deliver(&mut self, d: &Delivery) -> Option<bool> {
+        let f = &d.frame;
+        let Some(parts) = &d.parts else {
+            if f.unshared || !fits(self.count, self.bytes, f) {
+                return None;
+            }
+            return Some(self.take(f));
+        };
+        for p in parts {
+            self.pending.ready(p.clone());
         }
-        (f.up_to_date || f.closed)
-            && self.count.is_none_or(|c| n <= c.clamp(1, MAX_READ_RECORDS))
-            && self.bytes.is_none_or(|b| n <= 1 || f.payload_len <= b)
+        let has_data = !f.records.is_empty();
+        self.next = f.next;
+        if f.closed {
+            self.done = true;
+        }
+        Some(!has_data || f.up_to_date)
     }
 
     /// Waits up to `wait` for the hub's next frame at this subscriber's offset. `Some(caught
@@ -518,7 +562,16 @@ impl SseState {
     /// its limits, or the hub ended).
     async fn follow(&mut self, wait: Duration) -> Option<bool> {
         if self.hub.is_none() {
-            let sub = self.node.follow(&self.name, self.stream_id, self.next);
+            let (count, bytes) = (self.count, self.bytes);
+            let key = GroupKey {
+                kind: PICO_DATA,
+                params: [count, bytes].map(|l| l.map_or(u64::MAX, |l| l as u64)),
+            };
+            let sub = self
+                .node
+                .follow(&self.name, self.stream_id, self.next, key, || {
+                    Arc::new(GroupEncoder { count, bytes })
+                });
             // A frame the hub sent between this subscriber's last read and its joining is not
             // in its channel and would never come: read the gap instead.
             let behind = sub.hub.published() > self.next;
@@ -531,10 +584,14 @@ impl SseState {
         let sub = self.hub.as_mut()?;
         let got = tokio::time::timeout(wait, async {
             loop {
-                match sub.rx.recv().await {
+                match sub.next().await {
                     // Published before this subscriber's own read got past it.
-                    Ok(f) if f.next <= next && f.from != next && !f.closed => continue,
-                    r => break r,
+                    Event::Delivery(d)
+                        if d.frame.next <= next && d.frame.from != next && !d.frame.closed =>
+                    {
+                        continue;
+                    }
+                    e => break e,
                 }
             }
         })
@@ -548,13 +605,13 @@ impl SseState {
                 }
                 Some(true)
             }
-            Ok(Ok(f)) if f.from == self.next && !f.unshared && self.fits(&f) => Some(self.take(&f)),
-            Ok(Ok(_)) => None,
-            Ok(Err(broadcast::error::RecvError::Lagged(n))) => {
-                tracing::debug!(stream = %self.name, skipped = n, "sse subscriber lagged its hub");
+            Ok(Event::Delivery(d)) if d.frame.from == self.next => self.deliver(&d),
+            Ok(Event::Delivery(_)) => None,
+            Ok(Event::Lagged) => {
+                tracing::debug!(stream = %self.name, "sse subscriber lagged its hub");
                 None
             }
-            Ok(Err(broadcast::error::RecvError::Closed)) => {
+            Ok(Event::Ended) => {
                 // The hub ended (closed, deleted, read error): the read path decides what that
                 // means for this subscriber; a later catch-up joins a fresh hub.
                 self.hub = None;
