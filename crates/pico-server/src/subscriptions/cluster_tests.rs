@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pico_common::StreamName;
-use pico_common::clock::{Clock, ManualClock};
+use pico_common::clock::ManualClock;
 use pico_protocol::Record as DataRecord;
 use pico_sql::{MetaLog, MetaLogOptions};
 use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
