@@ -80,7 +80,10 @@ pub(crate) async fn lease_pass(node: Node) {
             Err(e) => Err(e),
         }
     } else {
-        meta.try_acquire_lease(LEASE, &holder, ttl).await
+        match meta.try_acquire_lease(LEASE, &holder, ttl).await {
+            Ok(false) => take_from_predecessor(&node, &holder).await,
+            other => other,
+        }
     };
     match result {
         Ok(true) => {
@@ -102,6 +105,61 @@ pub(crate) async fn lease_pass(node: Node) {
         // Unknown: keep what we had until it runs out on our clock.
         Err(e) => tracing::warn!(error = %e, holder, "maintenance lease not renewed"),
     }
+}
+
+/// Takes the row over from an earlier process of this node id (a kill -9 and a restart): a
+/// newer registration supersedes it, so it commits nothing more, and waiting for its row to
+/// expire would only stop maintenance (and subscription delivery, whose API answers 503
+/// meanwhile) for a TTL after every restart. The release is a compare-and-delete on that exact
+/// holder, so a node that took the row in between keeps it.
+async fn take_from_predecessor(node: &Node, holder: &str) -> Result<bool, pico_sql::MetaError> {
+    let meta = &node.inner.meta;
+    let Some((current, _)) = meta.lease_holder(LEASE).await? else {
+        return Ok(false);
+    };
+    let cfg = &node.inner.config;
+    if !predecessor_of(&current, cfg.node_id, cfg.node_epoch) {
+        return Ok(false);
+    }
+    tracing::info!(
+        previous = current,
+        holder,
+        "maintenance lease held by this node's previous process: taking it over"
+    );
+    meta.release_lease(LEASE, &current).await?;
+    meta.try_acquire_lease(LEASE, holder, cfg.lease_ttl).await
+}
+
+/// Whether `holder` names an earlier process (lower epoch) of node `node_id`.
+fn predecessor_of(holder: &str, node_id: u32, node_epoch: u64) -> bool {
+    holder
+        .split_once('/')
+        .and_then(|(id, epoch)| Some((id.parse::<u32>().ok()?, epoch.parse::<u64>().ok()?)))
+        .is_some_and(|(id, epoch)| id == node_id && epoch < node_epoch)
+}
+
+/// The advertised URL of the process holding the lease, if it is another registered, unfenced
+/// process (not this one, not an earlier process of this node id): where work gated on the
+/// lease is served from.
+pub(crate) async fn holder_url(node: &Node) -> Option<String> {
+    let (holder, _) = node.inner.meta.lease_holder(LEASE).await.ok().flatten()?;
+    let (id, epoch) = holder.split_once('/')?;
+    let (id, epoch) = (id.parse::<u32>().ok()?, epoch.parse::<u64>().ok()?);
+    if id == node.inner.config.node_id {
+        return None;
+    }
+    let view = node.inner.meta.view();
+    let info = view.nodes.get(&id)?;
+    (info.epoch == epoch && info.fenced_epoch.is_none()).then(|| info.address.clone())
+}
+
+/// Whether this process holds the lease, renewing it first when its deadline passed before
+/// the renewal loop came round (as [`crate::maintenance::gated`] does).
+pub(crate) async fn held_now(node: &Node) -> bool {
+    if node.inner.lease.overdue(node.now_ms()) {
+        lease_pass(node.clone()).await;
+    }
+    node.holds_maintenance_lease()
 }
 
 /// Gives the lease up at shutdown, so another node takes it at its next pass rather than after
@@ -212,6 +270,57 @@ mod tests {
         release_lease(&b).await;
         lease_pass(a.clone()).await;
         assert_eq!(holders(&a, &b), (true, false));
+    }
+
+    /// A process restarted with the same node id (a kill -9, then `pico serve` again) takes the
+    /// lease over from its predecessor at once instead of a TTL later; a node of another id does
+    /// not, and neither does an older process.
+    #[tokio::test]
+    async fn a_restarted_process_takes_its_predecessors_lease_at_once() {
+        let clock = ManualClock::new(1_000_000);
+        let (a, b) = two_nodes(&clock).await;
+        assert_eq!(holders(&a, &b), (true, false));
+        assert!(!predecessor_of("2/12", 1, 13), "another node id");
+        assert!(!predecessor_of("1/13", 1, 13), "this very process");
+        assert!(!predecessor_of("1/14", 1, 13), "a newer process");
+        assert!(predecessor_of("1/11", 1, 13));
+        // Node 1 restarts on the same log: the new process starts at a higher epoch.
+        let config = NodeConfig {
+            node_id: 1,
+            node_epoch: 13,
+            advertised_url: "http://127.0.0.1:4011".into(),
+            clock: clock.clone(),
+            lease_ttl: Duration::from_secs(10),
+            ..NodeConfig::default()
+        };
+        let wal = Arc::new(ObjectWal::new(
+            Arc::new(MemoryStorage::new()),
+            "wal".to_string(),
+        ));
+        let a2 = Node::start(
+            config,
+            a.inner.meta.clone(),
+            a.inner.data.clone(),
+            wal,
+            EngineConfig::default(),
+        )
+        .await
+        .unwrap();
+        for task in a2.inner.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        assert!(a2.holds_maintenance_lease(), "taken at its start");
+        assert_eq!(
+            holder_url(&b).await.as_deref(),
+            Some("http://127.0.0.1:4011")
+        );
+        assert_eq!(holder_url(&a2).await, None, "this process holds it");
+        // The old process (were it still running) cannot renew, nor take it back.
+        clock.advance(Duration::from_secs(4));
+        lease_pass(a.clone()).await;
+        lease_pass(b.clone()).await;
+        assert!(!a.holds_maintenance_lease() && !b.holds_maintenance_lease());
+        assert!(a2.holds_maintenance_lease());
     }
 
     /// The gated passes run only on the holder: a destroyed object is deleted by the GC of the

@@ -22,7 +22,7 @@ mod test_support;
 mod ttl;
 
 pub(crate) use heartbeat::{LivenessWatch, OwnHeartbeat};
-pub(crate) use lease::{LeaseState, lease_pass, release_lease};
+pub(crate) use lease::{LeaseState, held_now, holder_url, lease_pass, release_lease};
 
 use crate::node::Node;
 use std::sync::Arc;

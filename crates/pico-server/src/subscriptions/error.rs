@@ -34,6 +34,11 @@ pub enum SubError {
     /// The metadata log could not be read or written: retry later.
     #[error("subscription state unavailable: {0}")]
     Unavailable(String),
+    /// Subscriptions are changed and delivered by the maintenance-lease holder, and this node
+    /// does not hold it: `holder` is that node's advertised URL when known (else the lease is
+    /// moving: retry shortly).
+    #[error("subscriptions are served by the maintenance-lease holder{}", .holder.as_ref().map(|h| format!(" ({h})")).unwrap_or_default())]
+    NotHere { holder: Option<String> },
 }
 
 impl SubError {

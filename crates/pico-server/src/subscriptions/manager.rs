@@ -30,7 +30,7 @@ use super::signing::{Keys, TokenClaims};
 use super::state::{self, DeliveryChange, Due};
 use super::store::Store;
 use super::wake::{WakeRequest, check_fence, check_kind, hex, webhook_body};
-use crate::{AppendRequest, Node, StreamEvent};
+use crate::{AppendRequest, Node, StreamEvent, maintenance};
 
 /// Concurrent webhook requests across all subscriptions.
 const MAX_CONCURRENT_DELIVERIES: usize = 32;
@@ -62,6 +62,11 @@ pub struct Manager {
     clock: SharedClock,
     delivery_slots: Arc<Semaphore>,
     background: AtomicBool,
+    /// This node delivers: it holds the maintenance lease and its memory was loaded from the
+    /// log when it took it. Cleared when the lease is seen lost.
+    active: AtomicBool,
+    /// A takeover happened: the next timer pass rescans (wakes what the previous holder left).
+    rescan_due: AtomicBool,
 }
 
 impl Manager {
@@ -88,6 +93,8 @@ impl Manager {
             clock,
             delivery_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_DELIVERIES)),
             background: AtomicBool::new(false),
+            active: AtomicBool::new(false),
+            rescan_due: AtomicBool::new(false),
         }
     }
 
@@ -100,15 +107,60 @@ impl Manager {
         Txn::new(self.lock(), &self.store)
     }
 
-    /// Loads (or creates) the signing key and every stored subscription, once.
+    /// Loads (or creates) the signing key, once. Subscriptions are loaded when this node
+    /// starts delivering ([`Manager::delivering`]).
     pub async fn ready(&self) -> Result<&Arc<Keys>, SubError> {
         self.keys
-            .get_or_try_init(|| async {
-                let keys = Arc::new(self.load_keys().await?);
-                self.load_subs();
-                Ok(keys)
-            })
+            .get_or_try_init(|| async { Ok(Arc::new(self.load_keys().await?)) })
             .await
+    }
+
+    /// Whether this node changes and delivers subscriptions now: only the maintenance-lease
+    /// holder does, so a cluster delivers each wake from one node, and the next holder takes
+    /// over when it dies. Taking over reloads every subscription from the metadata log (the
+    /// previous holder changed them; this node's memory is stale) and schedules a rescan.
+    async fn delivering(&self) -> bool {
+        if !maintenance::held_now(&self.node).await {
+            if self.active.swap(false, Ordering::AcqRel) {
+                tracing::info!("maintenance lease lost: subscription delivery stops here");
+            }
+            return false;
+        }
+        if !self.active.load(Ordering::Acquire) {
+            let mut subs = self.lock();
+            // Checked again under the lock: one reload per takeover.
+            if !self.active.load(Ordering::Acquire) {
+                *subs = self.store.load();
+                tracing::info!(
+                    subscriptions = subs.len(),
+                    "durable streams subscriptions loaded: this node delivers them"
+                );
+                self.active.store(true, Ordering::Release);
+                self.rescan_due.store(true, Ordering::Release);
+            }
+        }
+        true
+    }
+
+    /// [`Manager::delivering`] for a request that changes a subscription: elsewhere, it names
+    /// the node to ask instead.
+    async fn here(&self) -> Result<(), SubError> {
+        if self.delivering().await {
+            return Ok(());
+        }
+        Err(SubError::NotHere {
+            holder: maintenance::holder_url(&self.node).await,
+        })
+    }
+
+    /// Where requests changing subscriptions are served: `Ok` here, else the holder's URL
+    /// (`None` while the lease moves). Facades redirect to it.
+    pub async fn home(&self) -> Result<(), Option<String>> {
+        match self.here().await {
+            Ok(()) => Ok(()),
+            Err(SubError::NotHere { holder }) => Err(holder),
+            Err(_) => Err(None),
+        }
     }
 
     async fn load_keys(&self) -> Result<Keys, SubError> {
@@ -118,16 +170,6 @@ impl Manager {
         let (_, seed) = Keys::generate();
         // Whatever the log holds is the key every node signs with.
         Ok(Keys::from_seed(self.store.init_seed(seed).await?))
-    }
-
-    fn load_subs(&self) {
-        let loaded = self.store.load();
-        let count = loaded.len();
-        *self.lock() = loaded;
-        tracing::info!(
-            subscriptions = count,
-            "durable streams subscriptions loaded"
-        );
     }
 
     /// Base for callback URLs when a request carries no Host.
@@ -197,7 +239,8 @@ impl Manager {
     }
 
     async fn on_append(self: &Arc<Self>, path: &str, stream_id: u64, next_seq: u64) {
-        if self.ready().await.is_err() {
+        // Not the holder: it rescans what it finds when it takes over.
+        if self.ready().await.is_err() || !self.delivering().await {
             return;
         }
         let fx = {
@@ -241,7 +284,7 @@ impl Manager {
     /// Re-links pattern matches and wakes idle subscriptions with pending work (after a lag or
     /// at start-up).
     async fn rescan(self: &Arc<Self>) {
-        if self.ready().await.is_err() {
+        if self.ready().await.is_err() || !self.delivering().await {
             return;
         }
         let fx = {
@@ -278,17 +321,24 @@ impl Manager {
                 return;
             }
         }
+        let tick = self.ticks.fetch_add(1, Ordering::Relaxed);
+        if !self.delivering().await {
+            return;
+        }
+        // After a takeover, and every second while other nodes are registered: appends on
+        // other nodes raise no event here, their commits show in the view.
+        let peers =
+            tick.is_multiple_of(PRUNE_EVERY_TICKS) && self.node.meta().view().nodes.len() > 1;
+        if self.rescan_due.swap(false, Ordering::AcqRel) || peers {
+            self.rescan().await;
+        }
         let now = self.clock.now_ms();
         let fx = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
             // Every few ticks, not every tick: each checked link is a stream lookup under this
             // lock, and most ticks have no deleted stream to find.
-            if self
-                .ticks
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(PRUNE_EVERY_TICKS)
-            {
+            if tick.is_multiple_of(PRUNE_EVERY_TICKS) {
                 self.prune_gone_links(subs, fx);
             }
             for sub in subs.values_mut() {
@@ -327,6 +377,7 @@ impl Manager {
     ) -> Result<Upserted, SubError> {
         check_id(id)?;
         let keys = self.keys().await?;
+        self.here().await?;
         let hash = config.hash();
         let (body, created_at, fx) = {
             let mut txn = self.begin();
@@ -400,8 +451,13 @@ impl Manager {
         })
     }
 
+    /// Served on any node: from memory on the holder, else from the log's view.
     pub async fn get(&self, id: &str, ds_root: &str) -> Result<Value, SubError> {
         let keys = self.keys().await?;
+        if !(self.active.load(Ordering::Acquire) && self.node.holds_maintenance_lease()) {
+            let sub = self.store.load_one(id).ok_or(SubError::NotFound)?;
+            return Ok(sub.to_json(ds_root, keys.kid()));
+        }
         let subs = self.lock();
         let sub = subs.get(id).ok_or(SubError::NotFound)?;
         Ok(sub.to_json(ds_root, keys.kid()))
@@ -410,6 +466,7 @@ impl Manager {
     /// Tombstones the subscription: its wake, tokens and cursors are gone (idempotent).
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<(), SubError> {
         self.ready().await?;
+        self.here().await?;
         let (removed, fx) = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
@@ -433,6 +490,7 @@ impl Manager {
         streams: Vec<String>,
     ) -> Result<(), SubError> {
         self.ready().await?;
+        self.here().await?;
         let fx = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
@@ -481,6 +539,7 @@ impl Manager {
     /// Drops the explicit link; a glob link to the same stream stays (idempotent).
     pub async fn remove_stream(self: &Arc<Self>, id: &str, path: &str) -> Result<(), SubError> {
         self.ready().await?;
+        self.here().await?;
         let fx = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
@@ -528,6 +587,7 @@ impl Manager {
         kind: SubType,
     ) -> Result<Value, SubError> {
         let keys = self.keys().await?;
+        self.here().await?;
         let (next_wake, fx) = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
@@ -558,6 +618,7 @@ impl Manager {
 
     pub async fn claim(self: &Arc<Self>, id: &str, worker: &str) -> Result<Value, SubError> {
         let keys = self.keys().await?;
+        self.here().await?;
         let (answer, fx) = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
@@ -610,6 +671,7 @@ impl Manager {
         req: WakeRequest,
     ) -> Result<(), SubError> {
         let keys = self.keys().await?;
+        self.here().await?;
         let fx = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
@@ -704,7 +766,8 @@ impl Manager {
                     Some((url, webhook_body(sub, wake, &keys)))
                 })
             };
-            let Some((url, body)) = prepared else {
+            // The lease moved since the wake was queued: the new holder sends it.
+            let Some((url, body)) = prepared.filter(|_| self.holds()) else {
                 self.clear_delivering(&id, &wake_id);
                 return;
             };
@@ -722,7 +785,18 @@ impl Manager {
         }
     }
 
+    /// Whether this node is (still) the delivering one, without IO.
+    fn holds(&self) -> bool {
+        self.active.load(Ordering::Acquire) && self.node.holds_maintenance_lease()
+    }
+
     async fn finish_delivery(self: &Arc<Self>, id: &str, wake_id: &str, outcome: Delivered) {
+        if !self.holds() {
+            // The lease moved during the request: the new holder loaded the wake as it was
+            // stored and sends it again (at least once).
+            self.clear_delivering(id, wake_id);
+            return;
+        }
         let fx = {
             let mut txn = self.begin();
             let Txn { subs, fx, .. } = &mut txn;
@@ -1200,3 +1274,7 @@ mod tests {
         assert_ne!(second["wake_id"], first["wake_id"]);
     }
 }
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod cluster_tests;

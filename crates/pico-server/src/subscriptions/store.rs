@@ -135,6 +135,35 @@ impl Store {
         subs
     }
 
+    /// One stored subscription with its links, read from the view (a node that does not
+    /// deliver serves reads from here: its memory is not kept up to date).
+    pub fn load_one(&self, id: &str) -> Option<Sub> {
+        let view = self.node.meta().view();
+        let rec = view.kv.get(&sub_key(id))?;
+        let rec = match serde_json::from_slice::<Record>(rec) {
+            Ok(rec) => rec,
+            Err(e) => {
+                tracing::warn!(id, error = %e, "unreadable subscription record");
+                return None;
+            }
+        };
+        let mut sub = Sub::new(rec);
+        let prefix = format!("{LINK_PREFIX}{id}/");
+        for (key, value) in view
+            .kv
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+        {
+            match serde_json::from_slice::<Link>(value) {
+                Ok(link) => {
+                    sub.links.insert(key[prefix.len()..].to_string(), link);
+                }
+                Err(e) => tracing::warn!(key, error = %e, "unreadable subscription link"),
+            }
+        }
+        Some(sub)
+    }
+
     /// Queues one batch of commands (one transition's writes), proposed after every batch
     /// queued before it.
     pub fn enqueue(&self, cmds: Vec<Command>) -> Receipt {

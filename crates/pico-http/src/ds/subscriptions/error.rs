@@ -3,7 +3,7 @@
 //! [`SubError`] to HTTP.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use pico_server::subscriptions::SubError;
 use serde_json::json;
@@ -31,7 +31,7 @@ pub fn code(e: &SubError) -> &'static str {
         SubError::InvalidOffset(_) => "INVALID_OFFSET",
         SubError::MethodNotAllowed => "METHOD_NOT_ALLOWED",
         SubError::LimitExceeded(_) => "LIMIT_EXCEEDED",
-        SubError::Unavailable(_) => "UNAVAILABLE",
+        SubError::Unavailable(_) | SubError::NotHere { .. } => "UNAVAILABLE",
     }
 }
 
@@ -47,7 +47,7 @@ pub fn status(e: &SubError) -> StatusCode {
         | SubError::LimitExceeded(_) => StatusCode::CONFLICT,
         SubError::TokenInvalid => StatusCode::UNAUTHORIZED,
         SubError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-        SubError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        SubError::Unavailable(_) | SubError::NotHere { .. } => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -63,6 +63,12 @@ impl IntoResponse for ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(error = %e, "subscription request failed");
         }
-        (status, Json(json!({ "error": error }))).into_response()
+        let mut resp = (status, Json(json!({ "error": error }))).into_response();
+        if matches!(e, SubError::NotHere { .. }) {
+            // The maintenance lease is moving (or moved during the request): soon answered.
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
     }
 }

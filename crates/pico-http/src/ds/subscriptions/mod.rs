@@ -8,6 +8,10 @@
 //! - `POST /subscriptions/{id}/claim|ack|release`: pull-wake leases (fenced).
 //! - `GET /jwks.json`: the Ed25519 webhook signing key.
 //!
+//! In a cluster only the maintenance-lease holder changes and delivers subscriptions: a request
+//! changing one on another node gets `307` to the holder's advertised URL (path and query
+//! kept), or `503` with `Retry-After: 1` while the lease moves; reads are served anywhere.
+//!
 //! Only the translation lives here: [`routes`] (handlers) and [`error`] (the wire form of
 //! errors). The behaviour is `pico_server::subscriptions`.
 
@@ -45,6 +49,10 @@ pub fn router(mgr: Arc<Manager>) -> Router {
         .route("/subscriptions/{id}/claim", post(routes::claim))
         .route("/subscriptions/{id}/ack", post(routes::ack))
         .route("/subscriptions/{id}/release", post(routes::release))
+        .route_layer(axum::middleware::from_fn_with_state(
+            mgr.clone(),
+            routes::to_the_holder,
+        ))
         .fallback(routes::route_not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .with_state(mgr)

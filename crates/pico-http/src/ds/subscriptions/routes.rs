@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{OriginalUri, Path, State};
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::extract::{OriginalUri, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
@@ -225,6 +226,41 @@ pub async fn release(
     let (token, req) = wake_call(&mgr, &id, &headers, &body)?;
     mgr.release(&id, Some(token), req).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sends a request that changes a subscription (anything but `GET`/`HEAD`/`OPTIONS`) to the
+/// node that delivers subscriptions: `307` to its advertised URL with the path and query kept,
+/// `503 Retry-After: 1` while the lease moves. Reads and the JWKS are answered on any node.
+pub async fn to_the_holder(State(mgr): State<Shared>, req: Request, next: Next) -> Response {
+    if matches!(
+        req.method(),
+        &Method::GET | &Method::HEAD | &Method::OPTIONS
+    ) {
+        return next.run(req).await;
+    }
+    match mgr.home().await {
+        Ok(()) => next.run(req).await,
+        Err(Some(holder)) => {
+            let uri = req
+                .extensions()
+                .get::<OriginalUri>()
+                .map_or(req.uri(), |o| &o.0);
+            let path = uri.path_and_query().map_or("/", |p| p.as_str());
+            let location = format!("{}{path}", holder.trim_end_matches('/'));
+            match HeaderValue::from_str(&location) {
+                Ok(v) => (
+                    StatusCode::TEMPORARY_REDIRECT,
+                    [
+                        (header::LOCATION, v),
+                        (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+                    ],
+                )
+                    .into_response(),
+                Err(_) => ApiError(SubError::NotHere { holder: None }).into_response(),
+            }
+        }
+        Err(None) => ApiError(SubError::NotHere { holder: None }).into_response(),
+    }
 }
 
 pub async fn route_not_found() -> ApiError {

@@ -1,0 +1,315 @@
+//! Subscriptions in a cluster: two nodes on one metadata log, each with its own manager, a
+//! manual clock for leases and retries, and the maintenance lease moved by hand (the nodes'
+//! own loops are stopped). Only the lease holder delivers; the next holder resumes what the
+//! previous one left.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pico_common::StreamName;
+use pico_common::clock::ManualClock;
+use pico_protocol::Record as DataRecord;
+use pico_sql::{MetaLog, MetaLogOptions};
+use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::*;
+use crate::config::NodeConfig;
+use crate::maintenance::{lease_pass, release_lease};
+
+const ROOT: &str = "http://127.0.0.1:4001/v1/stream/__ds";
+
+/// Two nodes (ids 1 and 2, advertised at ports 4001 and 4002) sharing a metadata log and a
+/// bucket, their loops stopped. Node 1 started first and holds the lease.
+async fn two_nodes(clock: &Arc<ManualClock>) -> (Node, Node) {
+    let meta = MetaLog::open(
+        "sqlite::memory:",
+        MetaLogOptions {
+            clock: clock.clone(),
+            ..MetaLogOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    let mut nodes = Vec::new();
+    for id in [1u32, 2] {
+        let config = NodeConfig {
+            node_id: id,
+            node_epoch: 10 + u64::from(id),
+            advertised_url: format!("http://127.0.0.1:{}", 4000 + id),
+            clock: clock.clone(),
+            lease_ttl: Duration::from_secs(10),
+            ..NodeConfig::default()
+        };
+        let wal = Arc::new(ObjectWal::new(
+            Arc::new(MemoryStorage::new()),
+            "wal".to_string(),
+        ));
+        let node = Node::start(
+            config,
+            meta.clone(),
+            data.clone(),
+            wal,
+            EngineConfig::default(),
+        )
+        .await
+        .unwrap();
+        for task in node.inner.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        nodes.push(node);
+    }
+    let b = nodes.pop().unwrap();
+    let a = nodes.pop().unwrap();
+    assert!(a.holds_maintenance_lease() && !b.holds_maintenance_lease());
+    (a, b)
+}
+
+/// A receiver answering every request the same way and reporting each body.
+struct Recorder {
+    answer: Delivered,
+    bodies: UnboundedSender<Value>,
+}
+
+#[async_trait::async_trait]
+impl WebhookSender for Recorder {
+    async fn send(&self, _url: &str, _signature: String, body: Vec<u8>) -> Delivered {
+        let _ = self
+            .bodies
+            .send(serde_json::from_slice(&body).unwrap_or(Value::Null));
+        self.answer.clone()
+    }
+}
+
+/// A manager on `node` with its timer and event follower running, and what it sends.
+fn manager(
+    node: &Node,
+    clock: &Arc<ManualClock>,
+    answer: Delivered,
+) -> (Arc<Manager>, UnboundedReceiver<Value>) {
+    let (bodies, sent) = unbounded_channel();
+    let mgr = Arc::new(Manager::with(
+        node.clone(),
+        clock.clone(),
+        Arc::new(Recorder { answer, bodies }),
+    ));
+    mgr.ensure_background();
+    (mgr, sent)
+}
+
+fn webhook(pattern: &str) -> Config {
+    Config::parse(
+        &json!({"type": "webhook", "pattern": pattern, "lease_ttl_ms": 60_000,
+            "webhook": {"url": "http://127.0.0.1:9/hook"}}),
+        true,
+    )
+    .unwrap()
+}
+
+async fn create_stream(node: &Node, name: &str) {
+    node.create(crate::CreateRequest {
+        name: StreamName::parse(name).unwrap(),
+        config: crate::CreateConfig::default(),
+        initial: vec![DataRecord::from_value(b"1".to_vec())],
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits (bounded) for work on other tasks.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..2_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+/// The clock with the sleepers that are not manager timers (the nodes' own), counted before
+/// any manager started: a timer is asleep between passes when the count is this plus one per
+/// running manager.
+struct Timers {
+    clock: Arc<ManualClock>,
+    others: usize,
+}
+
+impl Timers {
+    fn new(clock: &Arc<ManualClock>) -> Timers {
+        Timers {
+            clock: clock.clone(),
+            others: clock.sleepers(),
+        }
+    }
+
+    /// Waits until `n` manager timers sleep on the clock.
+    async fn asleep(&self, n: usize) {
+        eventually("the timers sleep on the clock", || {
+            self.clock.sleepers() == self.others + n
+        })
+        .await;
+    }
+
+    /// `n` timer passes of every manager in `mgrs`, a tick apart.
+    async fn passes(&self, mgrs: &[&Arc<Manager>], n: usize) {
+        for _ in 0..n {
+            self.asleep(mgrs.len()).await;
+            let before: Vec<u64> = mgrs
+                .iter()
+                .map(|m| m.ticks.load(Ordering::Relaxed))
+                .collect();
+            self.clock.advance(TICK);
+            eventually("a timer pass of each manager", || {
+                mgrs.iter()
+                    .zip(&before)
+                    .all(|(m, b)| m.ticks.load(Ordering::Relaxed) > *b)
+            })
+            .await;
+            self.asleep(mgrs.len()).await;
+        }
+    }
+
+    /// Timer passes until `rx` gets a webhook (at most 30: three seconds of the clock).
+    async fn next_sent(&self, mgrs: &[&Arc<Manager>], rx: &mut UnboundedReceiver<Value>) -> Value {
+        for _ in 0..30 {
+            self.passes(mgrs, 1).await;
+            // The pass may have started a delivery on another task.
+            for _ in 0..20 {
+                if let Ok(body) = rx.try_recv() {
+                    return body;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        panic!("nothing delivered within 30 timer passes");
+    }
+}
+
+/// Only the holder delivers; a change on the other node is refused with the holder's URL; the
+/// holder's death moves delivery to the other node, which resumes the wake its predecessor
+/// left pending (the same wake id: at least once across a handover) and delivers new work.
+#[tokio::test]
+async fn only_the_holder_delivers_and_the_next_holder_resumes_its_pending_wake() {
+    let clock = ManualClock::new(1_000_000);
+    let (a, b) = two_nodes(&clock).await;
+    let timers = Timers::new(&clock);
+    let (mgr_a, mut sent_a) = manager(&a, &clock, Delivered::Failed("down".into()));
+    assert!(mgr_a.upsert("s", webhook("c/*"), ROOT).await.is_ok());
+    create_stream(&a, "c/1").await;
+    let first = sent_a.recv().await.unwrap();
+    assert_eq!(first["generation"], 1);
+    // The failure and its retry time are stored, where any node reads them.
+    eventually("the failed attempt is stored", || {
+        mgr_a.store.load_one("s").is_some_and(|s| {
+            s.rec.status == crate::subscriptions::model::Status::Failed
+                && s.rec.next_attempt_at_ms.is_some()
+        })
+    })
+    .await;
+    // B's manager starts with the subscription and its due retry in the log.
+    let (mgr_b, mut sent_b) = manager(&b, &clock, Delivered::Accepted { done: true });
+    let refused = mgr_b.upsert("t", webhook("c/*"), ROOT).await;
+    assert_eq!(
+        refused.err(),
+        Some(SubError::NotHere {
+            holder: Some("http://127.0.0.1:4001".into())
+        }),
+        "a change on the non-holder names the holder"
+    );
+    let stored = mgr_b.get("s", ROOT).await.unwrap();
+    assert_eq!(stored["generation"], 1, "reads are served on any node");
+    // Past the retry's backoff (1 s ± 20 %): A sends it again, B never does.
+    let retry = timers.next_sent(&[&mgr_a, &mgr_b], &mut sent_a).await;
+    assert_eq!(retry["wake_id"], first["wake_id"]);
+    timers.passes(&[&mgr_a, &mgr_b], 5).await;
+    assert!(sent_b.try_recv().is_err(), "the non-holder delivered");
+    eventually("the second failure is stored", || {
+        mgr_a
+            .store
+            .load_one("s")
+            .is_some_and(|s| s.rec.retry_count == 2)
+    })
+    .await;
+
+    // A dies: its manager goes, its lease is not renewed. B takes the lease once it expires.
+    drop(mgr_a);
+    // Both timers asleep (A's ends at its next wake-up), so the move wakes each once.
+    timers.asleep(2).await;
+    clock.advance(Duration::from_secs(10));
+    lease_pass(b.clone()).await;
+    assert!(b.holds_maintenance_lease() && !a.holds_maintenance_lease());
+    let resumed = timers.next_sent(&[&mgr_b], &mut sent_b).await;
+    assert_eq!(
+        resumed["wake_id"], first["wake_id"],
+        "the pending wake resumed"
+    );
+    assert_eq!(resumed["generation"], 1);
+    eventually("B's delivery finished the wake", || {
+        mgr_b
+            .store
+            .load_one("s")
+            .is_some_and(|s| s.rec.wake.is_none())
+    })
+    .await;
+
+    // A comes back (a new manager, as after a restart of its facade): it does not deliver,
+    // and its writes name B. New work on a stream A owns is found and sent by B.
+    let (mgr_a2, mut sent_a2) = manager(&a, &clock, Delivered::Accepted { done: true });
+    let refused = mgr_a2.delete("s").await;
+    assert_eq!(
+        refused.err(),
+        Some(SubError::NotHere {
+            holder: Some("http://127.0.0.1:4002".into())
+        })
+    );
+    create_stream(&a, "c/2").await;
+    // Committed: B's view shows its tail (what another node sees of A's appends).
+    a.inner.engine.flush().await.unwrap();
+    // B's periodic rescan (other nodes are registered) runs every ten ticks.
+    let next = timers.next_sent(&[&mgr_a2, &mgr_b], &mut sent_b).await;
+    assert_eq!(next["generation"], 2);
+    assert!(
+        next["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["path"] == "c/2" && s["has_pending"] == true),
+        "{next}"
+    );
+    assert!(sent_a2.try_recv().is_err(), "the old holder delivered");
+    assert!(!mgr_a2.active.load(Ordering::Acquire));
+}
+
+/// A holder that shuts down gives the lease back: the other node takes it at its next pass
+/// and, at its next timer pass, delivers the wake issued by the first.
+#[tokio::test]
+async fn a_released_lease_moves_delivery_at_once() {
+    let clock = ManualClock::new(1_000_000);
+    let (a, b) = two_nodes(&clock).await;
+    let timers = Timers::new(&clock);
+    let (mgr_a, mut sent_a) = manager(&a, &clock, Delivered::Failed("down".into()));
+    let (mgr_b, mut sent_b) = manager(&b, &clock, Delivered::Accepted { done: false });
+    assert!(mgr_a.upsert("r", webhook("d/*"), ROOT).await.is_ok());
+    create_stream(&a, "d/1").await;
+    let first = sent_a.recv().await.unwrap();
+    eventually("the failed attempt is stored", || {
+        mgr_a
+            .store
+            .load_one("r")
+            .is_some_and(|s| s.rec.next_attempt_at_ms.is_some() && s.rec.retry_count == 1)
+    })
+    .await;
+    release_lease(&a).await;
+    lease_pass(b.clone()).await;
+    assert!(b.holds_maintenance_lease() && !a.holds_maintenance_lease());
+    // The retry is due about a second after the failure: B sends it once the clock gets there.
+    let resumed = timers.next_sent(&[&mgr_a, &mgr_b], &mut sent_b).await;
+    assert_eq!(resumed["wake_id"], first["wake_id"]);
+    assert!(
+        sent_a.try_recv().is_err(),
+        "A sent after giving the lease up"
+    );
+}
