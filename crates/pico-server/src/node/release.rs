@@ -98,12 +98,9 @@ impl Node {
             }
             match engine.is_open(stream_id) {
                 // Released only once every record submitted at this epoch is in an object.
-                Some(e) if e == epoch => {
-                    if engine.release(&[(stream_id, epoch)]) != [true] {
-                        continue;
-                    }
-                }
-                // State of another epoch: not this stream's owner's to drop here.
+                Some(e) if e == epoch && engine.release(&[(stream_id, epoch)]) == [true] => {}
+                // Not committed yet (the next round retries), or state of another epoch: not
+                // this stream's owner's to drop here.
                 Some(_) => continue,
                 None => {}
             }
