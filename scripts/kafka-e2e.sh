@@ -8,7 +8,11 @@
 #     appends against the HTTP listener, batches of every compression codec consumed back and
 #     read over HTTP; kafka-python and aiokafka produce and consume;
 #   - kafkajs: an idempotent producer and a consumer group, checked field by field and over HTTP;
-#   - the node restarts on the same storage and the group resumes from its committed offsets.
+#   - the node restarts on the same storage and the group resumes from its committed offsets;
+#   - cluster: two nodes on a fresh Postgres database (PICO_TEST_POSTGRES_URL, default the local
+#     server; skipped without one unless PICO_TEST_REQUIRE_ALL=1): Metadata lists both brokers,
+#     and an idempotent confluent-kafka producer follows its topic across a transfer to the
+#     other node (NOT_LEADER_OR_FOLLOWER, then Metadata names the new leader).
 # Clients come from scripts/lib/kafka-peers.sh (kcat from apt, a venv for the Python clients,
 # kafkajs from npm).
 #
@@ -99,6 +103,57 @@ kill "$SERVER_PID"
 wait "$SERVER_PID" 2>/dev/null || true
 KEEP_DATA=1 start_pico kafka-e2e
 run_py after
+
+# Cluster: two nodes sharing a fresh Postgres database (metadata log and WAL) and one data
+# directory, each with its Kafka listener.
+PG_ADMIN=${PICO_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+CLUSTER_DB=pico_kafka_e2e_$$
+CLUSTER_PIDS=()
+stop_cluster() {
+  for p in "${CLUSTER_PIDS[@]}"; do
+    kill "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
+  CLUSTER_PIDS=()
+  psql -q "$PG_ADMIN" -c "DROP DATABASE IF EXISTS $CLUSTER_DB WITH (FORCE)" >/dev/null 2>&1 || true
+}
+if psql -q "$PG_ADMIN" -c "CREATE DATABASE $CLUSTER_DB" >/dev/null 2>&1; then
+  trap 'stop_cluster; stop_pico' EXIT
+  CLUSTER_URL=${PG_ADMIN%/*}/$CLUSTER_DB
+  CLUSTER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/pico-kafka-cluster.XXXXXX")
+  BOOTS=()
+  ADMINS=()
+  for id in 1 2; do
+    kport=$(free_port)
+    admin=$(free_port)
+    "$PICO_BIN" serve --node-id "$id" --listen "127.0.0.1:$(free_port)" \
+      --admin-listen "127.0.0.1:$admin" --kafka-listen "127.0.0.1:$kport" \
+      --meta-url "$CLUSTER_URL" --wal "$CLUSTER_URL" --storage="-2@file://$CLUSTER_DIR/objects" \
+      >"$CLUSTER_DIR/node-$id.log" 2>&1 &
+    CLUSTER_PIDS+=($!)
+    BOOTS+=("127.0.0.1:$kport")
+    ADMINS+=("http://127.0.0.1:$admin")
+    for _ in $(seq 1 300); do
+      curl -fsS "http://127.0.0.1:$admin/ready" >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+  done
+  if "$KAFKA_PY" scripts/kafka/cluster.py "${BOOTS[0]}" "${BOOTS[1]}" "${ADMINS[0]}"; then
+    ok "cluster: metadata lists both brokers; a producer follows its topic to the new leader"
+  else
+    fail "cluster: metadata and leader re-routing"
+    for id in 1 2; do
+      echo "kafka-e2e: cluster node $id log tail:" >&2
+      tail -n 20 "$CLUSTER_DIR/node-$id.log" >&2
+    done
+  fi
+  stop_cluster
+  rm -rf "$CLUSTER_DIR"
+elif [[ ${PICO_TEST_REQUIRE_ALL:-} == 1 ]]; then
+  fail "cluster: no Postgres at $PG_ADMIN (PICO_TEST_REQUIRE_ALL=1)"
+else
+  echo "SKIPPED (cluster: no Postgres at $PG_ADMIN)" >&2
+fi
 
 if [[ $FAILED -ne 0 ]]; then
   echo "kafka-e2e: server log tail:" >&2

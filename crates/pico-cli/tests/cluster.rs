@@ -11,9 +11,13 @@ mod pg;
 
 mod cluster_support;
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cluster_support::*;
+use pico_client::{BatchRecord, IdempotentProducer, ProducerConfig};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -182,4 +186,130 @@ async fn cluster_maintenance_lease_has_one_holder_and_moves_when_it_dies() {
     nodes.remove(i);
     eventually("the lease moved", async || holders(&nodes).len() == 1).await;
     assert_ne!(holders(&nodes)[0], first);
+}
+
+/// SIGTERM of a stream's owner while an idempotent producer writes to it through the other
+/// node: the owner flushes the stream and releases it before it stops, so the other node
+/// serves it as soon as it applies the release. From the SIGTERM on, a probe through node 1
+/// sees only 307s to the owner (before the release) and then answers from node 1, never a
+/// 503 (that would mean a lapsed or fenced owner: failover, not a release). Every
+/// acknowledged record is there once; the stopped node released everything it owned and
+/// exited cleanly. Prints the time from the SIGTERM to node 1 serving the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn graceful_shutdown_releases_streams_to_the_other_node() {
+    let Some(cluster) = Cluster::pg().await else {
+        return;
+    };
+    let n1 = cluster.start(1);
+    let mut n2 = cluster.start(2);
+    let (c1, c2) = (client(&n1), client(&n2));
+    let (mut acked_a, mut acked_b) = (BTreeMap::new(), BTreeMap::new());
+    for (name, acked) in [("leaving/a", &mut acked_a), ("leaving/b", &mut acked_b)] {
+        c2.create(name, Some("text/plain"), None).await.unwrap();
+        append_acked(&c2, name, "before", 30, acked).await;
+    }
+    let http = raw_http();
+    for name in ["leaving/a", "leaving/b"] {
+        eventually("node 1 redirects to node 2", async || {
+            let r = http
+                .get(n1.url(&format!("/{name}?seq=0")))
+                .send()
+                .await
+                .unwrap();
+            r.status() == StatusCode::TEMPORARY_REDIRECT
+        })
+        .await;
+    }
+
+    // An idempotent producer through node 1 (redirected to node 2) keeps writing "leaving/a".
+    let producer_acked = Arc::new(Mutex::new(BTreeMap::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let mut config = ProducerConfig::new("leaver", 0, 1);
+        config.retry.budget = Duration::from_secs(40);
+        let producer = IdempotentProducer::new(client(&n1), "leaving/a", config).unwrap();
+        let (acked, stop) = (producer_acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let body = format!("p-{i}");
+                let ack = producer
+                    .send(vec![BatchRecord::new(body.clone())])
+                    .await
+                    .unwrap()
+                    .ack()
+                    .await
+                    .unwrap_or_else(|e| panic!("batch {i} failed: {e}"));
+                acked.lock().unwrap().insert(ack.append.start_seq, body);
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    eventually("the producer is under way", async || {
+        producer_acked.lock().unwrap().len() >= 10
+    })
+    .await;
+
+    let term = Instant::now();
+    n2.signal("-TERM");
+    let mut statuses = BTreeMap::new();
+    eventually("node 1 serves the stream", async || {
+        let status = match http
+            .get(n1.url("/leaving/b?seq=0"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            Ok(r) => r.status(),
+            Err(e) => panic!("node 1 did not answer: {e}"),
+        };
+        *statuses.entry(status.as_u16()).or_insert(0) += 1;
+        assert!(
+            status == StatusCode::TEMPORARY_REDIRECT || status.is_success(),
+            "node 1 answered {status} during a graceful shutdown; node 2 log:\n{}",
+            n2.log_tail()
+        );
+        status.is_success()
+    })
+    .await;
+    let served = term.elapsed();
+    let exit = n2.wait_exit();
+    let stopped = term.elapsed();
+    println!(
+        "GRACEFUL SHUTDOWN: SIGTERM → node 1 serving the stream {:.3} s (answers {statuses:?}); \
+         node 2 exited after {:.2} s",
+        served.as_secs_f64(),
+        stopped.as_secs_f64()
+    );
+    assert!(exit.success(), "node 2 exited with {exit}");
+    let log = std::fs::read_to_string(&n2.log).unwrap();
+    assert!(
+        log.contains("streams released to the cluster") && log.contains("left=0"),
+        "node 2 did not release everything; log:\n{}",
+        n2.log_tail()
+    );
+
+    // Node 2 is gone; node 1 serves both streams, reads and appends, on the first try.
+    let r = http
+        .post(n1.url("/leaving/b"))
+        .header("content-type", "text/plain")
+        .body("after")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "append after: {}", r.status());
+    eventually("the producer's appends land on node 1", async || {
+        producer_acked.lock().unwrap().len() >= 20
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    producer.await.unwrap();
+    acked_a.extend(producer_acked.lock().unwrap().clone());
+    let records = read_all(&c1, "leaving/a").await;
+    check_acked_once(&records, &acked_a);
+    acked_b.insert(30, "after".to_string());
+    let records = read_all(&c1, "leaving/b").await;
+    check_acked_once(&records, &acked_b);
+    assert_eq!(records.len(), acked_b.len());
 }

@@ -1,24 +1,28 @@
 //! Automatic failover end-to-end (docs/design/failover.md): real `pico serve` processes on one
-//! fresh Postgres database (metadata log and WAL) and one `file://` data directory.
+//! fresh Postgres database (metadata log, and the WAL unless said otherwise) and one `file://`
+//! data directory or one S3 bucket (`PICO_TEST_S3_ENDPOINT`, moto in CI).
 //!
 //! - `kill -9` of a stream's owner under load: the stream is readable and writable through
 //!   another node within 10 s (the measured failover time is printed), every acknowledged
 //!   record present once at its offset; the killed node comes back with the same id cleanly.
+//!   Run twice: WAL in Postgres, and WAL and data on S3.
+//! - `kill -9` of the maintenance-lease holder, which also owns a stream: another node takes
+//!   the lease, then fails the dead node's stream over.
 //! - A SIGSTOPped owner (a zombie) resumed after failover gets no append acknowledged, and
 //!   nothing it accepts becomes visible anywhere.
 //! - An owner cut off from Postgres (a TCP proxy the test pauses) acknowledges nothing while
 //!   cut, stops being ready, and rejoins with a new epoch once the cut heals.
 //!
 //! The timings are the defaults (liveness timeout 5 s, maintenance lease 10 s). Without a
-//! Postgres server the tests print `SKIPPED (...)` and pass, or fail under
-//! `PICO_TEST_REQUIRE_ALL=1`.
+//! Postgres server (or an S3 server, for the S3 case) the tests print `SKIPPED (...)` and pass,
+//! or fail under `PICO_TEST_REQUIRE_ALL=1`.
 
 #[path = "../../pico-wal-pg/tests/common/mod.rs"]
 mod pg;
 
 mod cluster_support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,80 +30,12 @@ use std::time::{Duration, Instant};
 use cluster_support::*;
 use pico_client::{BatchRecord, IdempotentProducer, ProducerConfig};
 use reqwest::StatusCode;
-use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// Every record of `name` read through `c`, as (offset, body).
-async fn read_all(c: &pico_client::Client, name: &str) -> Vec<(u64, String)> {
-    let mut out = Vec::new();
-    let mut seq = 0;
-    loop {
-        let chunk = c.read(name, seq, None).await.unwrap();
-        out.extend(
-            chunk
-                .records
-                .iter()
-                .map(|r| (r.seq, String::from_utf8_lossy(&r.body).to_string())),
-        );
-        if chunk.records.is_empty() || chunk.up_to_date {
-            return out;
-        }
-        seq = chunk.next_seq;
-    }
-}
-
-/// Checks that every acknowledged (offset, body) is in `records` at its offset, and that no
-/// body appears twice.
-fn check_acked_once(records: &[(u64, String)], acked: &BTreeMap<u64, String>) {
-    let at: BTreeMap<u64, &String> = records.iter().map(|(o, b)| (*o, b)).collect();
-    for (offset, body) in acked {
-        assert_eq!(
-            at.get(offset).copied(),
-            Some(body),
-            "acknowledged record missing or moved: offset={offset}"
-        );
-    }
-    let mut seen = BTreeSet::new();
-    for (offset, body) in records {
-        assert!(seen.insert(body), "duplicate record {body} at {offset}");
-    }
-    // Offsets are dense from 0.
-    for (i, (offset, _)) in records.iter().enumerate() {
-        assert_eq!(*offset, i as u64, "offsets not contiguous");
-    }
-}
-
-/// The node holding the maintenance lease, once exactly one does.
-async fn holder(nodes: &[&Node]) -> u32 {
-    let mut found = 0;
-    eventually("one lease holder", async || {
-        let h: Vec<u32> = nodes
-            .iter()
-            .filter(|n| n.ready_field("maintenanceLease") == Value::Bool(true))
-            .map(|n| n.id)
-            .collect();
-        if h.len() == 1 {
-            found = h[0];
-        }
-        h.len() == 1
-    })
-    .await;
-    found
-}
-
-fn signal(node: &Node, sig: &str) {
-    let pid = node.pid().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {sig} {pid}");
-}
 
 /// A POST of one record straight to `node` (redirects not followed).
 async fn raw_append(http: &reqwest::Client, node: &Node, name: &str, body: &str) -> StatusCode {
@@ -128,15 +64,25 @@ async fn raw_append(http: &reqwest::Client, node: &Node, name: &str, body: &str)
 /// once, at its offset. Node 2 then restarts with the same id and serves again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failover_after_kill9_of_an_owner_under_load() {
-    let Some(db) = TestDb::create().await else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let n1 = Node::start(1, &db, dir.path());
-    let mut n2 = Node::start(2, &db, dir.path());
-    let n3 = Node::start(3, &db, dir.path());
+    if let Some(cluster) = Cluster::pg().await {
+        failover_under_load(cluster).await;
+    }
+}
+
+/// The same with the WAL (and data) on S3: the holder reads the dead node's WAL objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_with_the_wal_on_s3_after_kill9_under_load() {
+    if let Some(cluster) = Cluster::s3().await {
+        failover_under_load(cluster).await;
+    }
+}
+
+async fn failover_under_load(cluster: Cluster) {
+    let n1 = cluster.start(1);
+    let mut n2 = cluster.start(2);
+    let n3 = cluster.start(3);
     assert_eq!(
-        holder(&[&n1, &n2, &n3]).await,
+        lease_holder(&[&n1, &n2, &n3]).await,
         1,
         "the first node holds the lease"
     );
@@ -196,8 +142,12 @@ async fn failover_after_kill9_of_an_owner_under_load() {
     })
     .await;
     let failover = first_after.lock().unwrap().unwrap() - kill;
+    let wal = match cluster.layout {
+        Layout::PgWal => "Postgres",
+        Layout::S3(_) => "S3",
+    };
     println!(
-        "FAILOVER TIME (kill -9 → first successful append elsewhere): {:.2} s",
+        "FAILOVER TIME (WAL on {wal}; kill -9 → first successful append elsewhere): {:.2} s",
         failover.as_secs_f64()
     );
     assert!(
@@ -225,7 +175,7 @@ async fn failover_after_kill9_of_an_owner_under_load() {
     }
 
     // Node 2 comes back with the same id: a higher epoch than the fence's, ready, serving.
-    let n2 = Node::start(2, &db, dir.path());
+    let n2 = cluster.start(2);
     let c2 = client(&n2);
     let records = read_all(&c2, "load").await;
     check_acked_once(&records, &acked);
@@ -237,60 +187,99 @@ async fn failover_after_kill9_of_an_owner_under_load() {
     assert_eq!(ack.start_seq, acked.len() as u64);
 }
 
+/// Three nodes; node 1 holds the maintenance lease and owns a stream. `kill -9` of node 1:
+/// another node takes the lease once it expires, and then, as the holder, fences node 1,
+/// commits its WAL and releases its stream, which is readable and writable through the
+/// remaining nodes with every acknowledged record once. Prints when the lease moved and when
+/// the stream was writable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_next_lease_holder_fails_over_the_dead_holders_streams() {
+    let Some(cluster) = Cluster::pg().await else {
+        return;
+    };
+    let mut n1 = cluster.start(1);
+    let n2 = cluster.start(2);
+    let n3 = cluster.start(3);
+    assert_eq!(lease_holder(&[&n1, &n2, &n3]).await, 1);
+    let c1 = client(&n1);
+    c1.create("held", Some("text/plain"), None).await.unwrap();
+    let mut acked = BTreeMap::new();
+    append_acked(&c1, "held", "before", 50, &mut acked).await;
+    let http = raw_http();
+    for n in [&n2, &n3] {
+        eventually("node 1 is known as the owner", async || {
+            let r = http.get(n.url("/held?seq=0")).send().await.unwrap();
+            r.status() == StatusCode::TEMPORARY_REDIRECT
+        })
+        .await;
+    }
+
+    let kill = Instant::now();
+    n1.kill9();
+    let new_holder = lease_holder(&[&n2, &n3]).await;
+    let lease_moved = kill.elapsed();
+    let (holder, other) = if new_holder == 2 {
+        (&n2, &n3)
+    } else {
+        (&n3, &n2)
+    };
+    // Through the node that does not hold the lease: failover is the holder's, the stream
+    // is served wherever a request lands.
+    let c = client(other);
+    append_eventually("the stream writable again", &c, "held", "after", &mut acked).await;
+    let writable = kill.elapsed();
+    println!(
+        "LEASE HOLDER kill -9: lease on node {new_holder} after {:.2} s; stream writable \
+         through node {} after {:.2} s",
+        lease_moved.as_secs_f64(),
+        other.id,
+        writable.as_secs_f64()
+    );
+    let log = std::fs::read_to_string(&holder.log).unwrap();
+    assert!(
+        log.contains("failover: fenced node's streams released"),
+        "the new holder did not fail node 1 over; log:\n{}",
+        holder.log_tail()
+    );
+    append_acked(&c, "held", "more", 5, &mut acked).await;
+    for c in [client(&n2), client(&n3)] {
+        let records = read_all(&c, "held").await;
+        check_acked_once(&records, &acked);
+    }
+}
+
 /// The owner is SIGSTOPped; failover takes its stream over and it is written elsewhere. Once
 /// resumed (SIGCONT), the zombie acknowledges none of the appends sent straight to it, and
 /// no node, the zombie included, ever shows one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_resumed_zombie_gets_nothing_acknowledged_or_visible() {
-    let Some(db) = TestDb::create().await else {
+    let Some(cluster) = Cluster::pg().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let n1 = Node::start(1, &db, dir.path());
-    let n2 = Node::start(2, &db, dir.path());
-    assert_eq!(holder(&[&n1, &n2]).await, 1);
+    let n1 = cluster.start(1);
+    let n2 = cluster.start(2);
+    assert_eq!(lease_holder(&[&n1, &n2]).await, 1);
     let c2 = client(&n2);
     c2.create("z", Some("text/plain"), None).await.unwrap();
     let mut acked = BTreeMap::new();
-    for i in 0..20 {
-        let body = format!("before-{i}");
-        let ack = c2.append("z", body.clone()).await.unwrap();
-        acked.insert(ack.start_seq, body);
-    }
+    append_acked(&c2, "z", "before", 20, &mut acked).await;
     let epoch_before = n2.ready_field("nodeEpoch").as_u64().unwrap();
 
-    signal(&n2, "-STOP");
+    n2.signal("-STOP");
     let stopped = Instant::now();
     // Through node 1: 503s (owner lapsed, then fenced) until failover released the stream.
     let c1 = client(&n1);
     let http = raw_http();
-    let mut k = 0;
-    eventually("node 1 takes appends for the stream", async || {
-        k += 1;
-        let body = format!("probe-{k}");
-        // Bounded: before node 1 sees the lapse it redirects to the stopped node, which
-        // accepts the connection and never answers.
-        let sent = tokio::time::timeout(Duration::from_secs(2), c1.append("z", body.clone()));
-        match sent.await {
-            Ok(Ok(ack)) => {
-                acked.insert(ack.start_seq, body);
-                true
-            }
-            _ => false,
-        }
-    })
-    .await;
+    // Each try bounded: before node 1 sees the lapse it redirects to the stopped node, which
+    // accepts the connection and never answers.
+    append_eventually("node 1 takes appends", &c1, "z", "probe", &mut acked).await;
     println!(
         "SIGSTOP → stream writable on node 1: {:.2} s",
         stopped.elapsed().as_secs_f64()
     );
-    for i in 0..5 {
-        let body = format!("after-{i}");
-        let ack = c1.append("z", body.clone()).await.unwrap();
-        acked.insert(ack.start_seq, body);
-    }
+    append_acked(&c1, "z", "after", 5, &mut acked).await;
 
-    signal(&n2, "-CONT");
+    n2.signal("-CONT");
     // Straight at the zombie, from the moment it resumes: never a 2xx.
     let resumed = Instant::now();
     let mut statuses = BTreeMap::new();
@@ -308,15 +297,7 @@ async fn a_resumed_zombie_gets_nothing_acknowledged_or_visible() {
     }
     println!("answers of the resumed zombie: {statuses:?}");
     // It rejoins as a new incarnation and redirects to the stream's new owner.
-    eventually("node 2 rejoined with a new epoch", async || {
-        n2.ready().is_some_and(|(code, v)| {
-            code == 200
-                && v["nodeEpoch"]
-                    .as_u64()
-                    .is_some_and(|e| e > epoch_before + 1)
-        })
-    })
-    .await;
+    rejoined(&n2, epoch_before).await;
     let r = http.get(n2.url("/z?seq=0")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::TEMPORARY_REDIRECT);
     assert_eq!(location(&r), n1.url("/z?seq=0"));
@@ -429,28 +410,23 @@ fn upstream_of(url: &str) -> String {
 /// record. Healed: node 2 finds itself fenced and rejoins in place with a new epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_cut_off_from_the_database_acknowledges_nothing_and_rejoins() {
-    let Some(mut db) = TestDb::create().await else {
+    let Some(mut cluster) = Cluster::pg().await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start(upstream_of(&db.url)).await;
-    let via = through(&db.url, proxy.port);
-    let n1 = Node::start(1, &db, dir.path());
+    let proxy = Proxy::start(upstream_of(&cluster.db.url)).await;
+    let via = through(&cluster.db.url, proxy.port);
+    let n1 = cluster.start(1);
     // Node 2's metadata log and WAL go through the proxy (`pico serve` refuses a repeated
     // flag, so the database URL it is started with is swapped for the proxied one).
-    let direct = std::mem::replace(&mut db.url, via);
-    let n2 = Node::start(2, &db, dir.path());
-    db.url = direct;
-    assert_eq!(holder(&[&n1, &n2]).await, 1);
+    let direct = std::mem::replace(&mut cluster.db.url, via);
+    let n2 = cluster.start(2);
+    cluster.db.url = direct;
+    assert_eq!(lease_holder(&[&n1, &n2]).await, 1);
     let epoch_before = n2.ready_field("nodeEpoch").as_u64().unwrap();
     let c2 = client(&n2);
     c2.create("cut", Some("text/plain"), None).await.unwrap();
     let mut acked = BTreeMap::new();
-    for i in 0..20 {
-        let body = format!("before-{i}");
-        let ack = c2.append("cut", body.clone()).await.unwrap();
-        acked.insert(ack.start_seq, body);
-    }
+    append_acked(&c2, "cut", "before", 20, &mut acked).await;
 
     proxy.cut();
     let cut_at = Instant::now();
@@ -477,18 +453,9 @@ async fn a_node_cut_off_from_the_database_acknowledges_nothing_and_rejoins() {
     );
     // Failover through node 1: the stream is writable there, everything acknowledged in it.
     let c1 = client(&n1);
-    let mut k = 0;
-    let mut last = String::new();
-    eventually(
-        "node 1 takes appends for the cut node's stream",
-        async || {
-            k += 1;
-            last = format!("on-1-{k}");
-            let sent = tokio::time::timeout(Duration::from_secs(2), c1.append("cut", last.clone()));
-            sent.await.is_ok_and(|r| r.is_ok())
-        },
-    )
-    .await;
+    let mut on_1 = BTreeMap::new();
+    append_eventually("node 1 takes appends", &c1, "cut", "on-1", &mut on_1).await;
+    let last = on_1.values().next().unwrap().clone();
     let records = read_all(&c1, "cut").await;
     for (offset, body) in &acked {
         assert_eq!(records.get(*offset as usize).map(|r| &r.1), Some(body));
@@ -500,15 +467,7 @@ async fn a_node_cut_off_from_the_database_acknowledges_nothing_and_rejoins() {
 
     proxy.heal();
     let healed = Instant::now();
-    eventually("node 2 rejoined with a new epoch", async || {
-        n2.ready().is_some_and(|(code, v)| {
-            code == 200
-                && v["nodeEpoch"]
-                    .as_u64()
-                    .is_some_and(|e| e > epoch_before + 1)
-        })
-    })
-    .await;
+    rejoined(&n2, epoch_before).await;
     println!(
         "healed → node 2 ready again at a new epoch: {:.2} s",
         healed.elapsed().as_secs_f64()

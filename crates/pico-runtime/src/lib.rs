@@ -500,6 +500,9 @@ pub async fn run(
         );
     }
     tracing::info!("shutting down");
+    // Before the listeners close: other nodes serve this node's streams as soon as they are
+    // released, instead of redirecting to an address about to close or waiting for failover.
+    node.release_streams(config.shutdown_drain).await;
     let _ = stop_tx.send(true);
     if let Some(k) = kafka_server.take() {
         let _ = k.stop.send(true);

@@ -166,6 +166,12 @@ impl OpenTable {
             .collect()
     }
 
+    /// Whether an open of the stream is under way (its slot is not filled yet).
+    pub fn opening(&self, stream_id: u64) -> bool {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.get(&stream_id).is_some_and(|c| !c.initialized())
+    }
+
     pub fn all(&self) -> Vec<Arc<OpenStream>> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.values().filter_map(|c| c.get()).cloned().collect()

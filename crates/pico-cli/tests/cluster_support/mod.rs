@@ -2,6 +2,7 @@
 //! small polling helpers. Shared by every `cluster*.rs` test file (`mod cluster_support;`).
 #![allow(dead_code)] // each test file uses its own subset
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use pico_client::{Client, ClientOptions};
 use serde_json::Value;
 
 pub use crate::pg::TestDb;
+pub use s3stream::testing_s3::TestBucket;
 
 pub const PICO: &str = env!("CARGO_BIN_EXE_pico");
 /// Bounds every wait of these tests (none of them is a timing assertion).
@@ -44,8 +46,16 @@ impl Node {
         Node::start_with(id, db, dir, &[])
     }
 
-    /// Like [`Node::start`], with extra `pico serve` arguments (later flags win).
+    /// Like [`Node::start`], with extra `pico serve` arguments (not the store flags: `pico
+    /// serve` refuses a repeated one).
     pub fn start_with(id: u32, db: &TestDb, dir: &Path, extra: &[&str]) -> Node {
+        let args = with_extra(Layout::PgWal.args(db, dir), extra);
+        Node::spawn_ready(id, dir, &args, &[])
+    }
+
+    /// `pico serve --node-id {id}` with `args` (stores included) and `envs` on fresh ports,
+    /// its log in `dir`, once `/ready`.
+    pub fn spawn_ready(id: u32, dir: &Path, args: &[String], envs: &[(String, String)]) -> Node {
         let port = free_port();
         let admin = free_port();
         let log = dir.join(format!("node-{id}-{port}.log"));
@@ -60,11 +70,8 @@ impl Node {
             .args(["--node-id", &id.to_string()])
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .args(["--meta-url", &db.url])
-            .args(["--wal", &db.url])
-            .arg(format!("--storage=-2@file://{}/objects", dir.display()))
-            .arg("--no-kafka")
-            .args(extra)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -142,6 +149,34 @@ impl Node {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Sends `sig` (`-TERM`, `-STOP`, `-CONT`) to the process.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("running").to_string();
+        let status = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(status.success(), "kill {sig} {pid}");
+    }
+
+    /// Waits (at most [`PATIENCE`]) for the process to exit by itself.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        let mut child = self.child.take().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "node {} did not exit within {PATIENCE:?}; log:\n{}",
+                    self.id,
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().unwrap();
@@ -183,4 +218,213 @@ pub async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
         assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stores: one Postgres database, and a data directory or an S3 bucket
+// ---------------------------------------------------------------------------------------------
+
+/// Where a test cluster keeps its WAL and data (metadata is always the test database).
+pub enum Layout {
+    /// WAL in Postgres, data in a `file://` directory.
+    PgWal,
+    /// WAL and data in an S3 bucket (objects under `wal/{node}/` and `data/`).
+    S3(TestBucket),
+}
+
+impl Layout {
+    /// The `pico serve` store flags of this layout.
+    pub fn args(&self, db: &TestDb, dir: &Path) -> Vec<String> {
+        let mut args = vec!["--meta-url".to_string(), db.url.clone()];
+        match self {
+            Layout::PgWal => {
+                args.push(format!("--wal={}", db.url));
+                args.push(format!("--storage=-2@file://{}/objects", dir.display()));
+            }
+            Layout::S3(b) => {
+                args.push(format!("--storage=-2@s3://{}", b.uri_location("cluster")));
+                args.push(format!("--wal=-3@s3://{}", b.uri_location("cluster-wal")));
+            }
+        }
+        args
+    }
+
+    /// The environment a node needs for this layout (S3 credentials).
+    pub fn envs(&self) -> Vec<(String, String)> {
+        match self {
+            Layout::PgWal => Vec::new(),
+            Layout::S3(b) => vec![
+                ("AWS_ACCESS_KEY_ID".into(), b.access_key.clone()),
+                ("AWS_SECRET_ACCESS_KEY".into(), b.secret_key.clone()),
+                ("AWS_REGION".into(), "us-east-1".into()),
+            ],
+        }
+    }
+}
+
+/// A fresh database, a temporary directory (logs, `file://` data) and a layout: what every
+/// node of one test shares.
+pub struct Cluster {
+    pub db: TestDb,
+    pub dir: tempfile::TempDir,
+    pub layout: Layout,
+}
+
+impl Cluster {
+    /// WAL in Postgres, data on disk; `None` (skipped) without Postgres.
+    pub async fn pg() -> Option<Cluster> {
+        let db = TestDb::create().await?;
+        Some(Cluster {
+            db,
+            dir: tempfile::tempdir().unwrap(),
+            layout: Layout::PgWal,
+        })
+    }
+
+    /// WAL and data on S3, metadata in Postgres; `None` (skipped) without either.
+    pub async fn s3() -> Option<Cluster> {
+        let bucket = TestBucket::create().await?;
+        let db = TestDb::create().await?;
+        Some(Cluster {
+            db,
+            dir: tempfile::tempdir().unwrap(),
+            layout: Layout::S3(bucket),
+        })
+    }
+
+    /// Node `id` of this cluster, once ready.
+    pub fn start(&self, id: u32) -> Node {
+        self.start_with(id, &[])
+    }
+
+    /// Like [`Cluster::start`], with extra `pico serve` arguments.
+    pub fn start_with(&self, id: u32, extra: &[&str]) -> Node {
+        let args = with_extra(self.layout.args(&self.db, self.dir.path()), extra);
+        Node::spawn_ready(id, self.dir.path(), &args, &self.layout.envs())
+    }
+}
+
+/// `args` and `extra`, with `--no-kafka` unless `extra` turns the Kafka listener on.
+fn with_extra(mut args: Vec<String>, extra: &[&str]) -> Vec<String> {
+    if !extra.iter().any(|a| a.starts_with("--kafka-listen")) {
+        args.push("--no-kafka".into());
+    }
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+// ---------------------------------------------------------------------------------------------
+// Records: what was acknowledged, and what reads back
+// ---------------------------------------------------------------------------------------------
+
+/// Every record of `name` read through `c`, as (offset, body).
+pub async fn read_all(c: &Client, name: &str) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut seq = 0;
+    loop {
+        let chunk = c.read(name, seq, None).await.unwrap();
+        out.extend(
+            chunk
+                .records
+                .iter()
+                .map(|r| (r.seq, String::from_utf8_lossy(&r.body).to_string())),
+        );
+        if chunk.records.is_empty() || chunk.up_to_date {
+            return out;
+        }
+        seq = chunk.next_seq;
+    }
+}
+
+/// Checks that every acknowledged (offset, body) is in `records` at its offset, that no body
+/// appears twice, and that offsets are dense from 0.
+pub fn check_acked_once(records: &[(u64, String)], acked: &BTreeMap<u64, String>) {
+    let at: BTreeMap<u64, &String> = records.iter().map(|(o, b)| (*o, b)).collect();
+    for (offset, body) in acked {
+        assert_eq!(
+            at.get(offset).copied(),
+            Some(body),
+            "acknowledged record missing or moved: offset={offset}"
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (offset, body) in records {
+        assert!(seen.insert(body), "duplicate record {body} at {offset}");
+    }
+    for (i, (offset, _)) in records.iter().enumerate() {
+        assert_eq!(*offset, i as u64, "offsets not contiguous");
+    }
+}
+
+/// Appends `{prefix}-{i}` for i in 0..n through `c`, recording each acknowledged offset.
+pub async fn append_acked(
+    c: &Client,
+    name: &str,
+    prefix: &str,
+    n: usize,
+    acked: &mut BTreeMap<u64, String>,
+) {
+    for i in 0..n {
+        let body = format!("{prefix}-{i}");
+        let ack = c.append(name, body.clone()).await.unwrap();
+        acked.insert(ack.start_seq, body);
+    }
+}
+
+/// Appends `{prefix}-{k}` through `c` until one is acknowledged (each try bounded, so a
+/// redirect to a stopped node does not hang it), and records it.
+pub async fn append_eventually(
+    what: &str,
+    c: &Client,
+    name: &str,
+    prefix: &str,
+    acked: &mut BTreeMap<u64, String>,
+) {
+    let mut k = 0;
+    eventually(what, async || {
+        k += 1;
+        let body = format!("{prefix}-{k}");
+        let sent = tokio::time::timeout(Duration::from_secs(2), c.append(name, body.clone()));
+        match sent.await {
+            Ok(Ok(ack)) => {
+                acked.insert(ack.start_seq, body);
+                true
+            }
+            _ => false,
+        }
+    })
+    .await;
+}
+
+/// The node holding the maintenance lease (`/ready`'s `maintenanceLease`), once exactly one
+/// of `nodes` does.
+pub async fn lease_holder(nodes: &[&Node]) -> u32 {
+    let mut found = 0;
+    eventually("one lease holder", async || {
+        let h: Vec<u32> = nodes
+            .iter()
+            .filter(|n| n.ready_field("maintenanceLease") == Value::Bool(true))
+            .map(|n| n.id)
+            .collect();
+        if h.len() == 1 {
+            found = h[0];
+        }
+        h.len() == 1
+    })
+    .await;
+    found
+}
+
+/// Waits until `node` is ready again at a node epoch above `epoch_before + 1` (the fence's
+/// placeholder): it rejoined as a new incarnation.
+pub async fn rejoined(node: &Node, epoch_before: u64) {
+    eventually("the node rejoined with a new epoch", async || {
+        node.ready().is_some_and(|(code, v)| {
+            code == 200
+                && v["nodeEpoch"]
+                    .as_u64()
+                    .is_some_and(|e| e > epoch_before + 1)
+        })
+    })
+    .await;
 }

@@ -11,6 +11,7 @@
 //! - `ownership`: lazy open on this node; where a stream owned elsewhere lives.
 //! - `kv`: facade state in the metadata KV (Kafka committed offsets).
 //! - `transfer`: live transfer of a stream to another node (drain, release, open there).
+//! - `release`: on shutdown, every stream this node owns flushed and released to the cluster.
 //!
 //! This file holds the node itself: start, shutdown, readiness, events and proposals.
 
@@ -23,12 +24,14 @@ mod ownership;
 mod raw;
 mod read;
 mod registry;
+mod release;
 mod remove;
 mod transfer;
 
 pub use kv::KvError;
 pub use ownership::{ClusterNode, Route};
 pub use raw::RawRead;
+pub use release::{ReleaseReport, SHUTDOWN_RELEASE};
 pub use transfer::{
     DRAIN_TIMEOUT, HANDOFF_HOLD, HINT_TTL, StreamPlacement, TransferAccepted, TransferError,
 };
@@ -332,9 +335,15 @@ impl Node {
         self.inner.engine.abort();
     }
 
-    /// Stops serving, flushes every open stream into committed objects, stops background tasks.
+    /// Stops serving, releases the streams it owns ([`Node::release_streams`], bounded by
+    /// [`SHUTDOWN_RELEASE`], unless the host released them already), flushes whatever is left
+    /// into committed objects, stops background tasks.
     pub async fn shutdown(&self) {
-        self.inner.serving.store(false, Ordering::Relaxed);
+        // Before the loops stop: heartbeats keep this node live meanwhile, so nobody fails it
+        // over while it releases.
+        if self.is_serving() {
+            self.release_streams(SHUTDOWN_RELEASE).await;
+        }
         // Maintenance first, so no idle release races the final flush. Writers are not locked:
         // an append stuck waiting for queue space would hold up shutdown, and the engine rejects
         // new appends once it is shutting down.
