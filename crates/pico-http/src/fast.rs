@@ -292,6 +292,14 @@ mod tests {
     /// Status, headers in order, body.
     type Answer = (u16, Vec<(String, String)>, Bytes);
 
+    /// Method, URI, headers, body.
+    type Case = (
+        Method,
+        String,
+        Vec<(&'static str, &'static str)>,
+        &'static str,
+    );
+
     async fn answer<S>(svc: &S, req: Request) -> Answer
     where
         S: tower::Service<Request, Response = Response, Error = Infallible> + Clone,
@@ -357,7 +365,7 @@ mod tests {
             }
             let page = [("origin", "http://app.example")];
             let own = [("origin", "http://test.local")];
-            let appends: Vec<(Method, String, Vec<(&str, &str)>, &'static str)> = vec![
+            let appends: Vec<Case> = vec![
                 (post.clone(), pico.into(), vec![], "one"),
                 (post.clone(), pico.into(), page.to_vec(), "two"),
                 (post.clone(), pico.into(), own.to_vec(), "three"),
@@ -372,7 +380,7 @@ mod tests {
             }
             let big = [("content-length", "999999999")];
             let etag = [("if-none-match", "*")];
-            let same: Vec<(Method, String, Vec<(&str, &str)>, &'static str)> = vec![
+            let same: Vec<Case> = vec![
                 (get.clone(), pico.into(), vec![], ""),
                 (get.clone(), format!("{pico}?format=raw"), page.to_vec(), ""),
                 (
