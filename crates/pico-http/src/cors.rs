@@ -220,7 +220,7 @@ async fn answer(origins: &CorsOrigins, req: Request, next: Next) -> Response {
             admitted.finish(&mut resp);
             resp
         }
-        Err(refused) => refused,
+        Err(refused) => refused.into_response(),
     }
 }
 
@@ -259,18 +259,34 @@ pub struct Admitted {
     vary: bool,
 }
 
-/// Lets a request (not a preflight) through, or answers it 403: an `Origin` that is neither
+/// A request refused for its `Origin`: answered 403 ([`Refused::into_response`]).
+#[derive(Debug)]
+pub struct Refused {
+    origin: HeaderValue,
+    vary: bool,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let mut resp = refuse_origin(&self.origin, "--cors-origins does not list it");
+        finish(resp.headers_mut(), None, self.vary);
+        resp
+    }
+}
+
+/// Lets a request (not a preflight) through, or refuses it: an `Origin` that is neither
 /// granted nor the node's own.
-pub fn admit<B>(origins: &CorsOrigins, req: &axum::http::Request<B>) -> Result<Admitted, Response> {
+pub fn admit<B>(origins: &CorsOrigins, req: &axum::http::Request<B>) -> Result<Admitted, Refused> {
     let vary = vary(origins);
     let Some(origin) = req.headers().get(header::ORIGIN) else {
         return Ok(Admitted { grant: None, vary });
     };
     let grant = origins.grant(origin);
     if grant.is_none() && !same_origin(origin, req) {
-        let mut resp = refuse_origin(origin, "--cors-origins does not list it");
-        finish(resp.headers_mut(), None, vary);
-        return Err(resp);
+        return Err(Refused {
+            origin: origin.clone(),
+            vary,
+        });
     }
     Ok(Admitted { grant, vary })
 }

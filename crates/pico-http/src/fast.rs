@@ -115,7 +115,7 @@ impl Protocol {
         let method = req.method().clone();
         let flight = self.0.cors.metrics.as_ref().map(|m| m.start(&method));
         let mut resp = match cors::admit(&self.0.cors.origins, &req) {
-            Err(refused) => refused,
+            Err(refused) => refused.into_response(),
             Ok(admitted) => {
                 let mut resp = match self.owner(req.method(), req.uri()).await {
                     Some(elsewhere) => elsewhere,

@@ -69,16 +69,29 @@ pub struct Passed {
     fired: Option<Arc<OnceLock<BodyTimeout>>>,
 }
 
-/// Checks a request before any app sees it (see the module docs): `Err` is the answer to send
-/// instead of serving it. A request body gets its timers here.
-pub fn admit<B>(edge: &Edge, req: axum::http::Request<B>) -> Result<(Request, Passed), Response>
+/// A request refused before any app saw it: [`Refused::into_response`] is the answer.
+#[derive(Debug)]
+pub struct Refused {
+    error: HttpError,
+    version: Version,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        refuse(self.error, self.version)
+    }
+}
+
+/// Checks a request before any app sees it (see the module docs): `Err` is answered instead
+/// of serving it. A request body gets its timers here.
+pub fn admit<B>(edge: &Edge, req: axum::http::Request<B>) -> Result<(Request, Passed), Refused>
 where
     B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<axum::BoxError>,
 {
     let version = req.version();
-    if let Err(e) = edge.hosts.check(&req).and_then(|()| check_codings(&req)) {
-        return Err(refuse(e, version));
+    if let Err(error) = edge.hosts.check(&req).and_then(|()| check_codings(&req)) {
+        return Err(Refused { error, version });
     }
     // Bodiless requests (GET, HEAD: most of the traffic) need no timer.
     let fired = (!req.body().is_end_stream()).then(|| Arc::new(OnceLock::new()));

@@ -233,7 +233,7 @@ pub async fn serve<A: App>(
                 async move {
                     let mut resp = match admitted {
                         Ok((answer, passed)) => passed.settle(answer.await),
-                        Err(refused) => refused,
+                        Err(refused) => axum::response::IntoResponse::into_response(refused),
                     };
                     seal(&mut resp, &method);
                     Ok::<_, Infallible>(resp)
