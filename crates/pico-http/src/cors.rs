@@ -123,7 +123,7 @@ fn parse_origin(item: &str) -> Result<String, String> {
 
 /// The host (and port) a request is for: the URI's authority (HTTP/2's `:authority`, or an
 /// absolute-form HTTP/1.1 target), else the `Host` header.
-pub fn request_authority(req: &Request) -> Option<&str> {
+pub fn request_authority<B>(req: &axum::http::Request<B>) -> Option<&str> {
     match req.uri().authority() {
         Some(a) => Some(a.as_str()),
         None => req
@@ -135,7 +135,7 @@ pub fn request_authority(req: &Request) -> Option<&str> {
 
 /// The page making the request is served by this very host and port (the admin dashboard):
 /// `Origin` without its scheme is the request's authority.
-fn same_origin(origin: &HeaderValue, req: &Request) -> bool {
+fn same_origin<B>(origin: &HeaderValue, req: &axum::http::Request<B>) -> bool {
     let Some(authority) = request_authority(req) else {
         return false;
     };
@@ -199,7 +199,8 @@ pub struct Cors {
     pub origins: CorsOrigins,
 }
 
-/// The middleware: `axum::middleware::from_fn_with_state(Arc<Cors>, cors)`.
+/// The middleware: `axum::middleware::from_fn_with_state(Arc<Cors>, cors)`. The hot path
+/// ([`crate::fast`]) makes the same calls without it.
 pub async fn cors(State(state): State<Arc<Cors>>, req: Request, next: Next) -> Response {
     let flight = state.metrics.as_ref().map(|m| m.start(req.method()));
     let resp = answer(&state.origins, req, next).await;
@@ -210,47 +211,99 @@ pub async fn cors(State(state): State<Arc<Cors>>, req: Request, next: Next) -> R
 }
 
 async fn answer(origins: &CorsOrigins, req: Request, next: Next) -> Response {
-    let origin = req.headers().get(header::ORIGIN).cloned();
-    let grant = origin.as_ref().and_then(|o| origins.grant(o));
-    // With a list the answer depends on `Origin`: caches must keep one per origin.
-    let vary = matches!(origins, CorsOrigins::List(_));
     if req.method() == Method::OPTIONS {
-        // Methods and headers alone grant nothing: without `Access-Control-Allow-Origin` the
-        // browser fails the preflight.
-        let mut resp = StatusCode::NO_CONTENT.into_response();
-        let h = resp.headers_mut();
-        add_common(h);
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static(ALLOW_METHODS),
-        );
-        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, ALLOW_HEADERS.clone());
-        h.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            HeaderValue::from_static(PREFLIGHT_MAX_AGE_SECS),
-        );
-        finish(h, grant, vary);
-        return resp;
+        return preflight(origins, &req);
     }
-    if let Some(o) = &origin
-        && grant.is_none()
-        && !same_origin(o, &req)
-    {
-        let mut resp = refuse_origin(o, "--cors-origins does not list it");
-        finish(resp.headers_mut(), None, vary);
-        return resp;
+    match admit(origins, &req) {
+        Ok(admitted) => {
+            let mut resp = next.run(req).await;
+            admitted.finish(&mut resp);
+            resp
+        }
+        Err(refused) => refused.into_response(),
     }
-    let mut resp = next.run(req).await;
+}
+
+/// The answer to a preflight (`OPTIONS`). Methods and headers alone grant nothing: without
+/// `Access-Control-Allow-Origin` the browser fails the preflight.
+pub fn preflight<B>(origins: &CorsOrigins, req: &axum::http::Request<B>) -> Response {
+    let grant = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| origins.grant(o));
+    let mut resp = StatusCode::NO_CONTENT.into_response();
     let h = resp.headers_mut();
     add_common(h);
-    finish(h, grant, vary);
-    // A 413 is answered before the body is read: close the connection, or a client that reuses
-    // it races the server's close and sees a transport error on its next request.
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static(ALLOW_METHODS),
+    );
+    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, ALLOW_HEADERS.clone());
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static(PREFLIGHT_MAX_AGE_SECS),
+    );
+    finish(h, grant, vary(origins));
     resp
+}
+
+/// With a list the answer depends on `Origin`: caches must keep one per origin.
+fn vary(origins: &CorsOrigins) -> bool {
+    matches!(origins, CorsOrigins::List(_))
+}
+
+/// A request (not a preflight) let through: what its response must carry.
+#[derive(Debug)]
+pub struct Admitted {
+    grant: Option<HeaderValue>,
+    vary: bool,
+}
+
+/// A request refused for its `Origin`: answered 403 ([`Refused::into_response`]).
+#[derive(Debug)]
+pub struct Refused {
+    origin: HeaderValue,
+    vary: bool,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let mut resp = refuse_origin(&self.origin, "--cors-origins does not list it");
+        finish(resp.headers_mut(), None, self.vary);
+        resp
+    }
+}
+
+/// Lets a request (not a preflight) through, or refuses it: an `Origin` that is neither
+/// granted nor the node's own.
+pub fn admit<B>(origins: &CorsOrigins, req: &axum::http::Request<B>) -> Result<Admitted, Refused> {
+    let vary = vary(origins);
+    let Some(origin) = req.headers().get(header::ORIGIN) else {
+        return Ok(Admitted { grant: None, vary });
+    };
+    let grant = origins.grant(origin);
+    if grant.is_none() && !same_origin(origin, req) {
+        return Err(Refused {
+            origin: origin.clone(),
+            vary,
+        });
+    }
+    Ok(Admitted { grant, vary })
+}
+
+impl Admitted {
+    /// Adds the browser-safety headers and the grant to the response.
+    pub fn finish(self, resp: &mut Response) {
+        let h = resp.headers_mut();
+        add_common(h);
+        finish(h, self.grant, self.vary);
+        // A 413 is answered before the body is read: close the connection, or a client that
+        // reuses it races the server's close and sees a transport error on its next request.
+        if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+    }
 }
 
 /// The grant (and what a granted page may read), and `Vary: Origin` when the answer depends

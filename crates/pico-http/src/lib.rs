@@ -1,7 +1,9 @@
 //! PicoMQ HTTP facades. They only translate; all behaviour lives in `pico-server`.
 //!
 //! - [`protocol_router`]: the protocol listener (Pico protocol on stream paths, the Durable
-//!   Streams mount under `/v1/stream`).
+//!   Streams mount under `/v1/stream`): [`fast::Protocol`], which serves the stream routes
+//!   itself and the rest through an axum router.
+//! - [`fast`]: that hot path, matched by hand, its edge checks plain calls.
 //! - [`admin_router`]: the admin listener (`/health`, `/ready`, `/metrics`).
 //! - [`pico`]: Pico protocol handlers, one file per request kind.
 //! - [`ds`]: the Durable Streams protocol under `/v1/stream` (and at `/` with `--protocol ds`).
@@ -18,6 +20,7 @@ pub mod admin;
 pub mod cors;
 pub mod ds;
 pub mod error;
+pub mod fast;
 pub mod headers;
 pub mod pico;
 pub mod pieces;
@@ -44,14 +47,25 @@ pub struct HttpOptions {
     pub cors: cors::CorsOrigins,
 }
 
-/// The protocol listener's router. Its request counters are taken from the metrics recorder
+/// The protocol listener's service: the stream routes on the hot path ([`fast`]), everything
+/// else through the axum router. Its request counters are taken from the metrics recorder
 /// installed when it is built.
-pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
+pub fn protocol_router(node: Node, opts: HttpOptions) -> fast::Protocol {
     let HttpOptions {
         routing_local,
         ds_at_root,
         cors,
     } = opts;
+    let cors = Arc::new(cors::Cors {
+        metrics: Some(telemetry::HttpMetrics::new()),
+        origins: cors,
+    });
+    let router = axum_router(node.clone(), ds_at_root, routing_local, cors.clone());
+    fast::Protocol::new(node, ds_at_root, !routing_local, cors, router)
+}
+
+/// Every protocol route behind the edge layers (CORS and telemetry, owner routing).
+fn axum_router(node: Node, ds_at_root: bool, routing_local: bool, cors: Arc<cors::Cors>) -> Router {
     let mut r = ds::router(node.clone(), ds_at_root);
     if !ds_at_root {
         r = r.merge(pico::router(node.clone()));
@@ -62,11 +76,7 @@ pub fn protocol_router(node: Node, opts: HttpOptions) -> Router {
             routing::redirect_to_owner,
         ));
     }
-    let state = Arc::new(cors::Cors {
-        metrics: Some(telemetry::HttpMetrics::new()),
-        origins: cors,
-    });
-    r.layer(from_fn_with_state(state, cors::cors))
+    r.layer(from_fn_with_state(cors, cors::cors))
 }
 
 /// The admin listener's router; `metrics` is the handle of the process's Prometheus recorder.

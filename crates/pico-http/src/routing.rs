@@ -19,7 +19,7 @@
 
 use crate::error::HttpError;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use pico_common::StreamName;
@@ -42,6 +42,7 @@ fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
     StreamName::from_path(rest).ok()
 }
 
+/// The middleware (state: the node and whether DS is served at the root).
 pub async fn redirect_to_owner(
     State((node, ds_at_root)): State<(Node, bool)>,
     req: Request,
@@ -50,31 +51,42 @@ pub async fn redirect_to_owner(
     if req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
-    let Some(name) = stream_of(req.uri().path(), ds_at_root) else {
-        return next.run(req).await;
-    };
-    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+    match owner_answer(&node, req.method(), req.uri(), ds_at_root).await {
+        Some(resp) => resp,
+        None => next.run(req).await,
+    }
+}
+
+/// The answer for a request that this node must not serve (a 307 to the stream's owner, or a
+/// 503 while nobody may serve it); `None` to serve it here. Preflights are the caller's:
+/// they are served wherever they land.
+pub async fn owner_answer(
+    node: &Node,
+    method: &Method,
+    uri: &Uri,
+    ds_at_root: bool,
+) -> Option<Response> {
+    let name = stream_of(uri.path(), ds_at_root)?;
+    if !matches!(*method, Method::GET | Method::HEAD) {
         node.hold_for_handoff(&name).await;
     }
     let owner = match node.route(&name) {
-        Route::Local => return next.run(req).await,
+        Route::Local => return None,
         Route::Redirect(url) => url,
         // The owner lapsed or was fenced: a redirect would point at a dead address, and serving
         // here would fence its acknowledged appends before failover recovers them.
         Route::Unavailable(why) => {
             let mut e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why);
             e.retry_after = Some(std::time::Duration::from_secs(1));
-            return e.into_response();
+            return Some(e.into_response());
         }
     };
-    let path_and_query = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
+    let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let location = format!("{}{}", owner.trim_end_matches('/'), path_and_query);
-    match HeaderValue::from_str(&location) {
-        Ok(loc) => (
+    // An owner address that is not a valid header: serve locally rather than fail.
+    let loc = HeaderValue::from_str(&location).ok()?;
+    Some(
+        (
             StatusCode::TEMPORARY_REDIRECT,
             [
                 (header::LOCATION, loc),
@@ -82,9 +94,7 @@ pub async fn redirect_to_owner(
             ],
         )
             .into_response(),
-        // An owner address that is not a valid header: serve locally rather than fail.
-        Err(_) => next.run(req).await,
-    }
+    )
 }
 
 #[cfg(test)]

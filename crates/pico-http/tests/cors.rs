@@ -32,7 +32,7 @@ fn preflight(origin: &str) -> [(&str, &str); 3] {
     ]
 }
 
-async fn next_seq(app: &axum::Router, stream: &str) -> String {
+async fn next_seq(app: &pico_http::fast::Protocol, stream: &str) -> String {
     let r = send(app, Method::HEAD, stream, &[], Body::empty()).await;
     assert_eq!(r.code(), 200, "{stream} missing");
     r.h("pico-next-seq").unwrap().to_string()

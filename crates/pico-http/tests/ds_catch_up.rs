@@ -23,7 +23,7 @@ fn record(i: usize) -> String {
 }
 
 /// A text stream of `n` records of [`record`]; returns its URL and contents.
-async fn text_stream(app: &axum::Router, name: &str, n: usize) -> (String, String) {
+async fn text_stream(app: &pico_http::fast::Protocol, name: &str, n: usize) -> (String, String) {
     let u = format!("{S}/{name}");
     assert_eq!(put(app, &u, &[TEXT], "").await.code(), 201);
     let mut all = String::new();
@@ -35,7 +35,7 @@ async fn text_stream(app: &axum::Router, name: &str, n: usize) -> (String, Strin
 }
 
 /// A GET whose body is left unread: its headers, and the body to read later.
-async fn get_lazy(app: &axum::Router, uri: &str) -> (axum::http::Response<()>, Body) {
+async fn get_lazy(app: &pico_http::fast::Protocol, uri: &str) -> (axum::http::Response<()>, Body) {
     let req = Request::builder()
         .method(Method::GET)
         .uri(uri)

@@ -10,7 +10,6 @@ mod proxy;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request};
 use pico_http::{HttpOptions, admin_router, protocol_router};
@@ -20,7 +19,28 @@ use s3stream::{EngineConfig, MemoryStorage, ObjectWal};
 use serde_json::Value;
 use tower::ServiceExt;
 
-async fn send(app: &Router, method: Method, uri: &str) -> (u16, Option<String>, Value) {
+/// What a test sends requests to: the protocol service, or the admin router.
+trait App:
+    tower::Service<
+        axum::http::Request<axum::body::Body>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + Clone
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            axum::http::Request<axum::body::Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send,
+        > + Clone
+{
+}
+
+async fn send(app: &impl App, method: Method, uri: &str) -> (u16, Option<String>, Value) {
     let req = Request::builder()
         .method(method)
         .uri(uri)
@@ -47,7 +67,7 @@ async fn send(app: &Router, method: Method, uri: &str) -> (u16, Option<String>, 
 }
 
 /// Polls (bounded) until `uri` answers `status`; returns the last body.
-async fn wait_status(app: &Router, method: Method, uri: &str, status: u16) -> Value {
+async fn wait_status(app: &impl App, method: Method, uri: &str, status: u16) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let (s, _, body) = send(app, method.clone(), uri).await;

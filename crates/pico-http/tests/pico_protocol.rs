@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode};
 use bytes::Bytes;
@@ -13,6 +12,27 @@ use pico_server::testing::{start_test_node, start_test_node_with};
 use pico_server::{Node, NodeConfig};
 use serde_json::{Value, json};
 use tower::ServiceExt;
+
+/// What a test sends requests to: the protocol service, or the admin router.
+trait App:
+    tower::Service<
+        axum::http::Request<axum::body::Body>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + Clone
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            axum::http::Request<axum::body::Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send,
+        > + Clone
+{
+}
 
 struct Resp {
     status: StatusCode,
@@ -33,17 +53,17 @@ impl Resp {
     }
 }
 
-async fn app() -> (Router, Node) {
+async fn app() -> (pico_http::fast::Protocol, Node) {
     let node = start_test_node().await;
     (protocol_router(node.clone(), HttpOptions::default()), node)
 }
 
-async fn app_with(config: NodeConfig) -> Router {
+async fn app_with(config: NodeConfig) -> pico_http::fast::Protocol {
     let node = start_test_node_with(config).await;
     protocol_router(node, HttpOptions::default())
 }
 
-async fn send(app: &Router, req: Request<Body>) -> Resp {
+async fn send(app: &impl App, req: Request<Body>) -> Resp {
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
@@ -70,15 +90,15 @@ fn req(
     b.body(body.into()).unwrap()
 }
 
-async fn put(app: &Router, uri: &str, headers: &[(&str, &str)]) -> Resp {
+async fn put(app: &impl App, uri: &str, headers: &[(&str, &str)]) -> Resp {
     send(app, req(Method::PUT, uri, headers, Body::empty())).await
 }
 
-async fn post(app: &Router, uri: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Resp {
+async fn post(app: &impl App, uri: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Resp {
     send(app, req(Method::POST, uri, headers, body)).await
 }
 
-async fn get(app: &Router, uri: &str) -> Resp {
+async fn get(app: &impl App, uri: &str) -> Resp {
     send(app, req(Method::GET, uri, &[], Body::empty())).await
 }
 

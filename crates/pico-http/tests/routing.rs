@@ -6,7 +6,11 @@ use pico_http::{HttpOptions, protocol_router};
 use pico_server::testing::{open_on_other_node, start_test_node};
 use tower::ServiceExt;
 
-async fn send(app: &axum::Router, method: &str, uri: &str) -> axum::response::Response {
+async fn send(
+    app: &pico_http::fast::Protocol,
+    method: &str,
+    uri: &str,
+) -> axum::response::Response {
     let req = Request::builder()
         .method(method)
         .uri(uri)

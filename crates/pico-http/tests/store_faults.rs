@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request};
 use pico_http::{HttpOptions, protocol_router};
@@ -17,13 +16,34 @@ use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal, Wal};
 use serde_json::Value;
 use tower::ServiceExt;
 
+/// What a test sends requests to: the protocol service, or the admin router.
+trait App:
+    tower::Service<
+        axum::http::Request<axum::body::Body>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + Clone
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            axum::http::Request<axum::body::Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send,
+        > + Clone
+{
+}
+
 struct Resp {
     status: u16,
     retry_after: Option<String>,
     body: Value,
 }
 
-async fn send(app: &Router, method: Method, uri: &str, body: &'static str) -> Resp {
+async fn send(app: &impl App, method: Method, uri: &str, body: &'static str) -> Resp {
     let req = Request::builder()
         .method(method)
         .uri(uri)
@@ -49,7 +69,10 @@ async fn send(app: &Router, method: Method, uri: &str, body: &'static str) -> Re
     }
 }
 
-async fn node_on(data: Arc<dyn ObjectStorage>, wal: Arc<dyn Wal>) -> (Router, Node) {
+async fn node_on(
+    data: Arc<dyn ObjectStorage>,
+    wal: Arc<dyn Wal>,
+) -> (pico_http::fast::Protocol, Node) {
     node_with(data, wal, EngineConfig::default()).await
 }
 
@@ -57,7 +80,7 @@ async fn node_with(
     data: Arc<dyn ObjectStorage>,
     wal: Arc<dyn Wal>,
     engine: EngineConfig,
-) -> (Router, Node) {
+) -> (pico_http::fast::Protocol, Node) {
     let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
         .await
         .unwrap();

@@ -1,5 +1,5 @@
-//! The per-request guards the listener puts around every app it serves: one function call per
-//! request ([`guard`]), no further layers.
+//! The per-request guards the listener puts around every app it serves: two plain calls per
+//! request ([`admit`] before the app, [`Passed::settle`] after it), no layers.
 //!
 //! - The `Host` ([`HostPolicy`]): a loopback listener answers loopback names and configured
 //!   hosts only (DNS rebinding); HTTP/1.1 without `Host` is a 400.
@@ -11,15 +11,14 @@
 //!   32 MiB body and then trickles it (or stops) would hold its task, socket and buffer for
 //!   good, and enough of them exhaust file descriptors. When a timer runs out the body fails
 //!   with [`BodyTimeout`]: `read_body` answers that 408 itself, and for handlers that take the
-//!   body through an extractor (`Bytes`, whose rejection would be a 400) [`guard`] turns the
-//!   answer into the same 408. hyper then closes the connection, the body being unread.
+//!   body through an extractor (`Bytes`, whose rejection would be a 400) [`Passed::settle`]
+//!   turns the answer into the same 408. hyper then closes the connection, the body being unread.
 //! - HTTP/2 response bodies report their progress to the stream watchdog of
 //!   [`ConnExec`](crate::conn_exec) ([`Watched`]).
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper::body::{Body as _, Frame, SizeHint};
 use pico_http::HttpError;
@@ -62,30 +61,63 @@ pub struct Edge {
     pub hosts: HostPolicy,
 }
 
-/// Middleware (state: the listener's [`Edge`]): see the module docs.
-pub async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
+/// A request [`admit`] let through: what [`Passed::settle`] checks on the way out.
+#[derive(Debug)]
+pub struct Passed {
+    version: Version,
+    /// Set by the request body's timers when one ran out (bodiless requests have none).
+    fired: Option<Arc<OnceLock<BodyTimeout>>>,
+}
+
+/// A request refused before any app saw it: [`Refused::into_response`] is the answer.
+#[derive(Debug)]
+pub struct Refused {
+    error: HttpError,
+    version: Version,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        refuse(self.error, self.version)
+    }
+}
+
+/// Checks a request before any app sees it (see the module docs): `Err` is answered instead
+/// of serving it. A request body gets its timers here.
+pub fn admit<B>(edge: &Edge, req: axum::http::Request<B>) -> Result<(Request, Passed), Refused>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     let version = req.version();
-    if let Err(e) = edge.hosts.check(&req).and_then(|()| check_codings(&req)) {
-        return refuse(e, version);
+    if let Err(error) = edge.hosts.check(&req).and_then(|()| check_codings(&req)) {
+        return Err(Refused { error, version });
     }
     // Bodiless requests (GET, HEAD: most of the traffic) need no timer.
     let fired = (!req.body().is_end_stream()).then(|| Arc::new(OnceLock::new()));
     let req = match &fired {
         Some(fired) => req.map(|b| Body::new(GuardedBody::new(b, edge.body, fired.clone()))),
-        None => req,
+        None => req.map(Body::new),
     };
-    let res = next.run(req).await;
-    if let Some(e) = fired.as_deref().and_then(OnceLock::get)
-        && res.status() != StatusCode::REQUEST_TIMEOUT
-    {
-        // Whatever the handler made of the failed body (an extractor's 400), the cause is the
-        // client's pace; a handler that answered 408 itself keeps its protocol's form.
-        return HttpError::request_timeout(e.to_string()).into_response();
+    Ok((req, Passed { version, fired }))
+}
+
+impl Passed {
+    /// The app's answer as sent: a 408 if the body's timers ran out, and HTTP/2 response bodies
+    /// watched for stalls.
+    pub fn settle(self, res: Response) -> Response {
+        if let Some(e) = self.fired.as_deref().and_then(OnceLock::get)
+            && res.status() != StatusCode::REQUEST_TIMEOUT
+        {
+            // Whatever the handler made of the failed body (an extractor's 400), the cause is
+            // the client's pace; a handler that answered 408 itself keeps its protocol's form.
+            return HttpError::request_timeout(e.to_string()).into_response();
+        }
+        if self.version == Version::HTTP_2 && !res.body().is_end_stream() {
+            return res.map(|b| Body::new(Watched(b)));
+        }
+        res
     }
-    if version == Version::HTTP_2 && !res.body().is_end_stream() {
-        return res.map(|b| Body::new(Watched(b)));
-    }
-    res
 }
 
 /// An answer given instead of serving: its body (if any) is left unread, so an HTTP/1.1
@@ -101,7 +133,7 @@ fn refuse(e: HttpError, version: Version) -> Response {
 
 /// Refuses codings the handlers would not undo: they would store the encoded bytes as if they
 /// were the body.
-fn check_codings(req: &Request) -> Result<(), HttpError> {
+fn check_codings<B: hyper::body::Body>(req: &axum::http::Request<B>) -> Result<(), HttpError> {
     let h = req.headers();
     if let Some(te) = other_coding(h, header::TRANSFER_ENCODING, "chunked") {
         return Err(HttpError::bad_request(format!(
@@ -144,8 +176,8 @@ enum Limit {
 /// while it is being waited for. Data that is ready is never refused: only the client's time
 /// counts, not the handler's.
 #[derive(Debug)]
-pub struct GuardedBody {
-    inner: Body,
+pub struct GuardedBody<B = Body> {
+    inner: B,
     limits: BodyLimits,
     /// The first read.
     start: Option<Instant>,
@@ -154,12 +186,12 @@ pub struct GuardedBody {
     waiting: Option<Limit>,
     /// Allocated at the first wait only: most bodies are in before they are read.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// Set when a timer ran out, for [`guard`].
+    /// Set when a timer ran out, for [`Passed::settle`].
     fired: Arc<OnceLock<BodyTimeout>>,
 }
 
-impl GuardedBody {
-    pub fn new(inner: Body, limits: BodyLimits, fired: Arc<OnceLock<BodyTimeout>>) -> Self {
+impl<B> GuardedBody<B> {
+    pub fn new(inner: B, limits: BodyLimits, fired: Arc<OnceLock<BodyTimeout>>) -> Self {
         GuardedBody {
             inner,
             limits,
@@ -205,7 +237,11 @@ impl GuardedBody {
     }
 }
 
-impl hyper::body::Body for GuardedBody {
+impl<B> hyper::body::Body for GuardedBody<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -216,6 +252,7 @@ impl hyper::body::Body for GuardedBody {
         let this = self.get_mut();
         let start = *this.start.get_or_insert_with(Instant::now);
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            let frame = frame.map(|f| f.map_err(axum::Error::new));
             if let Some(Ok(f)) = &frame
                 && let Some(d) = f.data_ref()
             {

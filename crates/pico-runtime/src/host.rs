@@ -12,7 +12,6 @@
 //! On every listener, an HTTP/1.1 request without a `Host` (or with several) is a 400, as
 //! RFC 9112 §3.2 requires.
 
-use axum::extract::Request;
 use axum::http::{StatusCode, Version, header};
 use pico_http::HttpError;
 use pico_http::cors::request_authority;
@@ -44,7 +43,7 @@ impl HostPolicy {
     }
 
     /// Checks `req`'s host: `Err` is the answer to send instead of serving it.
-    pub fn check(&self, req: &Request) -> Result<(), HttpError> {
+    pub fn check<B>(&self, req: &axum::http::Request<B>) -> Result<(), HttpError> {
         if req.uri().authority().is_none() {
             let mut hosts = req.headers().get_all(header::HOST).iter();
             match (hosts.next(), hosts.next()) {
@@ -121,6 +120,7 @@ fn is_loopback_name(host: &str) -> bool {
 mod tests {
     use super::*;
     use axum::body::Body;
+    use axum::extract::Request;
 
     fn req(version: Version, hosts: &[&str]) -> Request {
         let mut b = axum::http::Request::builder().uri("/s").version(version);

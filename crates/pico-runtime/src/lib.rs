@@ -422,10 +422,10 @@ pub async fn run(
         cors: pico_http::cors::CorsOrigins::parse(&config.cors_origins)
             .map_err(RuntimeError::Config)?,
     };
-    let proto_app = SwapRouter::new(pico_http::protocol_router(node.clone(), opts.clone()));
+    let proto_app = Swap::new(pico_http::protocol_router(node.clone(), opts.clone()));
     servers.push(tokio::spawn(listener::serve(
         protocol,
-        proto_app.router(),
+        proto_app.clone(),
         listen,
         timeouts,
         host::HostPolicy::for_listener(local, &extra_hosts),
@@ -433,7 +433,7 @@ pub async fn run(
     )));
     tracing::info!(addr = %local, "protocol listener ready");
     // The routers are swapped when the node rejoins as a new incarnation; the listeners stay.
-    let admin_app = SwapRouter::new(pico_http::admin_router(node.clone(), metrics.clone()));
+    let admin_app = Swap::new(pico_http::admin_router(node.clone(), metrics.clone()));
     startup.serve(admin_app.router());
     let mut kafka_server = match kafka {
         Some(kafka) => Some(KafkaServer::spawn(&config, kafka, &node)?),
@@ -522,30 +522,43 @@ pub async fn run(
     Ok(())
 }
 
-/// A router whose routes can be replaced while its listener keeps accepting (a rejoin swaps
-/// in the new incarnation's).
+/// An app whose routes can be replaced while its listener keeps accepting (a rejoin swaps in
+/// the new incarnation's).
 #[derive(Clone)]
-struct SwapRouter(std::sync::Arc<std::sync::RwLock<axum::Router>>);
+struct Swap<A>(std::sync::Arc<std::sync::RwLock<A>>);
 
-impl SwapRouter {
-    fn new(router: axum::Router) -> SwapRouter {
-        SwapRouter(std::sync::Arc::new(std::sync::RwLock::new(router)))
+impl<A: Clone> Swap<A> {
+    fn new(app: A) -> Swap<A> {
+        Swap(std::sync::Arc::new(std::sync::RwLock::new(app)))
     }
 
-    fn swap(&self, router: axum::Router) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = router;
+    fn swap(&self, app: A) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = app;
     }
 
+    fn current(&self) -> A {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Swap<axum::Router> {
     /// A router that sends every request to the current one.
     fn router(&self) -> axum::Router {
         use tower::ServiceExt;
         let current = self.clone();
         axum::Router::new().fallback_service(tower::service_fn(
-            move |req: axum::extract::Request| {
-                let router = current.0.read().unwrap_or_else(|p| p.into_inner()).clone();
-                async move { router.oneshot(req).await }
-            },
+            move |req: axum::extract::Request| current.current().oneshot(req),
         ))
+    }
+}
+
+/// Each request goes to the app current when it arrives.
+impl<A: listener::App> listener::App for Swap<A> {
+    fn call(
+        &self,
+        req: axum::extract::Request,
+    ) -> impl std::future::Future<Output = axum::response::Response> + Send + use<A> {
+        self.current().call(req)
     }
 }
 

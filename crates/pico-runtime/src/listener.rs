@@ -30,13 +30,16 @@
 
 use crate::coalesce::{Coalesce, Sniff, sniff};
 use crate::conn_exec::ConnExec;
-use crate::guard::{BodyLimits, Edge, guard};
+use crate::guard::{self, BodyLimits, Edge};
 use crate::host::HostPolicy;
 use crate::wait_timer::WaitTimer;
+use axum::extract::Request;
+use axum::response::Response;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use pico_http::fast::seal;
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -46,6 +49,34 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+
+/// What a listener serves. The listener puts the guard ([`crate::guard`]) and the router's
+/// last touches ([`seal`]) around it: plain calls, no layers.
+pub trait App: Clone + Send + Sync + 'static {
+    /// Answers one request; the future owns what it needs.
+    fn call(&self, req: Request) -> impl Future<Output = Response> + Send + use<Self>;
+}
+
+/// Admin and startup apps, and tests.
+impl App for axum::Router {
+    fn call(&self, req: Request) -> impl Future<Output = Response> + Send + use<> {
+        use tower::ServiceExt;
+        let answer = self.clone().oneshot(req);
+        async move {
+            match answer.await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }
+        }
+    }
+}
+
+/// The protocol listener: stream routes on the hot path, the rest through its router.
+impl App for pico_http::fast::Protocol {
+    fn call(&self, req: Request) -> impl Future<Output = Response> + Send + use<> {
+        pico_http::fast::Protocol::call(self, req)
+    }
+}
 
 /// Listener settings.
 #[derive(Debug, Clone, Copy)]
@@ -166,9 +197,9 @@ fn builder_with(
 ///
 /// `timeouts` are [`Timeouts::default`] in production; tests shorten them. `hosts` are the
 /// `Host` values it answers ([`HostPolicy::for_listener`]).
-pub async fn serve(
+pub async fn serve<A: App>(
     listener: TcpListener,
-    app: axum::Router,
+    app: A,
     opts: ListenOptions,
     timeouts: Timeouts,
     hosts: HostPolicy,
@@ -178,7 +209,6 @@ pub async fn serve(
         body: timeouts.body_limits(),
         hosts,
     });
-    let app = app.layer(axum::middleware::from_fn_with_state(edge, guard));
     let graceful = GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -194,7 +224,22 @@ pub async fn serve(
             }
         };
         tune(&tcp);
-        let svc = TowerToHyperService::new(app.clone());
+        let svc = {
+            let (app, edge) = (app.clone(), edge.clone());
+            hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let method = req.method().clone();
+                let admitted =
+                    guard::admit(&edge, req).map(|(req, passed)| (app.call(req), passed));
+                async move {
+                    let mut resp = match admitted {
+                        Ok((answer, passed)) => passed.settle(answer.await),
+                        Err(refused) => axum::response::IntoResponse::into_response(refused),
+                    };
+                    seal(&mut resp, &method);
+                    Ok::<_, Infallible>(resp)
+                }
+            })
+        };
         // An executor per connection, so its HTTP/2 streams run in its own task.
         let exec = ConnExec::new(timeouts.stall);
         let io = Coalesce::new(Preface::new(

@@ -90,17 +90,29 @@ async fn dispatch(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let result = match stream_name(ds.root, &uri) {
+    serve(&ds, &method, &uri, &headers, body).await
+}
+
+/// One request for a stream path under `ds.root`, whatever its method: the router's handler,
+/// and what the hot path ([`crate::fast`]) calls directly.
+pub async fn serve(
+    ds: &Ds,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match stream_name(ds.root, uri) {
         Err(e) => Err(e),
-        Ok(name) => match method {
-            Method::GET => read::get(&ds, name, &uri, &headers).await,
-            Method::HEAD => read::head(&ds, name).await,
+        Ok(name) => match *method {
+            Method::GET => read::get(ds, name, uri, headers).await,
+            Method::HEAD => read::head(ds, name).await,
             Method::PUT => match new_stream_name(&name) {
-                Ok(()) => write::put(&ds, name, &uri, &headers, body).await,
+                Ok(()) => write::put(ds, name, uri, headers, body).await,
                 Err(e) => Err(e),
             },
-            Method::POST => write::post(&ds, name, &headers, body).await,
-            Method::DELETE => write::delete(&ds, name).await,
+            Method::POST => write::post(ds, name, headers, body).await,
+            Method::DELETE => write::delete(ds, name).await,
             _ => Err(DsError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed: use GET, HEAD, PUT, POST, DELETE or OPTIONS",

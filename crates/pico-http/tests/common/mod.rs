@@ -3,14 +3,35 @@
 
 #![allow(dead_code)]
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode};
 use bytes::Bytes;
+use pico_http::fast::Protocol;
 use pico_http::{HttpOptions, protocol_router};
 use pico_server::Node;
 use pico_server::testing::start_test_node;
 use tower::ServiceExt;
+
+/// What a test sends requests to: the protocol service, or the admin router.
+pub trait App:
+    tower::Service<
+        axum::http::Request<axum::body::Body>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future: Send,
+    > + Clone
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            axum::http::Request<axum::body::Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send,
+        > + Clone
+{
+}
 
 pub struct Resp {
     pub status: StatusCode,
@@ -39,17 +60,17 @@ impl Resp {
     }
 }
 
-pub async fn app() -> (Router, Node) {
+pub async fn app() -> (Protocol, Node) {
     app_with(HttpOptions::default()).await
 }
 
-pub async fn app_with(opts: HttpOptions) -> (Router, Node) {
+pub async fn app_with(opts: HttpOptions) -> (Protocol, Node) {
     let node = start_test_node().await;
     (protocol_router(node.clone(), opts), node)
 }
 
 pub async fn send(
-    app: &Router,
+    app: &impl App,
     method: Method,
     uri: &str,
     headers: &[(&str, &str)],
@@ -79,12 +100,17 @@ pub async fn send(
     }
 }
 
-pub async fn put(app: &Router, uri: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Resp {
+pub async fn put(
+    app: &impl App,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Body>,
+) -> Resp {
     send(app, Method::PUT, uri, headers, body).await
 }
 
 pub async fn post(
-    app: &Router,
+    app: &impl App,
     uri: &str,
     headers: &[(&str, &str)],
     body: impl Into<Body>,
@@ -92,19 +118,19 @@ pub async fn post(
     send(app, Method::POST, uri, headers, body).await
 }
 
-pub async fn get(app: &Router, uri: &str) -> Resp {
+pub async fn get(app: &impl App, uri: &str) -> Resp {
     send(app, Method::GET, uri, &[], Body::empty()).await
 }
 
-pub async fn get_with(app: &Router, uri: &str, headers: &[(&str, &str)]) -> Resp {
+pub async fn get_with(app: &impl App, uri: &str, headers: &[(&str, &str)]) -> Resp {
     send(app, Method::GET, uri, headers, Body::empty()).await
 }
 
-pub async fn head(app: &Router, uri: &str) -> Resp {
+pub async fn head(app: &impl App, uri: &str) -> Resp {
     send(app, Method::HEAD, uri, &[], Body::empty()).await
 }
 
-pub async fn delete(app: &Router, uri: &str) -> Resp {
+pub async fn delete(app: &impl App, uri: &str) -> Resp {
     send(app, Method::DELETE, uri, &[], Body::empty()).await
 }
 
