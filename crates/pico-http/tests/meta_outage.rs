@@ -19,26 +19,9 @@ use s3stream::{EngineConfig, MemoryStorage, ObjectWal};
 use serde_json::Value;
 use tower::ServiceExt;
 
-/// What a test sends requests to: the protocol service, or the admin router.
-trait App:
-    tower::Service<
-        axum::http::Request<axum::body::Body>,
-        Response = axum::response::Response,
-        Error = std::convert::Infallible,
-        Future: Send,
-    > + Clone
-{
-}
-
-impl<S> App for S where
-    S: tower::Service<
-            axum::http::Request<axum::body::Body>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-            Future: Send,
-        > + Clone
-{
-}
+#[path = "common/app.rs"]
+mod app;
+use app::App;
 
 async fn send(app: &impl App, method: Method, uri: &str) -> (u16, Option<String>, Value) {
     let req = Request::builder()

@@ -13,26 +13,9 @@ use pico_server::{Node, NodeConfig};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-/// What a test sends requests to: the protocol service, or the admin router.
-trait App:
-    tower::Service<
-        axum::http::Request<axum::body::Body>,
-        Response = axum::response::Response,
-        Error = std::convert::Infallible,
-        Future: Send,
-    > + Clone
-{
-}
-
-impl<S> App for S where
-    S: tower::Service<
-            axum::http::Request<axum::body::Body>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-            Future: Send,
-        > + Clone
-{
-}
+#[path = "common/app.rs"]
+mod app;
+use app::App;
 
 struct Resp {
     status: StatusCode,

@@ -12,26 +12,8 @@ use pico_server::Node;
 use pico_server::testing::start_test_node;
 use tower::ServiceExt;
 
-/// What a test sends requests to: the protocol service, or the admin router.
-pub trait App:
-    tower::Service<
-        axum::http::Request<axum::body::Body>,
-        Response = axum::response::Response,
-        Error = std::convert::Infallible,
-        Future: Send,
-    > + Clone
-{
-}
-
-impl<S> App for S where
-    S: tower::Service<
-            axum::http::Request<axum::body::Body>,
-            Response = axum::response::Response,
-            Error = std::convert::Infallible,
-            Future: Send,
-        > + Clone
-{
-}
+mod app;
+pub use app::App;
 
 pub struct Resp {
     pub status: StatusCode,

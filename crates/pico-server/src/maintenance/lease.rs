@@ -183,51 +183,6 @@ mod tests {
     use pico_common::clock::{Clock, ManualClock};
     use std::sync::Arc;
 
-    /// Two nodes (ids 1 and 2) on one metadata log and one bucket, loops stopped.
-    async fn two_nodes(clock: &Arc<ManualClock>) -> (Node, Node) {
-        let meta = MetaLog::open(
-            "sqlite::memory:",
-            MetaLogOptions {
-                clock: clock.clone(),
-                ..MetaLogOptions::default()
-            },
-        )
-        .await
-        .unwrap();
-        let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-        let mut nodes = Vec::new();
-        for id in [1u32, 2] {
-            let config = NodeConfig {
-                node_id: id,
-                node_epoch: 10 + u64::from(id),
-                advertised_url: format!("http://127.0.0.1:{}", 4000 + id),
-                clock: clock.clone(),
-                lease_ttl: Duration::from_secs(10),
-                ..NodeConfig::default()
-            };
-            let wal = Arc::new(ObjectWal::new(
-                Arc::new(MemoryStorage::new()),
-                "wal".to_string(),
-            ));
-            let node = Node::start(
-                config,
-                meta.clone(),
-                data.clone(),
-                wal,
-                EngineConfig::default(),
-            )
-            .await
-            .unwrap();
-            for task in node.inner.tasks.lock().unwrap().drain(..) {
-                task.abort();
-            }
-            nodes.push(node);
-        }
-        let b = nodes.pop().unwrap();
-        let a = nodes.pop().unwrap();
-        (a, b)
-    }
-
     fn holders(a: &Node, b: &Node) -> (bool, bool) {
         (a.holds_maintenance_lease(), b.holds_maintenance_lease())
     }

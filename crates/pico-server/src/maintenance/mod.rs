@@ -18,7 +18,7 @@ mod idle;
 mod lease;
 mod orphans;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 mod ttl;
 
 pub(crate) use heartbeat::{LivenessWatch, OwnHeartbeat};

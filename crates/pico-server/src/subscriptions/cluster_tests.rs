@@ -9,13 +9,10 @@ use std::time::Duration;
 use pico_common::StreamName;
 use pico_common::clock::ManualClock;
 use pico_protocol::Record as DataRecord;
-use pico_sql::{MetaLog, MetaLogOptions};
-use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::*;
-use crate::config::NodeConfig;
 use crate::maintenance::{lease_pass, release_lease};
 
 const ROOT: &str = "http://127.0.0.1:4001/v1/stream/__ds";
@@ -23,46 +20,7 @@ const ROOT: &str = "http://127.0.0.1:4001/v1/stream/__ds";
 /// Two nodes (ids 1 and 2, advertised at ports 4001 and 4002) sharing a metadata log and a
 /// bucket, their loops stopped. Node 1 started first and holds the lease.
 async fn two_nodes(clock: &Arc<ManualClock>) -> (Node, Node) {
-    let meta = MetaLog::open(
-        "sqlite::memory:",
-        MetaLogOptions {
-            clock: clock.clone(),
-            ..MetaLogOptions::default()
-        },
-    )
-    .await
-    .unwrap();
-    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-    let mut nodes = Vec::new();
-    for id in [1u32, 2] {
-        let config = NodeConfig {
-            node_id: id,
-            node_epoch: 10 + u64::from(id),
-            advertised_url: format!("http://127.0.0.1:{}", 4000 + id),
-            clock: clock.clone(),
-            lease_ttl: Duration::from_secs(10),
-            ..NodeConfig::default()
-        };
-        let wal = Arc::new(ObjectWal::new(
-            Arc::new(MemoryStorage::new()),
-            "wal".to_string(),
-        ));
-        let node = Node::start(
-            config,
-            meta.clone(),
-            data.clone(),
-            wal,
-            EngineConfig::default(),
-        )
-        .await
-        .unwrap();
-        for task in node.inner.tasks.lock().unwrap().drain(..) {
-            task.abort();
-        }
-        nodes.push(node);
-    }
-    let b = nodes.pop().unwrap();
-    let a = nodes.pop().unwrap();
+    let (a, b) = crate::maintenance::test_support::two_nodes(clock).await;
     assert!(a.holds_maintenance_lease() && !b.holds_maintenance_lease());
     (a, b)
 }
