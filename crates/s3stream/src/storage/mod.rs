@@ -11,6 +11,7 @@ mod s3;
 pub use file::FileStorage;
 pub(crate) use file::{fsync_dir, write_all_at};
 pub use memory::MemoryStorage;
+#[cfg(any(test, feature = "testing"))]
 pub(crate) use memory::take_failure;
 pub use s3::{S3Config, S3ConfigError, S3Storage};
 
