@@ -3,6 +3,7 @@
 //! a chunk at a time are the same whatever reads the chunks.
 
 use crate::error::MetaError;
+use crate::store::SnapshotMeta;
 
 /// What a chunked blob's manifest records.
 #[derive(Debug, Clone, Copy)]
@@ -67,4 +68,64 @@ pub(crate) async fn equals(b: Blob, payload: &[u8], conn: &mut impl ReadChunk) -
         at += chunk.len();
     }
     at == payload.len()
+}
+
+/// A store's steps for writing a chunked snapshot; [`write_snapshot`] runs them in the same
+/// order on every backend.
+pub(crate) trait ChunkWriter {
+    /// Blobs of this store's failed writes, collected before the next write.
+    fn failed_blobs(&self) -> std::sync::MutexGuard<'_, Vec<i64>>;
+    /// Deletes the blobs no snapshot row references (only those in `only`, if given), then
+    /// every chunk whose blob is gone.
+    async fn collect_garbage(&self, only: Option<&[i64]>) -> Result<(), MetaError>;
+    /// Deletes the chunks whose blob is gone.
+    async fn delete_orphan_chunks(&self) -> Result<(), MetaError>;
+    /// A new blob id (never reused).
+    async fn register_blob(&self, now_ms: i64) -> Result<i64, MetaError>;
+    /// Writes the chunks of `blob_id`, then commits the snapshot row, the prune and the
+    /// truncation; the number of log rows truncated.
+    async fn write_chunked(
+        &self,
+        blob_id: i64,
+        meta: SnapshotMeta,
+        payload: &[u8],
+        keep: u32,
+        now_ms: i64,
+    ) -> Result<u64, MetaError>;
+}
+
+/// `LogStore::write_snapshot` on a chunked store.
+pub(crate) async fn write_snapshot(
+    store: &impl ChunkWriter,
+    meta: SnapshotMeta,
+    payload: &[u8],
+    keep: u32,
+    now_ms: i64,
+) -> Result<u64, MetaError> {
+    // Chunks left by this store's failed attempts go first, so repeated failures do not pile
+    // them up. Garbage only costs space: a failure here must not stop the write.
+    let failed = store.failed_blobs().clone();
+    if !failed.is_empty() {
+        match store.collect_garbage(Some(&failed)).await {
+            Ok(()) => store.failed_blobs().retain(|id| !failed.contains(id)),
+            Err(e) => tracing::warn!(error = %e, "could not delete a failed snapshot's chunks"),
+        }
+    }
+    let blob_id = store.register_blob(now_ms).await?;
+    match store
+        .write_chunked(blob_id, meta, payload, keep, now_ms)
+        .await
+    {
+        Ok(deleted) => {
+            // The replaced and pruned snapshots' chunks (their blobs went with the commit).
+            if let Err(e) = store.delete_orphan_chunks().await {
+                tracing::warn!(error = %e, "could not delete pruned snapshot chunks");
+            }
+            Ok(deleted)
+        }
+        Err(e) => {
+            store.failed_blobs().push(blob_id);
+            Err(e)
+        }
+    }
 }

@@ -6,7 +6,7 @@
 //! [`APPEND_LOCK`] around each append (ids become visible in order, see `append`), and
 //! [`SNAPSHOT_LOCK`] around the transactions that reference or free snapshot blobs.
 
-use crate::chunks;
+use crate::chunks::{self, ChunkWriter};
 use crate::error::MetaError;
 use crate::store::{LogRow, LogStore, SnapshotMeta};
 use async_trait::async_trait;
@@ -248,7 +248,9 @@ impl PgStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+}
 
+impl ChunkWriter for PgStore {
     fn failed_blobs(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
         self.failed_blobs
             .lock()
@@ -300,6 +302,16 @@ impl PgStore {
                 .map_err(MetaError::store("delete snapshot chunk"))?;
         }
         Ok(())
+    }
+
+    async fn register_blob(&self, now_ms: i64) -> Result<i64, MetaError> {
+        sqlx::query_scalar(
+            "INSERT INTO meta_snapshot_blob (created_at_ms) VALUES ($1) RETURNING id",
+        )
+        .bind(now_ms)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(MetaError::store("register snapshot blob"))
     }
 
     /// Writes `payload` as chunks of `blob_id`, each in its own statement (nothing references
@@ -415,7 +427,9 @@ impl PgStore {
             .map_err(MetaError::store("commit snapshot"))?;
         Ok(deleted)
     }
+}
 
+impl PgStore {
     async fn load_chunked(
         conn: &mut PgConnection,
         applied_index: u64,
@@ -594,39 +608,7 @@ impl LogStore for PgStore {
         keep: u32,
         now_ms: i64,
     ) -> Result<u64, MetaError> {
-        // Chunks left by this store's failed attempts go first, so repeated failures do not
-        // pile them up. Garbage only costs space: a failure here must not stop the write.
-        let failed = self.failed_blobs().clone();
-        if !failed.is_empty() {
-            match self.collect_garbage(Some(&failed)).await {
-                Ok(()) => self.failed_blobs().retain(|id| !failed.contains(id)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not delete a failed snapshot's chunks")
-                }
-            }
-        }
-        let blob_id: i64 = sqlx::query_scalar(
-            "INSERT INTO meta_snapshot_blob (created_at_ms) VALUES ($1) RETURNING id",
-        )
-        .bind(now_ms)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(MetaError::store("register snapshot blob"))?;
-        match self
-            .write_chunked(blob_id, meta, payload, keep, now_ms)
-            .await
-        {
-            Ok(deleted) => {
-                if let Err(e) = self.delete_orphan_chunks().await {
-                    tracing::warn!(error = %e, "could not delete pruned snapshot chunks");
-                }
-                Ok(deleted)
-            }
-            Err(e) => {
-                self.failed_blobs().push(blob_id);
-                Err(e)
-            }
-        }
+        chunks::write_snapshot(self, meta, payload, keep, now_ms).await
     }
 
     async fn try_acquire_lease(

@@ -3,7 +3,7 @@
 //! `write_snapshot`): one value is capped at 1,000,000,000 bytes, and one transaction per
 //! snapshot would hold the single write lock for its whole size.
 
-use crate::chunks;
+use crate::chunks::{self, ChunkWriter};
 use crate::error::MetaError;
 use crate::store::{LogRow, LogStore, SnapshotMeta};
 use async_trait::async_trait;
@@ -260,7 +260,9 @@ impl SqliteStore {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
+}
 
+impl ChunkWriter for SqliteStore {
     fn failed_blobs(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
         self.failed_blobs
             .lock()
@@ -324,6 +326,17 @@ impl SqliteStore {
                 .map_err(MetaError::store("delete snapshot chunk"))?;
         }
         Ok(())
+    }
+
+    async fn register_blob(&self, now_ms: i64) -> Result<i64, MetaError> {
+        Ok(
+            sqlx::query("INSERT INTO meta_snapshot_blob (created_at_ms) VALUES (?)")
+                .bind(now_ms)
+                .execute(&self.pool)
+                .await
+                .map_err(MetaError::store("register snapshot blob"))?
+                .last_insert_rowid(),
+        )
     }
 
     /// Writes `payload` as chunks of a new blob, each in its own short transaction (nothing
@@ -456,7 +469,9 @@ impl SqliteStore {
             .map_err(MetaError::store("commit snapshot"))?;
         Ok(deleted)
     }
+}
 
+impl SqliteStore {
     async fn load_chunked(
         conn: &mut SqliteConnection,
         applied_index: u64,
@@ -640,39 +655,7 @@ impl LogStore for SqliteStore {
         keep: u32,
         now_ms: i64,
     ) -> Result<u64, MetaError> {
-        // Chunks left by this store's failed attempts go first, so repeated failures do not
-        // pile them up. Garbage only costs space: a failure here must not stop the write.
-        let failed = self.failed_blobs().clone();
-        if !failed.is_empty() {
-            match self.collect_garbage(Some(&failed)).await {
-                Ok(()) => self.failed_blobs().retain(|id| !failed.contains(id)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not delete a failed snapshot's chunks")
-                }
-            }
-        }
-        let blob_id = sqlx::query("INSERT INTO meta_snapshot_blob (created_at_ms) VALUES (?)")
-            .bind(now_ms)
-            .execute(&self.pool)
-            .await
-            .map_err(MetaError::store("register snapshot blob"))?
-            .last_insert_rowid();
-        match self
-            .write_chunked(blob_id, meta, payload, keep, now_ms)
-            .await
-        {
-            Ok(deleted) => {
-                // The replaced and pruned snapshots' chunks (their blobs went with the commit).
-                if let Err(e) = self.delete_orphan_chunks().await {
-                    tracing::warn!(error = %e, "could not delete pruned snapshot chunks");
-                }
-                Ok(deleted)
-            }
-            Err(e) => {
-                self.failed_blobs().push(blob_id);
-                Err(e)
-            }
-        }
+        chunks::write_snapshot(self, meta, payload, keep, now_ms).await
     }
 
     async fn try_acquire_lease(
