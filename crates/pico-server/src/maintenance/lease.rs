@@ -407,16 +407,25 @@ mod tests {
             super::super::gc::gc_pass(n).await
         })
         .await;
-        assert!(!ran.load(Ordering::Relaxed), "the old incarnation ran a gated pass");
+        assert!(
+            !ran.load(Ordering::Relaxed),
+            "the old incarnation ran a gated pass"
+        );
         assert!(a.inner.data.get(key).await.is_ok(), "and deleted an object");
-        assert!(!a.holds_maintenance_lease(), "it stops counting itself holder");
+        assert!(
+            !a.holds_maintenance_lease(),
+            "it stops counting itself holder"
+        );
         // Its lease loop does not take the row back either, even once it is free.
         release_lease(&a2).await;
         lease_pass(a.clone()).await;
         assert!(!a.holds_maintenance_lease());
         lease_pass(a2.clone()).await;
         crate::maintenance::gated(a2.clone(), super::super::gc::gc_pass).await;
-        assert!(a2.inner.data.get(key).await.is_err(), "the new holder's GC ran");
+        assert!(
+            a2.inner.data.get(key).await.is_err(),
+            "the new holder's GC ran"
+        );
     }
 
     /// The same takeover seen by an old process whose view has not applied the newer
@@ -440,7 +449,10 @@ mod tests {
         let key = "data/9/1/destroyed";
         destroyed_object(&a, key).await;
         crate::maintenance::gated(a.clone(), super::super::gc::gc_pass).await;
-        assert!(a.inner.data.get(key).await.is_ok(), "deleted by a lost holder");
+        assert!(
+            a.inner.data.get(key).await.is_ok(),
+            "deleted by a lost holder"
+        );
         assert!(!a.holds_maintenance_lease());
         assert!(!confirm(&a).await);
     }

@@ -317,7 +317,10 @@ async fn a_wake_event_for_a_stream_another_node_owns_is_written_by_its_owner() {
     let timers = Timers::new(&clock);
     // B owns the wake stream (created and written there).
     create_stream(&b, "w").await;
-    let w_id = b.head_now(&StreamName::parse("w").unwrap()).unwrap().stream_id;
+    let w_id = b
+        .head_now(&StreamName::parse("w").unwrap())
+        .unwrap()
+        .stream_id;
     let (mgr_a, _) = manager(&a, &clock, Delivered::Accepted { done: true });
     let (mgr_b, _) = manager(&b, &clock, Delivered::Accepted { done: true });
     assert!(mgr_a.upsert("p", pull_wake("q/*", "w"), ROOT).await.is_ok());

@@ -22,11 +22,11 @@ use tokio::sync::{OnceCell, Semaphore, broadcast};
 use super::delivery::{Delivered, HttpSender, WebhookSender};
 use super::effects::{Effects, Txn};
 use super::error::SubError;
-use super::routed::{RoutedEvent, routed_cmd};
 use super::model::{
     Config, Link, MAX_LINKS_PER_SUB, MAX_SUBSCRIPTIONS, Record, Status, StreamView, Sub, SubType,
     check_id,
 };
+use super::routed::{RoutedEvent, routed_cmd};
 use super::signing::{Keys, TokenClaims};
 use super::state::{self, DeliveryChange, Due};
 use super::store::Store;
