@@ -134,9 +134,13 @@ async fn webhook_delivery_survives_kill9_of_the_lease_holder() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
-    // Reads are served by any node.
-    let r = http.get(sub_url(&n2, "hooks")).send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    // Reads are served by any node, from its view of the log (which may lag the holder's
+    // write by a poll or a notification).
+    eventually("node 2 serves the subscription", async || {
+        let r = http.get(sub_url(&n2, "hooks")).send().await.unwrap();
+        r.status() == StatusCode::OK
+    })
+    .await;
 
     let c1 = client(&n1);
     c1.create("ev/one", Some("text/plain"), None).await.unwrap();

@@ -8,24 +8,49 @@
 //! type headers, and sends only a path, a body and those headers.
 //!
 //! Over HTTP/2 (streams multiplexed on shared connections) the loops keep reqwest.
+//!
+//! A `307`/`308` (a node that does not own the stream points at its owner) is followed: the
+//! same request (method, body, content type, `Authorization`) goes to `Location` on a
+//! keep-alive connection of its own to that node, at most [`MAX_REDIRECTS`] hops, as
+//! `bench::redirect` does for reqwest. The next append starts at the bench's endpoint again
+//! (the bench measures what a client that does not cache owners sees).
 
-use super::sse_conn::{Endpoint, driving};
+use super::sse_conn::{Endpoint, MAX_REDIRECTS, driving, is_redirect, redirect_target};
 use super::target::refused;
 use bytes::Bytes;
 use futures::FutureExt;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper::client::conn::http1::{Connection, SendRequest};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_TYPE, HeaderValue, LOCATION};
 use hyper_util::rt::TokioIo;
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
 type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
 
-/// A keep-alive connection, opened on first use and again after the server closes it.
+/// Nodes a loop keeps connections to besides its endpoint (a loop writes one stream at a
+/// time, so one or two are normal; past this they are all dropped and reopened on demand).
+const MAX_ELSEWHERE: usize = 8;
+
+/// The append loop's connections: to the bench's endpoint, and to the nodes redirects
+/// pointed at, keyed by `host:port`.
 pub struct Appender {
+    home: NodeConn,
+    elsewhere: HashMap<String, NodeConn>,
+}
+
+/// What one exchange ended with.
+enum Sent {
+    Ok,
+    /// A redirect to `(authority, url)`.
+    Redirect(String, String),
+}
+
+/// A keep-alive connection, opened on first use and again after the server closes it.
+struct NodeConn {
     ep: Arc<Endpoint>,
     conn: Option<Open>,
 }
@@ -39,9 +64,56 @@ struct Open {
 
 impl Appender {
     pub fn new(ep: Arc<Endpoint>) -> Appender {
-        Appender { ep, conn: None }
+        Appender {
+            home: NodeConn { ep, conn: None },
+            elsewhere: HashMap::new(),
+        }
     }
 
+    /// `POST url` with `body`, following redirects; Ok once a server answered 2xx. Not
+    /// retried: a failure is the bench's to count, and the next request starts on a fresh
+    /// connection.
+    pub async fn append(
+        &mut self,
+        url: &str,
+        body: Bytes,
+        content_type: &'static str,
+    ) -> Result<(), String> {
+        let mut url = url.to_string();
+        let mut at: Option<String> = None;
+        for _ in 0..=MAX_REDIRECTS {
+            let conn = match &at {
+                None => &mut self.home,
+                Some(a) => self
+                    .elsewhere
+                    .get_mut(a)
+                    .ok_or_else(|| format!("no connection to {a}"))?,
+            };
+            match conn.append(&url, body.clone(), content_type).await? {
+                Sent::Ok => return Ok(()),
+                Sent::Redirect(authority, next) => {
+                    url = next;
+                    if authority == self.home.ep.authority() {
+                        at = None;
+                        continue;
+                    }
+                    if !self.elsewhere.contains_key(&authority) {
+                        if self.elsewhere.len() >= MAX_ELSEWHERE {
+                            self.elsewhere.clear();
+                        }
+                        let ep = Arc::new(self.home.ep.at(&authority).await?);
+                        self.elsewhere
+                            .insert(authority.clone(), NodeConn { ep, conn: None });
+                    }
+                    at = Some(authority);
+                }
+            }
+        }
+        Err(format!("more than {MAX_REDIRECTS} redirects from {url}"))
+    }
+}
+
+impl NodeConn {
     async fn open(&self) -> Result<Open, String> {
         let tcp = self.ep.connect().await?;
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
@@ -54,19 +126,19 @@ impl Appender {
         })
     }
 
-    /// `POST url` with `body`; Ok once the server answered 2xx. Not retried: a failure is the
-    /// bench's to count, and the next request starts on a fresh connection.
-    pub async fn append(
+    /// `POST url` with `body` on this connection: Ok once the server answered 2xx or a
+    /// redirect.
+    async fn append(
         &mut self,
         url: &str,
         body: Bytes,
         content_type: &'static str,
-    ) -> Result<(), String> {
+    ) -> Result<Sent, String> {
         let mut req = self.ep.request(url, Full::new(body), true)?;
         *req.method_mut() = hyper::Method::POST;
         req.headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        let result = self.exchange(req).await;
+        let result = self.exchange(url, req).await;
         // Any failure, a refusal included, drops the connection: the server may have closed
         // it (it does after a 413) and errors are rare here.
         if result.is_err() {
@@ -76,7 +148,7 @@ impl Appender {
     }
 
     /// One request on the open connection, opening one first if needed.
-    async fn exchange(&mut self, req: Request<Full<Bytes>>) -> Result<(), String> {
+    async fn exchange(&mut self, url: &str, req: Request<Full<Bytes>>) -> Result<Sent, String> {
         // The connection is polled only during exchanges: one poll now sees a close the server
         // sent while it sat idle, instead of writing the request into a closed socket.
         if let Some(c) = self.conn.as_mut()
@@ -102,20 +174,22 @@ impl Appender {
             .await?
             .map_err(|e| format!("request: {e}"))?;
         let status = resp.status();
+        let redirect =
+            is_redirect(status).then(|| redirect_target(url, resp.headers().get(LOCATION)));
         let body = driving(c.conn.as_mut(), &mut c.done, resp.into_body().collect())
             .await?
             .map_err(|e| format!("body: {e}"))?
             .to_bytes();
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(refused(status, &body))
+        match redirect {
+            Some(to) => to.map(|(authority, url)| Sent::Redirect(authority, url)),
+            None if status.is_success() => Ok(Sent::Ok),
+            None => Err(refused(status, &body)),
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -176,6 +250,115 @@ mod tests {
         )
         .await
         .unwrap_or_else(|_| panic!("append hung"))
+    }
+
+    /// A one-request HTTP/1.1 server answering `answer`; returns its address and the request
+    /// it got (headers, then the body its `Content-Length` announces).
+    pub(in crate::bench) async fn one_shot(
+        answer: String,
+    ) -> (String, tokio::task::JoinHandle<String>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = s.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= len {
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+            s.write_all(answer.as_bytes()).await.unwrap();
+            String::from_utf8_lossy(&got).to_string()
+        });
+        (addr, task)
+    }
+
+    /// A 307 from a node that does not own the stream is followed to `Location` on another
+    /// port with the same method, body, content type and bearer token (it used to be counted
+    /// as a failed append).
+    #[tokio::test]
+    async fn a_307_is_followed_to_the_owner_with_body_and_token() {
+        let (owner, owner_req) =
+            one_shot("HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n".into()).await;
+        let (other, other_req) = one_shot(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{owner}/s?x=1\r\n\
+             content-length: 0\r\nconnection: close\r\n\r\n"
+        ))
+        .await;
+        let url = format!("http://{other}");
+        let ep = Endpoint::resolve(&url, Some("t0ken")).await.unwrap();
+        let mut a = Appender::new(Arc::new(ep));
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            a.append(
+                &format!("{url}/s?x=1"),
+                Bytes::from_static(b"hello"),
+                "text/plain",
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(sent, Ok(()));
+        let first = other_req.await.unwrap();
+        let second = owner_req.await.unwrap().to_ascii_lowercase();
+        assert!(first.starts_with("POST /s?x=1 "), "{first}");
+        assert!(second.starts_with("post /s?x=1 "), "{second}");
+        assert!(second.contains(&format!("host: {owner}")), "{second}");
+        assert!(second.contains("authorization: bearer t0ken"), "{second}");
+        assert!(second.contains("content-type: text/plain"), "{second}");
+        assert!(second.ends_with("hello"), "{second}");
+    }
+
+    /// Redirects that never end are an error after a bounded number of hops.
+    #[tokio::test]
+    async fn redirect_hops_are_bounded() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = served.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.ends_with(b"hello") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => got.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let resp = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{addr}/s\r\n\
+                     content-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            }
+        });
+        let url = format!("http://{addr}");
+        let mut a = appender(&url).await;
+        let e = append(&mut a, &url).await.unwrap_err();
+        assert!(e.contains("redirects"), "{e}");
+        assert_eq!(
+            served.load(std::sync::atomic::Ordering::Relaxed),
+            MAX_REDIRECTS + 1
+        );
     }
 
     #[tokio::test]

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
-use hyper::header::{AUTHORIZATION, HOST, HeaderValue};
+use hyper::header::{AUTHORIZATION, HOST, HeaderValue, LOCATION};
 use hyper::{Request, Uri};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
@@ -46,8 +46,61 @@ pub struct Endpoint {
     auth: Option<HeaderValue>,
 }
 
+/// Redirect hops the raw connections follow (a 307 from a non-owner points at the owner, so
+/// one is normal), as `bench::redirect` does for reqwest.
+pub(super) const MAX_REDIRECTS: usize = 5;
+
+/// Where a 307/308 answer to `url` points: `(authority, absolute URL)`, its `Location` resolved
+/// against `url`. Plain `http://` only, as everywhere in the bench.
+pub(super) fn redirect_target(
+    url: &str,
+    location: Option<&HeaderValue>,
+) -> Result<(String, String), String> {
+    let loc = location
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| format!("redirect from {url} without a usable Location"))?;
+    let next = reqwest::Url::parse(url)
+        .and_then(|u| u.join(loc))
+        .map_err(|e| format!("redirect from {url} to {loc}: {e}"))?;
+    if next.scheme() != "http" {
+        return Err(format!("redirect to {next}: plain http:// only"));
+    }
+    let host = next
+        .host_str()
+        .ok_or_else(|| format!("redirect to {next} without a host"))?;
+    let port = next.port_or_known_default().unwrap_or(80);
+    Ok((format!("{host}:{port}"), next.to_string()))
+}
+
+/// Whether `status` is a redirect the bench follows (same method, body and headers).
+pub(super) fn is_redirect(status: hyper::StatusCode) -> bool {
+    status == hyper::StatusCode::TEMPORARY_REDIRECT
+        || status == hyper::StatusCode::PERMANENT_REDIRECT
+}
+
 impl Endpoint {
     pub async fn resolve(base: &str, token: Option<&str>) -> anyhow::Result<Endpoint> {
+        let auth = token
+            .map(|t| HeaderValue::try_from(format!("Bearer {t}")))
+            .transpose()
+            .context("token not allowed in a header")?;
+        Endpoint::resolve_with(base, auth).await
+    }
+
+    /// The node at `authority` (where a redirect pointed), with this endpoint's token: each
+    /// hop re-sends `Authorization`, which reqwest's own policy would drop across hosts.
+    pub(super) async fn at(&self, authority: &str) -> Result<Endpoint, String> {
+        Endpoint::resolve_with(&format!("http://{authority}"), self.auth.clone())
+            .await
+            .map_err(|e| format!("redirect target {authority}: {e:#}"))
+    }
+
+    /// This endpoint's `host:port`.
+    pub(super) fn authority(&self) -> &str {
+        self.authority.to_str().unwrap_or("")
+    }
+
+    async fn resolve_with(base: &str, auth: Option<HeaderValue>) -> anyhow::Result<Endpoint> {
         let uri: Uri = base
             .parse()
             .with_context(|| format!("bad endpoint {base}"))?;
@@ -71,10 +124,6 @@ impl Endpoint {
         let addr = reachable(&addrs)
             .await
             .with_context(|| format!("{hostport} resolves to no address"))?;
-        let auth = token
-            .map(|t| HeaderValue::try_from(format!("Bearer {t}")))
-            .transpose()
-            .context("token not allowed in a header")?;
         Ok(Endpoint {
             addr,
             authority: HeaderValue::try_from(authority).context("bad endpoint authority")?,
@@ -178,19 +227,48 @@ where
     }
 }
 
-/// One response: open, then feed the body to the tailer until it ends.
+/// One response: open (following a 307 from a non-owner to the owner, a few hops at most),
+/// then feed the body to the tailer until it ends. The next session starts at the bench's
+/// endpoint again, so a stream that moved is found where it went.
 async fn h1_session(ep: &Endpoint, tail: &mut SseTail) -> Result<(), String> {
+    let mut url = tail.request_url();
+    let mut elsewhere: Option<Endpoint> = None;
+    for _ in 0..=MAX_REDIRECTS {
+        let at = elsewhere.as_ref().unwrap_or(ep);
+        match h1_exchange(at, &url, tail).await? {
+            None => return Ok(()),
+            Some((authority, next)) => {
+                elsewhere = Some(ep.at(&authority).await?);
+                url = next;
+            }
+        }
+    }
+    Err(format!(
+        "read: more than {MAX_REDIRECTS} redirects from {url}"
+    ))
+}
+
+/// One request on a connection of its own: `Some((authority, url))` when the answer was a
+/// redirect there, else the response fed to the tailer until it ended.
+async fn h1_exchange(
+    ep: &Endpoint,
+    url: &str,
+    tail: &mut SseTail,
+) -> Result<Option<(String, String)>, String> {
     let tcp = ep.connect().await?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .map_err(|e| format!("handshake: {e}"))?;
     let mut conn = std::pin::pin!(conn);
     let mut done = false;
-    let req = ep.request(&tail.request_url(), Empty::<Bytes>::new(), true)?;
+    let req = ep.request(url, Empty::<Bytes>::new(), true)?;
     let resp = driving(conn.as_mut(), &mut done, send.send_request(req))
         .await?
         .map_err(|e| format!("request: {e}"))?;
     let status = resp.status();
+    if is_redirect(status) {
+        return redirect_target(url, resp.headers().get(LOCATION)).map(Some);
+    }
     let enc = encoding(resp.headers()).map(<[u8]>::to_vec);
     let mut body = resp.into_body();
     if !status.is_success() {
@@ -204,7 +282,7 @@ async fn h1_session(ep: &Endpoint, tail: &mut SseTail) -> Result<(), String> {
     tail.opened(enc.as_deref());
     loop {
         match driving(conn.as_mut(), &mut done, body.frame()).await? {
-            None => return Ok(()), // the server ended the response: reopen from `pos`
+            None => return Ok(None), // the server ended the response: reopen from `pos`
             Some(Err(e)) => return Err(format!("body: {e}")),
             Some(Ok(frame)) => {
                 if let Some(d) = frame.data_ref() {
@@ -473,6 +551,42 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(30)).await;
         task.abort();
         assert_eq!(errors(), 3, "one error per reader on the lost connection");
+    }
+
+    /// An SSE read answered 307 by a node that does not own the stream is reopened at
+    /// `Location` on the owner, with the bearer token (it used to count as a read error).
+    #[tokio::test]
+    async fn a_307_to_the_owner_is_followed_by_an_h1_reader() {
+        use super::super::append_conn::tests::one_shot;
+        let (owner, owner_req) = one_shot(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n\r\n"
+                .into(),
+        )
+        .await;
+        let (other, other_req) = one_shot(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\n\
+             location: http://{owner}/v1/stream/s?offset=now&live=sse\r\n\
+             content-length: 0\r\nconnection: close\r\n\r\n"
+        ))
+        .await;
+        let ctx = super::super::reader::test_ctx(Protocol::Ds);
+        let ep = Endpoint::resolve(&format!("http://{other}"), Some("t0ken"))
+            .await
+            .unwrap();
+        let mut tail = SseTail::new(ctx.clone(), 0);
+        let r = tokio::time::timeout(Duration::from_secs(10), h1_session(&ep, &mut tail))
+            .await
+            .unwrap();
+        assert_eq!(r, Ok(()));
+        let first = other_req.await.unwrap();
+        let second = owner_req.await.unwrap().to_ascii_lowercase();
+        assert!(first.starts_with("GET /"), "{first}");
+        assert!(
+            second.starts_with("get /v1/stream/s?offset=now&live=sse "),
+            "{second}"
+        );
+        assert!(second.contains(&format!("host: {owner}")), "{second}");
+        assert!(second.contains("authorization: bearer t0ken"), "{second}");
     }
 
     #[tokio::test]

@@ -62,6 +62,10 @@ pub(crate) async fn failover_pass(node: Node, state: Arc<Failover>) {
         fence(node.clone(), lapse).await;
     }
     for (node_id, fenced_epoch, placeholder) in pending(&node, &state) {
+        // Its commits are fenced by this node's epoch, but the WAL trim after them is not.
+        if !super::confirm(&node).await {
+            return;
+        }
         match recover(
             node.clone(),
             wals.clone(),

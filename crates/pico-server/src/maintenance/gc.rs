@@ -13,7 +13,12 @@ use std::collections::HashSet;
 pub(crate) async fn gc_pass(node: Node) {
     // Deletes that failed in this pass: left for the next one, not retried batch after batch.
     let mut failed: HashSet<String> = HashSet::new();
-    for _ in 0..GC_BATCHES_PER_PASS {
+    for batch in 0..GC_BATCHES_PER_PASS {
+        // Deletes cannot be fenced by the store: each batch after the first (which `gated`
+        // confirmed) checks the lease row again, so a superseded holder stops within a batch.
+        if batch > 0 && !super::confirm(&node).await {
+            return;
+        }
         let view = node.inner.meta.view();
         let keys: Vec<String> = view
             .destroyed

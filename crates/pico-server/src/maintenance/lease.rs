@@ -5,10 +5,13 @@
 //! times, and moves it when its holder stops renewing.
 //!
 //! The holder is `"{node_id}/{node_epoch}"`, so a restarted process never inherits a lease its
-//! predecessor took: it waits for it to expire like any other node. This process counts the
-//! lease as held only until `ttl` after the start of its last successful take or renewal, on
-//! its own clock, so it stops working before another node can take the row over (as long as
-//! clocks agree to better than the TTL minus the renewal period).
+//! predecessor took; it takes the row over at once instead (`take_from_predecessor`). This
+//! process counts the lease as held only until `ttl` after the start of its last successful
+//! take or renewal, on its own clock, so it stops working before another node can take the row
+//! over (as long as clocks agree to better than the TTL minus the renewal period). That clock
+//! rule does not cover the takeover by a newer process of the same node id, which happens at
+//! once: so every gated pass also [`confirm`]s, right before it acts, that the row still names
+//! this incarnation and that its registration is the current one.
 
 use crate::node::Node;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -62,8 +65,8 @@ pub(crate) fn holder_id(node: &Node) -> String {
 /// then this node tries to take it again like anyone else.
 pub(crate) async fn lease_pass(node: Node) {
     let cfg = &node.inner.config;
-    if !node.is_serving() || node.inner.heartbeat.fenced() {
-        // A fenced or stopping process must not hold maintenance work.
+    if !node.is_serving() || !registration_current(&node) {
+        // A fenced, superseded or stopping process must not hold maintenance work.
         node.inner.lease.set(i64::MIN);
         return;
     }
@@ -130,6 +133,55 @@ async fn take_from_predecessor(node: &Node, holder: &str) -> Result<bool, pico_s
     meta.try_acquire_lease(LEASE, holder, cfg.lease_ttl).await
 }
 
+/// Whether this process's registration is the current one for its node id, as far as its view
+/// and its own heartbeats know: not fenced, not superseded by a newer process of this id.
+fn registration_current(node: &Node) -> bool {
+    let cfg = &node.inner.config;
+    !node.inner.heartbeat.fenced()
+        && node
+            .inner
+            .meta
+            .view()
+            .nodes
+            .get(&cfg.node_id)
+            .is_some_and(|n| n.epoch == cfg.node_epoch && n.fenced_epoch.is_none())
+}
+
+/// Checks, right before a gated pass acts (an object delete, a fence, a TTL removal, a webhook,
+/// a subscription write), that this process still holds the lease: on its clock, by its view
+/// of its own registration, and by the lease row itself (one read of the database). The row is
+/// what a newer process of this node id takes over at once (`take_from_predecessor`), while the
+/// old one, paused or not dead yet, would still count itself holder on its clock for up to a
+/// TTL. A lost row drops the lease here; a failed read answers no (the pass is skipped, the
+/// next one retries). Object deletes cannot be fenced by the store, so this check is the fence:
+/// what remains is the time between the check and the delete.
+pub(crate) async fn confirm(node: &Node) -> bool {
+    if !node.holds_maintenance_lease() {
+        return false;
+    }
+    if !registration_current(node) {
+        node.inner.lease.clear();
+        return false;
+    }
+    let holder = holder_id(node);
+    match node.inner.meta.lease_holder(LEASE).await {
+        Ok(Some((current, _))) if current == holder => node.holds_maintenance_lease(),
+        Ok(current) => {
+            tracing::warn!(
+                holder,
+                current = current.map(|(h, _)| h),
+                "maintenance lease row names another holder: this process stops its maintenance"
+            );
+            node.inner.lease.set(i64::MIN);
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, holder, "maintenance lease not confirmed: pass skipped");
+            false
+        }
+    }
+}
+
 /// Whether `holder` names an earlier process (lower epoch) of node `node_id`.
 fn predecessor_of(holder: &str, node_id: u32, node_epoch: u64) -> bool {
     holder
@@ -154,12 +206,13 @@ pub(crate) async fn holder_url(node: &Node) -> Option<String> {
 }
 
 /// Whether this process holds the lease, renewing it first when its deadline passed before
-/// the renewal loop came round (as [`crate::maintenance::gated`] does).
+/// the renewal loop came round (as [`crate::maintenance::gated`] does). No IO otherwise: a
+/// cheap check for every event; what acts on it [`confirm`]s first.
 pub(crate) async fn held_now(node: &Node) -> bool {
     if node.inner.lease.overdue(node.now_ms()) {
         lease_pass(node.clone()).await;
     }
-    node.holds_maintenance_lease()
+    node.holds_maintenance_lease() && registration_current(node)
 }
 
 /// Gives the lease up at shutdown, so another node takes it at its next pass rather than after
@@ -181,7 +234,6 @@ mod tests {
     use crate::config::NodeConfig;
     use crate::maintenance::test_support::*;
     use pico_common::clock::{Clock, ManualClock};
-    use std::sync::Arc;
 
     fn holders(a: &Node, b: &Node) -> (bool, bool) {
         (a.holds_maintenance_lease(), b.holds_maintenance_lease())
@@ -276,6 +328,133 @@ mod tests {
         lease_pass(b.clone()).await;
         assert!(!a.holds_maintenance_lease() && !b.holds_maintenance_lease());
         assert!(a2.holds_maintenance_lease());
+    }
+
+    /// A process of node 1 at `epoch` on `a`'s metadata log and bucket, its loops stopped.
+    async fn restart(a: &Node, clock: &Arc<ManualClock>, epoch: u64) -> Node {
+        let config = NodeConfig {
+            node_id: 1,
+            node_epoch: epoch,
+            advertised_url: "http://127.0.0.1:4011".into(),
+            clock: clock.clone(),
+            lease_ttl: Duration::from_secs(10),
+            ..NodeConfig::default()
+        };
+        let wal = Arc::new(ObjectWal::new(
+            Arc::new(MemoryStorage::new()),
+            "wal".to_string(),
+        ));
+        let node = Node::start(
+            config,
+            a.inner.meta.clone(),
+            a.inner.data.clone(),
+            wal,
+            EngineConfig::default(),
+        )
+        .await
+        .unwrap();
+        for task in node.inner.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        node
+    }
+
+    /// Stores an object and destroys it (committed with no ranges), as a deleted stream's
+    /// objects end up: GC's work. Committed by `by` (a current process).
+    async fn destroyed_object(by: &Node, key: &str) {
+        by.inner
+            .data
+            .put(key, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let cfg = by.config();
+        by.inner
+            .meta
+            .propose(Command::CommitObject {
+                node_id: cfg.node_id,
+                node_epoch: cfg.node_epoch,
+                key: key.to_string(),
+                size: 1,
+                ranges: vec![],
+                now_ms: by.now_ms(),
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(by.inner.meta.view().destroyed.contains(key));
+    }
+
+    /// Two incarnations of node 1: the restarted one takes the lease row over at once while the
+    /// old one (paused, or not dead yet) still counts itself holder on its own clock. The old
+    /// one's gated passes must not act (here: delete a destroyed object), the new one's do.
+    #[tokio::test]
+    async fn a_superseded_incarnation_runs_no_gated_pass_after_the_takeover() {
+        let clock = ManualClock::new(1_000_000);
+        let (a, _b) = two_nodes(&clock).await;
+        assert!(a.holds_maintenance_lease());
+        let a2 = restart(&a, &clock, 13).await;
+        assert!(a2.holds_maintenance_lease(), "taken over at its start");
+        assert!(
+            a.holds_maintenance_lease(),
+            "the old process's clock still says held: what the gate must not trust alone"
+        );
+        let key = "data/9/1/destroyed";
+        destroyed_object(&a2, key).await;
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        crate::maintenance::gated(a.clone(), move |n| async move {
+            flag.store(true, Ordering::Relaxed);
+            super::super::gc::gc_pass(n).await
+        })
+        .await;
+        assert!(
+            !ran.load(Ordering::Relaxed),
+            "the old incarnation ran a gated pass"
+        );
+        assert!(a.inner.data.get(key).await.is_ok(), "and deleted an object");
+        assert!(
+            !a.holds_maintenance_lease(),
+            "it stops counting itself holder"
+        );
+        // Its lease loop does not take the row back either, even once it is free.
+        release_lease(&a2).await;
+        lease_pass(a.clone()).await;
+        assert!(!a.holds_maintenance_lease());
+        lease_pass(a2.clone()).await;
+        crate::maintenance::gated(a2.clone(), super::super::gc::gc_pass).await;
+        assert!(
+            a2.inner.data.get(key).await.is_err(),
+            "the new holder's GC ran"
+        );
+    }
+
+    /// The same takeover seen by an old process whose view has not applied the newer
+    /// registration yet (it was paused): only the lease row tells, and the gate reads it
+    /// right before the pass acts.
+    #[tokio::test]
+    async fn the_gate_reads_the_lease_row_before_a_pass_acts() {
+        let clock = ManualClock::new(1_000_000);
+        let (a, b) = two_nodes(&clock).await;
+        assert_eq!(holders(&a, &b), (true, false));
+        // What `take_from_predecessor` of a process at epoch 13 writes, without its
+        // registration (which this shared view would show at once).
+        let meta = &a.inner.meta;
+        assert!(meta.release_lease(LEASE, "1/11").await.unwrap());
+        assert!(
+            meta.try_acquire_lease(LEASE, "1/13", Duration::from_secs(10))
+                .await
+                .unwrap()
+        );
+        assert!(a.holds_maintenance_lease(), "its clock still says held");
+        let key = "data/9/1/destroyed";
+        destroyed_object(&a, key).await;
+        crate::maintenance::gated(a.clone(), super::super::gc::gc_pass).await;
+        assert!(
+            a.inner.data.get(key).await.is_ok(),
+            "deleted by a lost holder"
+        );
+        assert!(!a.holds_maintenance_lease());
+        assert!(!confirm(&a).await);
     }
 
     /// The gated passes run only on the holder: a destroyed object is deleted by the GC of the

@@ -22,7 +22,7 @@ pub(crate) mod test_support;
 mod ttl;
 
 pub(crate) use heartbeat::{LivenessWatch, OwnHeartbeat};
-pub(crate) use lease::{LeaseState, held_now, holder_url, lease_pass, release_lease};
+pub(crate) use lease::{LeaseState, confirm, held_now, holder_url, lease_pass, release_lease};
 
 use crate::node::Node;
 use std::sync::Arc;
@@ -107,7 +107,9 @@ fn boxed_failover_pass(
     Box::pin(failover_pass(node, state))
 }
 
-/// Runs `pass` only while this node holds the maintenance lease.
+/// Runs `pass` only while this node holds the maintenance lease, confirmed against the lease
+/// row and its own registration ([`confirm`]); passes that act in several steps confirm again
+/// before each.
 pub(crate) async fn gated<F, Fut>(node: Node, pass: F)
 where
     F: FnOnce(Node) -> Fut,
@@ -118,7 +120,7 @@ where
     if node.inner.lease.overdue(node.now_ms()) {
         lease_pass(node.clone()).await;
     }
-    if node.holds_maintenance_lease() {
+    if confirm(&node).await {
         pass(node).await;
     }
 }

@@ -94,6 +94,10 @@ pub(crate) async fn orphan_pass(
     }
     let mut deleted = 0usize;
     for (epoch, keys) in by_epoch {
+        // Listing may have taken long: deletes are not fenced, so confirm the lease first.
+        if !super::confirm(node).await {
+            break;
+        }
         let view = node.inner.meta.view();
         let orphans: Vec<String> = keys
             .into_iter()

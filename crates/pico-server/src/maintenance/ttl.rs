@@ -89,6 +89,10 @@ async fn persist_touches(node: &Node, touches: Vec<(u64, i64)>, all: bool) {
 pub(crate) async fn expiry_pass(node: Node) {
     let mut after: Option<Arc<str>> = None;
     loop {
+        // Each batch after the first (`gated` confirmed that one) checks the lease row again.
+        if after.is_some() && !super::confirm(&node).await {
+            return;
+        }
         let now = node.now_ms();
         let view = node.inner.meta.view();
         let from = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);

@@ -271,3 +271,164 @@ async fn a_released_lease_moves_delivery_at_once() {
         "A sent after giving the lease up"
     );
 }
+
+fn pull_wake(pattern: &str, wake_stream: &str) -> Config {
+    Config::parse(
+        &json!({"type": "pull-wake", "pattern": pattern, "wake_stream": wake_stream}),
+        true,
+    )
+    .unwrap()
+}
+
+/// Every record of `name` as read on `node`, as JSON.
+async fn records(node: &Node, name: &str) -> Vec<Value> {
+    let out = node
+        .read(crate::ReadRequest {
+            name: StreamName::parse(name).unwrap(),
+            from: crate::ReadFrom::Offset(0),
+            max_records: None,
+            max_bytes: None,
+            touch: false,
+        })
+        .await
+        .unwrap();
+    out.records
+        .iter()
+        .map(|r| serde_json::from_slice(&r.record.value).unwrap_or(Value::Null))
+        .collect()
+}
+
+fn routed_keys(node: &Node) -> usize {
+    node.meta()
+        .view()
+        .kv
+        .keys()
+        .filter(|k| k.starts_with(crate::subscriptions::routed::ROUTED_PREFIX))
+        .count()
+}
+
+/// A pull-wake subscription whose wake stream another node owns: the holder (A) may not
+/// append there (opening it would fence B's tail), so the event goes through the log and B,
+/// the owner, appends it at its next timer pass, without the stream changing hands.
+#[tokio::test]
+async fn a_wake_event_for_a_stream_another_node_owns_is_written_by_its_owner() {
+    let clock = ManualClock::new(1_000_000);
+    let (a, b) = two_nodes(&clock).await;
+    let timers = Timers::new(&clock);
+    // B owns the wake stream (created and written there).
+    create_stream(&b, "w").await;
+    let w_id = b
+        .head_now(&StreamName::parse("w").unwrap())
+        .unwrap()
+        .stream_id;
+    let (mgr_a, _) = manager(&a, &clock, Delivered::Accepted { done: true });
+    let (mgr_b, _) = manager(&b, &clock, Delivered::Accepted { done: true });
+    assert!(mgr_a.upsert("p", pull_wake("q/*", "w"), ROOT).await.is_ok());
+    create_stream(&a, "q/1").await;
+    eventually("the wake is issued", || {
+        mgr_a
+            .store
+            .load_one("p")
+            .is_some_and(|s| s.rec.generation == 1)
+    })
+    .await;
+    for _ in 0..30 {
+        if records(&b, "w").await.len() == 2 {
+            break;
+        }
+        timers.passes(&[&mgr_a, &mgr_b], 1).await;
+    }
+    let got = records(&b, "w").await;
+    assert_eq!(got.len(), 2, "the event was not written: {got:?}");
+    assert_eq!(got[1]["type"], "wake");
+    assert_eq!(got[1]["subscription_id"], "p");
+    assert_eq!(got[1]["generation"], 1);
+    assert_eq!(got[1]["stream"], "q/1");
+    eventually("the routed event is cleared", || routed_keys(&a) == 0).await;
+    let view = a.meta().view();
+    let owner = view.streams[&w_id].owner.as_ref().map(|o| o.node_id);
+    assert_eq!(owner, Some(2), "the wake stream stayed with its owner");
+}
+
+/// A linked stream deleted and re-created on another node under the same name: the holder's
+/// rescan tells the new stream from the old by its id, starts its cursor over, and wakes the
+/// subscription for the new stream's records (a shorter stream than the old cursor included).
+#[tokio::test]
+async fn the_rescan_sees_a_stream_re_created_elsewhere_under_the_same_name() {
+    let clock = ManualClock::new(1_000_000);
+    let (a, b) = two_nodes(&clock).await;
+    let timers = Timers::new(&clock);
+    let (mgr_a, mut sent) = manager(&a, &clock, Delivered::Accepted { done: true });
+    assert!(mgr_a.upsert("s", webhook("e/*"), ROOT).await.is_ok());
+    let name = StreamName::parse("e/1").unwrap();
+    let create = |n: usize| crate::CreateRequest {
+        name: name.clone(),
+        config: crate::CreateConfig::default(),
+        initial: (0..n)
+            .map(|i| DataRecord::from_value(format!("{i}").into_bytes()))
+            .collect(),
+    };
+    b.create(create(3)).await.unwrap();
+    b.inner.engine.flush().await.unwrap();
+    let first = timers.next_sent(&[&mgr_a], &mut sent).await;
+    assert_eq!(first["generation"], 1);
+    eventually("the wake is done, acked at 3", || {
+        mgr_a.store.load_one("s").is_some_and(|s| {
+            s.rec.wake.is_none() && s.links.get("e/1").is_some_and(|l| l.acked == Some(3))
+        })
+    })
+    .await;
+    // Deleted and re-created on B with fewer records than the cursor.
+    b.delete(&name).await.unwrap();
+    b.create(create(2)).await.unwrap();
+    b.inner.engine.flush().await.unwrap();
+    let next = timers.next_sent(&[&mgr_a], &mut sent).await;
+    assert_eq!(next["generation"], 2);
+    assert!(
+        next["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["path"] == "e/1" && s["has_pending"] == true),
+        "{next}"
+    );
+}
+
+/// A restarted process of the holder's node id takes the lease row over at once; the old
+/// process (paused, its view not caught up) still counts itself holder on its clock, but sends
+/// no webhook on it: the delivery reads the lease row first.
+#[tokio::test]
+async fn a_superseded_holder_sends_nothing_once_the_row_names_its_successor() {
+    let clock = ManualClock::new(1_000_000);
+    let (a, _b) = two_nodes(&clock).await;
+    let timers = Timers::new(&clock);
+    let (mgr_a, mut sent_a) = manager(&a, &clock, Delivered::Failed("down".into()));
+    assert!(mgr_a.upsert("s", webhook("f/*"), ROOT).await.is_ok());
+    create_stream(&a, "f/1").await;
+    let first = sent_a.recv().await.unwrap();
+    assert_eq!(first["generation"], 1);
+    eventually("the failed attempt is stored", || {
+        mgr_a
+            .store
+            .load_one("s")
+            .is_some_and(|s| s.rec.next_attempt_at_ms.is_some())
+    })
+    .await;
+    // What `take_from_predecessor` of a process of node 1 at epoch 13 writes.
+    let meta = a.meta();
+    assert!(meta.release_lease("maintenance", "1/11").await.unwrap());
+    assert!(
+        meta.try_acquire_lease("maintenance", "1/13", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    assert!(a.holds_maintenance_lease(), "its clock still says held");
+    // Past the retry's backoff (1 s ± 20 %) and more, within the lease's TTL on A's clock.
+    timers.passes(&[&mgr_a], 20).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        sent_a.try_recv().is_err(),
+        "the superseded process sent a webhook"
+    );
+    assert!(!a.holds_maintenance_lease());
+}

@@ -45,6 +45,14 @@ impl Effects {
         self.cmds.extend(store::link_cmds(sub, links));
     }
 
+    /// Writes one more command (a routed wake event) in the transition's batch.
+    pub(super) fn push(&mut self, cmd: Result<Command, SubError>) {
+        match cmd {
+            Ok(cmd) => self.cmds.push(cmd),
+            Err(e) => self.error = Some(e),
+        }
+    }
+
     /// Removes `sub` from the KV.
     pub(super) fn delete(&mut self, sub: &Sub) {
         self.cmds.extend(store::delete_cmds(sub));

@@ -124,6 +124,38 @@ impl Manager {
         Ok(moved)
     }
 
+    /// The current incarnation (internal id) of the live stream named `path`, from the view.
+    pub(super) fn stream_id(&self, path: &str) -> Option<u64> {
+        let view = self.node.meta().view();
+        let entry = view.registry.get(path)?;
+        view.streams
+            .get(&entry.stream_id)
+            .filter(|m| !m.deleted)
+            .map(|m| m.id)
+    }
+
+    /// Links whose stream was deleted and re-created under the same name since the cursor was
+    /// taken start over (acked `-1`); a link without an incarnation adopts the current one.
+    /// Compared by stream id, not name: the follower sees the new id only for appends on this
+    /// node, and a stream re-created elsewhere shows only in the view.
+    pub(super) fn adopt_incarnations(&self, sub: &mut Sub, fx: &mut Effects) {
+        let mut changed = Vec::new();
+        for (path, link) in sub.links.iter_mut() {
+            let Some(id) = self.stream_id(path) else {
+                continue;
+            };
+            match link.stream_id {
+                Some(old) if old == id => continue,
+                Some(_) => link.acked = None,
+                None => {}
+            }
+            link.stream_id = Some(id);
+            changed.push(path.clone());
+        }
+        let refs: Vec<&str> = changed.iter().map(String::as_str).collect();
+        fx.persist_links(sub, &refs);
+    }
+
     /// A stream's tail from the node's in-memory state (no IO: safe under the state lock).
     pub(super) fn tail(&self, path: &str) -> Result<u64, TailError> {
         let name = StreamName::parse(path).map_err(|_| TailError::Missing)?;

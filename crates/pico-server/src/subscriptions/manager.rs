@@ -26,6 +26,7 @@ use super::model::{
     Config, Link, MAX_LINKS_PER_SUB, MAX_SUBSCRIPTIONS, Record, Status, StreamView, Sub, SubType,
     check_id,
 };
+use super::routed::{RoutedEvent, routed_cmd};
 use super::signing::{Keys, TokenClaims};
 use super::state::{self, DeliveryChange, Due};
 use super::store::Store;
@@ -193,6 +194,11 @@ impl Manager {
             let this = self.clone();
             tokio::spawn(async move { this.deliver(id, wake_id).await });
         }
+        // The lease may have moved to a newer process of this node id (which the clock rule
+        // does not see): no event is appended on a lease the row no longer names.
+        if !fx.events.is_empty() && !maintenance::confirm(&self.node).await {
+            return result;
+        }
         for (sub, name, event) in fx.events {
             let ws = name.to_string();
             let req = AppendRequest {
@@ -292,6 +298,7 @@ impl Manager {
             let Txn { subs, fx, .. } = &mut txn;
             for sub in subs.values_mut() {
                 self.link_new_matches(sub, fx);
+                self.adopt_incarnations(sub, fx);
                 if sub.rec.wake.is_none() {
                     self.wake(sub, fx);
                 }
@@ -307,6 +314,9 @@ impl Manager {
         let mut added = Vec::new();
         for name in self.unlinked_matches(sub) {
             if sub.link_glob(&name, None) {
+                if let Some(link) = sub.links.get_mut(&name) {
+                    link.stream_id = self.stream_id(&name);
+                }
                 added.push(name);
             }
         }
@@ -322,7 +332,10 @@ impl Manager {
             }
         }
         let tick = self.ticks.fetch_add(1, Ordering::Relaxed);
-        if !self.delivering().await {
+        let delivering = self.delivering().await;
+        // On every node: wake events routed to the wake stream's owner through the log.
+        self.deliver_routed_events(delivering).await;
+        if !delivering {
             return;
         }
         // After a takeover, and every second while other nodes are registered: appends on
@@ -342,14 +355,6 @@ impl Manager {
                 self.prune_gone_links(subs, fx);
             }
             for sub in subs.values_mut() {
-                if let Some(trigger) = sub.pending_event.clone() {
-                    if sub.rec.wake.as_ref().is_some_and(|w| w.holder.is_none()) {
-                        self.queue_wake_event(sub, &trigger, fx);
-                    } else {
-                        // Claimed (or gone): the event is no longer news.
-                        sub.pending_event = None;
-                    }
-                }
                 match state::due(sub, now) {
                     Due::Nothing => {}
                     Due::Delivery => self.queue_delivery(sub, fx),
@@ -419,13 +424,17 @@ impl Manager {
                         // A glob link exists only for a stream that exists.
                         glob: tail.is_ok() && sub.rec.config.pattern_matches(&path),
                         acked: Some(tail.unwrap_or(0)),
-                        stream_id: None,
+                        stream_id: self.stream_id(&path),
                     },
                 );
             }
             for path in self.unlinked_matches(&sub) {
                 let tail = self.tail(&path).unwrap_or(0);
-                sub.link_glob(&path, Some(tail));
+                if sub.link_glob(&path, Some(tail))
+                    && let Some(link) = sub.links.get_mut(&path)
+                {
+                    link.stream_id = self.stream_id(&path);
+                }
             }
             let paths: Vec<String> = sub.links.keys().cloned().collect();
             let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
@@ -522,7 +531,7 @@ impl Manager {
                                 explicit: true,
                                 glob,
                                 acked: Some(tail.unwrap_or(0)),
-                                stream_id: None,
+                                stream_id: self.stream_id(&path),
                             },
                         );
                         changed.push(path);
@@ -722,15 +731,19 @@ impl Manager {
             return;
         };
         // Appending here would open a stream another node owns, fencing it and dropping the
-        // appends it acknowledged but has not committed: the timer retries once it is free.
-        if let Some(owner) = self.node.owner_url(&name) {
-            if sub.pending_event.is_none() {
-                tracing::warn!(sub = %sub.rec.id, wake_stream = %ws, owner, "wake stream owned by another node; event held until it is released");
-            }
-            sub.pending_event = Some(trigger.to_string());
+        // appends it acknowledged but has not committed (or, with its owner lapsed, before
+        // failover recovered them): the event goes through the log to the owner instead, in
+        // this transition's batch (`routed.rs`).
+        if !matches!(self.node.route(&name), crate::Route::Local) {
+            tracing::debug!(sub = %sub.rec.id, wake_stream = %ws, "wake event routed to the wake stream's owner");
+            fx.push(routed_cmd(&RoutedEvent {
+                sub: sub.rec.id.clone(),
+                generation: sub.rec.generation,
+                stream: ws.clone(),
+                event,
+            }));
             return;
         }
-        sub.pending_event = None;
         fx.events
             .push((sub.rec.id.clone(), name, event.to_string().into_bytes()));
     }
@@ -771,6 +784,11 @@ impl Manager {
                 self.clear_delivering(&id, &wake_id);
                 return;
             };
+            // Right before sending: the lease row still names this incarnation.
+            if !maintenance::confirm(&self.node).await {
+                self.clear_delivering(&id, &wake_id);
+                return;
+            }
             let signature = keys.signature_header(self.clock.now_ms() / 1000, &body);
             let outcome = self.sender.send(&url, signature, body).await;
             self.finish_delivery(&id, &wake_id, outcome).await;

@@ -9,6 +9,7 @@
 //!   taking `now_ms`.
 //! - [`wake`]: pure rules of a wake: fencing, webhook body, retry schedule.
 //! - [`store`]: subscription records and links in the metadata KV.
+//! - `routed`: pull-wake events for a wake stream another node owns, through the KV.
 //! - [`delivery`]: [`WebhookSender`] and its HTTP implementation.
 //! - [`model`]: records, config parsing and hash, limits.
 //! - [`signing`]: Ed25519 webhook signatures, JWKS, callback tokens.
@@ -23,6 +24,7 @@ pub mod glob;
 mod links;
 pub mod manager;
 pub mod model;
+mod routed;
 pub mod signing;
 pub mod state;
 pub mod store;

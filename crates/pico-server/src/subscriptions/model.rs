@@ -314,10 +314,6 @@ pub struct Sub {
     pub links: BTreeMap<String, Link>,
     /// The wake a delivery attempt is running for (not persisted).
     pub delivering: Option<String>,
-    /// A pull-wake event not written yet because another node owned its wake stream: the
-    /// stream that triggered it, retried on the timer while the wake is unclaimed (not
-    /// persisted).
-    pub pending_event: Option<String>,
     /// A glob match was skipped at [`MAX_LINKS_PER_SUB`] and logged (not persisted): warns once
     /// per filling up, not on every append.
     pub link_cap_warned: bool,
@@ -355,7 +351,6 @@ impl Sub {
             rec,
             links: BTreeMap::new(),
             delivering: None,
-            pending_event: None,
             link_cap_warned: false,
         }
     }

@@ -7,7 +7,8 @@
 //! releasing the lock.
 //!
 //! Layout: `ds/sub/{id}` = [`Record`] JSON, `ds/sublink/{id}/{path}` = [`Link`] JSON,
-//! [`SEED_KEY`] = the 32-byte signing seed.
+//! `ds/wake-event/{id}/{generation}` = a pull-wake event routed to its wake stream's owner
+//! (`routed.rs`), [`SEED_KEY`] = the 32-byte signing seed.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -212,6 +213,16 @@ async fn run_writer(node: Node, mut rx: mpsc::Receiver<Write>) {
         for w in &mut batch {
             sizes.push(w.cmds.len());
             cmds.append(&mut w.cmds);
+        }
+        // Only the lease holder writes subscriptions; checked against the lease row right
+        // before the write (a newer process of this node id may have taken it over at once).
+        if !crate::maintenance::confirm(&node).await {
+            for w in batch.drain(..) {
+                let _ = w.done.send(Err(SubError::Unavailable(
+                    "this node no longer holds the maintenance lease".into(),
+                )));
+            }
+            continue;
         }
         match node.meta().propose_many(cmds).await {
             Ok(outcomes) => {
