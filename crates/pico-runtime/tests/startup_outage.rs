@@ -30,19 +30,34 @@ async fn status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Which connections the outage cuts.
+#[derive(Clone, Copy, PartialEq)]
+enum Cut {
+    /// Metadata log and WAL alike (one proxy for both).
+    Both,
+    /// The WAL's only: the metadata log has a proxy of its own that stays up, so the node
+    /// registers and then its WAL recovery meets the outage.
+    WalOnly,
+}
+
 /// Starts a node on Postgres (metadata and WAL) through a proxy that is cut at the first
 /// attempt of `phase` and resumed after it failed; returns how many retries `phase` took.
-async fn start_through_an_outage_at(phase: &'static str, admin_port: u16) -> Option<u64> {
+async fn start_through_an_outage_at(phase: &'static str, cut: Cut, admin_port: u16) -> Option<u64> {
     let db = common::TestDb::create().await?;
     let pg = Arc::new(PgProxy::start(&db.url).await);
+    let meta_proxy = match cut {
+        Cut::Both => None,
+        Cut::WalOnly => Some(PgProxy::start(&db.url).await),
+    };
     let url = pg.url(&db.url);
+    let meta_url = meta_proxy.as_ref().map_or(url.clone(), |m| m.url(&db.url));
     let dir = tempfile::tempdir().unwrap();
     let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
     let config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: Some(admin),
         kafka_listen: None,
-        meta_url: url.clone(),
+        meta_url,
         wal: Some(BucketUri::parse(&url).unwrap()),
         storage: BucketUri::parse(&format!("-2@file://{}/objects", dir.path().display())).unwrap(),
         ..Config::default()
@@ -93,14 +108,21 @@ async fn start_through_an_outage_at(phase: &'static str, admin_port: u16) -> Opt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lost_while_recording_the_cluster_id() {
     // The metadata store's open and then the cluster id's record both meet a cut proxy.
-    if let Some(retries) = start_through_an_outage_at("metadata store", 25101).await {
+    if let Some(retries) = start_through_an_outage_at("metadata store", Cut::Both, 25101).await {
         assert!(retries >= 2, "{retries} retries: the cut was never met");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lost_while_registering_and_recovering() {
-    if let Some(retries) = start_through_an_outage_at("recovery", 25102).await {
+    if let Some(retries) = start_through_an_outage_at("recovery", Cut::Both, 25102).await {
+        assert!(retries >= 1, "{retries} retries: the cut was never met");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_database_lost_during_recovery() {
+    if let Some(retries) = start_through_an_outage_at("recovery", Cut::WalOnly, 25103).await {
         assert!(retries >= 1, "{retries} retries: the cut was never met");
     }
 }
