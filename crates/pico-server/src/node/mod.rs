@@ -150,11 +150,14 @@ impl StartError {
     /// (the metadata log, the WAL's database or bucket, the data bucket). Damaged or fenced
     /// state and a refused registration are not: waiting cannot fix them.
     pub fn is_transient(&self) -> bool {
-        use s3stream::WalError;
+        use s3stream::{StorageError, WalError};
         match self {
             StartError::Meta(e) => matches!(e.kind(), pico_common::ErrorKind::Unavailable(_)),
             StartError::Register(_) => false,
             StartError::Engine(e) => match e {
+                // An object recovery needs is missing: no wait brings it back.
+                EngineError::Storage(StorageError::NotFound { .. })
+                | EngineError::Wal(WalError::Storage(StorageError::NotFound { .. })) => false,
                 // Object storage, the metadata log behind the catalog, an upload or a WAL
                 // write that failed: all an outage of a store.
                 EngineError::Storage(_)
