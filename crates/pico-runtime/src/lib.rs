@@ -282,6 +282,21 @@ pub async fn run(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RuntimeError> {
+    run_with(
+        config,
+        shutdown,
+        std::sync::Arc::new(startup::Startup::default()),
+    )
+    .await
+}
+
+/// [`run`], reporting the start's phases to `startup` (tests cut a store at a chosen phase
+/// with [`startup::Startup::with_hook`] and wait with [`startup::Startup::until_up`]).
+pub async fn run_with(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    startup: std::sync::Arc<startup::Startup>,
+) -> Result<(), RuntimeError> {
     validate(&config)?;
     let wal_uri = config
         .wal
@@ -307,7 +322,6 @@ pub async fn run(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = Vec::new();
     // The admin listener first: while the stores are waited for, `/ready` says 503.
-    let startup = std::sync::Arc::new(startup::Startup::default());
     if let Some(a) = config.admin_listen {
         let admin = TcpListener::bind(a)
             .await
@@ -351,7 +365,20 @@ pub async fn run(
     let node_epoch = config
         .node_epoch
         .unwrap_or_else(|| next_node_epoch(&meta, config.node_id, now_ms()));
-    check_cluster_id(&meta, &config.cluster_id).await?;
+    let checked = startup
+        .retry(
+            &clock,
+            "metadata store",
+            |e: &RuntimeError| meta_waits && matches!(e, RuntimeError::Unreachable(_)),
+            || check_cluster_id(&meta, &config.cluster_id),
+            &mut shutdown,
+        )
+        .await?;
+    if checked.is_none() {
+        meta.close().await;
+        tracing::info!("stopped while waiting for the metadata store");
+        return Ok(());
+    }
     let data = stores::object_storage(&config.storage).await?;
     let opened = startup
         .retry(
@@ -406,15 +433,49 @@ pub async fn run(
         peer_wals,
         ..NodeConfig::default()
     };
-    let mut node = Node::start(
-        node_config.clone(),
-        meta.clone(),
-        data.clone(),
-        wal,
-        engine.clone(),
-    )
-    .await
-    .map_err(|e| RuntimeError::Startup(e.to_string()))?;
+    // Registration and WAL recovery: a store that stops answering here (the metadata log, the
+    // WAL's database or bucket, the data bucket) is waited for like one unreachable at open.
+    // A failed attempt may have registered its epoch, so each retry registers a higher one
+    // and opens the WAL again at it.
+    let mut first_wal = Some(wal);
+    let mut epoch = node_epoch;
+    let started = startup
+        .retry(
+            &clock,
+            "recovery",
+            |e: &RuntimeError| matches!(e, RuntimeError::Unreachable(_)),
+            || {
+                let wal = first_wal.take();
+                if wal.is_none() {
+                    epoch = retry_node_epoch(&meta, &config, epoch, now_ms());
+                }
+                let cfg = NodeConfig {
+                    node_epoch: epoch,
+                    ..node_config.clone()
+                };
+                let (meta, data, engine, wal_uri) =
+                    (meta.clone(), data.clone(), engine.clone(), &wal_uri);
+                async move {
+                    let wal = match wal {
+                        Some(w) => w,
+                        None => stores::wal(wal_uri, cfg.node_id, cfg.node_epoch).await?,
+                    };
+                    Node::start(cfg, meta, data, wal, engine)
+                        .await
+                        .map_err(|e| match e.is_transient() {
+                            true => RuntimeError::Unreachable(e.to_string()),
+                            false => RuntimeError::Startup(e.to_string()),
+                        })
+                }
+            },
+            &mut shutdown,
+        )
+        .await?;
+    let Some(mut node) = started else {
+        meta.close().await;
+        tracing::info!("stopped while waiting for recovery");
+        return Ok(());
+    };
 
     let opts = pico_http::HttpOptions {
         routing_local: config.routing == Routing::Local,
@@ -650,6 +711,22 @@ fn next_node_epoch(meta: &MetaLog, node_id: u32, now_ms: i64) -> u64 {
     }
 }
 
+/// The epoch for another try at starting after one at `prev` failed: that one may have been
+/// registered (its answer lost), so always above it. An explicit `--node-epoch` steps by one;
+/// otherwise, as at any start, the clock unless the registered epoch is ahead of it.
+fn retry_node_epoch(meta: &MetaLog, config: &Config, prev: u64, now_ms: i64) -> u64 {
+    let above = prev.saturating_add(1);
+    match config.node_epoch {
+        Some(_) => above.max(
+            meta.view()
+                .nodes
+                .get(&config.node_id)
+                .map_or(0, |n| n.epoch.saturating_add(1)),
+        ),
+        None => next_node_epoch(meta, config.node_id, now_ms).max(above),
+    }
+}
+
 /// The first node to start records the cluster id in the metadata log; every later start must
 /// name the same one, so a node pointed at another cluster's database refuses to join it.
 /// Recorded with a conditional command, so of two first starts racing on an empty log with
@@ -675,12 +752,24 @@ async fn check_cluster_id(meta: &MetaLog, cluster_id: &str) -> Result<(), Runtim
             value: cluster_id.as_bytes().to_vec(),
         })
         .await
-        .map_err(|e| RuntimeError::Startup(format!("recording the cluster id: {e}")))?;
+        .map_err(|e| {
+            let m = format!("recording the cluster id: {e}");
+            match e.kind() {
+                pico_common::ErrorKind::Unavailable(_) => RuntimeError::Unreachable(m),
+                _ => RuntimeError::Startup(m),
+            }
+        })?;
     match recorded {
         Ok(_) => Ok(()),
-        Err(pico_metadata::ApplyError::Conflict { .. }) => Err(other(
-            meta.view().kv.get(KEY).map_or(&[][..], |v| v.as_slice()),
-        )),
+        Err(pico_metadata::ApplyError::Conflict { .. }) => {
+            // Recorded meanwhile: by another node, or by this one's earlier try whose answer
+            // was lost (then it holds our id).
+            let view = meta.view();
+            match view.kv.get(KEY) {
+                Some(stored) if stored.as_slice() == cluster_id.as_bytes() => Ok(()),
+                stored => Err(other(stored.map_or(&[][..], |v| v.as_slice()))),
+            }
+        }
         Err(e) => Err(RuntimeError::Startup(format!(
             "recording the cluster id: {e}"
         ))),

@@ -24,11 +24,30 @@ pub const RETRY_MAX: Duration = Duration::from_secs(10);
 /// few lines a minute, not one per attempt.
 pub const LOG_EVERY: Duration = Duration::from_secs(30);
 
+/// What a start phase is doing, handed to a [`StartHook`].
+#[derive(Clone, Copy, Debug)]
+pub enum StartEvent<'a> {
+    /// Attempt number `attempt` (from 0) of `what` begins.
+    Attempt { what: &'static str, attempt: u64 },
+    /// That attempt failed with an error a later one may not give (it is retried).
+    Retrying {
+        what: &'static str,
+        attempt: u64,
+        error: &'a str,
+    },
+}
+
+/// Called at each [`StartEvent`]: tests cut and restore a store at a chosen phase with it.
+pub type StartHook = Arc<dyn Fn(StartEvent<'_>) + Send + Sync>;
+
 /// What the starting node waits for, and the node's admin routes once it is up.
 #[derive(Default)]
 pub struct Startup {
     waiting: Mutex<Waiting>,
     admin: OnceLock<Router>,
+    /// `true` once the node serves ([`Startup::serve`]).
+    up: tokio::sync::watch::Sender<bool>,
+    hook: Option<StartHook>,
 }
 
 #[derive(Default, Clone)]
@@ -42,9 +61,31 @@ impl Startup {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A start that reports each attempt and retry to `hook`.
+    pub fn with_hook(hook: StartHook) -> Startup {
+        Startup {
+            hook: Some(hook),
+            ..Startup::default()
+        }
+    }
+
+    fn report(&self, event: StartEvent<'_>) {
+        if let Some(hook) = &self.hook {
+            hook(event);
+        }
+    }
+
     /// From now on the admin listener serves `router` (the node's admin routes).
     pub fn serve(&self, router: Router) {
         let _ = self.admin.set(router);
+        self.up.send_replace(true);
+    }
+
+    /// Resolves once the node serves (its listeners bound, `/ready` answered by the node).
+    pub async fn until_up(&self) {
+        let mut rx = self.up.subscribe();
+        // The sender lives in `self`, so the wait cannot end with it dropped.
+        let _ = rx.wait_for(|up| *up).await;
     }
 
     /// The admin listener's app for the whole life of the process.
@@ -108,6 +149,10 @@ impl Startup {
                 what: Some(what),
                 attempts: failures,
             };
+            self.report(StartEvent::Attempt {
+                what,
+                attempt: failures,
+            });
             match open().await {
                 Ok(v) => {
                     if failures > 0 {
@@ -121,8 +166,22 @@ impl Startup {
                     return Ok(Some(v));
                 }
                 Err(e) if retryable(&e) => {
+                    let error = e.to_string();
+                    self.report(StartEvent::Retrying {
+                        what,
+                        attempt: failures,
+                        error: &error,
+                    });
                     failures += 1;
                     let wait = pico_sql::backoff::retry_delay(RETRY_MIN, RETRY_MAX, failures);
+                    // Every retry at debug; the warning below is rate-limited.
+                    tracing::debug!(
+                        what,
+                        error,
+                        attempts = failures,
+                        wait_ms = wait.as_millis() as u64,
+                        "start phase failed; retrying"
+                    );
                     let now = clock.now_ms();
                     let due = logged_at.is_none_or(|t| now - t >= LOG_EVERY.as_millis() as i64);
                     if due {

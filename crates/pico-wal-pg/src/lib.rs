@@ -30,10 +30,18 @@ const MAX_CONNECTIONS: u32 = 3;
 /// The fenced append, one statement and so one round trip and one implicit transaction: the
 /// node's row is read `FOR SHARE` (held to the commit) and a row is inserted only if no higher
 /// epoch is registered there. A re-open's epoch update waits for that lock, or, if it committed
-/// first, the re-checked row no longer matches and nothing is inserted (no row returned). A
-/// retry after a failed commit reuses the position: if that commit did land, its row is
-/// replaced by the same records, never kept at a second position.
+/// first, the re-checked row no longer matches and nothing is inserted (no row returned).
+/// A plain INSERT: a position is new unless an append at it failed (see [`APPEND_RETRY`]), and
+/// an upsert costs Postgres a speculative insertion (more WAL, an extra lock) on every append.
 const APPEND: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
+     SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
+         WHERE node_id = $1 AND epoch <= $3 FOR SHARE
+     RETURNING position";
+
+/// [`APPEND`] for a retry after a failed append at the same position, with the same fence: if
+/// that failed commit did land, its row is replaced by the same records, never kept at a
+/// second position.
+const APPEND_RETRY: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
      SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
          WHERE node_id = $1 AND epoch <= $3 FOR SHARE
      ON CONFLICT (node_id, position)
@@ -140,6 +148,9 @@ pub struct PgWal {
 struct Writer {
     /// Next position to write.
     next: i64,
+    /// An append at `next` failed: it may have committed all the same (an answer lost), so the
+    /// next one at `next` must replace that row rather than collide with it.
+    retrying: bool,
     /// The append connection: not pooled, so an append costs no acquire (no liveness ping,
     /// no hand-back task) and its prepared statement stays warm. Dropped after any failed
     /// append (its state is unknown) and reconnected by the next one.
@@ -229,6 +240,7 @@ impl PgWal {
             opts,
             writer: Mutex::new(Writer {
                 next: last + 1,
+                retrying: false,
                 conn: None,
             }),
         })
@@ -313,7 +325,12 @@ impl PgWal {
                 Err(_) => return Err(PgWalError::Timeout(limit)),
             },
         };
-        let write = sqlx::query_scalar::<_, i64>(APPEND)
+        let sql = if writer.retrying {
+            APPEND_RETRY
+        } else {
+            APPEND
+        };
+        let write = sqlx::query_scalar::<_, i64>(sql)
             .bind(self.node())
             .bind(position)
             .bind(self.epoch)
@@ -426,8 +443,12 @@ impl Wal for PgWal {
                     source,
                 }
             })?;
-        self.insert(&mut writer, position, &payload).await?;
+        if let Err(e) = self.insert(&mut writer, position, &payload).await {
+            writer.retrying = true;
+            return Err(e.into());
+        }
         writer.next = position + 1;
+        writer.retrying = false;
         Ok(position_of(position))
     }
 

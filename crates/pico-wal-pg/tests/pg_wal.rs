@@ -252,7 +252,9 @@ async fn a_corrupt_row_fails_recovery_loudly() {
 }
 
 /// A commit that landed although the client saw it fail leaves a row at the position the
-/// retry reuses: the retry replaces it instead of failing on the key forever.
+/// retry reuses: the retry replaces it instead of failing on the key forever. A first attempt
+/// at a position is a plain INSERT, so a row it did not expect there fails it (here the row
+/// stands for the failed attempt's); the engine's retry then replaces it.
 #[tokio::test]
 async fn a_retry_replaces_a_row_whose_failed_commit_had_landed() {
     let Some(db) = TestDb::create().await else {
@@ -268,6 +270,8 @@ async fn a_retry_replaces_a_row_whose_failed_commit_had_landed() {
         .execute(&mut c)
         .await
         .unwrap();
+    let first = wal.append(vec![rec(1, 1, 1)]).await;
+    assert!(first.is_err(), "a first attempt overwrote a row: {first:?}");
     let p2 = wal.append(vec![rec(1, 1, 1)]).await.unwrap();
     assert_eq!(p2, p1 + 1);
     assert_eq!(

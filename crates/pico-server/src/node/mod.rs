@@ -138,11 +138,49 @@ const EVENT_CAPACITY: usize = 4096;
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error("metadata log unavailable: {0}")]
-    Meta(String),
+    Meta(#[source] pico_sql::MetaError),
     #[error("node registration rejected: {0}")]
     Register(String),
     #[error("engine recovery failed: {0}")]
-    Engine(String),
+    Engine(#[source] EngineError),
+}
+
+impl StartError {
+    /// Whether a later start may succeed where this one failed: a store that did not answer
+    /// (the metadata log, the WAL's database or bucket, the data bucket). Damaged or fenced
+    /// state and a refused registration are not: waiting cannot fix them.
+    pub fn is_transient(&self) -> bool {
+        use s3stream::{StorageError, WalError};
+        match self {
+            StartError::Meta(e) => matches!(e.kind(), pico_common::ErrorKind::Unavailable(_)),
+            StartError::Register(_) => false,
+            StartError::Engine(e) => match e {
+                // An object recovery needs is missing: no wait brings it back.
+                EngineError::Storage(StorageError::NotFound { .. })
+                | EngineError::Wal(WalError::Storage(StorageError::NotFound { .. })) => false,
+                // Object storage, the metadata log behind the catalog, an upload or a WAL
+                // write that failed: all an outage of a store.
+                EngineError::Storage(_)
+                | EngineError::Upload(_)
+                | EngineError::Durability(_)
+                | EngineError::Catalog(_)
+                | EngineError::Wal(WalError::Storage(_) | WalError::Other(_)) => true,
+                EngineError::Wal(
+                    WalError::Corrupt { .. }
+                    | WalError::PositionMismatch { .. }
+                    | WalError::Lost { .. }
+                    | WalError::Fenced(_),
+                )
+                | EngineError::WalFenced(_)
+                | EngineError::Corrupt { .. }
+                | EngineError::InvalidRequest(_)
+                | EngineError::NotOpen { .. }
+                | EngineError::StaleEpoch { .. }
+                | EngineError::Broken { .. }
+                | EngineError::ShuttingDown => false,
+            },
+        }
+    }
 }
 
 /// A stream resolved from the view: its registry entry and internal state.
@@ -172,7 +210,7 @@ impl Node {
                 now_ms: registered_at_ms,
             })
             .await
-            .map_err(|e| StartError::Meta(e.to_string()))?;
+            .map_err(StartError::Meta)?;
         registered.map_err(|e| StartError::Register(e.to_string()))?;
 
         engine_config.node_id = config.node_id;
@@ -193,7 +231,7 @@ impl Node {
             Arc::new(move |stream, end| hook_waiters.notify_tail(stream, end)),
         )
         .await
-        .map_err(|e| StartError::Engine(e.to_string()))?;
+        .map_err(StartError::Engine)?;
         tracing::info!(
             wal_entries = report.wal_entries,
             records = report.records_replayed,
