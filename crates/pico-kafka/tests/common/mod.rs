@@ -9,11 +9,16 @@ use pico_kafka::{Broker, KafkaOptions};
 use pico_protocol::Record;
 
 pub fn frame<T: Encodable>(key: ApiKey, v: i16, body: &T) -> Bytes {
+    frame_with(key, v, 7, body)
+}
+
+/// A request frame (without its length prefix) with correlation id `correlation`.
+pub fn frame_with<T: Encodable>(key: ApiKey, v: i16, correlation: i32, body: &T) -> Bytes {
     let mut buf = BytesMut::new();
     RequestHeader::default()
         .with_request_api_key(key as i16)
         .with_request_api_version(v)
-        .with_correlation_id(7)
+        .with_correlation_id(correlation)
         .with_client_id(Some(StrBytes::from_static_str("test")))
         .encode(&mut buf, key.request_header_version(v))
         .unwrap();
