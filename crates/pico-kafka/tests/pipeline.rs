@@ -11,11 +11,9 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use common::*;
 use kafka_protocol::ResponseError;
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, StrBytes};
+use kafka_protocol::protocol::Decodable;
 use pico_common::StreamName;
 use pico_kafka::{Broker, KafkaOptions};
 use pico_protocol::Record;
@@ -44,13 +42,7 @@ async fn server() -> Server {
     };
     let node = pico_server::testing::start_test_node_with_wal(config, wal.clone()).await;
     let broker = Arc::new(Broker::new(node, KafkaOptions::default()));
-    let mut t = CreatableTopic::default();
-    t.name = TopicName(StrBytes::from_static_str("t"));
-    t.num_partitions = 1;
-    t.replication_factor = 1;
-    let req = CreateTopicsRequest::default().with_topics(vec![t]);
-    let resp: CreateTopicsResponse = call(&broker, ApiKey::CreateTopics, 4, &req).await;
-    assert_eq!(resp.topics[0].error_code, 0);
+    assert_eq!(create(&broker, "t", 1).await, 0);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, rx) = tokio::sync::watch::channel(false);
@@ -82,8 +74,7 @@ impl Server {
     }
 
     async fn tail(&self) -> u64 {
-        let name = StreamName::parse("t").unwrap();
-        self.broker.node().head(&name).await.unwrap().next_seq
+        tail(&self.broker, "t").await
     }
 
     /// Every record value of `t`, in offset order.
@@ -124,16 +115,8 @@ fn recs(tag: &str, n: usize) -> Vec<Record> {
 }
 
 /// A length-prefixed Produce frame of `records` to `topic` partition 0.
-fn produce(correlation: i32, topic: &str, records: Bytes, acks: i16) -> BytesMut {
-    let mut p = PartitionProduceData::default();
-    p.records = Some(records);
-    let mut t = TopicProduceData::default();
-    t.name = TopicName(StrBytes::from_string(topic.to_string()));
-    t.partition_data = vec![p];
-    let req = ProduceRequest::default()
-        .with_acks(acks)
-        .with_timeout_ms(5000)
-        .with_topic_data(vec![t]);
+fn produce_frame(correlation: i32, topic: &str, records: Bytes, acks: i16) -> BytesMut {
+    let req = produce_request(topic, 0, records, acks);
     prefixed(&frame_with(ApiKey::Produce, PRODUCE_V, correlation, &req))
 }
 
@@ -175,7 +158,7 @@ async fn produces_written_back_to_back_are_admitted_at_once_and_answered_in_orde
     srv.wal.hold_appends(true);
     let mut frames = BytesMut::new();
     for c in 1..=5 {
-        frames.extend_from_slice(&produce(
+        frames.extend_from_slice(&produce_frame(
             c,
             "t",
             batch(&recs(&format!("r{c}-"), 3), None),
@@ -183,8 +166,8 @@ async fn produces_written_back_to_back_are_admitted_at_once_and_answered_in_orde
         ));
     }
     // acks=0: admitted like the others, never answered.
-    frames.extend_from_slice(&produce(6, "t", batch(&recs("z", 2), None), 0));
-    frames.extend_from_slice(&produce(7, "t", batch(&recs("r7-", 1), None), 1));
+    frames.extend_from_slice(&produce_frame(6, "t", batch(&recs("z", 2), None), 0));
+    frames.extend_from_slice(&produce_frame(7, "t", batch(&recs("r7-", 1), None), 1));
     // Anything else is answered after every Produce before it.
     frames.extend_from_slice(&prefixed(&frame_with(
         ApiKey::Metadata,
@@ -217,9 +200,9 @@ async fn a_refused_partition_mid_pipeline_is_answered_in_its_place() {
     let srv = server().await;
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     let mut frames = BytesMut::new();
-    frames.extend_from_slice(&produce(1, "t", batch(&recs("a", 2), None), -1));
-    frames.extend_from_slice(&produce(2, "nope", batch(&recs("x", 2), None), -1));
-    frames.extend_from_slice(&produce(3, "t", batch(&recs("b", 2), None), -1));
+    frames.extend_from_slice(&produce_frame(1, "t", batch(&recs("a", 2), None), -1));
+    frames.extend_from_slice(&produce_frame(2, "nope", batch(&recs("x", 2), None), -1));
+    frames.extend_from_slice(&produce_frame(3, "t", batch(&recs("b", 2), None), -1));
     s.write_all(&frames).await.unwrap();
     let got = [
         produced(&mut s).await,
@@ -241,8 +224,8 @@ async fn a_malformed_frame_mid_pipeline_closes_after_the_answers_before_it() {
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     srv.wal.hold_appends(true);
     let mut frames = BytesMut::new();
-    frames.extend_from_slice(&produce(1, "t", batch(&recs("a", 2), None), -1));
-    frames.extend_from_slice(&produce(2, "t", batch(&recs("b", 2), None), -1));
+    frames.extend_from_slice(&produce_frame(1, "t", batch(&recs("a", 2), None), -1));
+    frames.extend_from_slice(&produce_frame(2, "t", batch(&recs("b", 2), None), -1));
     // An unknown API key: Kafka closes the connection.
     let mut bad = BytesMut::new();
     bad.put_i16(999);
@@ -250,7 +233,7 @@ async fn a_malformed_frame_mid_pipeline_closes_after_the_answers_before_it() {
     bad.put_i32(3);
     bad.put_i16(-1);
     frames.extend_from_slice(&prefixed(&bad));
-    frames.extend_from_slice(&produce(4, "t", batch(&recs("c", 2), None), -1));
+    frames.extend_from_slice(&produce_frame(4, "t", batch(&recs("c", 2), None), -1));
     s.write_all(&frames).await.unwrap();
     srv.admitted(before + 2).await;
     srv.wal.hold_appends(false);
@@ -271,19 +254,19 @@ async fn an_idempotent_producer_pipelines_and_its_retries_get_their_offsets() {
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     srv.wal.hold_appends(true);
     let mut frames = BytesMut::new();
-    frames.extend_from_slice(&produce(
+    frames.extend_from_slice(&produce_frame(
         1,
         "t",
         batch(&recs("a", 3), Some((pid, 0, 0))),
         -1,
     ));
-    frames.extend_from_slice(&produce(
+    frames.extend_from_slice(&produce_frame(
         2,
         "t",
         batch(&recs("b", 2), Some((pid, 0, 3))),
         -1,
     ));
-    frames.extend_from_slice(&produce(
+    frames.extend_from_slice(&produce_frame(
         3,
         "t",
         batch(&recs("c", 1), Some((pid, 0, 5))),
@@ -299,19 +282,19 @@ async fn an_idempotent_producer_pipelines_and_its_retries_get_their_offsets() {
     }
     // A retry, a new batch and a gap, pipelined: a duplicate answered with its offset.
     let mut frames = BytesMut::new();
-    frames.extend_from_slice(&produce(
+    frames.extend_from_slice(&produce_frame(
         4,
         "t",
         batch(&recs("b", 2), Some((pid, 0, 3))),
         -1,
     ));
-    frames.extend_from_slice(&produce(
+    frames.extend_from_slice(&produce_frame(
         5,
         "t",
         batch(&recs("d", 1), Some((pid, 0, 6))),
         -1,
     ));
-    frames.extend_from_slice(&produce(
+    frames.extend_from_slice(&produce_frame(
         6,
         "t",
         batch(&recs("e", 1), Some((pid, 0, 20))),
@@ -341,7 +324,9 @@ async fn a_failed_write_mid_pipeline_fails_the_rest_and_their_retries_are_writte
     let pid = srv.init_producer().await;
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     let p0 = batch(&recs("p0-", 2), Some((pid, 0, 0)));
-    s.write_all(&produce(1, "t", p0.clone(), -1)).await.unwrap();
+    s.write_all(&produce_frame(1, "t", p0.clone(), -1))
+        .await
+        .unwrap();
     assert_eq!(produced(&mut s).await.1.base_offset, 0);
 
     let before = srv.appends();
@@ -351,7 +336,7 @@ async fn a_failed_write_mid_pipeline_fails_the_rest_and_their_retries_are_writte
         .collect();
     let mut frames = BytesMut::new();
     for (i, b) in later.iter().enumerate() {
-        frames.extend_from_slice(&produce(10 + i as i32, "t", b.clone(), -1));
+        frames.extend_from_slice(&produce_frame(10 + i as i32, "t", b.clone(), -1));
     }
     s.write_all(&frames).await.unwrap();
     srv.admitted(before + 3).await;
@@ -368,7 +353,7 @@ async fn a_failed_write_mid_pipeline_fails_the_rest_and_their_retries_are_writte
     // The client retries the three with their sequences, pipelined.
     let mut frames = BytesMut::new();
     for (i, b) in later.iter().enumerate() {
-        frames.extend_from_slice(&produce(20 + i as i32, "t", b.clone(), -1));
+        frames.extend_from_slice(&produce_frame(20 + i as i32, "t", b.clone(), -1));
     }
     s.write_all(&frames).await.unwrap();
     for (i, c) in (20..23).enumerate() {
@@ -379,10 +364,10 @@ async fn a_failed_write_mid_pipeline_fails_the_rest_and_their_retries_are_writte
     }
     assert_eq!(srv.tail().await, 8, "the retries were written");
     // Now they are stored: another retry of the second is a duplicate, and so is p0's.
-    s.write_all(&produce(30, "t", later[1].clone(), -1))
+    s.write_all(&produce_frame(30, "t", later[1].clone(), -1))
         .await
         .unwrap();
-    s.write_all(&produce(31, "t", p0, -1)).await.unwrap();
+    s.write_all(&produce_frame(31, "t", p0, -1)).await.unwrap();
     let (_, p) = produced(&mut s).await;
     assert_eq!((p.error_code, p.base_offset), (0, 4));
     let (_, p) = produced(&mut s).await;
