@@ -14,7 +14,7 @@
 #      BENCH_DURATION (10s), BENCH_WARMUP (2s), BENCH_WORK (default target/bench),
 #      KAFKA_CONNECTIONS (8), KAFKA_BATCH (64 records per request), KAFKA_LINGER_MS (5),
 #      KAFKA_IN_FLIGHT (5, librdkafka's window per connection), KAFKA_PRODUCERS (2 librdkafka
-#      processes).
+#      processes), BENCH_PORT_BASE (take ports from there upwards; default any free port).
 # Prints a Markdown table and writes it, with the raw JSON, under $BENCH_WORK/kafka-*/.
 # Not part of CI (too slow); needs cargo, python3 (venv) and curl.
 set -euo pipefail
@@ -73,7 +73,29 @@ stop_pid() {
 }
 cleanup() { for p in "${PIDS[@]}"; do stop_pid "$p"; done; }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+# BENCH_PORT_BASE: ports from there upwards (a shared machine's range), else any free one.
+free_port() {
+  python3 - "${BENCH_PORT_BASE:-0}" "$RUN/ports" <<'PY'
+import os, socket, sys
+base, taken = int(sys.argv[1]), sys.argv[2]
+used = set(open(taken).read().split()) if os.path.exists(taken) else set()
+p = base
+while True:
+    if base == 0 or str(p) not in used:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", p))
+            p = s.getsockname()[1]
+            break
+        except OSError:
+            pass
+        finally:
+            s.close()
+    p += 1
+open(taken, "a").write(f"{p}\n")
+print(p)
+PY
+}
 wait_http() { for _ in $(seq 1 200); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
 wait_tcp() { for _ in $(seq 1 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 

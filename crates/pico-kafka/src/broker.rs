@@ -11,6 +11,7 @@ use pico_server::Node;
 use crate::KafkaOptions;
 use crate::cluster::Liveness;
 use crate::groups::Coordinator;
+use crate::produce::ProduceAdmitted;
 use crate::producers::Producers;
 use crate::validate;
 use crate::versions::{SUPPORTED, supported};
@@ -23,6 +24,20 @@ pub enum Reply {
     None,
     /// Malformed or unsupported: close the connection (as Kafka does).
     Close(String),
+}
+
+/// A request admitted by [`Broker::start`].
+pub enum Started {
+    /// Answered (every request but Produce).
+    Done(Reply),
+    /// A Produce with its batches admitted: [`Broker::finish`] waits for their writes.
+    Produce(Produced),
+}
+
+/// An admitted Produce request, and how to answer it.
+pub struct Produced {
+    correlation: i32,
+    admitted: ProduceAdmitted,
 }
 
 /// The Kafka facade's state: the node, the group coordinator, idempotent producers.
@@ -60,43 +75,73 @@ impl Broker {
 
     /// Answers one request frame (without its length prefix).
     pub async fn handle(&self, frame: Bytes) -> Reply {
+        match self.start(frame).await {
+            Started::Done(reply) => reply,
+            Started::Produce(p) => self.finish(p).await,
+        }
+    }
+
+    /// The answer to an admitted Produce, once its batches' writes are confirmed (none for
+    /// acks=0).
+    pub async fn finish(&self, p: Produced) -> Reply {
+        let Produced {
+            correlation,
+            admitted,
+        } = p;
+        let (v, acks) = (admitted.version(), admitted.acks());
+        let resp = admitted.finish(self).await;
+        if acks == 0 {
+            Reply::None
+        } else {
+            encode(ApiKey::Produce, v, correlation, &resp)
+        }
+    }
+
+    /// Answers one request frame, except a Produce, which returns once its batches are
+    /// admitted (offsets assigned, in request order) so the connection can read the next
+    /// request while their writes are in flight.
+    pub async fn start(&self, frame: Bytes) -> Started {
         if frame.len() < 8 {
-            return Reply::Close("frame shorter than a request header".into());
+            return Started::Done(Reply::Close("frame shorter than a request header".into()));
         }
         let key = i16::from_be_bytes([frame[0], frame[1]]);
         let version = i16::from_be_bytes([frame[2], frame[3]]);
         let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
         let Ok(api) = ApiKey::try_from(key) else {
-            return Reply::Close(format!("unknown api key {key}"));
+            return Started::Done(Reply::Close(format!("unknown api key {key}")));
         };
         if !supported(api, version) {
             if api == ApiKey::ApiVersions {
                 // The client learns the versions from a v0 answer and retries (KIP-511).
                 let resp = api_versions(ResponseError::UnsupportedVersion.code());
-                return encode(ApiKey::ApiVersions, 0, correlation, &resp);
+                return Started::Done(encode(ApiKey::ApiVersions, 0, correlation, &resp));
             }
-            return Reply::Close(format!("unsupported {api:?} v{version}"));
+            return Started::Done(Reply::Close(format!("unsupported {api:?} v{version}")));
         }
         let header_version = api.request_header_version(version);
         if let Err(e) = validate::check_request(&frame, key, version, header_version >= 2) {
-            return Reply::Close(format!("malformed {api:?} v{version}: {e}"));
+            return Started::Done(Reply::Close(format!("malformed {api:?} v{version}: {e}")));
         }
         let mut buf = frame;
         let header = match RequestHeader::decode(&mut buf, header_version) {
             Ok(h) => h,
-            Err(e) => return Reply::Close(format!("bad request header: {e}")),
+            Err(e) => return Started::Done(Reply::Close(format!("bad request header: {e}"))),
         };
         let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
         macro_rules! decode {
             ($t:ty) => {
                 match <$t>::decode(&mut buf, version) {
                     Ok(r) => r,
-                    Err(e) => return Reply::Close(format!("malformed {api:?} v{version}: {e}")),
+                    Err(e) => {
+                        return Started::Done(Reply::Close(format!(
+                            "malformed {api:?} v{version}: {e}"
+                        )))
+                    }
                 }
             };
         }
         let v = version;
-        match api {
+        let reply = match api {
             ApiKey::ApiVersions => {
                 let _ = decode!(ApiVersionsRequest);
                 encode(api, v, correlation, &api_versions(0))
@@ -119,13 +164,11 @@ impl Broker {
             }
             ApiKey::Produce => {
                 let r = decode!(ProduceRequest);
-                let acks = r.acks;
-                let resp = self.produce(r, v).await;
-                if acks == 0 {
-                    Reply::None
-                } else {
-                    encode(api, v, correlation, &resp)
-                }
+                let admitted = self.admit_produce(r, v).await;
+                return Started::Produce(Produced {
+                    correlation,
+                    admitted,
+                });
             }
             ApiKey::Fetch => {
                 let r = decode!(FetchRequest);
@@ -218,7 +261,8 @@ impl Broker {
                 encode(api, v, correlation, &self.describe_configs(r, v).await)
             }
             other => Reply::Close(format!("unsupported {other:?}")),
-        }
+        };
+        Started::Done(reply)
     }
 
     fn find_coordinator(&self, r: FindCoordinatorRequest, v: i16) -> FindCoordinatorResponse {

@@ -3,7 +3,8 @@
 //! `kafka-protocol` crate, guarded by [`validate`] so no request can make it allocate more than
 //! the request's own bytes back.
 //!
-//! - [`conn`]: the listener and one task per connection: frames, limits, in-order replies.
+//! - [`conn`]: the listener and one task per connection: frames, limits, pipelined Produce,
+//!   in-order replies.
 //! - [`validate`]: the structural pass every request passes before it is decoded.
 //! - [`versions`]: the APIs and versions this listener serves (ApiVersions).
 //! - [`broker`]: decoding, dispatch and response encoding.
@@ -43,6 +44,12 @@ pub struct KafkaOptions {
     pub max_small_frame: usize,
     /// Most connections served at once; more wait in the accept queue.
     pub max_connections: usize,
+    /// Most requests of one connection read and not yet answered: Produce requests are
+    /// pipelined (the next is read while earlier ones wait for their writes).
+    pub max_in_flight: usize,
+    /// Most request bytes of one connection read and not yet answered (a larger request
+    /// takes the whole budget).
+    pub max_in_flight_bytes: usize,
     /// Cluster id reported in Metadata.
     pub cluster_id: String,
 }
@@ -56,6 +63,8 @@ impl Default for KafkaOptions {
             max_frame: 100 << 20,
             max_small_frame: 1 << 20,
             max_connections: 10_000,
+            max_in_flight: 8,
+            max_in_flight_bytes: 16 << 20,
             cluster_id: "picomq".into(),
         }
     }

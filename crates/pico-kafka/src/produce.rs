@@ -12,7 +12,7 @@ use pico_common::StreamName;
 use pico_protocol::batch::batch_len;
 use pico_protocol::compression::Codec;
 use pico_protocol::{BatchError, ProducedBatch, check_produced};
-use pico_server::AppendError;
+use pico_server::{Admitted, AppendError, AppendOutcome};
 
 use crate::broker::Broker;
 use crate::producers::{Check, PartitionState, Producers, StoredBatch, restore};
@@ -31,6 +31,9 @@ const LOOKUP_FIRST: u64 = 1024;
 const LOOKUP_BYTES: usize = 64 << 20;
 /// Bytes per read while searching.
 const LOOKUP_READ: usize = 1 << 20;
+/// Longest a batch waits for an in-flight batch of its producer to be confirmed (a retry of
+/// it, or a lookup after a failure) before the client is told to retry.
+const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Clock skew allowed between the node that handed out a producer id and this one: batches
 /// appended more than this before the id was handed out cannot be the producer's.
 const LOOKUP_SKEW_MS: i64 = 30_000;
@@ -51,30 +54,106 @@ struct Written {
 
 type Refusal = (ResponseError, String);
 
-impl Broker {
-    pub(crate) async fn produce(&self, r: ProduceRequest, v: i16) -> ProduceResponse {
+/// A Produce request admitted: every batch has its offsets (or its refusal); what is left is
+/// to wait for their writes and answer.
+pub struct ProduceAdmitted {
+    version: i16,
+    acks: i16,
+    topics: Vec<(TopicName, Vec<PartitionAdmitted>)>,
+}
+
+struct PartitionAdmitted {
+    index: i32,
+    /// The partition's stream, once resolved (for the log start offset).
+    stream: Option<StreamName>,
+    /// The batches admitted, in order.
+    batches: Vec<Pending>,
+    /// Why the partition's (remaining) batches were refused.
+    refused: Option<Refusal>,
+}
+
+/// One batch between admission and answer.
+enum Pending {
+    /// Answered already (a duplicate of a durable batch).
+    Done(Written),
+    /// A plain batch: waited for in the answer itself.
+    Admitted(Admitted),
+    /// An idempotent producer's batch: its wait and what it tells the producer's state run
+    /// in a task, so they happen even if the connection goes away first.
+    Task(tokio::task::JoinHandle<Result<Written, Refusal>>),
+}
+
+impl Pending {
+    async fn wait(self) -> Result<Written, Refusal> {
+        match self {
+            Pending::Done(w) => Ok(w),
+            Pending::Admitted(a) => written(a.wait().await),
+            Pending::Task(t) => t.await.unwrap_or_else(|e| {
+                Err((
+                    ResponseError::UnknownServerError,
+                    format!("produce task failed: {e}"),
+                ))
+            }),
+        }
+    }
+}
+
+impl ProduceAdmitted {
+    /// Kafka answers nothing to acks=0.
+    pub fn acks(&self) -> i16 {
+        self.acks
+    }
+
+    /// The request's version (the answer's).
+    pub fn version(&self) -> i16 {
+        self.version
+    }
+
+    /// Waits for every admitted batch's write, in order, and builds the answer.
+    pub(crate) async fn finish(self, broker: &Broker) -> ProduceResponse {
+        let v = self.version;
         let mut resp = ProduceResponse::default();
-        for topic in r.topic_data {
+        for (name, parts) in self.topics {
             let mut out = TopicProduceResponse::default();
-            let name = topic.name.0.to_string();
-            out.name = topic.name;
-            for p in topic.partition_data {
+            out.name = name;
+            for p in parts {
                 let mut part = PartitionProduceResponse::default();
                 part.index = p.index;
-                let result = if r.transactional_id.as_ref().is_some_and(|t| !t.is_empty()) {
-                    Err((
-                        ResponseError::TransactionalIdAuthorizationFailed,
-                        "transactions are not supported".to_string(),
-                    ))
-                } else {
-                    self.produce_partition(&name, p.index, p.records).await
-                };
+                let mut result = Err(p
+                    .refused
+                    .clone()
+                    .unwrap_or((ResponseError::CorruptMessage, "no record batch".to_string())));
+                let mut first = true;
+                for b in p.batches {
+                    let r = b.wait().await;
+                    // The partition's answer: the first batch's offset, or the first failure
+                    // (later batches' waits are dropped: their writes go on regardless).
+                    match r {
+                        Ok(w) if first => result = Ok(w),
+                        Ok(_) => {}
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                    first = false;
+                }
+                if let (Ok(_), Some(refused)) = (&result, p.refused) {
+                    result = Err(refused);
+                }
                 match result {
                     Ok(w) => {
                         part.base_offset = w.base_offset as i64;
                         part.log_append_time_ms = w.append_ms;
                         if v >= 5 {
-                            part.log_start_offset = self.log_start(&name, p.index).await;
+                            part.log_start_offset = match &p.stream {
+                                Some(name) => broker
+                                    .node
+                                    .head(name)
+                                    .await
+                                    .map_or(-1, |i| i.start_seq as i64),
+                                None => -1,
+                            };
                         }
                     }
                     Err((code, msg)) => {
@@ -91,54 +170,92 @@ impl Broker {
         }
         resp
     }
+}
 
-    async fn log_start(&self, topic: &str, partition: i32) -> i64 {
-        match self.stream_of(topic, partition).await {
-            Some(name) => self
-                .node
-                .head(&name)
-                .await
-                .map_or(-1, |i| i.start_seq as i64),
-            None => -1,
+impl Broker {
+    /// Admits a Produce request's batches in order: a later request's (on this connection or
+    /// any) are placed after them. The answer waits for their writes
+    /// ([`ProduceAdmitted::finish`]).
+    pub(crate) async fn admit_produce(&self, r: ProduceRequest, v: i16) -> ProduceAdmitted {
+        let transactional = r.transactional_id.as_ref().is_some_and(|t| !t.is_empty());
+        let mut topics = Vec::with_capacity(r.topic_data.len());
+        for topic in r.topic_data {
+            let name = topic.name.0.to_string();
+            let mut parts = Vec::with_capacity(topic.partition_data.len());
+            for p in topic.partition_data {
+                let part = if transactional {
+                    PartitionAdmitted {
+                        index: p.index,
+                        stream: None,
+                        batches: Vec::new(),
+                        refused: Some((
+                            ResponseError::TransactionalIdAuthorizationFailed,
+                            "transactions are not supported".to_string(),
+                        )),
+                    }
+                } else {
+                    self.admit_partition(&name, p.index, p.records).await
+                };
+                parts.push(part);
+            }
+            topics.push((topic.name, parts));
+        }
+        ProduceAdmitted {
+            version: v,
+            acks: r.acks,
+            topics,
         }
     }
 
-    async fn produce_partition(
+    async fn admit_partition(
         &self,
         topic: &str,
         partition: i32,
         records: Option<Bytes>,
-    ) -> Result<Written, Refusal> {
-        let name = self.stream_of(topic, partition).await.ok_or((
-            ResponseError::UnknownTopicOrPartition,
-            "no such topic or partition".to_string(),
-        ))?;
-        self.check_leader(&name)
-            .map_err(|code| (code, "another node leads this partition".to_string()))?;
+    ) -> PartitionAdmitted {
+        let mut part = PartitionAdmitted {
+            index: partition,
+            stream: None,
+            batches: Vec::new(),
+            refused: None,
+        };
+        let Some(name) = self.stream_of(topic, partition).await else {
+            part.refused = Some((
+                ResponseError::UnknownTopicOrPartition,
+                "no such topic or partition".to_string(),
+            ));
+            return part;
+        };
+        if let Err(code) = self.check_leader(&name) {
+            part.refused = Some((code, "another node leads this partition".to_string()));
+            return part;
+        }
         let mut data = records.unwrap_or_default();
-        if data.is_empty() {
-            return Err((ResponseError::CorruptMessage, "no record batch".into()));
-        }
-        let mut first: Option<Written> = None;
         while !data.is_empty() {
-            let len = batch_len(&data).map_err(|e| {
-                (
-                    ResponseError::CorruptMessage,
-                    format!("bad record batch: {e}"),
-                )
-            })?;
+            let len = match batch_len(&data) {
+                Ok(len) => len,
+                Err(e) => {
+                    part.refused = Some((
+                        ResponseError::CorruptMessage,
+                        format!("bad record batch: {e}"),
+                    ));
+                    break;
+                }
+            };
             let batch = data.split_to(len.min(data.len()));
-            let w = self.produce_batch(&name, batch).await?;
-            first.get_or_insert(w);
+            match self.admit_batch(&name, batch).await {
+                Ok(b) => part.batches.push(b),
+                Err(e) => {
+                    part.refused = Some(e);
+                    break;
+                }
+            }
         }
-        first.ok_or((ResponseError::CorruptMessage, "no record batch".into()))
+        part.stream = Some(name);
+        part
     }
 
-    async fn produce_batch(
-        &self,
-        name: &pico_common::StreamName,
-        batch: Bytes,
-    ) -> Result<Written, Refusal> {
+    async fn admit_batch(&self, name: &StreamName, batch: Bytes) -> Result<Pending, Refusal> {
         if batch.len() < HEADER_LEN {
             return Err((
                 ResponseError::CorruptMessage,
@@ -162,41 +279,72 @@ impl Broker {
         let checked = check_produced(&batch).map_err(batch_refusal)?;
         let count = i32::try_from(checked.records().len()).unwrap_or(i32::MAX);
         if producer.id < 0 {
-            return self.append(name, checked).await;
+            return Ok(Pending::Admitted(self.admit(name, checked).await?));
         }
-        // The producer's partition state is held from the check to the accept: a retry on
-        // another connection waits and then sees the first attempt's outcome.
-        let state = self.producers.state(producer.id, name.as_str());
-        let mut state = state.lock().await;
-        if state.needs_lookup() {
-            if self.producers.allocated_here(producer.id) {
-                state.settle();
+        let slot = self.producers.state(producer.id, name.as_str());
+        let give_up = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
+        loop {
+            let mut state = slot.state.lock().await;
+            // Before anything is looked at: an answer landing from here on is not missed.
+            let moved = slot.moved.notified();
+            let check = if state.must_wait() {
+                Check::Wait
             } else {
-                *state = self.look_up_producer(name, producer.id).await?;
-            }
-        }
-        match state.check(producer.epoch, producer.base_seq, count) {
-            Check::Duplicate(base_offset) => Ok(Written {
-                base_offset,
-                append_ms: -1,
-            }),
-            Check::Refuse(code) => Err((
-                code,
-                format!(
-                    "producer {} epoch {} sequence {} refused",
-                    producer.id, producer.epoch, producer.base_seq
-                ),
-            )),
-            Check::Append => {
-                let w = self.append(name, checked).await?;
-                state.accept(
-                    producer.epoch,
-                    producer.base_seq,
-                    count,
-                    w.base_offset,
-                    self.producers.now_ms(),
-                );
-                Ok(w)
+                if state.needs_lookup() {
+                    if !state.lost() && self.producers.allocated_here(producer.id) {
+                        state.settle();
+                    } else {
+                        let found = self.look_up_producer(name, producer.id).await?;
+                        state.restore_from(found);
+                    }
+                }
+                state.check(producer.epoch, producer.base_seq, count)
+            };
+            match check {
+                Check::Wait => {
+                    drop(state);
+                    tokio::time::timeout_at(give_up, moved).await.map_err(|_| {
+                        (
+                            ResponseError::KafkaStorageError,
+                            "earlier batches of this producer are not confirmed yet: retry"
+                                .to_string(),
+                        )
+                    })?;
+                }
+                Check::Duplicate(base_offset) => {
+                    return Ok(Pending::Done(Written {
+                        base_offset,
+                        append_ms: -1,
+                    }));
+                }
+                Check::Refuse(code) => {
+                    return Err((
+                        code,
+                        format!(
+                            "producer {} epoch {} sequence {} refused",
+                            producer.id, producer.epoch, producer.base_seq
+                        ),
+                    ));
+                }
+                Check::Append => {
+                    let admitted = self.admit(name, checked).await?;
+                    let out = admitted.outcome();
+                    let base_offset = out.start_seq.unwrap_or(out.next_seq);
+                    state.admit(
+                        producer.epoch,
+                        producer.base_seq,
+                        count,
+                        base_offset,
+                        self.producers.now_ms(),
+                    );
+                    drop(state);
+                    let slot = slot.clone();
+                    return Ok(Pending::Task(tokio::spawn(async move {
+                        let r = admitted.wait().await;
+                        slot.landed(base_offset, r.is_ok()).await;
+                        written(r)
+                    })));
+                }
             }
         }
     }
@@ -266,14 +414,22 @@ impl Broker {
         Ok(restore(&found, self.producers.now_ms()))
     }
 
-    async fn append(&self, name: &StreamName, batch: ProducedBatch) -> Result<Written, Refusal> {
-        match self.node.append_batch(name, batch).await {
-            Ok(out) => Ok(Written {
-                base_offset: out.start_seq.unwrap_or(out.next_seq),
-                append_ms: out.timestamp_ms,
-            }),
-            Err(e) => Err((append_error_code(&e), e.to_string())),
-        }
+    async fn admit(&self, name: &StreamName, batch: ProducedBatch) -> Result<Admitted, Refusal> {
+        self.node
+            .admit_batch(name, batch)
+            .await
+            .map_err(|e| (append_error_code(&e), e.to_string()))
+    }
+}
+
+/// A batch's write, as its partition's answer sees it.
+fn written(r: Result<AppendOutcome, AppendError>) -> Result<Written, Refusal> {
+    match r {
+        Ok(out) => Ok(Written {
+            base_offset: out.start_seq.unwrap_or(out.next_seq),
+            append_ms: out.timestamp_ms,
+        }),
+        Err(e) => Err((append_error_code(&e), e.to_string())),
     }
 }
 

@@ -10,6 +10,14 @@
 //! partition moved here) is looked up in the partition's latest batches ([`restore`]; the
 //! scan is in `produce.rs`) before its first batch here is judged, so a retry that straddles a
 //! restart is answered with its original offset.
+//!
+//! A connection pipelines its Produce requests, so a batch is judged and accepted here when it
+//! is admitted (offsets assigned), before it is durable: the next one is judged against it.
+//! Until its write is confirmed it is in flight: a retry of it waits for the outcome rather
+//! than being answered as a duplicate of a write that may yet fail. If one fails, the state is
+//! marked lost: the stream alone knows what landed (a write may fail to be acknowledged and
+//! still be durable), so once nothing of the producer is in flight on the partition it is
+//! looked up again, as after a restart, and retries of the failed batches are appended anew.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -17,6 +25,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use kafka_protocol::ResponseError;
 use pico_common::clock::SharedClock;
+use tokio::sync::{Mutex, Notify};
 
 /// Batches remembered per producer and partition (Kafka's max.in.flight for idempotence).
 const RECENT: usize = 5;
@@ -34,11 +43,43 @@ const NODE_BITS: u32 = 6;
 pub struct PartitionState {
     epoch: Option<i16>,
     last_seq: i32,
-    /// (base sequence, last sequence, base offset) of the latest batches.
-    recent: VecDeque<(i32, i32, u64)>,
+    /// The latest batches.
+    recent: VecDeque<Sent>,
     last_used_ms: i64,
     /// Looked up in the stream already (or known to be new): not again.
     settled: bool,
+    /// Admitted batches whose write has not answered yet.
+    in_flight: usize,
+    /// An admitted batch failed: this state may claim batches the stream does not hold.
+    lost: bool,
+}
+
+/// One of the latest batches.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    base_seq: i32,
+    last_seq: i32,
+    base_offset: u64,
+    /// Its write is confirmed (a retry may be answered with its offset).
+    durable: bool,
+}
+
+/// A producer's state on a partition, and its waiters.
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// Held from a batch's check to its admission (a retry on another connection waits and
+    /// then sees the first attempt).
+    pub state: Mutex<PartitionState>,
+    /// Signalled when an in-flight batch's write answers.
+    pub moved: Notify,
+}
+
+impl Slot {
+    /// The write of the batch admitted at `base_offset` answered: `durable`, or not.
+    pub async fn landed(&self, base_offset: u64, durable: bool) {
+        self.state.lock().await.landed(base_offset, durable);
+        self.moved.notify_waiters();
+    }
 }
 
 /// One of a producer's batches found in a stream.
@@ -72,13 +113,26 @@ pub enum Check {
     Append,
     /// Already written at this base offset.
     Duplicate(u64),
+    /// A retry of a batch still in flight: its outcome decides.
+    Wait,
     Refuse(ResponseError),
 }
 
 impl PartitionState {
     /// Whether the stream must be searched for this producer's batches before judging one.
     pub fn needs_lookup(&self) -> bool {
-        !self.settled && self.epoch.is_none()
+        (!self.settled && self.epoch.is_none()) || self.lost
+    }
+
+    /// A batch failed: the stream must be searched, even for a producer this process handed
+    /// out, once nothing is in flight.
+    pub fn lost(&self) -> bool {
+        self.lost
+    }
+
+    /// Lost, with batches still in flight: wait before searching (they may still land).
+    pub fn must_wait(&self) -> bool {
+        self.lost && self.in_flight > 0
     }
 
     /// Nothing to search for (a producer this process handed out, or already searched).
@@ -101,16 +155,20 @@ impl PartitionState {
             };
         }
         let last = last_seq(base_seq, count);
-        if let Some(&(_, _, offset)) = self
+        if let Some(sent) = self
             .recent
             .iter()
-            .find(|&&(b, l, _)| b == base_seq && l == last)
+            .find(|s| s.base_seq == base_seq && s.last_seq == last)
         {
-            return Check::Duplicate(offset);
+            return if sent.durable {
+                Check::Duplicate(sent.base_offset)
+            } else {
+                Check::Wait
+            };
         }
         if base_seq == next_seq(self.last_seq) {
             Check::Append
-        } else if self.recent.iter().any(|&(b, _, _)| b > base_seq) {
+        } else if self.recent.iter().any(|s| s.base_seq > base_seq) {
             // Older than the batches still remembered: written long ago.
             Check::Refuse(ResponseError::DuplicateSequenceNumber)
         } else {
@@ -118,14 +176,60 @@ impl PartitionState {
         }
     }
 
+    /// A batch known to be stored.
     pub fn accept(&mut self, epoch: i16, base_seq: i32, count: i32, base_offset: u64, now: i64) {
+        self.push(epoch, base_seq, count, base_offset, true, now);
+    }
+
+    /// A batch admitted at `base_offset`, its write in flight: [`PartitionState::landed`]
+    /// must follow.
+    pub fn admit(&mut self, epoch: i16, base_seq: i32, count: i32, base_offset: u64, now: i64) {
+        self.push(epoch, base_seq, count, base_offset, false, now);
+        self.in_flight += 1;
+    }
+
+    /// The write of the batch admitted at `base_offset` answered.
+    pub fn landed(&mut self, base_offset: u64, durable: bool) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if !durable {
+            self.lost = true;
+        } else if let Some(s) = self
+            .recent
+            .iter_mut()
+            .find(|s| s.base_offset == base_offset)
+        {
+            s.durable = true;
+        }
+    }
+
+    /// Replaced by what the stream holds (a lookup); batches in flight are still counted.
+    pub fn restore_from(&mut self, found: PartitionState) {
+        let in_flight = self.in_flight;
+        *self = found;
+        self.in_flight = in_flight;
+    }
+
+    fn push(
+        &mut self,
+        epoch: i16,
+        base_seq: i32,
+        count: i32,
+        base_offset: u64,
+        durable: bool,
+        now: i64,
+    ) {
         if self.epoch != Some(epoch) {
             self.recent.clear();
         }
         self.epoch = Some(epoch);
         let last = last_seq(base_seq, count);
         self.last_seq = last;
-        self.recent.push_back((base_seq, last, base_offset));
+        self.recent.push_back(Sent {
+            base_seq,
+            last_seq: last,
+            base_offset,
+            durable,
+        });
         while self.recent.len() > RECENT {
             self.recent.pop_front();
         }
@@ -155,7 +259,7 @@ pub struct Producers {
     first: i64,
     /// The last counter value handed out.
     next_id: AtomicI64,
-    states: std::sync::Mutex<HashMap<Key, Arc<tokio::sync::Mutex<PartitionState>>>>,
+    states: std::sync::Mutex<HashMap<Key, Arc<Slot>>>,
 }
 
 impl Producers {
@@ -200,14 +304,15 @@ impl Producers {
             && n <= self.next_id.load(Ordering::Relaxed)
     }
 
-    /// The state of `producer` on `stream`; hold its lock across check, append and accept.
-    pub fn state(&self, producer: i64, stream: &str) -> Arc<tokio::sync::Mutex<PartitionState>> {
+    /// The state of `producer` on `stream`; hold its lock across check, admission and accept.
+    pub fn state(&self, producer: i64, stream: &str) -> Arc<Slot> {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
         if states.len() >= MAX_STATES {
             let now = self.clock.now_ms();
             states.retain(|_, s| {
                 Arc::strong_count(s) > 1
-                    || s.try_lock()
+                    || s.state
+                        .try_lock()
                         .map_or(true, |s| now - s.last_used_ms < IDLE_MS)
             });
         }
@@ -314,6 +419,40 @@ mod tests {
         assert_eq!(
             s.check(0, 1, 1),
             Check::Refuse(ResponseError::DuplicateSequenceNumber)
+        );
+    }
+
+    #[test]
+    fn batches_in_flight_are_judged_against_and_a_failed_one_forces_a_lookup() {
+        let mut s = PartitionState::default();
+        s.settle();
+        s.admit(0, 0, 3, 100, 0);
+        s.admit(0, 3, 2, 103, 0);
+        assert_eq!(s.check(0, 5, 1), Check::Append, "after the admitted ones");
+        // A retry of a batch whose write has not answered waits for it.
+        assert_eq!(s.check(0, 0, 3), Check::Wait);
+        s.landed(100, true);
+        assert_eq!(s.check(0, 0, 3), Check::Duplicate(100));
+        assert_eq!(s.check(0, 3, 2), Check::Wait);
+        s.admit(0, 5, 1, 105, 0);
+        s.landed(103, false);
+        // Lost: searched again, but only once the batch still in flight has answered.
+        assert!(s.lost() && s.needs_lookup() && s.must_wait());
+        s.landed(105, false);
+        assert!(s.needs_lookup() && !s.must_wait());
+        let found = StoredBatch {
+            epoch: 0,
+            base_seq: 0,
+            count: 3,
+            base_offset: 100,
+        };
+        s.restore_from(restore(&[found], 0));
+        assert!(!s.needs_lookup() && !s.lost());
+        assert_eq!(s.check(0, 0, 3), Check::Duplicate(100));
+        assert_eq!(
+            s.check(0, 3, 2),
+            Check::Append,
+            "the failed batch's retry is written again"
         );
     }
 

@@ -14,17 +14,12 @@ use common::*;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use pico_kafka::{Broker, KafkaOptions};
 use pico_server::{Node, NodeConfig};
 use pico_sql::{MetaLog, MetaLogOptions};
 use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
-
-fn topic(name: &str) -> TopicName {
-    TopicName(StrBytes::from_string(name.to_string()))
-}
 
 async fn start(db: &pg::TestDb, id: u32, data: Arc<dyn ObjectStorage>) -> Broker {
     let meta = MetaLog::open(
@@ -85,18 +80,8 @@ fn leader(md: &MetadataResponse) -> (i16, i32) {
     }
 }
 
-async fn produce(b: &Broker, name: &str) -> (i16, i64) {
-    let mut p = PartitionProduceData::default();
-    p.records = Some(batch(&[rec("x")], None));
-    let mut t = TopicProduceData::default();
-    t.name = topic(name);
-    t.partition_data = vec![p];
-    let req = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(5000)
-        .with_topic_data(vec![t]);
-    let resp: ProduceResponse = call(b, ApiKey::Produce, 8, &req).await;
-    let p = &resp.responses[0].partition_responses[0];
+async fn produce_one(b: &Broker, name: &str) -> (i16, i64) {
+    let p = produce(b, name, 0, batch(&[rec("x")], None), 8).await;
     (p.error_code, p.base_offset)
 }
 
@@ -126,7 +111,7 @@ async fn two_nodes_list_each_other_and_send_clients_to_the_owner() {
     let req = CreateTopicsRequest::default().with_topics(vec![t]);
     let created: CreateTopicsResponse = call(&one, ApiKey::CreateTopics, 4, &req).await;
     assert_eq!(created.topics[0].error_code, 0);
-    assert_eq!(produce(&one, "t").await, (0, 0));
+    assert_eq!(produce_one(&one, "t").await, (0, 0));
 
     let both = vec![(1, 22001), (2, 22002)];
     for b in [&one, &two] {
@@ -138,7 +123,7 @@ async fn two_nodes_list_each_other_and_send_clients_to_the_owner() {
     }
     // Node 2 sends producers, consumers and offset lookups to node 1.
     assert_eq!(
-        produce(&two, "t").await.0,
+        produce_one(&two, "t").await.0,
         ResponseError::NotLeaderOrFollower.code()
     );
     // A topic first written through node 2 is led by node 2.
@@ -149,13 +134,13 @@ async fn two_nodes_list_each_other_and_send_clients_to_the_owner() {
             .with_replication_factor(1),
     ]);
     let _: CreateTopicsResponse = call(&two, ApiKey::CreateTopics, 4, &req).await;
-    assert_eq!(produce(&two, "u").await, (0, 0));
+    assert_eq!(produce_one(&two, "u").await, (0, 0));
     eventually("node 1 names node 2 leader of `u`", async || {
         leader(&metadata(&one, "u").await) == (0, 2)
     })
     .await;
     assert_eq!(
-        produce(&one, "u").await.0,
+        produce_one(&one, "u").await.0,
         ResponseError::NotLeaderOrFollower.code()
     );
     // Both nodes send a group to the same coordinator.

@@ -9,82 +9,19 @@ use bytes::Bytes;
 use common::*;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::fetch_response::PartitionData;
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
 use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use pico_common::StreamName;
 use pico_kafka::broker::Reply;
 use pico_protocol::{Record, decode_batch, stamp_batch};
 use pico_server::{AppendRequest, ReadFrom, ReadRequest};
-
-fn topic(name: &str) -> TopicName {
-    TopicName(StrBytes::from_string(name.to_string()))
-}
-
-async fn create(b: &pico_kafka::Broker, name: &str, partitions: i32) -> i16 {
-    let mut t = CreatableTopic::default();
-    t.name = topic(name);
-    t.num_partitions = partitions;
-    t.replication_factor = 1;
-    let req = CreateTopicsRequest::default().with_topics(vec![t]);
-    let resp: CreateTopicsResponse = call(b, ApiKey::CreateTopics, 4, &req).await;
-    resp.topics[0].error_code
-}
-
-async fn produce(
-    b: &pico_kafka::Broker,
-    name: &str,
-    partition: i32,
-    records: Bytes,
-    v: i16,
-) -> PartitionProduceResponse {
-    let mut p = PartitionProduceData::default();
-    p.index = partition;
-    p.records = Some(records);
-    let mut t = TopicProduceData::default();
-    t.name = topic(name);
-    t.partition_data = vec![p];
-    let req = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(5000)
-        .with_topic_data(vec![t]);
-    let resp: ProduceResponse = call(b, ApiKey::Produce, v, &req).await;
-    resp.responses[0].partition_responses[0].clone()
-}
-
-fn fetch_req(name: &str, partition: i32, offset: i64, wait_ms: i32) -> FetchRequest {
-    let mut p = FetchPartition::default();
-    p.partition = partition;
-    p.fetch_offset = offset;
-    p.partition_max_bytes = 1 << 20;
-    let mut t = FetchTopic::default();
-    t.topic = topic(name);
-    t.partitions = vec![p];
-    FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(wait_ms)
-        .with_min_bytes(1)
-        .with_max_bytes(50 << 20)
-        .with_session_epoch(-1)
-        .with_topics(vec![t])
-}
-
-async fn fetch(b: &pico_kafka::Broker, name: &str, partition: i32, offset: i64) -> PartitionData {
-    let resp: FetchResponse =
-        call(b, ApiKey::Fetch, 11, &fetch_req(name, partition, offset, 0)).await;
-    resp.responses[0].partitions[0].clone()
-}
 
 #[tokio::test]
 async fn api_versions_advertises_and_answers_unknown_versions_in_v0() {

@@ -9,71 +9,13 @@ use std::io::Write;
 use bytes::Bytes;
 use common::*;
 use kafka_protocol::ResponseError;
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
 use pico_common::StreamName;
 use pico_kafka::{Broker, KafkaOptions};
 use pico_protocol::{Record, encode_batch};
 use pico_server::{ReadFrom, ReadRequest};
 
 const HEADER_LEN: usize = 61;
-
-fn topic(name: &str) -> TopicName {
-    TopicName(StrBytes::from_string(name.to_string()))
-}
-
-async fn create(b: &Broker, name: &str) {
-    let mut t = CreatableTopic::default();
-    t.name = topic(name);
-    t.num_partitions = 1;
-    t.replication_factor = 1;
-    let req = CreateTopicsRequest::default().with_topics(vec![t]);
-    let resp: CreateTopicsResponse = call(b, ApiKey::CreateTopics, 4, &req).await;
-    assert_eq!(resp.topics[0].error_code, 0);
-}
-
-async fn produce(b: &Broker, name: &str, records: Bytes) -> PartitionProduceResponse {
-    let mut p = PartitionProduceData::default();
-    p.index = 0;
-    p.records = Some(records);
-    let mut t = TopicProduceData::default();
-    t.name = topic(name);
-    t.partition_data = vec![p];
-    let req = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(5000)
-        .with_topic_data(vec![t]);
-    let resp: ProduceResponse = call(b, ApiKey::Produce, 8, &req).await;
-    resp.responses[0].partition_responses[0].clone()
-}
-
-async fn fetch(b: &Broker, name: &str, offset: i64) -> fetch_response::PartitionData {
-    let mut p = FetchPartition::default();
-    p.fetch_offset = offset;
-    p.partition_max_bytes = 1 << 20;
-    let mut t = FetchTopic::default();
-    t.topic = topic(name);
-    t.partitions = vec![p];
-    let req = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_bytes(50 << 20)
-        .with_session_epoch(-1)
-        .with_topics(vec![t]);
-    let resp: FetchResponse = call(b, ApiKey::Fetch, 11, &req).await;
-    resp.responses[0].partitions[0].clone()
-}
-
-async fn tail(b: &Broker, name: &str) -> u64 {
-    b.node()
-        .head(&StreamName::parse(name).unwrap())
-        .await
-        .unwrap()
-        .next_seq
-}
 
 /// `batch` (uncompressed, from [`batch`]) with its records compressed by Kafka codec `codec`
 /// as clients do (snappy: xerial framing, as the Java client; lz4: a frame).
@@ -123,13 +65,13 @@ fn recs(prefix: &str, n: usize) -> Vec<Record> {
 #[tokio::test]
 async fn compressed_batches_are_stored_as_sent_and_read_over_http() {
     let b = broker().await;
-    create(&b, "z").await;
+    assert_eq!(create(&b, "z", 1).await, 0);
     let mut expected: Vec<Record> = Vec::new();
     let mut sent = Vec::new();
     for codec in 1..=4i16 {
         let records = recs(&format!("codec{codec}"), 3);
         let batch = compress(&batch(&records, None), codec);
-        let p = produce(&b, "z", batch.clone()).await;
+        let p = produce(&b, "z", 0, batch.clone(), 8).await;
         assert_eq!(p.error_code, 0, "codec {codec}: {:?}", p.error_message);
         assert_eq!(p.base_offset, expected.len() as i64);
         expected.extend(records);
@@ -137,7 +79,7 @@ async fn compressed_batches_are_stored_as_sent_and_read_over_http() {
     }
     assert_eq!(tail(&b, "z").await, 12);
     for (offset, batch) in &sent {
-        let part = fetch(&b, "z", *offset).await;
+        let part = fetch(&b, "z", 0, *offset).await;
         let got = part.records.unwrap();
         let len = pico_protocol::batch::batch_len(&got).unwrap();
         assert_eq!(len, batch.len());
@@ -181,7 +123,7 @@ async fn compressed_batches_are_stored_as_sent_and_read_over_http() {
 #[tokio::test]
 async fn a_decompression_bomb_is_refused() {
     let b = broker().await;
-    create(&b, "bomb").await;
+    assert_eq!(create(&b, "bomb", 1).await, 0);
     let huge = Record {
         timestamp_ms: 0,
         key: None,
@@ -190,10 +132,10 @@ async fn a_decompression_bomb_is_refused() {
     };
     let bomb = compress(&encode_batch(0, &[huge]), 4);
     assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
-    let p = produce(&b, "bomb", bomb).await;
+    let p = produce(&b, "bomb", 0, bomb, 8).await;
     assert_eq!(p.error_code, ResponseError::MessageTooLarge.code());
     assert_eq!(tail(&b, "bomb").await, 0);
-    let p = produce(&b, "bomb", compress(&batch(&recs("ok", 2), None), 3)).await;
+    let p = produce(&b, "bomb", 0, compress(&batch(&recs("ok", 2), None), 3), 8).await;
     assert_eq!((p.error_code, p.base_offset), (0, 0));
 }
 
@@ -209,7 +151,7 @@ async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
     })
     .await;
     let first = Broker::new(node.clone(), KafkaOptions::default());
-    create(&first, "i").await;
+    assert_eq!(create(&first, "i", 1).await, 0);
     let init: InitProducerIdResponse = call(
         &first,
         ApiKey::InitProducerId,
@@ -222,21 +164,21 @@ async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
     let one = compress(&batch(&recs("a", 2), Some((pid, 0, 0))), 4);
     let other = batch(&recs("o", 3), Some((pid + 1, 0, 0)));
     let two = batch(&recs("b", 1), Some((pid, 0, 2)));
-    assert_eq!(produce(&first, "i", one.clone()).await.base_offset, 0);
-    assert_eq!(produce(&first, "i", other).await.base_offset, 2);
-    assert_eq!(produce(&first, "i", two.clone()).await.base_offset, 5);
+    assert_eq!(produce(&first, "i", 0, one.clone(), 8).await.base_offset, 0);
+    assert_eq!(produce(&first, "i", 0, other, 8).await.base_offset, 2);
+    assert_eq!(produce(&first, "i", 0, two.clone(), 8).await.base_offset, 5);
     drop(first);
     clock.advance(std::time::Duration::from_secs(5));
 
     let restarted = Broker::new(node.clone(), KafkaOptions::default());
-    let p = produce(&restarted, "i", two).await;
+    let p = produce(&restarted, "i", 0, two, 8).await;
     assert_eq!(
         (p.error_code, p.base_offset),
         (0, 5),
         "{:?}",
         p.error_message
     );
-    let p = produce(&restarted, "i", one).await;
+    let p = produce(&restarted, "i", 0, one, 8).await;
     assert_eq!(
         (p.error_code, p.base_offset),
         (0, 0),
@@ -244,12 +186,26 @@ async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
         p.error_message
     );
     assert_eq!(tail(&restarted, "i").await, 6, "nothing written twice");
-    let gap = produce(&restarted, "i", batch(&recs("c", 1), Some((pid, 0, 9)))).await;
+    let gap = produce(
+        &restarted,
+        "i",
+        0,
+        batch(&recs("c", 1), Some((pid, 0, 9))),
+        8,
+    )
+    .await;
     assert_eq!(
         gap.error_code,
         ResponseError::OutOfOrderSequenceNumber.code()
     );
-    let next = produce(&restarted, "i", batch(&recs("c", 1), Some((pid, 0, 3)))).await;
+    let next = produce(
+        &restarted,
+        "i",
+        0,
+        batch(&recs("c", 1), Some((pid, 0, 3))),
+        8,
+    )
+    .await;
     assert_eq!((next.error_code, next.base_offset), (0, 6));
     // A producer this process hands out is new everywhere: no lookup, taken as it comes.
     let init: InitProducerIdResponse = call(
@@ -261,7 +217,7 @@ async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
     .await;
     assert_ne!(init.producer_id.0, pid);
     let fresh = batch(&recs("f", 1), Some((init.producer_id.0, 0, 0)));
-    assert_eq!(produce(&restarted, "i", fresh).await.base_offset, 7);
+    assert_eq!(produce(&restarted, "i", 0, fresh, 8).await.base_offset, 7);
 }
 
 /// Another node (registered in the metadata log, with its Kafka address stored, its heartbeat
@@ -271,8 +227,8 @@ async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
 async fn partitions_owned_by_another_node_are_led_by_it() {
     let b = broker().await;
     b.advertise().await.unwrap();
-    create(&b, "mine").await;
-    create(&b, "theirs").await;
+    assert_eq!(create(&b, "mine", 1).await, 0);
+    assert_eq!(create(&b, "theirs", 1).await, 0);
     let (other_id, other_epoch, _) = pico_server::testing::OTHER_NODE;
     pico_server::testing::open_on_other_node(b.node(), "theirs").await;
     let advert = pico_kafka::cluster::Advert {
@@ -315,13 +271,13 @@ async fn partitions_owned_by_another_node_are_led_by_it() {
     assert_eq!(leader("mine"), (0, me.broker_id));
     assert_eq!(leader("theirs"), (0, other_id as i32));
 
-    let p = produce(&b, "theirs", batch(&recs("x", 1), None)).await;
+    let p = produce(&b, "theirs", 0, batch(&recs("x", 1), None), 8).await;
     assert_eq!(p.error_code, ResponseError::NotLeaderOrFollower.code());
     assert_eq!(
-        fetch(&b, "theirs", 0).await.error_code,
+        fetch(&b, "theirs", 0, 0).await.error_code,
         ResponseError::NotLeaderOrFollower.code()
     );
-    let p = produce(&b, "mine", batch(&recs("x", 1), None)).await;
+    let p = produce(&b, "mine", 0, batch(&recs("x", 1), None), 8).await;
     assert_eq!((p.error_code, p.base_offset), (0, 0));
 
     // DescribeCluster (flexible versions) lists the same brokers.
@@ -347,7 +303,7 @@ async fn a_lapsed_owner_is_not_a_broker_and_its_partitions_have_no_leader() {
     })
     .await;
     let b = Broker::new(node, KafkaOptions::default());
-    create(&b, "theirs").await;
+    assert_eq!(create(&b, "theirs", 1).await, 0);
     let (other_id, other_epoch, _) = pico_server::testing::OTHER_NODE;
     pico_server::testing::open_on_other_node(b.node(), "theirs").await;
     let advert = pico_kafka::cluster::Advert {
@@ -378,6 +334,6 @@ async fn a_lapsed_owner_is_not_a_broker_and_its_partitions_have_no_leader() {
         ResponseError::LeaderNotAvailable.code()
     );
     assert_eq!(t.partitions[0].leader_id.0, -1);
-    let p = produce(&b, "theirs", batch(&recs("x", 1), None)).await;
+    let p = produce(&b, "theirs", 0, batch(&recs("x", 1), None), 8).await;
     assert_eq!(p.error_code, ResponseError::NotLeaderOrFollower.code());
 }

@@ -38,6 +38,6 @@ pub use config::{NodeConfig, PeerWals};
 pub use error::*;
 pub use live::LongPoll;
 pub use node::RawRead;
-pub use node::{ClusterNode, KvError, Node, Route, StartError, StreamEvent};
+pub use node::{Admitted, ClusterNode, KvError, Node, Route, StartError, StreamEvent};
 pub use node::{StreamPlacement, TransferAccepted, TransferError};
 pub use stats::{EngineStats, NodeStats};

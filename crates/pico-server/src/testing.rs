@@ -3,7 +3,7 @@
 use crate::config::NodeConfig;
 use crate::node::Node;
 use pico_sql::{MetaLog, MetaLogOptions};
-use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
+use s3stream::{EngineConfig, MemoryStorage, ObjectStorage, ObjectWal, Wal};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,13 @@ pub async fn start_test_node() -> Node {
 }
 
 /// Same, with a given node config (node_epoch 0 is replaced by 1).
-pub async fn start_test_node_with(mut config: NodeConfig) -> Node {
+pub async fn start_test_node_with(config: NodeConfig) -> Node {
+    let wal_store: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    start_test_node_with_wal(config, Arc::new(ObjectWal::new(wal_store, "wal".into()))).await
+}
+
+/// Same, on the given WAL (a test's [`s3stream::testing::FaultWal`], say).
+pub async fn start_test_node_with_wal(mut config: NodeConfig, wal: Arc<dyn Wal>) -> Node {
     if config.node_epoch == 0 {
         config.node_epoch = 1;
     }
@@ -29,8 +35,6 @@ pub async fn start_test_node_with(mut config: NodeConfig) -> Node {
         .await
         .expect("test metadata log");
     let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-    let wal_store: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-    let wal = Arc::new(ObjectWal::new(wal_store, "wal".to_string()));
     Node::start(config, meta, data, wal, EngineConfig::default())
         .await
         .expect("test node")

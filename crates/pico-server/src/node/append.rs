@@ -30,7 +30,7 @@ impl Node {
         req: AppendRequest,
         opts: AppendOptions,
     ) -> Result<AppendOutcome, AppendError> {
-        self.append_inner(req, opts, None).await
+        self.admit(req, opts, None).await?.wait().await
     }
 
     /// Appends a Kafka producer's RecordBatch v2 as it was sent, compressed or not. The batch
@@ -44,6 +44,18 @@ impl Node {
         name: &StreamName,
         checked: ProducedBatch,
     ) -> Result<AppendOutcome, AppendError> {
+        self.admit_batch(name, checked).await?.wait().await
+    }
+
+    /// [`Node::append_batch`] in two steps, so a caller can pipeline a connection's batches:
+    /// this returns once the batch is admitted (offsets assigned under the stream's writer
+    /// lock, submitted to the engine: a later admission on the stream lies after it), and
+    /// [`Admitted::wait`] once it is durable and may be acknowledged.
+    pub async fn admit_batch(
+        &self,
+        name: &StreamName,
+        checked: ProducedBatch,
+    ) -> Result<Admitted, AppendError> {
         let (batch, records) = checked.into_parts();
         let req = AppendRequest {
             name: name.clone(),
@@ -53,18 +65,18 @@ impl Node {
             close: false,
             content_type: None,
         };
-        self.append_inner(req, AppendOptions::default(), Some(batch))
-            .await
+        self.admit(req, AppendOptions::default(), Some(batch)).await
     }
 
-    /// An append of `req.records`; with `raw`, those are the records of that producer batch,
-    /// which is stored in place of encoding them.
-    async fn append_inner(
+    /// The first half of an append of `req.records` (with `raw`, those are the records of
+    /// that producer batch, which is stored in place of encoding them): checks, the verdict
+    /// and the submission under the stream's writer lock. [`Admitted::wait`] is the second.
+    async fn admit(
         &self,
         req: AppendRequest,
         opts: AppendOptions,
         raw: Option<Bytes>,
-    ) -> Result<AppendOutcome, AppendError> {
+    ) -> Result<Admitted, AppendError> {
         let now = self.now_ms();
         let r = self.resolve(&req.name, now).ok_or_else(|| {
             if self.is_gone(&req.name) {
@@ -164,16 +176,20 @@ impl Node {
                 drop(w);
                 // Acknowledge only what is true: the original's data is durable and the close
                 // is committed (it may still be in flight, or have failed).
-                self.wait_durable(&open, next).await?;
-                self.wait_sealed(&open, &r.name).await?;
-                return Ok(AppendOutcome {
+                let outcome = AppendOutcome {
                     start_seq: Some(start),
                     next_seq: end,
                     duplicate: true,
                     closed: true,
                     producer,
                     timestamp_ms: now,
-                });
+                };
+                let finish = Finish::Original {
+                    open,
+                    next,
+                    sealed: true,
+                };
+                return Ok(self.admitted(r.name, stream_id, outcome, None, finish));
             }
             Verdict::DuplicateThenClose {
                 epoch,
@@ -184,22 +200,17 @@ impl Node {
                 w.closed = true;
                 w.closed_by = Some(mark.clone());
                 drop(w);
-                self.finish_detached(&open, None, next, next, Some(Some(mark)), now, &r.name)
-                    .await?;
-                let _ = self.inner.events.send(StreamEvent::Appended {
-                    name: r.name.clone(),
-                    stream_id,
-                    next_seq: next,
-                    closed: true,
-                });
-                return Ok(AppendOutcome {
+                let finish = self.finish_detached(open, None, next, next, Some(Some(mark)), now);
+                let outcome = AppendOutcome {
                     start_seq: Some(start),
                     next_seq: end,
                     duplicate: true,
                     closed: true,
                     producer: Some((epoch, last_seq)),
                     timestamp_ms: now,
-                });
+                };
+                let event = Some((next, true));
+                return Ok(self.admitted(r.name, stream_id, outcome, event, finish));
             }
             Verdict::Duplicate {
                 epoch,
@@ -209,17 +220,22 @@ impl Node {
                 drop(w);
                 // The original may still be in flight: acknowledge only once it is durable
                 // in this same incarnation of the stream.
-                self.wait_durable(&open, next).await?;
+                let finish = Finish::Original {
+                    open,
+                    next,
+                    sealed: false,
+                };
                 // An older seq's offsets are no longer kept: say so (no start) rather than
                 // pass the tail off as where its records lie.
-                return Ok(AppendOutcome {
+                let outcome = AppendOutcome {
                     start_seq: original.map(|at| at.start),
                     next_seq: original.map_or(next, |at| at.next),
                     duplicate: true,
                     closed: false,
                     producer: Some((epoch, last_seq)),
                     timestamp_ms: now,
-                });
+                };
+                return Ok(self.admitted(r.name, stream_id, outcome, None, finish));
             }
         }
 
@@ -304,62 +320,62 @@ impl Node {
         }
         drop(w);
 
-        match (pending, req.close) {
+        let finish = match (pending, req.close) {
             // The common case waits in the request itself: no task per append.
-            (Some(p), false) => {
-                DurableWait::new(self, &open, p).wait().await?;
-                self.ack_allowed()?;
-            }
+            (Some(p), false) => Finish::Durable(DurableWait::new(self, open, p)),
             // A close must be committed even if the client disconnects: its own task.
             (pending, close) => {
                 let close = close.then_some(mark);
-                self.finish_detached(&open, pending, next, new_next, close, now, &r.name)
-                    .await?
+                self.finish_detached(open, pending, next, new_next, close, now)
             }
-        }
-        // Nobody listening is fine: the channel is a bounded, lossy broadcast.
-        let _ = self.inner.events.send(StreamEvent::Appended {
-            name: r.name.clone(),
-            stream_id,
-            next_seq: new_next,
-            closed: req.close,
-        });
-        Ok(AppendOutcome {
+        };
+        let outcome = AppendOutcome {
             start_seq: Some(at.start),
             next_seq: new_next,
             duplicate: false,
             closed: req.close,
             producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
             timestamp_ms: now,
-        })
+        };
+        let event = Some((new_next, req.close));
+        Ok(self.admitted(r.name, stream_id, outcome, event, finish))
     }
 
-    /// [`Node::finish_append`] in a task of its own, for appends that close the stream: a
-    /// client that disconnects must not leave a close decided in memory but never committed.
-    /// Closes are rare; plain appends wait in the request ([`DurableWait`]).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn finish_detached(
+    fn admitted(
         &self,
-        open: &Arc<OpenStream>,
+        name: StreamName,
+        stream_id: u64,
+        outcome: AppendOutcome,
+        event: Option<(u64, bool)>,
+        finish: Finish,
+    ) -> Admitted {
+        Admitted {
+            node: self.clone(),
+            name,
+            stream_id,
+            outcome,
+            event,
+            finish,
+        }
+    }
+
+    /// [`Node::finish_append`] in a task of its own, started now, for appends that close the
+    /// stream: a client that disconnects must not leave a close decided in memory but never
+    /// committed. Closes are rare; plain appends wait in the request ([`DurableWait`]).
+    fn finish_detached(
+        &self,
+        open: Arc<OpenStream>,
         pending: Option<s3stream::PendingAppend>,
         next: u64,
         new_next: u64,
         close: Option<Option<ProducerMark>>,
         now: i64,
-        name: &StreamName,
-    ) -> Result<(), AppendError> {
+    ) -> Finish {
         let node = self.clone();
-        let finishing = open.clone();
-        tokio::spawn(async move {
-            node.finish_append(finishing, pending, next, new_next, close, now)
+        Finish::Detached(tokio::spawn(async move {
+            node.finish_append(open, pending, next, new_next, close, now)
                 .await
-        })
-        .await
-        .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))?
-        .map_err(|e| match e {
-            AppendError::NotFound(_) => AppendError::NotFound(name.to_string()),
-            e => e,
-        })
+        }))
     }
 
     /// Durable in the WAL, but acknowledged only if failover cannot have fenced this process
@@ -499,6 +515,87 @@ impl Node {
     }
 }
 
+/// An append admitted: its offsets are assigned under the stream's writer lock and it is
+/// submitted to the engine (a duplicate: matched to its original), so any later admission on
+/// the stream lies after it. [`Admitted::wait`] finishes it: durable, allowed to be
+/// acknowledged, announced. Dropping it first is safe: a plain append's wait goes on in a task
+/// ([`DurableWait`]: a failed write still breaks the open stream), and a close is committed by
+/// a task of its own already.
+#[must_use = "an admitted append is acknowledged only once `wait` says it is durable"]
+pub struct Admitted {
+    node: Node,
+    name: StreamName,
+    stream_id: u64,
+    outcome: AppendOutcome,
+    /// The `Appended` event (next seq, closed) to send once finished.
+    event: Option<(u64, bool)>,
+    finish: Finish,
+}
+
+/// What is left of an admitted append.
+enum Finish {
+    /// A plain append: its WAL write.
+    Durable(DurableWait),
+    /// An append that closes the stream: its task (durability, then the seal).
+    Detached(tokio::task::JoinHandle<Result<(), AppendError>>),
+    /// A duplicate: everything below `next` durable in this incarnation of the stream, and
+    /// for the retry of a close, the close committed.
+    Original {
+        open: Arc<OpenStream>,
+        next: u64,
+        sealed: bool,
+    },
+}
+
+impl Admitted {
+    /// What [`Admitted::wait`] answers when it succeeds: the offsets are final already.
+    pub fn outcome(&self) -> &AppendOutcome {
+        &self.outcome
+    }
+
+    /// Waits until the append is durable and may be acknowledged (the node can still confirm
+    /// its liveness), then announces it to readers.
+    pub async fn wait(self) -> Result<AppendOutcome, AppendError> {
+        let Admitted {
+            node,
+            name,
+            stream_id,
+            outcome,
+            event,
+            finish,
+        } = self;
+        match finish {
+            Finish::Durable(wait) => {
+                wait.wait().await?;
+                node.ack_allowed()?;
+            }
+            Finish::Detached(task) => task
+                .await
+                .map_err(|e| AppendError::Internal(format!("append task failed: {e}")))?
+                .map_err(|e| match e {
+                    AppendError::NotFound(_) => AppendError::NotFound(name.to_string()),
+                    e => e,
+                })?,
+            Finish::Original { open, next, sealed } => {
+                node.wait_durable(&open, next).await?;
+                if sealed {
+                    node.wait_sealed(&open, &name).await?;
+                }
+            }
+        }
+        if let Some((next_seq, closed)) = event {
+            // Nobody listening is fine: the channel is a bounded, lossy broadcast.
+            let _ = node.inner.events.send(StreamEvent::Appended {
+                name,
+                stream_id,
+                next_seq,
+                closed,
+            });
+        }
+        Ok(outcome)
+    }
+}
+
 /// A failed durability wait, as the client hears it.
 fn durable_error(e: s3stream::EngineError) -> AppendError {
     match e {
@@ -513,9 +610,9 @@ fn durable_error(e: s3stream::EngineError) -> AppendError {
 /// Cancel-safe: a request dropped before the wait ends (the client went away, a timeout) hands
 /// what is left to a task, only then. A write that fails must still break the open stream,
 /// or the next request would trust offsets and producer state this writer decided in memory.
-struct DurableWait<'a> {
-    node: &'a Node,
-    open: &'a Arc<OpenStream>,
+struct DurableWait {
+    node: Node,
+    open: Arc<OpenStream>,
     state: Wait,
 }
 
@@ -527,10 +624,10 @@ enum Wait {
     Done,
 }
 
-impl<'a> DurableWait<'a> {
-    fn new(node: &'a Node, open: &'a Arc<OpenStream>, ack: s3stream::PendingAppend) -> Self {
+impl DurableWait {
+    fn new(node: &Node, open: Arc<OpenStream>, ack: s3stream::PendingAppend) -> Self {
         DurableWait {
-            node,
+            node: node.clone(),
             open,
             state: Wait::Ack(ack),
         }
@@ -549,7 +646,7 @@ impl<'a> DurableWait<'a> {
             }
             Err(e) => {
                 self.state = Wait::Breaking;
-                self.node.break_open(self.open).await;
+                self.node.break_open(&self.open).await;
                 self.state = Wait::Done;
                 Err(durable_error(e))
             }
@@ -557,7 +654,7 @@ impl<'a> DurableWait<'a> {
     }
 }
 
-impl Drop for DurableWait<'_> {
+impl Drop for DurableWait {
     fn drop(&mut self) {
         let state = std::mem::replace(&mut self.state, Wait::Done);
         if matches!(state, Wait::Done) {

@@ -28,6 +28,7 @@ mod release;
 mod remove;
 mod transfer;
 
+pub use append::Admitted;
 pub use kv::KvError;
 pub use ownership::{ClusterNode, Route};
 pub use raw::RawRead;
