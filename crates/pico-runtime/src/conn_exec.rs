@@ -38,6 +38,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -49,6 +50,9 @@ type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 struct Spawned {
     /// Streams handed over since the driver last looked.
     queue: Mutex<Vec<Task>>,
+    /// Set after a push to `queue`: the driver takes the lock only then (an HTTP/1.1
+    /// connection never spawns a stream, and would pay a lock per poll for nothing).
+    queued: AtomicBool,
     /// The driving task, woken when a stream is handed over from outside its poll.
     waker: AtomicWaker,
     /// Longest a stream's response frame may wait for the client to take it.
@@ -83,6 +87,7 @@ impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for ConnExe
             }
         });
         self.queue().push(task);
+        self.0.queued.store(true, Ordering::Release);
         self.0.waker.wake();
     }
 }
@@ -93,6 +98,7 @@ impl ConnExec {
     pub fn new(stall_limit: Duration) -> Self {
         ConnExec(Arc::new(Spawned {
             queue: Mutex::default(),
+            queued: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             stall_limit,
         }))
@@ -114,7 +120,14 @@ impl ConnExec {
             // in the connection's next write, instead of the write going out before the
             // streams woken since the last turn have run (one write per few streams).
             let mut poll_streams = |cx: &mut std::task::Context<'_>| loop {
-                running.extend(self.queue().drain(..));
+                // A push sets the flag after it, and wakes this task after that: a push this
+                // poll misses is seen by the poll its wake causes.
+                if self.0.queued.swap(false, Ordering::Acquire) {
+                    running.extend(self.queue().drain(..));
+                }
+                if running.is_empty() {
+                    break;
+                }
                 match running.poll_next_unpin(cx) {
                     Poll::Ready(Some(())) => continue,
                     Poll::Ready(None) | Poll::Pending => break,
@@ -130,7 +143,8 @@ impl ConnExec {
             // The `FuturesUnordered` yields on its own after polling each stream once, so a
             // busy connection cannot starve the rest of the runtime.
             poll_streams(cx);
-            if running.is_empty()
+            if out.is_some()
+                && running.is_empty()
                 && self.queue().is_empty()
                 && let Some(r) = out.take()
             {

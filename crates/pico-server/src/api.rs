@@ -148,6 +148,13 @@ pub enum WaitOutcome {
     Timeout,
 }
 
+/// A stream's content type and whether it is closed ([`crate::Node::framing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Framing {
+    pub content_type: std::sync::Arc<str>,
+    pub closed: bool,
+}
+
 /// A stream's metadata as clients see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamInfo {

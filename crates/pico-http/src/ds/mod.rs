@@ -30,8 +30,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use pico_common::StreamName;
-use pico_protocol::format_offset;
 use pico_protocol::headers as h;
+use pico_protocol::push_offset;
 use pico_server::Node;
 
 use error::DsError;
@@ -168,7 +168,11 @@ pub(crate) fn set(headers: &mut HeaderMap, name: &'static str, value: HeaderValu
 }
 
 pub(crate) fn set_offset(headers: &mut HeaderMap, offset: u64) {
-    if let Ok(v) = HeaderValue::from_str(&format_offset(offset)) {
+    // The digits' buffer becomes the value as it is (one allocation, not a string and a copy):
+    // every append's answer carries one.
+    let mut digits = Vec::with_capacity(20);
+    push_offset(&mut digits, offset);
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(digits)) {
         set(headers, h::DS_STREAM_NEXT_OFFSET, v);
     }
 }

@@ -161,23 +161,25 @@ pub async fn post(
             ));
         };
         // Frame by the stream's type; a mismatching request type is left to the service (409).
-        let info = ds.node.head(&name).await?;
-        let frame_ct = if h::content_type_matches(ct, &info.content_type) {
-            info.content_type.as_str()
+        let framing = ds.node.framing(&name)?;
+        // Any append to a closed stream is a 409 with the closure headers, whatever its body:
+        // its tail is asked only then (closed streams are rare).
+        let closed_at = match framing.closed {
+            true => Some(ds.node.head(&name).await?.next_seq),
+            false => None,
+        };
+        let frame_ct = if h::content_type_matches(ct, &framing.content_type) {
+            &framing.content_type[..]
         } else {
             h::CONTENT_TYPE_OCTET_STREAM
         };
-        // Any append to a closed stream is a 409 with the closure headers, whatever its body.
-        // Asked only once the body is refused, so a valid body is parsed once.
-        let refuse = |e: DsError| {
-            if info.closed {
-                DsError::from(AppendError::Closed {
-                    name: name.to_string(),
-                    next_seq: info.next_seq,
-                })
-            } else {
-                e
-            }
+        // Refused as closed only once the body is refused, so a valid body is parsed once.
+        let refuse = |e: DsError| match closed_at {
+            Some(next_seq) => DsError::from(AppendError::Closed {
+                name: name.to_string(),
+                next_seq,
+            }),
+            None => e,
         };
         let recs = records(frame_ct, body).map_err(refuse)?;
         if recs.is_empty() {

@@ -221,6 +221,19 @@ impl Node {
         self.head_now(name)
     }
 
+    /// What a protocol needs to frame an append's body: the stream's content type (shared, not
+    /// copied) and whether it is closed. [`Node::head`] without the tail (which takes the
+    /// engine's lock the WAL writer holds for a whole group) or the copies: asked once per
+    /// Durable Streams append.
+    pub fn framing(&self, name: &StreamName) -> Result<Framing, ReadError> {
+        self.resolve(name, self.now_ms())
+            .map(|r| Framing {
+                content_type: r.entry.config.content_type.clone(),
+                closed: r.entry.closed,
+            })
+            .ok_or_else(|| self.read_missing(name))
+    }
+
     /// [`Node::head`] without awaiting: it reads only the view and in-memory tails, so a caller
     /// holding a sync lock (DS subscriptions) may ask.
     pub(crate) fn head_now(&self, name: &StreamName) -> Result<StreamInfo, ReadError> {

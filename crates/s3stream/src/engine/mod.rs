@@ -664,7 +664,6 @@ impl Engine {
                 "record_count must be > 0".into(),
             ));
         }
-        check(&shared.state())?;
         // Here, in the appending task and outside every lock, so that neither the WAL writer
         // (which serializes all streams' appends) nor the uploader reads the batch again.
         let batch_crc = match req.batch_crc {
@@ -681,9 +680,12 @@ impl Engine {
 
         let bytes = req.batch.len() + req.aux.len() + APPEND_OVERHEAD_BYTES;
         let cost = u32::try_from(bytes.min(shared.space_total)).unwrap_or(u32::MAX);
+        // The state lock is taken once when there is space (it is checked below, under the
+        // lock that queues the append); only an append about to wait is checked first.
         let permit = match shared.space.try_acquire_many(cost) {
             Ok(p) => p,
             Err(_) => {
+                check(&shared.state())?;
                 // Full: make sure the uploader is working on freeing space.
                 shared.upload_kick.notify_one();
                 shared
