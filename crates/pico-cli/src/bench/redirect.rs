@@ -51,45 +51,8 @@ pub async fn send(
 
 #[cfg(test)]
 mod tests {
+    use super::super::append_conn::tests::one_shot;
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
-    /// A one-request HTTP/1.1 server answering `answer`; returns its port and the request text.
-    async fn one_shot(answer: String) -> (u16, tokio::task::JoinHandle<String>) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        let task = tokio::spawn(async move {
-            let (mut s, _) = l.accept().await.unwrap();
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            // Headers, then the body its Content-Length announces.
-            loop {
-                let n = s.read(&mut buf).await.unwrap();
-                got.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&got).to_string();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let len = head
-                        .lines()
-                        .find_map(|l| {
-                            let (k, v) = l.split_once(':')?;
-                            k.eq_ignore_ascii_case("content-length")
-                                .then(|| v.trim().parse::<usize>().ok())?
-                        })
-                        .unwrap_or(0);
-                    if body.len() >= len {
-                        break;
-                    }
-                }
-                if n == 0 {
-                    break;
-                }
-            }
-            s.write_all(answer.as_bytes()).await.unwrap();
-            String::from_utf8_lossy(&got).to_string()
-        });
-        (port, task)
-    }
 
     /// A POST redirected to another port arrives there with its method, body, headers and the
     /// client's default `Authorization` header (which reqwest's own policy would drop).
@@ -98,7 +61,7 @@ mod tests {
         let (owner, owner_req) =
             one_shot("HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n".into()).await;
         let (other, other_req) = one_shot(format!(
-            "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:{owner}/s?x=1\r\n\
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{owner}/s?x=1\r\n\
              content-length: 0\r\nconnection: close\r\n\r\n"
         ))
         .await;
@@ -114,7 +77,7 @@ mod tests {
         let resp = send(
             &http,
             Method::POST,
-            &format!("http://127.0.0.1:{other}/s?x=1"),
+            &format!("http://{other}/s?x=1"),
             headers,
             Some(Bytes::from_static(b"record-body")),
         )
