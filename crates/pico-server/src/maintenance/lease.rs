@@ -231,7 +231,6 @@ pub(crate) async fn release_lease(node: &Node) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::NodeConfig;
     use crate::maintenance::test_support::*;
     use pico_common::clock::{Clock, ManualClock};
 
@@ -292,30 +291,7 @@ mod tests {
         assert!(!predecessor_of("1/14", 1, 13), "a newer process");
         assert!(predecessor_of("1/11", 1, 13));
         // Node 1 restarts on the same log: the new process starts at a higher epoch.
-        let config = NodeConfig {
-            node_id: 1,
-            node_epoch: 13,
-            advertised_url: "http://127.0.0.1:4011".into(),
-            clock: clock.clone(),
-            lease_ttl: Duration::from_secs(10),
-            ..NodeConfig::default()
-        };
-        let wal = Arc::new(ObjectWal::new(
-            Arc::new(MemoryStorage::new()),
-            "wal".to_string(),
-        ));
-        let a2 = Node::start(
-            config,
-            a.inner.meta.clone(),
-            a.inner.data.clone(),
-            wal,
-            EngineConfig::default(),
-        )
-        .await
-        .unwrap();
-        for task in a2.inner.tasks.lock().unwrap().drain(..) {
-            task.abort();
-        }
+        let a2 = restart(&a, &clock, 13).await;
         assert!(a2.holds_maintenance_lease(), "taken at its start");
         assert_eq!(
             holder_url(&b).await.as_deref(),
@@ -332,31 +308,8 @@ mod tests {
 
     /// A process of node 1 at `epoch` on `a`'s metadata log and bucket, its loops stopped.
     async fn restart(a: &Node, clock: &Arc<ManualClock>, epoch: u64) -> Node {
-        let config = NodeConfig {
-            node_id: 1,
-            node_epoch: epoch,
-            advertised_url: "http://127.0.0.1:4011".into(),
-            clock: clock.clone(),
-            lease_ttl: Duration::from_secs(10),
-            ..NodeConfig::default()
-        };
-        let wal = Arc::new(ObjectWal::new(
-            Arc::new(MemoryStorage::new()),
-            "wal".to_string(),
-        ));
-        let node = Node::start(
-            config,
-            a.inner.meta.clone(),
-            a.inner.data.clone(),
-            wal,
-            EngineConfig::default(),
-        )
-        .await
-        .unwrap();
-        for task in node.inner.tasks.lock().unwrap().drain(..) {
-            task.abort();
-        }
-        node
+        let url = "http://127.0.0.1:4011";
+        process_on(&a.inner.meta, &a.inner.data, clock, 1, epoch, url).await
     }
 
     /// Stores an object and destroys it (committed with no ranges), as a deleted stream's

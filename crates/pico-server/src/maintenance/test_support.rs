@@ -139,33 +139,47 @@ pub(crate) async fn two_nodes(clock: &Arc<pico_common::clock::ManualClock>) -> (
     let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
     let mut nodes = Vec::new();
     for id in [1u32, 2] {
-        let config = NodeConfig {
-            node_id: id,
-            node_epoch: 10 + u64::from(id),
-            advertised_url: format!("http://127.0.0.1:{}", 4000 + id),
-            clock: clock.clone(),
-            lease_ttl: Duration::from_secs(10),
-            ..NodeConfig::default()
-        };
-        let wal = Arc::new(ObjectWal::new(
-            Arc::new(MemoryStorage::new()),
-            "wal".to_string(),
-        ));
-        let node = Node::start(
-            config,
-            meta.clone(),
-            data.clone(),
-            wal,
-            EngineConfig::default(),
-        )
-        .await
-        .unwrap();
-        for task in node.inner.tasks.lock().unwrap().drain(..) {
-            task.abort();
-        }
-        nodes.push(node);
+        let url = format!("http://127.0.0.1:{}", 4000 + id);
+        nodes.push(process_on(&meta, &data, clock, id, 10 + u64::from(id), &url).await);
     }
     let b = nodes.pop().unwrap();
     let a = nodes.pop().unwrap();
     (a, b)
+}
+
+/// A process of node `id` at `epoch` on `meta` and `data` (a WAL of its own), on `clock`, its
+/// loops stopped; a 10 s maintenance lease.
+pub(crate) async fn process_on(
+    meta: &MetaLog,
+    data: &Arc<dyn ObjectStorage>,
+    clock: &Arc<pico_common::clock::ManualClock>,
+    id: u32,
+    epoch: u64,
+    url: &str,
+) -> Node {
+    let config = NodeConfig {
+        node_id: id,
+        node_epoch: epoch,
+        advertised_url: url.to_string(),
+        clock: clock.clone(),
+        lease_ttl: Duration::from_secs(10),
+        ..NodeConfig::default()
+    };
+    let wal = Arc::new(ObjectWal::new(
+        Arc::new(MemoryStorage::new()),
+        "wal".to_string(),
+    ));
+    let node = Node::start(
+        config,
+        meta.clone(),
+        data.clone(),
+        wal,
+        EngineConfig::default(),
+    )
+    .await
+    .unwrap();
+    for task in node.inner.tasks.lock().unwrap().drain(..) {
+        task.abort();
+    }
+    node
 }
