@@ -189,6 +189,17 @@ pub struct SqliteStore {
     failed_blobs: Mutex<Vec<i64>>,
 }
 
+/// Connect attempts that met a locked database (at most about 9 s in all).
+const CONNECT_BUSY_RETRIES: u64 = 50;
+
+/// SQLITE_BUSY, or one of its extended codes.
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| c & 0xff == 5)
+}
+
 impl SqliteStore {
     /// Opens `sqlite:<path>` / `sqlite://<path>` (creating file and parent dirs) or
     /// `sqlite::memory:`, creates the tables, and deletes the chunks of snapshot writes that
@@ -227,10 +238,19 @@ impl SqliteStore {
         // A connection to a local file does not go stale the way a network one does; sqlx's
         // check on every acquire was a round trip to the connection's worker thread per query.
         .test_before_acquire(false);
-        let pool = pool_opts
-            .connect_with(opts)
-            .await
-            .map_err(MetaError::store("connect"))?;
+        // Processes opening a fresh file at once race to switch it to WAL mode, and that switch
+        // answers SQLITE_BUSY at once instead of waiting on the busy handler: retry, bounded.
+        let mut attempt: u64 = 0;
+        let pool = loop {
+            match pool_opts.clone().connect_with(opts.clone()).await {
+                Ok(pool) => break pool,
+                Err(e) if attempt < CONNECT_BUSY_RETRIES && is_busy(&e) => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt.min(10))).await;
+                }
+                Err(e) => return Err(MetaError::store("connect")(e)),
+            }
+        };
         for stmt in SCHEMA {
             sqlx::query(stmt)
                 .execute(&pool)
