@@ -21,7 +21,7 @@ use kafka_protocol::protocol::StrBytes;
 use pico_common::StreamName;
 use pico_kafka::broker::Reply;
 use pico_protocol::{Record, decode_batch, stamp_batch};
-use pico_server::{AppendRequest, ReadFrom, ReadRequest};
+use pico_server::AppendRequest;
 
 #[tokio::test]
 async fn api_versions_advertises_and_answers_unknown_versions_in_v0() {
@@ -272,24 +272,13 @@ async fn produced_records_are_fetched_at_their_stream_offsets() {
     );
 
     // The same records over the node's own read (HTTP's path), at the same offsets.
-    let name = StreamName::parse("t/~1").unwrap();
-    let out = b
-        .node()
-        .read(ReadRequest {
-            name: name.clone(),
-            from: ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap();
-    let offs: Vec<u64> = out.records.iter().map(|r| r.offset).collect();
+    let records = read_all(&b, "t/~1").await;
+    let offs: Vec<u64> = records.iter().map(|r| r.offset).collect();
     assert_eq!(offs, [0, 1, 2, 3, 4]);
-    assert_eq!(out.records[3].record.value, Bytes::from_static(b"b0"));
+    assert_eq!(records[3].record.value, Bytes::from_static(b"b0"));
     // Byte for byte the producer's batches as stored: only the base offset, the
     // LogAppendTime bit and the append time as max timestamp (so the CRC) are set.
-    let recs: Vec<Record> = out.records.iter().map(|r| r.record.clone()).collect();
+    let recs: Vec<Record> = records.iter().map(|r| r.record.clone()).collect();
     let mut stored = stamp_batch(&batch(&first, None), 0, recs[0].timestamp_ms).to_vec();
     stored.extend_from_slice(&stamp_batch(&batch(&second, None), 3, recs[3].timestamp_ms));
     assert_eq!(
@@ -315,7 +304,7 @@ async fn produced_records_are_fetched_at_their_stream_offsets() {
     // An append over the node (as HTTP does) is fetched over Kafka.
     b.node()
         .append(AppendRequest {
-            name,
+            name: StreamName::parse("t/~1").unwrap(),
             records: vec![rec("http")],
             producer: None,
             match_seq: None,
@@ -424,15 +413,7 @@ async fn a_waiting_fetch_of_a_bad_offset_is_answered_at_once() {
 async fn idempotent_retries_get_the_original_offset() {
     let b = broker().await;
     assert_eq!(create(&b, "i", 1).await, 0);
-    let init: InitProducerIdResponse = call(
-        &b,
-        ApiKey::InitProducerId,
-        1,
-        &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000),
-    )
-    .await;
-    assert_eq!(init.error_code, 0);
-    let pid = init.producer_id.0;
+    let pid = init_producer(&b).await;
     assert!(pid > 0);
     let one = batch(&[rec("1"), rec("2")], Some((pid, 0, 0)));
     assert_eq!(produce(&b, "i", 0, one.clone(), 8).await.base_offset, 0);

@@ -14,10 +14,9 @@ use kafka_protocol::ResponseError;
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::Decodable;
-use pico_common::StreamName;
 use pico_kafka::{Broker, KafkaOptions};
 use pico_protocol::Record;
-use pico_server::{NodeConfig, ReadFrom, ReadRequest};
+use pico_server::NodeConfig;
 use s3stream::testing::FaultWal;
 use s3stream::{MemoryStorage, ObjectWal};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -79,34 +78,15 @@ impl Server {
 
     /// Every record value of `t`, in offset order.
     async fn values(&self) -> Vec<String> {
-        let out = self
-            .broker
-            .node()
-            .read(ReadRequest {
-                name: StreamName::parse("t").unwrap(),
-                from: ReadFrom::Offset(0),
-                max_records: None,
-                max_bytes: None,
-                touch: false,
-            })
+        read_all(&self.broker, "t")
             .await
-            .unwrap();
-        out.records
             .iter()
             .map(|r| String::from_utf8(r.record.value.to_vec()).unwrap())
             .collect()
     }
 
     async fn init_producer(&self) -> i64 {
-        let init: InitProducerIdResponse = call(
-            &self.broker,
-            ApiKey::InitProducerId,
-            1,
-            &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000),
-        )
-        .await;
-        assert_eq!(init.error_code, 0);
-        init.producer_id.0
+        init_producer(&self.broker).await
     }
 }
 
@@ -118,6 +98,17 @@ fn recs(tag: &str, n: usize) -> Vec<Record> {
 fn produce_frame(correlation: i32, topic: &str, records: Bytes, acks: i16) -> BytesMut {
     let req = produce_request(topic, 0, records, acks);
     prefixed(&frame_with(ApiKey::Produce, PRODUCE_V, correlation, &req))
+}
+
+/// Back-to-back Produce frames to `t`, each (correlation, value tag, records, first sequence)
+/// as producer `pid` epoch 0.
+fn idempotent_frames(pid: i64, each: &[(i32, &str, usize, i32)]) -> BytesMut {
+    let mut frames = BytesMut::new();
+    for &(correlation, tag, n, seq) in each {
+        let records = batch(&recs(tag, n), Some((pid, 0, seq)));
+        frames.extend_from_slice(&produce_frame(correlation, "t", records, -1));
+    }
+    frames
 }
 
 fn prefixed(body: &[u8]) -> BytesMut {
@@ -253,25 +244,7 @@ async fn an_idempotent_producer_pipelines_and_its_retries_get_their_offsets() {
     let before = srv.appends();
     let mut s = TcpStream::connect(srv.addr).await.unwrap();
     srv.wal.hold_appends(true);
-    let mut frames = BytesMut::new();
-    frames.extend_from_slice(&produce_frame(
-        1,
-        "t",
-        batch(&recs("a", 3), Some((pid, 0, 0))),
-        -1,
-    ));
-    frames.extend_from_slice(&produce_frame(
-        2,
-        "t",
-        batch(&recs("b", 2), Some((pid, 0, 3))),
-        -1,
-    ));
-    frames.extend_from_slice(&produce_frame(
-        3,
-        "t",
-        batch(&recs("c", 1), Some((pid, 0, 5))),
-        -1,
-    ));
+    let frames = idempotent_frames(pid, &[(1, "a", 3, 0), (2, "b", 2, 3), (3, "c", 1, 5)]);
     s.write_all(&frames).await.unwrap();
     // Each is judged against the one admitted before it, not yet durable.
     srv.admitted(before + 3).await;
@@ -281,25 +254,7 @@ async fn an_idempotent_producer_pipelines_and_its_retries_get_their_offsets() {
         assert_eq!((correlation, p.error_code, p.base_offset), (c, 0, offset));
     }
     // A retry, a new batch and a gap, pipelined: a duplicate answered with its offset.
-    let mut frames = BytesMut::new();
-    frames.extend_from_slice(&produce_frame(
-        4,
-        "t",
-        batch(&recs("b", 2), Some((pid, 0, 3))),
-        -1,
-    ));
-    frames.extend_from_slice(&produce_frame(
-        5,
-        "t",
-        batch(&recs("d", 1), Some((pid, 0, 6))),
-        -1,
-    ));
-    frames.extend_from_slice(&produce_frame(
-        6,
-        "t",
-        batch(&recs("e", 1), Some((pid, 0, 20))),
-        -1,
-    ));
+    let frames = idempotent_frames(pid, &[(4, "b", 2, 3), (5, "d", 1, 6), (6, "e", 1, 20)]);
     s.write_all(&frames).await.unwrap();
     let got = [
         produced(&mut s).await,

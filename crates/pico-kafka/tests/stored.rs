@@ -10,10 +10,8 @@ use bytes::Bytes;
 use common::*;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::*;
-use pico_common::StreamName;
 use pico_kafka::{Broker, KafkaOptions};
 use pico_protocol::{Record, encode_batch};
-use pico_server::{ReadFrom, ReadRequest};
 
 const HEADER_LEN: usize = 61;
 
@@ -97,19 +95,9 @@ async fn compressed_batches_are_stored_as_sent_and_read_over_http() {
         let crc = crc32c::crc32c(&stored[21..]);
         assert_eq!(&stored[17..21], &crc.to_be_bytes(), "a valid batch");
     }
-    let read = b
-        .node()
-        .read(ReadRequest {
-            name: StreamName::parse("z").unwrap(),
-            from: ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap();
-    assert_eq!(read.records.len(), 12);
-    for (i, (got, want)) in read.records.iter().zip(&expected).enumerate() {
+    let records = read_all(&b, "z").await;
+    assert_eq!(records.len(), 12);
+    for (i, (got, want)) in records.iter().zip(&expected).enumerate() {
         assert_eq!(got.offset, i as u64);
         let got = &got.record;
         assert_eq!(
@@ -152,14 +140,7 @@ async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
     .await;
     let first = Broker::new(node.clone(), KafkaOptions::default());
     assert_eq!(create(&first, "i", 1).await, 0);
-    let init: InitProducerIdResponse = call(
-        &first,
-        ApiKey::InitProducerId,
-        1,
-        &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000),
-    )
-    .await;
-    let pid = init.producer_id.0;
+    let pid = init_producer(&first).await;
     // Another producer's batches in between, so the lookup must pick this producer's out.
     let one = compress(&batch(&recs("a", 2), Some((pid, 0, 0))), 4);
     let other = batch(&recs("o", 3), Some((pid + 1, 0, 0)));
@@ -208,15 +189,9 @@ async fn idempotent_retries_after_a_restart_get_their_original_offsets() {
     .await;
     assert_eq!((next.error_code, next.base_offset), (0, 6));
     // A producer this process hands out is new everywhere: no lookup, taken as it comes.
-    let init: InitProducerIdResponse = call(
-        &restarted,
-        ApiKey::InitProducerId,
-        1,
-        &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000),
-    )
-    .await;
-    assert_ne!(init.producer_id.0, pid);
-    let fresh = batch(&recs("f", 1), Some((init.producer_id.0, 0, 0)));
+    let fresh_pid = init_producer(&restarted).await;
+    assert_ne!(fresh_pid, pid);
+    let fresh = batch(&recs("f", 1), Some((fresh_pid, 0, 0)));
     assert_eq!(produce(&restarted, "i", 0, fresh, 8).await.base_offset, 7);
 }
 

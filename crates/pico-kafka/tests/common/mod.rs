@@ -143,6 +143,34 @@ pub async fn fetch(b: &Broker, name: &str, partition: i32, offset: i64) -> Parti
     resp.responses[0].partitions[0].clone()
 }
 
+/// A new idempotent producer's id (InitProducerId v1, no transaction).
+pub async fn init_producer(b: &Broker) -> i64 {
+    let init: InitProducerIdResponse = call(
+        b,
+        ApiKey::InitProducerId,
+        1,
+        &InitProducerIdRequest::default().with_transaction_timeout_ms(60_000),
+    )
+    .await;
+    assert_eq!(init.error_code, 0);
+    init.producer_id.0
+}
+
+/// Every record of stream `name` from offset 0, through the node's own read (HTTP's path).
+pub async fn read_all(b: &Broker, name: &str) -> Vec<pico_server::ReadRecord> {
+    b.node()
+        .read(pico_server::ReadRequest {
+            name: StreamName::parse(name).unwrap(),
+            from: pico_server::ReadFrom::Offset(0),
+            max_records: None,
+            max_bytes: None,
+            touch: false,
+        })
+        .await
+        .unwrap()
+        .records
+}
+
 /// The next offset of stream `name`.
 pub async fn tail(b: &Broker, name: &str) -> u64 {
     b.node()
