@@ -130,8 +130,8 @@ pub fn owner_of(node: &Node, stream_id: u64) -> Option<u32> {
         .and_then(|s| s.owner.map(|o| o.node_id))
 }
 
-/// Every record of `name` as read on `node`, each parsed as JSON.
-pub async fn read_json(node: &Node, name: &str) -> Vec<serde_json::Value> {
+/// Every record of `name` as read on `node` (one read from offset 0): `(offset, value)`.
+pub async fn read_values(node: &Node, name: &str) -> Vec<(u64, bytes::Bytes)> {
     let out = node
         .read(crate::ReadRequest {
             name: pico_common::StreamName::parse(name).unwrap(),
@@ -143,7 +143,16 @@ pub async fn read_json(node: &Node, name: &str) -> Vec<serde_json::Value> {
         .await
         .unwrap();
     out.records
+        .into_iter()
+        .map(|r| (r.offset, r.record.value))
+        .collect()
+}
+
+/// [`read_values`], each value parsed as JSON.
+pub async fn read_json(node: &Node, name: &str) -> Vec<serde_json::Value> {
+    let values = read_values(node, name).await;
+    values
         .iter()
-        .map(|r| serde_json::from_slice(&r.record.value).unwrap())
+        .map(|(_, v)| serde_json::from_slice(v).unwrap())
         .collect()
 }

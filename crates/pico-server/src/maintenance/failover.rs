@@ -387,24 +387,11 @@ mod tests {
     }
 
     async fn values(node: &Node, n: &str) -> Vec<(u64, String)> {
-        node.read(ReadRequest {
-            name: name(n),
-            from: ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap()
-        .records
-        .into_iter()
-        .map(|r| {
-            (
-                r.offset,
-                String::from_utf8(r.record.value.to_vec()).unwrap(),
-            )
-        })
-        .collect()
+        let values = crate::testing::read_values(node, n).await;
+        values
+            .into_iter()
+            .map(|(offset, v)| (offset, String::from_utf8(v.to_vec()).unwrap()))
+            .collect()
     }
 
     /// One second of the survivor's loops: heartbeat, lease, liveness, failover.
