@@ -471,14 +471,7 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
     rt1.block_on(async {
         node.create(create_req("c")).await.unwrap();
         for seq in 0..50u64 {
-            let req = AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "p".into(),
-                    epoch: 0,
-                    seq,
-                }),
-                ..append_req("c", &[&format!("r{seq}")])
-            };
+            let req = producer_req("c", "p", seq, false, &[&format!("r{seq}")]);
             node.append(req).await.unwrap();
         }
     });
@@ -494,26 +487,12 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
         assert_eq!(all, expect, "every acknowledged record at its offset, once");
         // Producer state survived with the data: a retry is a duplicate, the next seq continues.
         let dup = node
-            .append(AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "p".into(),
-                    epoch: 0,
-                    seq: 49,
-                }),
-                ..append_req("c", &["dup"])
-            })
+            .append(producer_req("c", "p", 49, false, &["dup"]))
             .await
             .unwrap();
         assert!(dup.duplicate);
         let next = node
-            .append(AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "p".into(),
-                    epoch: 0,
-                    seq: 50,
-                }),
-                ..append_req("c", &["r50"])
-            })
+            .append(producer_req("c", "p", 50, false, &["r50"]))
             .await
             .unwrap();
         assert_eq!(next.start_seq, Some(50));
@@ -1539,16 +1518,9 @@ async fn a_retried_create_meets_a_close_by_another_writer() {
         create_command_only(&node, n, Initial::RecordsThenClose).await;
         if landed {
             // The first attempt's records, under the create's reserved claim.
-            node.append(AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "\u{0}initial".into(),
-                    epoch: 0,
-                    seq: 0,
-                }),
-                ..append_req(n, &["first"])
-            })
-            .await
-            .unwrap();
+            node.append(producer_req(n, "\u{0}initial", 0, false, &["first"]))
+                .await
+                .unwrap();
         }
         node.append(AppendRequest {
             close: true,
@@ -1587,15 +1559,7 @@ async fn a_retried_create_meets_a_close_by_another_writer() {
 async fn a_retried_append_and_close_closes_when_only_its_records_landed() {
     let node = start_test_node().await;
     node.create(create_req("s")).await.unwrap();
-    let req = |close: bool| AppendRequest {
-        producer: Some(ProducerClaim {
-            id: "p".into(),
-            epoch: 0,
-            seq: 0,
-        }),
-        close,
-        ..append_req("s", &["last"])
-    };
+    let req = |close: bool| producer_req("s", "p", 0, close, &["last"]);
     // What the failed attempt left: its records and producer state, no close.
     node.append(req(false)).await.unwrap();
     assert!(!node.head(&name("s")).await.unwrap().closed);
@@ -1613,27 +1577,12 @@ async fn a_retried_append_and_close_closes_when_only_its_records_landed() {
     // An older duplicate does not close.
     node.create(create_req("t")).await.unwrap();
     for seq in 0..2 {
-        node.append(AppendRequest {
-            producer: Some(ProducerClaim {
-                id: "p".into(),
-                epoch: 0,
-                seq,
-            }),
-            ..append_req("t", &["r"])
-        })
-        .await
-        .unwrap();
+        node.append(producer_req("t", "p", seq, false, &["r"]))
+            .await
+            .unwrap();
     }
     let old = node
-        .append(AppendRequest {
-            producer: Some(ProducerClaim {
-                id: "p".into(),
-                epoch: 0,
-                seq: 0,
-            }),
-            close: true,
-            ..append_req("t", &["r"])
-        })
+        .append(producer_req("t", "p", 0, true, &["r"]))
         .await
         .unwrap();
     assert!(old.duplicate && !old.closed);
