@@ -107,6 +107,11 @@ impl Timers {
     }
 }
 
+/// Waits until subscription `id`, as stored in the log, satisfies `ok`.
+async fn stored_until(mgr: &Manager, id: &str, what: &str, ok: impl Fn(&Sub) -> bool) {
+    eventually(what, || mgr.store.load_one(id).is_some_and(|s| ok(&s))).await;
+}
+
 /// Two nodes whose holder (A) failed its first webhook: subscription `id` on `pattern`,
 /// woken by creating `stream` on A, with the failure and its retry time stored.
 struct FailedOnA {
@@ -130,12 +135,10 @@ async fn failed_on_a(id: &str, pattern: &str, stream: &str) -> FailedOnA {
     let first = sent_a.recv().await.unwrap();
     assert_eq!(first["generation"], 1);
     // The failure and its retry time are stored, where any node reads them.
-    eventually("the failed attempt is stored", || {
-        mgr_a.store.load_one(id).is_some_and(|s| {
-            s.rec.status == crate::subscriptions::model::Status::Failed
-                && s.rec.retry_count == 1
-                && s.rec.next_attempt_at_ms.is_some()
-        })
+    stored_until(&mgr_a, id, "the failed attempt is stored", |s| {
+        s.rec.status == crate::subscriptions::model::Status::Failed
+            && s.rec.retry_count == 1
+            && s.rec.next_attempt_at_ms.is_some()
     })
     .await;
     FailedOnA {
@@ -180,11 +183,8 @@ async fn only_the_holder_delivers_and_the_next_holder_resumes_its_pending_wake()
     assert_eq!(retry["wake_id"], first["wake_id"]);
     timers.passes(&[&mgr_a, &mgr_b], 5).await;
     assert!(sent_b.try_recv().is_err(), "the non-holder delivered");
-    eventually("the second failure is stored", || {
-        mgr_a
-            .store
-            .load_one("s")
-            .is_some_and(|s| s.rec.retry_count == 2)
+    stored_until(&mgr_a, "s", "the second failure is stored", |s| {
+        s.rec.retry_count == 2
     })
     .await;
 
@@ -201,11 +201,8 @@ async fn only_the_holder_delivers_and_the_next_holder_resumes_its_pending_wake()
         "the pending wake resumed"
     );
     assert_eq!(resumed["generation"], 1);
-    eventually("B's delivery finished the wake", || {
-        mgr_b
-            .store
-            .load_one("s")
-            .is_some_and(|s| s.rec.wake.is_none())
+    stored_until(&mgr_b, "s", "B's delivery finished the wake", |s| {
+        s.rec.wake.is_none()
     })
     .await;
 
@@ -298,13 +295,7 @@ async fn a_wake_event_for_a_stream_another_node_owns_is_written_by_its_owner() {
     let (mgr_b, _) = manager(&b, &clock, Delivered::Accepted { done: true });
     assert!(mgr_a.upsert("p", pull_wake("q/*", "w"), ROOT).await.is_ok());
     create_stream(&a, "q/1").await;
-    eventually("the wake is issued", || {
-        mgr_a
-            .store
-            .load_one("p")
-            .is_some_and(|s| s.rec.generation == 1)
-    })
-    .await;
+    stored_until(&mgr_a, "p", "the wake is issued", |s| s.rec.generation == 1).await;
     for _ in 0..30 {
         if read_json(&b, "w").await.len() == 2 {
             break;
@@ -345,10 +336,8 @@ async fn the_rescan_sees_a_stream_re_created_elsewhere_under_the_same_name() {
     b.inner.engine.flush().await.unwrap();
     let first = timers.next_sent(&[&mgr_a], &mut sent).await;
     assert_eq!(first["generation"], 1);
-    eventually("the wake is done, acked at 3", || {
-        mgr_a.store.load_one("s").is_some_and(|s| {
-            s.rec.wake.is_none() && s.links.get("e/1").is_some_and(|l| l.acked == Some(3))
-        })
+    stored_until(&mgr_a, "s", "the wake is done, acked at 3", |s| {
+        s.rec.wake.is_none() && s.links.get("e/1").is_some_and(|l| l.acked == Some(3))
     })
     .await;
     // Deleted and re-created on B with fewer records than the cursor.
