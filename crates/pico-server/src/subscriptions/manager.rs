@@ -1124,6 +1124,41 @@ mod tests {
         );
     }
 
+    /// A pull-wake worker's ack for a stream deleted and re-created under its name since the
+    /// claim is about the old stream: the new one's cursor stays at its start.
+    #[tokio::test]
+    async fn an_ack_for_a_stream_re_created_since_the_claim_moves_nothing() {
+        let mgr = manager().await;
+        assert!(mgr.upsert("p", pull_wake("k/*"), ROOT).await.is_ok());
+        create_stream(&mgr.node, "k/1").await;
+        let claim = mgr.claim("p", "worker").await.unwrap();
+        let name = StreamName::parse("k/1").unwrap();
+        mgr.node.delete(&name).await.unwrap();
+        create_stream(&mgr.node, "k/1").await;
+        // The follower sees the new stream's append: a new incarnation, its cursor reset.
+        let new_id = mgr.stream_id("k/1").unwrap();
+        mgr.on_append("k/1", new_id, 1).await;
+        assert_eq!(mgr.lock()["p"].links["k/1"].acked, None);
+        let req = WakeRequest {
+            wake_id: claim["wake_id"].as_str().map(str::to_string),
+            generation: claim["generation"].as_u64(),
+            acks: vec![crate::subscriptions::AckItem {
+                stream: Some("k/1".into()),
+                path: None,
+                offset: pico_protocol::format_offset(1),
+            }],
+            done: false,
+        };
+        let acked = mgr.ack("p", claim["token"].as_str(), req).await;
+        assert!(acked.is_ok(), "{acked:?}");
+        let links = mgr.lock()["p"].links.clone();
+        assert_eq!(
+            links["k/1"].acked, None,
+            "the old stream's ack moved the new cursor"
+        );
+        assert_eq!(links["k/1"].stream_id, Some(new_id));
+    }
+
     /// A change the metadata log refused is not kept: a create is forgotten and a delete
     /// undone, so the client's retry (it got a 503) writes again instead of finding the
     /// change already made in memory only.
