@@ -16,6 +16,7 @@ use pico_common::clock::ManualClock;
 use pico_http::ds::subscriptions;
 use pico_protocol::{Record, format_offset};
 use pico_server::subscriptions::HttpSender;
+use pico_server::testing::read_json;
 use pico_server::{AppendRequest, CreateConfig, CreateRequest, Node};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -104,23 +105,6 @@ async fn append(node: &Node, name: &str, v: Value) -> u64 {
     .await
     .unwrap()
     .next_seq
-}
-
-async fn read_json(node: &Node, name: &str) -> Vec<Value> {
-    let out = node
-        .read(pico_server::ReadRequest {
-            name: StreamName::parse(name).unwrap(),
-            from: pico_server::ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap();
-    out.records
-        .iter()
-        .map(|r| serde_json::from_slice(&r.record.value).unwrap())
-        .collect()
 }
 
 struct Hook {
@@ -248,6 +232,24 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     false
+}
+
+/// Whether subscription `id`, as `GET` answers it, comes to satisfy `ok` within 5 s.
+async fn sub_becomes(app: &Router, id: &str, ok: impl Fn(&Value) -> bool) -> bool {
+    wait_for(|| async {
+        let (_, _, got) = call(app, "GET", &sub_path(id), None, None).await;
+        ok(&got)
+    })
+    .await
+}
+
+/// Whether subscription `got` shows `path`'s cursor at `offset`.
+fn acked_at(got: &Value, path: &str, offset: u64) -> bool {
+    got["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["path"] == path && s["acked_offset"] == format_offset(offset))
 }
 
 #[tokio::test]
@@ -398,20 +400,8 @@ async fn webhook_done_auto_acks_the_signed_snapshot() {
     let old = streams.iter().find(|s| s["path"] == "events/old").unwrap();
     assert_eq!(old["has_pending"], false);
 
-    let app2 = app.clone();
     assert!(
-        wait_for(|| {
-            let app = app2.clone();
-            async move {
-                let (_, _, got) = call(&app, "GET", &sub_path("w1"), None, None).await;
-                got["streams"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|s| s["path"] == "events/new" && s["acked_offset"] == format_offset(1))
-            }
-        })
-        .await,
+        sub_becomes(&app, "w1", |got| acked_at(got, "events/new", 1)).await,
         "done must ack the snapshot tail"
     );
     // Non-matching streams never wake it; the next matching append is a new generation.
@@ -538,16 +528,8 @@ async fn webhook_delivery_retries_after_failure() {
     .await;
     create_stream(&node, "r/1", &[json!(1)]).await;
     let first = rx.next().await;
-    let app2 = app.clone();
     assert!(
-        wait_for(|| {
-            let app = app2.clone();
-            async move {
-                let (_, _, got) = call(&app, "GET", &sub_path("retry"), None, None).await;
-                got["status"] == "failed"
-            }
-        })
-        .await,
+        sub_becomes(&app, "retry", |got| { got["status"] == "failed" }).await,
         "a failed delivery marks the subscription failed"
     );
     // The retry waits for its backoff (1 s ± 20 %) on the manager's clock.
@@ -561,14 +543,9 @@ async fn webhook_delivery_retries_after_failure() {
         second.body["wake_id"], first.body["wake_id"],
         "a retry re-sends the same wake"
     );
-    let app2 = app.clone();
     assert!(
-        wait_for(|| {
-            let app = app2.clone();
-            async move {
-                let (_, _, got) = call(&app, "GET", &sub_path("retry"), None, None).await;
-                got["status"] == "active" && got["streams"][0]["acked_offset"] == format_offset(1)
-            }
+        sub_becomes(&app, "retry", |got| {
+            got["status"] == "active" && got["streams"][0]["acked_offset"] == format_offset(1)
         })
         .await
     );
@@ -868,20 +845,8 @@ async fn a_recreated_stream_starts_its_cursor_over() {
     assert_eq!(s, StatusCode::CREATED);
     create_stream(&node, "inc/a", &[json!(1), json!(2), json!(3)]).await;
     rx.next().await;
-    let app2 = app.clone();
     assert!(
-        wait_for(|| {
-            let app = app2.clone();
-            async move {
-                let (_, _, got) = call(&app, "GET", &sub_path("inc"), None, None).await;
-                got["streams"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|s| s["path"] == "inc/a" && s["acked_offset"] == format_offset(3))
-            }
-        })
-        .await,
+        sub_becomes(&app, "inc", |got| acked_at(got, "inc/a", 3)).await,
         "done must ack the first stream's tail"
     );
     // Same name, new stream: its records from offset 0 are new work, not already acked.
@@ -916,16 +881,8 @@ async fn a_wake_event_waits_while_another_node_owns_the_wake_stream() {
     .await;
     assert_eq!(s, StatusCode::CREATED);
     create_stream(&node, "events/far", &[json!({"event": "created"})]).await;
-    let app2 = app.clone();
     assert!(
-        wait_for(|| {
-            let app = app2.clone();
-            async move {
-                let (_, _, got) = call(&app, "GET", &sub_path("far"), None, None).await;
-                got["generation"] == 1
-            }
-        })
-        .await,
+        sub_becomes(&app, "far", |got| { got["generation"] == 1 }).await,
         "the append wakes the subscription"
     );
     assert_eq!(

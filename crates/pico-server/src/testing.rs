@@ -23,7 +23,16 @@ pub async fn start_test_node_with(config: NodeConfig) -> Node {
 }
 
 /// Same, on the given WAL (a test's [`s3stream::testing::FaultWal`], say).
-pub async fn start_test_node_with_wal(mut config: NodeConfig, wal: Arc<dyn Wal>) -> Node {
+pub async fn start_test_node_with_wal(config: NodeConfig, wal: Arc<dyn Wal>) -> Node {
+    start_test_node_on(config, wal, EngineConfig::default()).await
+}
+
+/// Same, with the engine's settings too.
+pub async fn start_test_node_on(
+    mut config: NodeConfig,
+    wal: Arc<dyn Wal>,
+    engine: EngineConfig,
+) -> Node {
     if config.node_epoch == 0 {
         config.node_epoch = 1;
     }
@@ -35,7 +44,7 @@ pub async fn start_test_node_with_wal(mut config: NodeConfig, wal: Arc<dyn Wal>)
         .await
         .expect("test metadata log");
     let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-    Node::start(config, meta, data, wal, EngineConfig::default())
+    Node::start(config, meta, data, wal, engine)
         .await
         .expect("test node")
 }
@@ -119,4 +128,31 @@ pub fn owner_of(node: &Node, stream_id: u64) -> Option<u32> {
         .streams
         .get(&stream_id)
         .and_then(|s| s.owner.map(|o| o.node_id))
+}
+
+/// Every record of `name` as read on `node` (one read from offset 0): `(offset, value)`.
+pub async fn read_values(node: &Node, name: &str) -> Vec<(u64, bytes::Bytes)> {
+    let out = node
+        .read(crate::ReadRequest {
+            name: pico_common::StreamName::parse(name).unwrap(),
+            from: crate::ReadFrom::Offset(0),
+            max_records: None,
+            max_bytes: None,
+            touch: false,
+        })
+        .await
+        .unwrap();
+    out.records
+        .into_iter()
+        .map(|r| (r.offset, r.record.value))
+        .collect()
+}
+
+/// [`read_values`], each value parsed as JSON.
+pub async fn read_json(node: &Node, name: &str) -> Vec<serde_json::Value> {
+    let values = read_values(node, name).await;
+    values
+        .iter()
+        .map(|(_, v)| serde_json::from_slice(v).unwrap())
+        .collect()
 }

@@ -3,7 +3,9 @@
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_protocol::Record;
-use pico_server::testing::{start_test_node, start_test_node_with};
+use pico_server::testing::{
+    start_test_node, start_test_node_on, start_test_node_with, start_test_node_with_wal,
+};
 use pico_server::*;
 use pico_sql::{MetaLog, MetaLogOptions};
 use s3stream::{
@@ -57,6 +59,24 @@ fn create_req(n: &str) -> CreateRequest {
         config: CreateConfig::default(),
         initial: vec![],
     }
+}
+
+/// A test node whose clock moves only when the test moves it.
+async fn node_on_manual_clock() -> (Node, Arc<pico_common::clock::ManualClock>) {
+    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
+    let node = start_test_node_with(NodeConfig {
+        clock: clock.clone(),
+        ..NodeConfig::default()
+    })
+    .await;
+    (node, clock)
+}
+
+/// A WAL in memory whose appends a test can stall or fail.
+fn fault_wal() -> Arc<s3stream::testing::FaultWal> {
+    let inner: Arc<dyn Wal> =
+        Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
+    Arc::new(s3stream::testing::FaultWal::new(inner))
 }
 
 async fn read_all(node: &Node, n: &str, from: u64) -> Vec<(u64, String)> {
@@ -321,12 +341,7 @@ async fn long_poll_wakes_on_append_and_times_out() {
 /// The TTL slides with each access and expires exactly when it lapses, on the node's clock.
 #[tokio::test]
 async fn ttl_expires_stream() {
-    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
-    let node = pico_server::testing::start_test_node_with(NodeConfig {
-        clock: clock.clone(),
-        ..NodeConfig::default()
-    })
-    .await;
+    let (node, clock) = node_on_manual_clock().await;
     let mut c = create_req("t");
     c.config.ttl_secs = Some(2);
     node.create(c).await.unwrap();
@@ -349,12 +364,7 @@ async fn ttl_expires_stream() {
 /// time passing for it.
 #[tokio::test]
 async fn the_expiry_sweep_runs_on_the_node_clock() {
-    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
-    let node = pico_server::testing::start_test_node_with(NodeConfig {
-        clock: clock.clone(),
-        ..NodeConfig::default()
-    })
-    .await;
+    let (node, clock) = node_on_manual_clock().await;
     let mut c = create_req("swept");
     c.config.expires_at_ms = Some(node.now_ms() + 1_000);
     node.create(c).await.unwrap();
@@ -461,14 +471,7 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
     rt1.block_on(async {
         node.create(create_req("c")).await.unwrap();
         for seq in 0..50u64 {
-            let req = AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "p".into(),
-                    epoch: 0,
-                    seq,
-                }),
-                ..append_req("c", &[&format!("r{seq}")])
-            };
+            let req = producer_req("c", "p", seq, false, &[&format!("r{seq}")]);
             node.append(req).await.unwrap();
         }
     });
@@ -484,26 +487,12 @@ fn acknowledged_appends_survive_a_crash_with_producer_state() {
         assert_eq!(all, expect, "every acknowledged record at its offset, once");
         // Producer state survived with the data: a retry is a duplicate, the next seq continues.
         let dup = node
-            .append(AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "p".into(),
-                    epoch: 0,
-                    seq: 49,
-                }),
-                ..append_req("c", &["dup"])
-            })
+            .append(producer_req("c", "p", 49, false, &["dup"]))
             .await
             .unwrap();
         assert!(dup.duplicate);
         let next = node
-            .append(AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "p".into(),
-                    epoch: 0,
-                    seq: 50,
-                }),
-                ..append_req("c", &["r50"])
-            })
+            .append(producer_req("c", "p", 50, false, &["r50"]))
             .await
             .unwrap();
         assert_eq!(next.start_seq, Some(50));
@@ -965,26 +954,17 @@ async fn a_failed_open_does_not_keep_counting_against_the_slots() {
 /// than one full timeout after another while holding their bodies.
 #[tokio::test]
 async fn appends_queued_behind_a_stalled_stream_give_up_at_one_deadline() {
-    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
-        .await
-        .unwrap();
-    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-    let inner: Arc<dyn Wal> =
-        Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
-    let wal = Arc::new(s3stream::testing::FaultWal::new(inner));
+    let wal = fault_wal();
     let engine = EngineConfig {
         max_unflushed_bytes: 4096,
         ..EngineConfig::default()
     };
     let timeout = Duration::from_millis(400);
     let config = NodeConfig {
-        node_epoch: 1,
         submit_timeout: timeout,
         ..NodeConfig::default()
     };
-    let node = Node::start(config, meta, data, wal.clone(), engine)
-        .await
-        .unwrap();
+    let node = start_test_node_on(config, wal.clone(), engine).await;
     node.create(create_req("s")).await.unwrap();
     wal.hold_appends(true);
     let big = "x".repeat(3000);
@@ -1020,20 +1000,8 @@ async fn appends_queued_behind_a_stalled_stream_give_up_at_one_deadline() {
 /// stream, so the next request reloads the committed state instead of trusting this writer's.
 #[tokio::test]
 async fn a_dropped_append_whose_write_fails_still_breaks_the_open_stream() {
-    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
-        .await
-        .unwrap();
-    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-    let inner: Arc<dyn Wal> =
-        Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
-    let wal = Arc::new(s3stream::testing::FaultWal::new(inner));
-    let config = NodeConfig {
-        node_epoch: 1,
-        ..NodeConfig::default()
-    };
-    let node = Node::start(config, meta, data, wal.clone(), EngineConfig::default())
-        .await
-        .unwrap();
+    let wal = fault_wal();
+    let node = start_test_node_with_wal(NodeConfig::default(), wal.clone()).await;
     node.create(create_req("s")).await.unwrap();
     assert!(node.append(append_req("s", &["a"])).await.is_ok());
     assert_eq!(node.open_streams(), 1);
@@ -1074,20 +1042,12 @@ async fn a_dropped_append_whose_write_fails_still_breaks_the_open_stream() {
 #[tokio::test]
 async fn a_read_inside_a_range_fenced_before_upload_is_unavailable() {
     // Uploads happen only when asked, so the appends stay unuploaded until the fence is set up.
-    let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
-        .await
-        .unwrap();
-    let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
     let wal: Arc<dyn Wal> = Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
     let engine = EngineConfig {
         upload_interval: Duration::from_secs(3600),
         ..EngineConfig::default()
     };
-    let config = NodeConfig {
-        node_epoch: 1,
-        ..NodeConfig::default()
-    };
-    let node = Node::start(config, meta, data, wal, engine).await.unwrap();
+    let node = start_test_node_on(NodeConfig::default(), wal, engine).await;
     node.create(create_req("f")).await.unwrap();
     let appended = node
         .append(append_req("f", &["a", "b", "c"]))
@@ -1397,12 +1357,7 @@ async fn records_that_binary_reads_cannot_frame_are_refused() {
 async fn an_expired_stream_is_removed_by_one_task_however_often_it_is_asked_for() {
     // The stream expires only when the clock says so, not while it is being created (the
     // expiry sweep at start could remove a stream created already expired under the create).
-    let clock = pico_common::clock::ManualClock::new(1_700_000_000_000);
-    let node = pico_server::testing::start_test_node_with(NodeConfig {
-        clock: clock.clone(),
-        ..NodeConfig::default()
-    })
-    .await;
+    let (node, clock) = node_on_manual_clock().await;
     let mut c = create_req("exp");
     c.config.expires_at_ms = Some(node.now_ms() + 1_000);
     node.create(c).await.unwrap();
@@ -1563,16 +1518,9 @@ async fn a_retried_create_meets_a_close_by_another_writer() {
         create_command_only(&node, n, Initial::RecordsThenClose).await;
         if landed {
             // The first attempt's records, under the create's reserved claim.
-            node.append(AppendRequest {
-                producer: Some(ProducerClaim {
-                    id: "\u{0}initial".into(),
-                    epoch: 0,
-                    seq: 0,
-                }),
-                ..append_req(n, &["first"])
-            })
-            .await
-            .unwrap();
+            node.append(producer_req(n, "\u{0}initial", 0, false, &["first"]))
+                .await
+                .unwrap();
         }
         node.append(AppendRequest {
             close: true,
@@ -1611,15 +1559,7 @@ async fn a_retried_create_meets_a_close_by_another_writer() {
 async fn a_retried_append_and_close_closes_when_only_its_records_landed() {
     let node = start_test_node().await;
     node.create(create_req("s")).await.unwrap();
-    let req = |close: bool| AppendRequest {
-        producer: Some(ProducerClaim {
-            id: "p".into(),
-            epoch: 0,
-            seq: 0,
-        }),
-        close,
-        ..append_req("s", &["last"])
-    };
+    let req = |close: bool| producer_req("s", "p", 0, close, &["last"]);
     // What the failed attempt left: its records and producer state, no close.
     node.append(req(false)).await.unwrap();
     assert!(!node.head(&name("s")).await.unwrap().closed);
@@ -1637,27 +1577,12 @@ async fn a_retried_append_and_close_closes_when_only_its_records_landed() {
     // An older duplicate does not close.
     node.create(create_req("t")).await.unwrap();
     for seq in 0..2 {
-        node.append(AppendRequest {
-            producer: Some(ProducerClaim {
-                id: "p".into(),
-                epoch: 0,
-                seq,
-            }),
-            ..append_req("t", &["r"])
-        })
-        .await
-        .unwrap();
+        node.append(producer_req("t", "p", seq, false, &["r"]))
+            .await
+            .unwrap();
     }
     let old = node
-        .append(AppendRequest {
-            producer: Some(ProducerClaim {
-                id: "p".into(),
-                epoch: 0,
-                seq: 0,
-            }),
-            close: true,
-            ..append_req("t", &["r"])
-        })
+        .append(producer_req("t", "p", 0, true, &["r"]))
         .await
         .unwrap();
     assert!(old.duplicate && !old.closed);

@@ -383,7 +383,7 @@ pub async fn run(args: BenchArgs, global: Global) -> anyhow::Result<()> {
                         groups[i % n].push(reader::SseTail::new(ctx.clone(), i));
                     }
                     for g in groups {
-                        let t = sse_conn::h2_tailers(ctx.clone(), ep.clone(), g);
+                        let t = sse_conn::h2_tailers(ep.clone(), g);
                         reader_tasks.push(tokio::spawn(t));
                     }
                 } else {

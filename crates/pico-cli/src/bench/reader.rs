@@ -180,10 +180,16 @@ impl SseTail {
 
     /// The URL to open: from where the last response left off, or the tail.
     pub fn request_url(&self) -> String {
+        self.request_url_at(&self.url)
+    }
+
+    /// [`SseTail::request_url`] for the stream at `stream` (its URL without query on the node
+    /// a redirect named).
+    pub fn request_url_at(&self, stream: &str) -> String {
         let pos = self.tail.pos.as_deref().unwrap_or("now");
         match self.tail.ctx.target.protocol {
-            Protocol::Pico | Protocol::Kafka => format!("{}?seq={pos}&live=sse", self.url),
-            Protocol::Ds => format!("{}?offset={pos}&live=sse", self.url),
+            Protocol::Pico | Protocol::Kafka => format!("{stream}?seq={pos}&live=sse"),
+            Protocol::Ds => format!("{stream}?offset={pos}&live=sse"),
         }
     }
 

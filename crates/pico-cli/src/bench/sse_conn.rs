@@ -7,8 +7,9 @@
 //! layers: ≈ 3 µs of client CPU per event over HTTP/2 and ≈ 10 µs over HTTP/1.1, as much as the
 //! server spent delivering it. Here:
 //!
-//! - **HTTP/2**: one task per connection drives the `h2` connection and every tailer's stream
-//!   on it; a data frame wakes nothing but that task (the streams are futures in one
+//! - **HTTP/2**: one task per group of tailers drives its `h2` connections (one to the bench's
+//!   endpoint, one to each node a 307 sent a stream to) and every tailer's stream on them; a
+//!   data frame wakes nothing but that task (the streams are futures in one
 //!   `FuturesUnordered`).
 //! - **HTTP/1.1**: each tailer has its own socket (one exchange at a time) and polls hyper's
 //!   connection in its own task instead of beside it in a second one.
@@ -20,12 +21,14 @@ use super::Ctx;
 use super::reader::{ERROR_PAUSE, SseTail};
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use http_body_util::{BodyExt, Empty};
 use hyper::header::{AUTHORIZATION, HOST, HeaderValue, LOCATION};
 use hyper::{Request, Uri};
 use hyper_util::rt::TokioIo;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -293,43 +296,244 @@ async fn h1_exchange(
     }
 }
 
-/// Tailers sharing one HTTP/2 connection, until the bench aborts them.
-pub async fn h2_tailers(ctx: Arc<Ctx>, ep: Arc<Endpoint>, mut tails: Vec<SseTail>) {
-    while !ctx.stopped() {
-        // Every reader on the connection lost its stream: one error each, as over HTTP/1.1,
-        // where each has a connection of its own.
-        if let Err(e) = h2_session(&ep, &mut tails).await {
-            for t in &tails {
-                t.error(&e);
-            }
-            tokio::time::sleep(ERROR_PAUSE).await;
+/// An HTTP/2 connection to one node: requests are sent through `client` while the task of the
+/// tailers drives the connection itself.
+#[derive(Clone)]
+struct Conn {
+    ep: Arc<Endpoint>,
+    client: h2::client::SendRequest<Bytes>,
+}
+
+type H2Connection = h2::client::Connection<TcpStream, Bytes>;
+
+/// A connection being made: `(authority, paused first, the connection)`.
+type Dialed = (String, bool, Result<(Conn, H2Connection), String>);
+
+/// Where one task's tailers are served, and its HTTP/2 connections there: one to the bench's
+/// endpoint, and one to each node a 307 sent a tailer's stream to (its owner in a cluster), so
+/// the streams of each node are multiplexed on a connection to that node. Rare events only
+/// (opens, connections); the data frames are read in [`h2_tailers`] itself.
+struct Routes {
+    home: Arc<Endpoint>,
+    /// Per tailer: the owner a redirect sent its stream to, `(authority, stream URL without
+    /// query)`; `None` at the bench's endpoint. A stream that fails (its owner may have died or
+    /// handed it over) goes back to the endpoint, which redirects again if need be.
+    owner: Vec<Option<(String, String)>>,
+    /// Per tailer: redirects followed since its last opened response.
+    hops: Vec<usize>,
+    conns: HashMap<String, Conn>,
+    /// Tailers waiting for a connection being made, with whether their open pauses first.
+    waiting: HashMap<String, Vec<(usize, bool)>>,
+    dialing: FuturesUnordered<BoxFuture<'static, Dialed>>,
+    opening: FuturesUnordered<BoxFuture<'static, (usize, Opened)>>,
+    /// The connections, each ending with its authority.
+    driving: FuturesUnordered<BoxFuture<'static, (String, Result<(), h2::Error>)>>,
+}
+
+impl Routes {
+    fn new(home: Arc<Endpoint>, tailers: usize) -> Routes {
+        Routes {
+            home,
+            owner: vec![None; tailers],
+            hops: vec![0; tailers],
+            conns: HashMap::new(),
+            waiting: HashMap::new(),
+            dialing: FuturesUnordered::new(),
+            opening: FuturesUnordered::new(),
+            driving: FuturesUnordered::new(),
         }
+    }
+
+    /// (Re)opens tailer `i`'s stream where it is served, after a pause if `pause`: on the
+    /// connection there, or once one is made.
+    fn open(&mut self, tail: &SseTail, i: usize, pause: bool) {
+        let (authority, url) = match &self.owner[i] {
+            None => (self.home.authority().to_string(), tail.request_url()),
+            Some((authority, stream)) => (authority.clone(), tail.request_url_at(stream)),
+        };
+        if let Some(conn) = self.conns.get(&authority) {
+            self.opening
+                .push(Box::pin(open(conn.clone(), url, i, pause)));
+            return;
+        }
+        let waiters = self.waiting.entry(authority.clone()).or_default();
+        if waiters.is_empty() {
+            self.dialing
+                .push(Box::pin(dial(self.home.clone(), authority, pause)));
+        }
+        waiters.push((i, pause));
+    }
+
+    /// Tailer `i`'s stream failed: it is asked for at the bench's endpoint again.
+    fn lost(&mut self, i: usize) {
+        self.owner[i] = None;
+        self.hops[i] = 0;
+    }
+
+    /// A 307 to `url` on `authority`: the next open goes there, unless it is one hop too many
+    /// (then the error is returned).
+    fn moved(&mut self, i: usize, authority: String, url: String) -> Result<(), String> {
+        if self.hops[i] >= MAX_REDIRECTS {
+            self.lost(i);
+            return Err(format!(
+                "read: more than {MAX_REDIRECTS} redirects to {url}"
+            ));
+        }
+        self.hops[i] += 1;
+        let stream = url.split_once('?').map_or(url.as_str(), |(s, _)| s);
+        self.owner[i] = Some((authority, stream.to_string()));
+        Ok(())
     }
 }
 
-/// What opening a stream gave: `(encoding header, body)` of a successful response; the
-/// status and the server's message otherwise.
-type Opened = Result<(Option<Vec<u8>>, h2::RecvStream), String>;
-
-/// Most of an error response's body kept for the message.
-const ERROR_BODY: usize = 1024;
-
-async fn open(
-    client: h2::client::SendRequest<Bytes>,
-    req: Result<Request<()>, String>,
-    i: usize,
-    pause: bool,
-) -> (usize, Opened) {
+/// A connection to `authority` (the bench's endpoint, or a node a redirect named, reached with
+/// the endpoint's token), after a pause if `pause`.
+async fn dial(home: Arc<Endpoint>, authority: String, pause: bool) -> Dialed {
     if pause {
         tokio::time::sleep(ERROR_PAUSE).await;
     }
     let r = async {
-        let mut client = client.ready().await.map_err(|e| format!("h2: {e}"))?;
+        let ep = if authority == home.authority() {
+            home
+        } else {
+            Arc::new(home.at(&authority).await?)
+        };
+        let tcp = ep.connect().await?;
+        let (client, conn) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONN_WINDOW)
+            .handshake::<_, Bytes>(tcp)
+            .await
+            .map_err(|e| format!("h2 handshake: {e}"))?;
+        Ok((Conn { ep, client }, conn))
+    };
+    let r = r.await;
+    (authority, pause, r)
+}
+
+/// Tailers sharing HTTP/2 connections, until the bench aborts them: each stream is opened at
+/// the bench's endpoint and, if that answers 307, on a connection to the node it points at
+/// (one per node, made on first use). A stream that ends is reopened where it was served; one
+/// that fails (its connection lost, an error status) counts one error and is reopened at the
+/// endpoint after a pause.
+pub async fn h2_tailers(ep: Arc<Endpoint>, mut tails: Vec<SseTail>) {
+    let mut routes = Routes::new(ep, tails.len());
+    for (i, t) in tails.iter().enumerate() {
+        routes.open(t, i, false);
+    }
+    let mut reading = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some((authority, r)) = routes.driving.next(), if !routes.driving.is_empty() => {
+                // The connection is gone and every stream on it fails (h2 ends them when the
+                // connection is dropped): each tailer counts its own error below.
+                routes.conns.remove(&authority);
+                if let Err(e) = r {
+                    tracing::debug!(%authority, error = %e, "bench h2 connection ended");
+                }
+            }
+            Some((authority, paused, r)) = routes.dialing.next(), if !routes.dialing.is_empty() => {
+                let waiters = routes.waiting.remove(&authority).unwrap_or_default();
+                match r {
+                    Ok((conn, driver)) => {
+                        routes.conns.insert(authority.clone(), conn);
+                        routes.driving.push(Box::pin(async move { (authority, driver.await) }));
+                        for (i, pause) in waiters {
+                            routes.open(&tails[i], i, pause && !paused);
+                        }
+                    }
+                    Err(e) => {
+                        for (i, _) in waiters {
+                            tails[i].error(&e);
+                            routes.lost(i);
+                            routes.open(&tails[i], i, true);
+                        }
+                    }
+                }
+            }
+            Some((i, r)) = routes.opening.next(), if !routes.opening.is_empty() => {
+                let t = &mut tails[i];
+                match r {
+                    Ok(Open::Stream(enc, recv)) => {
+                        routes.hops[i] = 0;
+                        t.opened(enc.as_deref());
+                        reading.push(next(i, recv));
+                    }
+                    Ok(Open::Moved(authority, url)) => match routes.moved(i, authority, url) {
+                        Ok(()) => routes.open(t, i, false),
+                        Err(e) => {
+                            t.error(&e);
+                            routes.open(t, i, true);
+                        }
+                    },
+                    Err(e) => {
+                        t.error(&e);
+                        routes.lost(i);
+                        routes.open(t, i, true);
+                    }
+                }
+            }
+            Some((i, recv, d)) = reading.next(), if !reading.is_empty() => {
+                let t = &mut tails[i];
+                match d {
+                    Some(Ok(bytes)) => match t.feed(&bytes) {
+                        Ok(()) => reading.push(next(i, recv)),
+                        Err(e) => {
+                            // Dropping `recv` resets the stream.
+                            t.error(&e);
+                            routes.lost(i);
+                            routes.open(t, i, true);
+                        }
+                    },
+                    // The server ended the response: reopen from the last position where it
+                    // was served (after a pause if it delivered nothing).
+                    None => {
+                        let pause = t.got_nothing();
+                        routes.open(t, i, pause);
+                    }
+                    Some(Err(e)) => {
+                        t.error(&format!("h2 body: {e}"));
+                        routes.lost(i);
+                        routes.open(t, i, true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What opening a stream gave: a successful response's encoding header and body, or the
+/// owner a 307/308 points at.
+enum Open {
+    Stream(Option<Vec<u8>>, h2::RecvStream),
+    /// `(authority, absolute URL)` of the redirect's target.
+    Moved(String, String),
+}
+
+/// What opening a stream gave; an error status with the server's message.
+type Opened = Result<Open, String>;
+
+/// Most of an error response's body kept for the message.
+const ERROR_BODY: usize = 1024;
+
+async fn open(conn: Conn, url: String, i: usize, pause: bool) -> (usize, Opened) {
+    if pause {
+        tokio::time::sleep(ERROR_PAUSE).await;
+    }
+    let r = async {
+        let req = conn.ep.request(&url, (), false)?;
+        let mut client = conn.client.ready().await.map_err(|e| format!("h2: {e}"))?;
         let (resp, _) = client
-            .send_request(req?, true)
+            .send_request(req, true)
             .map_err(|e| format!("h2 request: {e}"))?;
         let resp = resp.await.map_err(|e| format!("h2 response: {e}"))?;
         let status = resp.status();
+        if is_redirect(status) {
+            // Dropping the body resets the stream.
+            let (authority, next) = redirect_target(&url, resp.headers().get(LOCATION))?;
+            return Ok(Open::Moved(authority, next));
+        }
         let enc = encoding(resp.headers()).map(<[u8]>::to_vec);
         let mut body = resp.into_body();
         if !status.is_success() {
@@ -348,7 +552,7 @@ async fn open(
                 String::from_utf8_lossy(&text).trim()
             ));
         }
-        Ok((enc, body))
+        Ok(Open::Stream(enc, body))
     };
     (i, r.await)
 }
@@ -396,72 +600,6 @@ async fn next(
         let _ = recv.flow_control().release_capacity(b.len());
     }
     (i, recv, d)
-}
-
-/// One connection's life: open every tailer's stream, then feed each data frame to its tailer.
-/// A stream that ends or fails is reopened; the connection ending, cleanly or not, ends the
-/// session with an error.
-async fn h2_session(ep: &Endpoint, tails: &mut [SseTail]) -> Result<(), String> {
-    let tcp = ep.connect().await?;
-    let (client, conn) = h2::client::Builder::new()
-        .initial_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONN_WINDOW)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .map_err(|e| format!("h2 handshake: {e}"))?;
-    let mut conn = std::pin::pin!(conn);
-    let req = |t: &SseTail| ep.request(&t.request_url(), (), false);
-    let mut opening = FuturesUnordered::new();
-    for (i, t) in tails.iter().enumerate() {
-        opening.push(open(client.clone(), req(t), i, false));
-    }
-    let mut reading = FuturesUnordered::new();
-    loop {
-        tokio::select! {
-            biased;
-            r = conn.as_mut() => {
-                // Every tailer always has a stream open or opening, so the connection's end
-                // cuts them all. h2 reports a bare EOF (a server that died, a reset) as `Ok`.
-                return Err(match r {
-                    Ok(()) => "h2 connection closed".to_string(),
-                    Err(e) => format!("h2 connection: {e}"),
-                });
-            }
-            Some((i, r)) = opening.next(), if !opening.is_empty() => {
-                let t = &mut tails[i];
-                match r {
-                    Ok((enc, recv)) => {
-                        t.opened(enc.as_deref());
-                        reading.push(next(i, recv));
-                    }
-                    Err(e) => {
-                        t.error(&e);
-                        opening.push(open(client.clone(), req(t), i, true));
-                    }
-                }
-            }
-            Some((i, recv, d)) = reading.next(), if !reading.is_empty() => {
-                let t = &mut tails[i];
-                match d {
-                    Some(Ok(bytes)) => match t.feed(&bytes) {
-                        Ok(()) => reading.push(next(i, recv)),
-                        Err(e) => {
-                            // Dropping `recv` resets the stream.
-                            t.error(&e);
-                            opening.push(open(client.clone(), req(t), i, true));
-                        }
-                    },
-                    // The server ended the response: reopen from the last position (after a
-                    // pause if it delivered nothing).
-                    None => opening.push(open(client.clone(), req(t), i, t.got_nothing())),
-                    Some(Err(e)) => {
-                        t.error(&format!("h2 body: {e}"));
-                        opening.push(open(client.clone(), req(t), i, true));
-                    }
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -540,7 +678,7 @@ mod tests {
                 .unwrap(),
         );
         let tails = (0..3).map(|i| SseTail::new(ctx.clone(), i)).collect();
-        let task = tokio::spawn(h2_tailers(ctx.clone(), ep, tails));
+        let task = tokio::spawn(h2_tailers(ep, tails));
         let errors = || ctx.counters.snapshot_all().read_errors;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while errors() == 0 && std::time::Instant::now() < deadline {
@@ -587,6 +725,136 @@ mod tests {
         );
         assert!(second.contains(&format!("host: {owner}")), "{second}");
         assert!(second.contains("authorization: bearer t0ken"), "{second}");
+    }
+
+    /// What an HTTP/2 fake server saw: connections accepted, and each request's
+    /// `(connection number, path and query, authorization)`.
+    #[derive(Default)]
+    struct Seen {
+        connections: AtomicUsize,
+        requests: std::sync::Mutex<Vec<(usize, String, String)>>,
+    }
+
+    impl Seen {
+        fn requests(&self) -> Vec<(usize, String, String)> {
+            self.requests.lock().unwrap().clone()
+        }
+    }
+
+    /// An HTTP/2 server on 127.0.0.1 answering each request with `answer(path and query)`
+    /// (headers only, the response held open); the first connection is dropped after
+    /// `drop_first_after` requests, without a GOAWAY, if given.
+    async fn h2_server(
+        answer: impl Fn(&str) -> hyper::Response<()> + Send + Sync + 'static,
+        drop_first_after: Option<usize>,
+    ) -> (SocketAddr, Arc<Seen>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Seen::default());
+        let answer = Arc::new(answer);
+        let counted = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let conn_no = counted.connections.fetch_add(1, Ordering::SeqCst);
+                let limit = drop_first_after.filter(|_| conn_no == 0);
+                let (seen, answer) = (counted.clone(), answer.clone());
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    let mut held = Vec::new();
+                    while limit.is_none_or(|n| held.len() < n) {
+                        let Some(Ok((req, mut respond))) = conn.accept().await else {
+                            return;
+                        };
+                        let pq = req.uri().path_and_query().unwrap().to_string();
+                        let auth = req
+                            .headers()
+                            .get(AUTHORIZATION)
+                            .map(|v| v.to_str().unwrap().to_string())
+                            .unwrap_or_default();
+                        seen.requests
+                            .lock()
+                            .unwrap()
+                            .push((conn_no, pq.clone(), auth));
+                        held.push(respond.send_response(answer(&pq), false).unwrap());
+                    }
+                    let _ = tokio::time::timeout(Duration::from_millis(20), conn.accept()).await;
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    /// Waits (10 s at most) until `done`.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// HTTP/2 SSE readers answered 307 by a node that does not own their stream open it on the
+    /// owner, all on one connection there and with the token (a 307 used to count as a read
+    /// error). When the owner's connection is lost, each counts one error and asks the
+    /// endpoint again, which redirects again.
+    #[tokio::test]
+    async fn h2_readers_follow_a_307_to_the_owner_on_one_connection_there() {
+        let (owner, at_owner) = h2_server(
+            |_| {
+                hyper::Response::builder()
+                    .status(200)
+                    .header("content-type", "text/event-stream")
+                    .body(())
+                    .unwrap()
+            },
+            Some(3),
+        )
+        .await;
+        let (other, at_other) = h2_server(
+            move |pq| {
+                hyper::Response::builder()
+                    .status(307)
+                    .header("location", format!("http://{owner}{pq}"))
+                    .body(())
+                    .unwrap()
+            },
+            None,
+        )
+        .await;
+        let ctx = super::super::reader::test_ctx(Protocol::Ds);
+        let ep = Arc::new(
+            Endpoint::resolve(&format!("http://{other}"), Some("t0ken"))
+                .await
+                .unwrap(),
+        );
+        let tails = (0..3).map(|i| SseTail::new(ctx.clone(), i)).collect();
+        let task = tokio::spawn(h2_tailers(ep, tails));
+        until("3 readers connected on the owner", || {
+            ctx.readers_connected.load(Ordering::Relaxed) == 3
+        })
+        .await;
+        let opened = at_owner.requests();
+        assert_eq!(opened.len(), 3, "{opened:?}");
+        for (conn, pq, auth) in &opened {
+            assert_eq!(*conn, 0, "one connection to the owner: {opened:?}");
+            assert_eq!(pq, "/v1/stream/s?offset=now&live=sse");
+            assert_eq!(auth, "Bearer t0ken");
+        }
+        assert_eq!(at_other.requests().len(), 3);
+        assert_eq!(ctx.counters.snapshot_all().read_errors, 0);
+        // The owner's first connection drops: one error each, then the endpoint again (after
+        // the pause) and a new connection to the owner.
+        until("the endpoint asked again", || {
+            at_other.requests().len() == 6
+        })
+        .await;
+        until("reopened on the owner", || at_owner.requests().len() == 6).await;
+        task.abort();
+        assert_eq!(ctx.counters.snapshot_all().read_errors, 3);
+        assert!(at_owner.requests()[3..].iter().all(|(conn, ..)| *conn == 1));
+        assert_eq!(at_other.connections.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]

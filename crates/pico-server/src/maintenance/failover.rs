@@ -360,38 +360,16 @@ mod tests {
     /// Nodes 1 (epoch 11) and 2 (epoch 12) on one metadata log, bucket and WAL store, loops
     /// stopped, uploads only on demand (acknowledged appends stay in the WAL).
     async fn cluster(clock: &Arc<ManualClock>, wals: &Arc<Wals>) -> (Node, Node) {
-        let meta = MetaLog::open(
-            "sqlite::memory:",
-            MetaLogOptions {
-                clock: clock.clone(),
-                ..MetaLogOptions::default()
-            },
-        )
-        .await
-        .unwrap();
-        assert!(wals.meta.set(meta.clone()).is_ok());
-        let data: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-        let mut nodes = Vec::new();
-        for id in [1u32, 2] {
-            let config = NodeConfig {
-                node_id: id,
-                node_epoch: 10 + u64::from(id),
-                advertised_url: format!("http://127.0.0.1:{}", 4000 + id),
-                clock: clock.clone(),
-                peer_wals: Some(wals.clone()),
-                ..NodeConfig::default()
-            };
-            let wal = Arc::new(ObjectWal::new(wals.storage.clone(), format!("wal/{id}")));
-            let node = Node::start(config, meta.clone(), data.clone(), wal, uploads_on_demand())
-                .await
-                .unwrap();
-            for task in node.inner.tasks.lock().unwrap().drain(..) {
-                task.abort();
-            }
-            nodes.push(node);
-        }
-        let b = nodes.pop().unwrap();
-        let a = nodes.pop().unwrap();
+        let (a, b) = two_nodes_with(clock, |id| Parts {
+            wal: Some(Arc::new(ObjectWal::new(
+                wals.storage.clone(),
+                format!("wal/{id}"),
+            ))),
+            engine: uploads_on_demand(),
+            peer_wals: Some(wals.clone()),
+        })
+        .await;
+        assert!(wals.meta.set(a.meta().clone()).is_ok());
         (a, b)
     }
 
@@ -409,24 +387,11 @@ mod tests {
     }
 
     async fn values(node: &Node, n: &str) -> Vec<(u64, String)> {
-        node.read(ReadRequest {
-            name: name(n),
-            from: ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap()
-        .records
-        .into_iter()
-        .map(|r| {
-            (
-                r.offset,
-                String::from_utf8(r.record.value.to_vec()).unwrap(),
-            )
-        })
-        .collect()
+        let values = crate::testing::read_values(node, n).await;
+        values
+            .into_iter()
+            .map(|(offset, v)| (offset, String::from_utf8(v.to_vec()).unwrap()))
+            .collect()
     }
 
     /// One second of the survivor's loops: heartbeat, lease, liveness, failover.

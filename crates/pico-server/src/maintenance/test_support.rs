@@ -127,6 +127,14 @@ pub(super) fn owned(node: &Node, ids: &[u64]) -> usize {
 /// Two nodes (ids 1 and 2, advertised at ports 4001 and 4002, epochs 11 and 12) on one
 /// metadata log and one bucket, on `clock`, their loops stopped. Node 1 started first.
 pub(crate) async fn two_nodes(clock: &Arc<pico_common::clock::ManualClock>) -> (Node, Node) {
+    two_nodes_with(clock, |_| Parts::default()).await
+}
+
+/// [`two_nodes`], each started with `parts(id)`.
+pub(crate) async fn two_nodes_with(
+    clock: &Arc<pico_common::clock::ManualClock>,
+    parts: impl Fn(u32) -> Parts,
+) -> (Node, Node) {
     let meta = MetaLog::open(
         "sqlite::memory:",
         MetaLogOptions {
@@ -140,11 +148,22 @@ pub(crate) async fn two_nodes(clock: &Arc<pico_common::clock::ManualClock>) -> (
     let mut nodes = Vec::new();
     for id in [1u32, 2] {
         let url = format!("http://127.0.0.1:{}", 4000 + id);
-        nodes.push(process_on(&meta, &data, clock, id, 10 + u64::from(id), &url).await);
+        let epoch = 10 + u64::from(id);
+        nodes.push(process_with(&meta, &data, clock, (id, epoch, &url), parts(id)).await);
     }
     let b = nodes.pop().unwrap();
     let a = nodes.pop().unwrap();
     (a, b)
+}
+
+/// What a test process runs on besides the shared log and bucket.
+#[derive(Default)]
+pub(crate) struct Parts {
+    /// Its WAL; `None`: one of its own, in memory.
+    pub wal: Option<Arc<dyn s3stream::Wal>>,
+    pub engine: EngineConfig,
+    /// How it opens other nodes' WALs (failover).
+    pub peer_wals: Option<Arc<dyn crate::config::PeerWals>>,
 }
 
 /// A process of node `id` at `epoch` on `meta` and `data` (a WAL of its own), on `clock`, its
@@ -157,27 +176,35 @@ pub(crate) async fn process_on(
     epoch: u64,
     url: &str,
 ) -> Node {
+    process_with(meta, data, clock, (id, epoch, url), Parts::default()).await
+}
+
+/// [`process_on`] with its `parts`; `who` is `(id, epoch, advertised URL)`.
+pub(crate) async fn process_with(
+    meta: &MetaLog,
+    data: &Arc<dyn ObjectStorage>,
+    clock: &Arc<pico_common::clock::ManualClock>,
+    (id, epoch, url): (u32, u64, &str),
+    parts: Parts,
+) -> Node {
     let config = NodeConfig {
         node_id: id,
         node_epoch: epoch,
         advertised_url: url.to_string(),
         clock: clock.clone(),
         lease_ttl: Duration::from_secs(10),
+        peer_wals: parts.peer_wals,
         ..NodeConfig::default()
     };
-    let wal = Arc::new(ObjectWal::new(
-        Arc::new(MemoryStorage::new()),
-        "wal".to_string(),
-    ));
-    let node = Node::start(
-        config,
-        meta.clone(),
-        data.clone(),
-        wal,
-        EngineConfig::default(),
-    )
-    .await
-    .unwrap();
+    let wal = parts.wal.unwrap_or_else(|| {
+        Arc::new(ObjectWal::new(
+            Arc::new(MemoryStorage::new()),
+            "wal".to_string(),
+        ))
+    });
+    let node = Node::start(config, meta.clone(), data.clone(), wal, parts.engine)
+        .await
+        .unwrap();
     for task in node.inner.tasks.lock().unwrap().drain(..) {
         task.abort();
     }

@@ -84,7 +84,7 @@ pub(crate) struct Inner {
     /// ([`Node::fenced_by_failover`]).
     pub(crate) fenced_by_failover: tokio::sync::watch::Sender<bool>,
     pub(crate) tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    pub(crate) events: tokio::sync::broadcast::Sender<StreamEvent>,
+    pub(crate) events: crate::subscriptions::StreamEvents,
     /// Expired streams whose background removal is in flight.
     pub(crate) removing: Arc<std::sync::Mutex<HashSet<u64>>>,
     /// Live transfers this process takes part in (`transfer`).
@@ -256,7 +256,7 @@ impl Node {
                 liveness: Default::default(),
                 fenced_by_failover: tokio::sync::watch::Sender::new(false),
                 tasks: std::sync::Mutex::new(Vec::new()),
-                events: tokio::sync::broadcast::channel(EVENT_CAPACITY).0,
+                events: crate::subscriptions::StreamEvents::new(EVENT_CAPACITY),
                 removing: Arc::default(),
                 transfers: Default::default(),
             }),

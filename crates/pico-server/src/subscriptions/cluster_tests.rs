@@ -10,10 +10,12 @@ use pico_common::StreamName;
 use pico_common::clock::ManualClock;
 use pico_protocol::Record as DataRecord;
 use serde_json::{Value, json};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::*;
 use crate::maintenance::{lease_pass, release_lease};
+use crate::subscriptions::test_support::{Scripted, create_stream, eventually};
+use crate::testing::read_json;
 
 const ROOT: &str = "http://127.0.0.1:4001/v1/stream/__ds";
 
@@ -25,34 +27,14 @@ async fn two_nodes(clock: &Arc<ManualClock>) -> (Node, Node) {
     (a, b)
 }
 
-/// A receiver answering every request the same way and reporting each body.
-struct Recorder {
-    answer: Delivered,
-    bodies: UnboundedSender<Value>,
-}
-
-#[async_trait::async_trait]
-impl WebhookSender for Recorder {
-    async fn send(&self, _url: &str, _signature: String, body: Vec<u8>) -> Delivered {
-        let _ = self
-            .bodies
-            .send(serde_json::from_slice(&body).unwrap_or(Value::Null));
-        self.answer.clone()
-    }
-}
-
 /// A manager on `node` with its timer and event follower running, and what it sends.
 fn manager(
     node: &Node,
     clock: &Arc<ManualClock>,
     answer: Delivered,
 ) -> (Arc<Manager>, UnboundedReceiver<Value>) {
-    let (bodies, sent) = unbounded_channel();
-    let mgr = Arc::new(Manager::with(
-        node.clone(),
-        clock.clone(),
-        Arc::new(Recorder { answer, bodies }),
-    ));
+    let (receiver, sent) = Scripted::new(vec![answer]);
+    let mgr = Arc::new(Manager::with(node.clone(), clock.clone(), receiver));
     mgr.ensure_background();
     (mgr, sent)
 }
@@ -64,27 +46,6 @@ fn webhook(pattern: &str) -> Config {
         true,
     )
     .unwrap()
-}
-
-async fn create_stream(node: &Node, name: &str) {
-    node.create(crate::CreateRequest {
-        name: StreamName::parse(name).unwrap(),
-        config: crate::CreateConfig::default(),
-        initial: vec![DataRecord::from_value(b"1".to_vec())],
-    })
-    .await
-    .unwrap();
-}
-
-/// Waits (bounded) for work on other tasks.
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..2_000 {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("never happened: {what}");
 }
 
 /// The clock with the sleepers that are not manager timers (the nodes' own), counted before
@@ -146,27 +107,65 @@ impl Timers {
     }
 }
 
+/// Waits until subscription `id`, as stored in the log, satisfies `ok`.
+async fn stored_until(mgr: &Manager, id: &str, what: &str, ok: impl Fn(&Sub) -> bool) {
+    eventually(what, || mgr.store.load_one(id).is_some_and(|s| ok(&s))).await;
+}
+
+/// Two nodes whose holder (A) failed its first webhook: subscription `id` on `pattern`,
+/// woken by creating `stream` on A, with the failure and its retry time stored.
+struct FailedOnA {
+    clock: Arc<ManualClock>,
+    a: Node,
+    b: Node,
+    timers: Timers,
+    mgr_a: Arc<Manager>,
+    sent_a: UnboundedReceiver<Value>,
+    /// The webhook A sent.
+    first: Value,
+}
+
+async fn failed_on_a(id: &str, pattern: &str, stream: &str) -> FailedOnA {
+    let clock = ManualClock::new(1_000_000);
+    let (a, b) = two_nodes(&clock).await;
+    let timers = Timers::new(&clock);
+    let (mgr_a, mut sent_a) = manager(&a, &clock, Delivered::Failed("down".into()));
+    assert!(mgr_a.upsert(id, webhook(pattern), ROOT).await.is_ok());
+    create_stream(&a, stream).await;
+    let first = sent_a.recv().await.unwrap();
+    assert_eq!(first["generation"], 1);
+    // The failure and its retry time are stored, where any node reads them.
+    stored_until(&mgr_a, id, "the failed attempt is stored", |s| {
+        s.rec.status == crate::subscriptions::model::Status::Failed
+            && s.rec.retry_count == 1
+            && s.rec.next_attempt_at_ms.is_some()
+    })
+    .await;
+    FailedOnA {
+        clock,
+        a,
+        b,
+        timers,
+        mgr_a,
+        sent_a,
+        first,
+    }
+}
+
 /// Only the holder delivers; a change on the other node is refused with the holder's URL; the
 /// holder's death moves delivery to the other node, which resumes the wake its predecessor
 /// left pending (the same wake id: at least once across a handover) and delivers new work.
 #[tokio::test]
 async fn only_the_holder_delivers_and_the_next_holder_resumes_its_pending_wake() {
-    let clock = ManualClock::new(1_000_000);
-    let (a, b) = two_nodes(&clock).await;
-    let timers = Timers::new(&clock);
-    let (mgr_a, mut sent_a) = manager(&a, &clock, Delivered::Failed("down".into()));
-    assert!(mgr_a.upsert("s", webhook("c/*"), ROOT).await.is_ok());
-    create_stream(&a, "c/1").await;
-    let first = sent_a.recv().await.unwrap();
-    assert_eq!(first["generation"], 1);
-    // The failure and its retry time are stored, where any node reads them.
-    eventually("the failed attempt is stored", || {
-        mgr_a.store.load_one("s").is_some_and(|s| {
-            s.rec.status == crate::subscriptions::model::Status::Failed
-                && s.rec.next_attempt_at_ms.is_some()
-        })
-    })
-    .await;
+    let FailedOnA {
+        clock,
+        a,
+        b,
+        timers,
+        mgr_a,
+        mut sent_a,
+        first,
+    } = failed_on_a("s", "c/*", "c/1").await;
     // B's manager starts with the subscription and its due retry in the log.
     let (mgr_b, mut sent_b) = manager(&b, &clock, Delivered::Accepted { done: true });
     let refused = mgr_b.upsert("t", webhook("c/*"), ROOT).await;
@@ -184,11 +183,8 @@ async fn only_the_holder_delivers_and_the_next_holder_resumes_its_pending_wake()
     assert_eq!(retry["wake_id"], first["wake_id"]);
     timers.passes(&[&mgr_a, &mgr_b], 5).await;
     assert!(sent_b.try_recv().is_err(), "the non-holder delivered");
-    eventually("the second failure is stored", || {
-        mgr_a
-            .store
-            .load_one("s")
-            .is_some_and(|s| s.rec.retry_count == 2)
+    stored_until(&mgr_a, "s", "the second failure is stored", |s| {
+        s.rec.retry_count == 2
     })
     .await;
 
@@ -205,11 +201,8 @@ async fn only_the_holder_delivers_and_the_next_holder_resumes_its_pending_wake()
         "the pending wake resumed"
     );
     assert_eq!(resumed["generation"], 1);
-    eventually("B's delivery finished the wake", || {
-        mgr_b
-            .store
-            .load_one("s")
-            .is_some_and(|s| s.rec.wake.is_none())
+    stored_until(&mgr_b, "s", "B's delivery finished the wake", |s| {
+        s.rec.wake.is_none()
     })
     .await;
 
@@ -245,21 +238,16 @@ async fn only_the_holder_delivers_and_the_next_holder_resumes_its_pending_wake()
 /// and, at its next timer pass, delivers the wake issued by the first.
 #[tokio::test]
 async fn a_released_lease_moves_delivery_at_once() {
-    let clock = ManualClock::new(1_000_000);
-    let (a, b) = two_nodes(&clock).await;
-    let timers = Timers::new(&clock);
-    let (mgr_a, mut sent_a) = manager(&a, &clock, Delivered::Failed("down".into()));
-    let (mgr_b, mut sent_b) = manager(&b, &clock, Delivered::Accepted { done: false });
-    assert!(mgr_a.upsert("r", webhook("d/*"), ROOT).await.is_ok());
-    create_stream(&a, "d/1").await;
-    let first = sent_a.recv().await.unwrap();
-    eventually("the failed attempt is stored", || {
-        mgr_a
-            .store
-            .load_one("r")
-            .is_some_and(|s| s.rec.next_attempt_at_ms.is_some() && s.rec.retry_count == 1)
-    })
-    .await;
+    let FailedOnA {
+        clock: _,
+        a,
+        b,
+        timers,
+        mgr_a,
+        mut sent_a,
+        first,
+    } = failed_on_a("r", "d/*", "d/1").await;
+    let (mgr_b, mut sent_b) = manager(&b, &timers.clock, Delivered::Accepted { done: false });
     release_lease(&a).await;
     lease_pass(b.clone()).await;
     assert!(b.holds_maintenance_lease() && !a.holds_maintenance_lease());
@@ -278,24 +266,6 @@ fn pull_wake(pattern: &str, wake_stream: &str) -> Config {
         true,
     )
     .unwrap()
-}
-
-/// Every record of `name` as read on `node`, as JSON.
-async fn records(node: &Node, name: &str) -> Vec<Value> {
-    let out = node
-        .read(crate::ReadRequest {
-            name: StreamName::parse(name).unwrap(),
-            from: crate::ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap();
-    out.records
-        .iter()
-        .map(|r| serde_json::from_slice(&r.record.value).unwrap_or(Value::Null))
-        .collect()
 }
 
 fn routed_keys(node: &Node) -> usize {
@@ -325,20 +295,14 @@ async fn a_wake_event_for_a_stream_another_node_owns_is_written_by_its_owner() {
     let (mgr_b, _) = manager(&b, &clock, Delivered::Accepted { done: true });
     assert!(mgr_a.upsert("p", pull_wake("q/*", "w"), ROOT).await.is_ok());
     create_stream(&a, "q/1").await;
-    eventually("the wake is issued", || {
-        mgr_a
-            .store
-            .load_one("p")
-            .is_some_and(|s| s.rec.generation == 1)
-    })
-    .await;
+    stored_until(&mgr_a, "p", "the wake is issued", |s| s.rec.generation == 1).await;
     for _ in 0..30 {
-        if records(&b, "w").await.len() == 2 {
+        if read_json(&b, "w").await.len() == 2 {
             break;
         }
         timers.passes(&[&mgr_a, &mgr_b], 1).await;
     }
-    let got = records(&b, "w").await;
+    let got = read_json(&b, "w").await;
     assert_eq!(got.len(), 2, "the event was not written: {got:?}");
     assert_eq!(got[1]["type"], "wake");
     assert_eq!(got[1]["subscription_id"], "p");
@@ -372,10 +336,8 @@ async fn the_rescan_sees_a_stream_re_created_elsewhere_under_the_same_name() {
     b.inner.engine.flush().await.unwrap();
     let first = timers.next_sent(&[&mgr_a], &mut sent).await;
     assert_eq!(first["generation"], 1);
-    eventually("the wake is done, acked at 3", || {
-        mgr_a.store.load_one("s").is_some_and(|s| {
-            s.rec.wake.is_none() && s.links.get("e/1").is_some_and(|l| l.acked == Some(3))
-        })
+    stored_until(&mgr_a, "s", "the wake is done, acked at 3", |s| {
+        s.rec.wake.is_none() && s.links.get("e/1").is_some_and(|l| l.acked == Some(3))
     })
     .await;
     // Deleted and re-created on B with fewer records than the cursor.
@@ -399,21 +361,14 @@ async fn the_rescan_sees_a_stream_re_created_elsewhere_under_the_same_name() {
 /// no webhook on it: the delivery reads the lease row first.
 #[tokio::test]
 async fn a_superseded_holder_sends_nothing_once_the_row_names_its_successor() {
-    let clock = ManualClock::new(1_000_000);
-    let (a, _b) = two_nodes(&clock).await;
-    let timers = Timers::new(&clock);
-    let (mgr_a, mut sent_a) = manager(&a, &clock, Delivered::Failed("down".into()));
-    assert!(mgr_a.upsert("s", webhook("f/*"), ROOT).await.is_ok());
-    create_stream(&a, "f/1").await;
-    let first = sent_a.recv().await.unwrap();
-    assert_eq!(first["generation"], 1);
-    eventually("the failed attempt is stored", || {
-        mgr_a
-            .store
-            .load_one("s")
-            .is_some_and(|s| s.rec.next_attempt_at_ms.is_some())
-    })
-    .await;
+    let FailedOnA {
+        a,
+        b: _b,
+        timers,
+        mgr_a,
+        mut sent_a,
+        ..
+    } = failed_on_a("s", "f/*", "f/1").await;
     // What `take_from_predecessor` of a process of node 1 at epoch 13 writes.
     let meta = a.meta();
     assert!(meta.release_lease("maintenance", "1/11").await.unwrap());

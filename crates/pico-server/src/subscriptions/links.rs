@@ -12,6 +12,7 @@ use super::effects::Effects;
 use super::error::SubError;
 use super::manager::Manager;
 use super::model::{MAX_LINKS_PER_SUB, StreamView, Sub};
+use super::state;
 use super::wake::AckItem;
 use crate::{ListRequest, ReadError};
 
@@ -90,6 +91,16 @@ impl Manager {
                     "ack references an unlinked stream: {path:?}"
                 )));
             };
+            // Deleted and re-created since the wake was issued: the worker read the old stream,
+            // whose offsets are no cursor for the new one.
+            if sub
+                .rec
+                .wake
+                .as_ref()
+                .is_some_and(|w| !state::same_incarnation(&w.incarnations, path, link))
+            {
+                continue;
+            }
             let offset = match parse_offset(&ack.offset) {
                 Ok(OffsetSpec::At(o)) => o,
                 _ => {

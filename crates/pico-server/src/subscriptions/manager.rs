@@ -124,6 +124,7 @@ impl Manager {
         if !maintenance::held_now(&self.node).await {
             if self.active.swap(false, Ordering::AcqRel) {
                 tracing::info!("maintenance lease lost: subscription delivery stops here");
+                self.node.inner.events.want(false);
             }
             return false;
         }
@@ -132,6 +133,8 @@ impl Manager {
             // Checked again under the lock: one reload per takeover.
             if !self.active.load(Ordering::Acquire) {
                 *subs = self.store.load();
+                // Before the rescan reads the tails (`events`).
+                self.track(&subs);
                 tracing::info!(
                     subscriptions = subs.len(),
                     "durable streams subscriptions loaded: this node delivers them"
@@ -141,6 +144,12 @@ impl Manager {
             }
         }
         true
+    }
+
+    /// Appends send events while this node delivers some subscription (see `events`). Called
+    /// with the state lock held, so concurrent changes set the flag in the order they happened.
+    fn track(&self, subs: &BTreeMap<String, Sub>) {
+        self.node.inner.events.want(!subs.is_empty());
     }
 
     /// [`Manager::delivering`] for a request that changes a subscription: elsewhere, it names
@@ -401,6 +410,8 @@ impl Manager {
                     "this node already has the maximum of {MAX_SUBSCRIPTIONS} subscriptions"
                 )));
             }
+            // Before the tails are read: an append after them sends its event (`events`).
+            self.node.inner.events.want(true);
             let created_at = self.clock.now_ms();
             let mut sub = Sub::new(Record {
                 id: id.to_string(),
@@ -452,6 +463,7 @@ impl Manager {
             {
                 subs.remove(id);
             }
+            self.track(&subs);
             return Err(e);
         }
         Ok(Upserted {
@@ -490,6 +502,8 @@ impl Manager {
             self.lock().entry(id.to_string()).or_insert(removed);
             return Err(e);
         }
+        // Only now: until the delete is stored, an undo may bring the subscription back.
+        self.track(&self.lock());
         Ok(())
     }
 
@@ -899,6 +913,7 @@ async fn run_timers(mgr: Weak<Manager>) {
 mod tests {
     use super::*;
     use crate::subscriptions::links::PRUNE_BATCH;
+    use crate::subscriptions::test_support::{Scripted, create_stream, eventually};
     use pico_common::clock::Clock;
 
     const ROOT: &str = "http://127.0.0.1:4437/v1/stream/__ds";
@@ -913,17 +928,6 @@ mod tests {
 
     async fn manager() -> Arc<Manager> {
         Arc::new(Manager::new(crate::testing::start_test_node().await))
-    }
-
-    async fn create_stream(mgr: &Manager, name: &str) {
-        mgr.node
-            .create(crate::CreateRequest {
-                name: StreamName::parse(name).unwrap(),
-                config: crate::CreateConfig::default(),
-                initial: vec![DataRecord::from_value(b"1".to_vec())],
-            })
-            .await
-            .unwrap();
     }
 
     fn link(explicit: bool) -> Link {
@@ -1008,8 +1012,8 @@ mod tests {
                 sub.links.insert(format!("x/{i}"), link(true));
             }
         }
-        create_stream(&mgr, "g/a").await;
-        create_stream(&mgr, "g/b").await;
+        create_stream(&mgr.node, "g/a").await;
+        create_stream(&mgr.node, "g/b").await;
         let mut subs = mgr.lock();
         let sub = subs.get_mut("s").unwrap();
         let mut fx = Effects::default();
@@ -1022,7 +1026,7 @@ mod tests {
     #[tokio::test]
     async fn links_of_deleted_streams_are_pruned_a_batch_per_tick() {
         let mgr = manager().await;
-        create_stream(&mgr, "g/live").await;
+        create_stream(&mgr.node, "g/live").await;
         assert!(mgr.upsert("s", pull_wake("g/*"), ROOT).await.is_ok());
         assert!(mgr.upsert("t", pull_wake("g/*"), ROOT).await.is_ok());
         let gone = 1_500;
@@ -1080,7 +1084,7 @@ mod tests {
                 subs.insert(more.rec.id.clone(), more);
             }
         }
-        create_stream(&mgr, "g/new").await;
+        create_stream(&mgr.node, "g/new").await;
         mgr.on_append("g/new", 7, 1).await;
         let unstored: Vec<String> = mgr
             .lock()
@@ -1089,6 +1093,70 @@ mod tests {
             .cloned()
             .collect();
         assert!(unstored.is_empty(), "{} links not stored", unstored.len());
+    }
+
+    /// An append sends the node's event (a lock and a task wake) only while a subscription
+    /// exists here: before the first one and after the last one is deleted, nothing is sent.
+    #[tokio::test]
+    async fn appends_send_events_only_while_a_subscription_exists() {
+        use tokio::sync::broadcast::error::TryRecvError;
+        let mgr = manager().await;
+        let mut rx = mgr.node.subscribe_events();
+        create_stream(&mgr.node, "e/1").await;
+        assert_eq!(
+            rx.try_recv(),
+            Err(TryRecvError::Empty),
+            "no subscription yet"
+        );
+        assert!(mgr.upsert("e", pull_wake("e/*"), ROOT).await.is_ok());
+        create_stream(&mgr.node, "e/2").await;
+        let event = rx.try_recv();
+        assert!(
+            matches!(&event, Ok(StreamEvent::Appended { name, .. }) if name.as_str() == "e/2"),
+            "{event:?}"
+        );
+        assert!(mgr.delete("e").await.is_ok());
+        create_stream(&mgr.node, "e/3").await;
+        assert_eq!(
+            rx.try_recv(),
+            Err(TryRecvError::Empty),
+            "the last one was deleted"
+        );
+    }
+
+    /// A pull-wake worker's ack for a stream deleted and re-created under its name since the
+    /// claim is about the old stream: the new one's cursor stays at its start.
+    #[tokio::test]
+    async fn an_ack_for_a_stream_re_created_since_the_claim_moves_nothing() {
+        let mgr = manager().await;
+        assert!(mgr.upsert("p", pull_wake("k/*"), ROOT).await.is_ok());
+        create_stream(&mgr.node, "k/1").await;
+        let claim = mgr.claim("p", "worker").await.unwrap();
+        let name = StreamName::parse("k/1").unwrap();
+        mgr.node.delete(&name).await.unwrap();
+        create_stream(&mgr.node, "k/1").await;
+        // The follower sees the new stream's append: a new incarnation, its cursor reset.
+        let new_id = mgr.stream_id("k/1").unwrap();
+        mgr.on_append("k/1", new_id, 1).await;
+        assert_eq!(mgr.lock()["p"].links["k/1"].acked, None);
+        let req = WakeRequest {
+            wake_id: claim["wake_id"].as_str().map(str::to_string),
+            generation: claim["generation"].as_u64(),
+            acks: vec![crate::subscriptions::AckItem {
+                stream: Some("k/1".into()),
+                path: None,
+                offset: pico_protocol::format_offset(1),
+            }],
+            done: false,
+        };
+        let acked = mgr.ack("p", claim["token"].as_str(), req).await;
+        assert!(acked.is_ok(), "{acked:?}");
+        let links = mgr.lock()["p"].links.clone();
+        assert_eq!(
+            links["k/1"].acked, None,
+            "the old stream's ack moved the new cursor"
+        );
+        assert_eq!(links["k/1"].stream_id, Some(new_id));
     }
 
     /// A change the metadata log refused is not kept: a create is forgotten and a delete
@@ -1113,38 +1181,6 @@ mod tests {
             "{deleted:?}"
         );
         assert!(mgr.get("kept", ROOT).await.is_ok(), "the delete is undone");
-    }
-
-    /// A receiver that answers from a script and reports each request's body.
-    struct Scripted {
-        answers: std::sync::Mutex<Vec<Delivered>>,
-        bodies: tokio::sync::mpsc::UnboundedSender<Value>,
-    }
-
-    #[async_trait::async_trait]
-    impl WebhookSender for Scripted {
-        async fn send(&self, _url: &str, _signature: String, body: Vec<u8>) -> Delivered {
-            let _ = self
-                .bodies
-                .send(serde_json::from_slice(&body).unwrap_or(Value::Null));
-            let mut answers = self.answers.lock().unwrap();
-            if answers.len() > 1 {
-                answers.remove(0)
-            } else {
-                answers[0].clone()
-            }
-        }
-    }
-
-    /// Waits (bounded) for work on other tasks: a delivery's outcome, a timer pass.
-    async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-        for _ in 0..2_000 {
-            if done() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        panic!("never happened: {what}");
     }
 
     /// Moves the manager's clock by `by` once its timer is asleep on it, and waits for the
@@ -1176,25 +1212,31 @@ mod tests {
         assert_eq!(clock.now_ms(), at);
     }
 
-    fn webhook_manager(
-        node: crate::Node,
+    /// Webhook subscription `id` (`config`) on a manager on a manual clock whose receiver
+    /// answers `answers`, its event follower and timer running as in the server, woken by
+    /// creating `stream`: the manager, its clock, what it sends, and the first webhook.
+    async fn first_webhook(
         answers: Vec<Delivered>,
+        id: &str,
+        config: Value,
+        stream: &str,
     ) -> (
         Arc<Manager>,
         Arc<pico_common::clock::ManualClock>,
         tokio::sync::mpsc::UnboundedReceiver<Value>,
+        Value,
     ) {
+        let node = crate::testing::start_test_node().await;
         let clock = pico_common::clock::ManualClock::new(1_000_000);
-        let (bodies, sent) = tokio::sync::mpsc::unbounded_channel();
-        let sender = Arc::new(Scripted {
-            answers: std::sync::Mutex::new(answers),
-            bodies,
-        });
-        (
-            Arc::new(Manager::with(node, clock.clone(), sender)),
-            clock,
-            sent,
-        )
+        let (sender, mut sent) = Scripted::new(answers);
+        let mgr = Arc::new(Manager::with(node, clock.clone(), sender));
+        let config = Config::parse(&config, true).unwrap();
+        assert!(mgr.upsert(id, config, ROOT).await.is_ok());
+        mgr.ensure_background();
+        create_stream(&mgr.node, stream).await;
+        let first = sent.recv().await.unwrap();
+        assert_eq!(first["generation"], 1);
+        (mgr, clock, sent, first)
     }
 
     /// The retry schedule runs on the manager's clock, and so does its timer: a failed
@@ -1202,25 +1244,16 @@ mod tests {
     /// clock passes its backoff, then exactly once. No real time needs to pass.
     #[tokio::test]
     async fn a_failed_delivery_is_retried_once_the_clock_passes_its_backoff() {
-        let node = crate::testing::start_test_node().await;
-        let (mgr, clock, mut sent) = webhook_manager(
-            node,
+        let (mgr, clock, mut sent, first) = first_webhook(
             vec![
                 Delivered::Failed("refused".into()),
                 Delivered::Accepted { done: false },
             ],
-        );
-        let config = Config::parse(
-            &json!({"type": "webhook", "pattern": "r/*", "webhook": {"url": "http://127.0.0.1:9/hook"}}),
-            true,
+            "r",
+            json!({"type": "webhook", "pattern": "r/*", "webhook": {"url": "http://127.0.0.1:9/hook"}}),
+            "r/1",
         )
-        .unwrap();
-        assert!(mgr.upsert("r", config, ROOT).await.is_ok());
-        // The event follower and the timer run as in the server.
-        mgr.ensure_background();
-        create_stream(&mgr, "r/1").await;
-        let first = sent.recv().await.unwrap();
-        assert_eq!(first["generation"], 1);
+        .await;
         let failed = || {
             let subs = mgr.lock();
             let sub = &subs["r"];
@@ -1249,20 +1282,14 @@ mod tests {
     /// the next generation.
     #[tokio::test]
     async fn a_lease_expires_on_the_clock_and_the_wake_is_reissued() {
-        let node = crate::testing::start_test_node().await;
-        let (mgr, clock, mut sent) =
-            webhook_manager(node, vec![Delivered::Accepted { done: false }]);
-        let config = Config::parse(
-            &json!({"type": "webhook", "pattern": "l/*", "lease_ttl_ms": 1000,
+        let (mgr, clock, mut sent, first) = first_webhook(
+            vec![Delivered::Accepted { done: false }],
+            "l",
+            json!({"type": "webhook", "pattern": "l/*", "lease_ttl_ms": 1000,
                 "webhook": {"url": "http://127.0.0.1:9/hook"}}),
-            true,
+            "l/1",
         )
-        .unwrap();
-        assert!(mgr.upsert("l", config, ROOT).await.is_ok());
-        mgr.ensure_background();
-        create_stream(&mgr, "l/1").await;
-        let first = sent.recv().await.unwrap();
-        assert_eq!(first["generation"], 1);
+        .await;
         eventually("the delivery is recorded", || {
             let subs = mgr.lock();
             let sub = &subs["l"];

@@ -10,6 +10,7 @@
 //! - [`wake`]: pure rules of a wake: fencing, webhook body, retry schedule.
 //! - [`store`]: subscription records and links in the metadata KV.
 //! - `routed`: pull-wake events for a wake stream another node owns, through the KV.
+//! - `events`: the node's append events, sent only while a subscription wants them.
 //! - [`delivery`]: [`WebhookSender`] and its HTTP implementation.
 //! - [`model`]: records, config parsing and hash, limits.
 //! - [`signing`]: Ed25519 webhook signatures, JWKS, callback tokens.
@@ -20,6 +21,7 @@
 pub mod delivery;
 mod effects;
 pub mod error;
+mod events;
 pub mod glob;
 mod links;
 pub mod manager;
@@ -28,10 +30,13 @@ mod routed;
 pub mod signing;
 pub mod state;
 pub mod store;
+#[cfg(test)]
+mod test_support;
 pub mod wake;
 pub mod webhook_url;
 
 pub use delivery::{Delivered, HttpSender, WebhookSender};
 pub use error::SubError;
+pub use events::StreamEvents;
 pub use manager::{Manager, TICK, Upserted};
 pub use wake::{AckItem, WakeRequest};

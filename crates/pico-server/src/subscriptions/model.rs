@@ -277,6 +277,10 @@ pub struct Wake {
     pub wake_id: String,
     /// Stream tails when the wake was issued (auto-acked on a webhook's `{"done": true}`).
     pub snapshot: BTreeMap<String, u64>,
+    /// The stream incarnation (link `stream_id`) each snapshot tail belongs to, where known: a
+    /// stream deleted and re-created since the wake was issued is not acked by its answer.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub incarnations: BTreeMap<String, u64>,
     /// Pull-wake: the worker holding the lease.
     pub holder: Option<String>,
     /// When the lease ends (ms since epoch); `None` = no lease running (pull-wake not claimed).

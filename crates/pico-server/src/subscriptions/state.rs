@@ -5,7 +5,9 @@
 
 use super::delivery::Delivered;
 use super::error::SubError;
-use super::model::{Status, StreamView, Sub, SubType, Wake};
+use std::collections::BTreeMap;
+
+use super::model::{Link, Status, StreamView, Sub, SubType, Wake};
 use super::wake::retry_delay_ms;
 
 /// Issues the next wake generation over `views` (every link with its tail) if any stream has
@@ -22,6 +24,10 @@ pub fn issue_wake(
     sub.rec.wake = Some(Wake {
         wake_id,
         snapshot: views.iter().map(|v| (v.path.clone(), v.tail)).collect(),
+        incarnations: views
+            .iter()
+            .filter_map(|v| Some((v.path.clone(), sub.links.get(&v.path)?.stream_id?)))
+            .collect(),
         holder: None,
         // Webhook: the lease runs from issue (and again from each accepted delivery, see
         // `on_delivered`); pull-wake: from the claim.
@@ -74,6 +80,7 @@ pub fn on_delivered(
                 if let Some(w) = sub.rec.wake.take() {
                     for (path, tail) in w.snapshot {
                         if let Some(link) = sub.links.get_mut(&path)
+                            && same_incarnation(&w.incarnations, &path, link)
                             && link.acked.is_none_or(|a| a < tail)
                         {
                             link.acked = Some(tail);
@@ -99,6 +106,16 @@ pub fn on_delivered(
                 delay_ms,
             }
         }
+    }
+}
+
+/// Whether `link` still follows the stream incarnation the wake saw at `path`: a tail of a
+/// stream since deleted and re-created under the name is no cursor for the new one.
+pub fn same_incarnation(seen: &BTreeMap<String, u64>, path: &str, link: &Link) -> bool {
+    match (seen.get(path), link.stream_id) {
+        (Some(then), Some(now)) => *then == now,
+        // Unknown at issue (adopted later without a reset) or not known now: nothing to compare.
+        _ => true,
     }
 }
 
@@ -262,6 +279,33 @@ mod tests {
         );
         assert_eq!(s.rec.wake, None);
         assert_eq!(s.links["a/2"].acked, Some(3));
+    }
+
+    /// A `{"done": true}` answering a wake issued before its stream was deleted and re-created
+    /// under the same name acks the old incarnation only: the new stream's cursor stays.
+    #[test]
+    fn a_done_leaves_the_cursor_of_a_re_created_stream_alone() {
+        let mut s = sub("webhook");
+        for (id, link) in s.links.values_mut().enumerate() {
+            link.stream_id = Some(10 + id as u64);
+        }
+        issue_wake(&mut s, &views([4, 3]), 100, "w1".into());
+        // a/2 deleted and re-created: the follower saw the new id and reset the cursor.
+        let l = s.links.get_mut("a/2").unwrap();
+        l.stream_id = Some(99);
+        l.acked = None;
+        let done = on_delivered(&mut s, "w1", &Delivered::Accepted { done: true }, 200, 0.5);
+        assert_eq!(
+            done,
+            DeliveryChange::Finished {
+                acked: vec!["a/1".into()]
+            }
+        );
+        assert_eq!(s.links["a/1"].acked, Some(4));
+        assert_eq!(
+            s.links["a/2"].acked, None,
+            "the new stream starts from the beginning"
+        );
     }
 
     #[test]

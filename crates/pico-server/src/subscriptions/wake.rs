@@ -134,6 +134,7 @@ mod tests {
             wake: Some(Wake {
                 wake_id: wake_id.into(),
                 snapshot: BTreeMap::new(),
+                incarnations: BTreeMap::new(),
                 holder: Some("worker".into()),
                 lease_expires_ms: None,
             }),
