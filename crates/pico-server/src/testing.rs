@@ -130,19 +130,24 @@ pub fn owner_of(node: &Node, stream_id: u64) -> Option<u32> {
         .and_then(|s| s.owner.map(|o| o.node_id))
 }
 
-/// Every record of `name` as read on `node` (one read from offset 0): `(offset, value)`.
+/// Every record of `name` as read on `node` (one read from offset 0).
+pub async fn read_records(node: &Node, name: &str) -> Vec<crate::ReadRecord> {
+    node.read(crate::ReadRequest {
+        name: pico_common::StreamName::parse(name).unwrap(),
+        from: crate::ReadFrom::Offset(0),
+        max_records: None,
+        max_bytes: None,
+        touch: false,
+    })
+    .await
+    .unwrap()
+    .records
+}
+
+/// [`read_records`] as `(offset, value)`.
 pub async fn read_values(node: &Node, name: &str) -> Vec<(u64, bytes::Bytes)> {
-    let out = node
-        .read(crate::ReadRequest {
-            name: pico_common::StreamName::parse(name).unwrap(),
-            from: crate::ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap();
-    out.records
+    let records = read_records(node, name).await;
+    records
         .into_iter()
         .map(|r| (r.offset, r.record.value))
         .collect()

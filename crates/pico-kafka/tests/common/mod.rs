@@ -158,17 +158,7 @@ pub async fn init_producer(b: &Broker) -> i64 {
 
 /// Every record of stream `name` from offset 0, through the node's own read (HTTP's path).
 pub async fn read_all(b: &Broker, name: &str) -> Vec<pico_server::ReadRecord> {
-    b.node()
-        .read(pico_server::ReadRequest {
-            name: StreamName::parse(name).unwrap(),
-            from: pico_server::ReadFrom::Offset(0),
-            max_records: None,
-            max_bytes: None,
-            touch: false,
-        })
-        .await
-        .unwrap()
-        .records
+    pico_server::testing::read_records(b.node(), name).await
 }
 
 /// The next offset of stream `name`.
