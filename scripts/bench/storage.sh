@@ -24,6 +24,9 @@ PG_BASE=${PG_ADMIN%/*}
 PG_PORT=$(python3 -c 'import sys,urllib.parse as u;print(u.urlparse(sys.argv[1]).port or 5432)' "$PG_ADMIN")
 DB=pico_bench_$$
 log() { printf '[storage %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+if [ "${BENCH_TRACE:-}" = 1 ] && ! command -v tcpdump >/dev/null; then
+  log "BENCH_TRACE=1 needs tcpdump (apt-get install tcpdump)"; exit 1
+fi
 
 if [ -z "${PICO_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -p pico-cli --bin pico >&2)
