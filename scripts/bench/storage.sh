@@ -8,7 +8,10 @@
 # usage: scripts/bench/storage.sh
 # env: PICO_BIN (default: builds target/release/pico), BENCH_ONLY (e.g. "postgres": only those
 #      WALs, and no S3 request counts, for quick profiling), BENCH_DURATION (10s), BENCH_WORK
-#      (default target/bench), PICO_TEST_POSTGRES_URL (postgres://postgres@127.0.0.1:5432/postgres)
+#      (default target/bench), PICO_TEST_POSTGRES_URL (postgres://postgres@127.0.0.1:5432/postgres),
+#      BENCH_TRACE=1 (needs tcpdump, as root): after the figures, 3 s more of the Postgres floor
+#      and of the Postgres-WAL node with one client, captured on loopback, and where an ack's time
+#      goes (node in / Postgres / node out, floors.py pcap) next to the floor's Postgres time
 # Prints a Markdown table and writes it, with the raw JSON, under $BENCH_WORK/storage-*/.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -18,8 +21,12 @@ RUN=$WORK/storage-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN"
 PG_ADMIN=${PICO_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG_BASE=${PG_ADMIN%/*}
+PG_PORT=$(python3 -c 'import sys,urllib.parse as u;print(u.urlparse(sys.argv[1]).port or 5432)' "$PG_ADMIN")
 DB=pico_bench_$$
 log() { printf '[storage %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+if [ "${BENCH_TRACE:-}" = 1 ] && ! command -v tcpdump >/dev/null; then
+  log "BENCH_TRACE=1 needs tcpdump (apt-get install tcpdump)"; exit 1
+fi
 
 if [ -z "${PICO_BIN:-}" ]; then
   (cd "$ROOT" && cargo build --release -p pico-cli --bin pico >&2)
@@ -94,6 +101,14 @@ bench() { # tag out extra-args...
   "$PICO_BIN" bench --endpoint "http://127.0.0.1:$PORT" --prefix "bench/$tag" -d "$DUR" --warmup 2s \
     --output json "$@" >"$out"
 }
+TRACE=
+trace_start() { # pcap filter: capture loopback (the figures above are taken without it)
+  tcpdump -Z root -i lo -n -s 96 -w "$1" "$2" 2>"$1.log" &
+  TRACE=$!
+  PIDS+=($TRACE)
+  for _ in $(seq 1 50); do grep -q listening "$1.log" 2>/dev/null && return 0; sleep 0.1; done
+}
+trace_stop() { sleep 0.5; stop_pid "$TRACE"; }
 for wal in ${BENCH_ONLY:-file s3 postgres}; do
   case $wal in
     file) start_node file "sqlite:$RUN/file/meta.db" "-2@file://$RUN/file/objects" "-3@file://$RUN/file/wal" ;;
@@ -120,6 +135,19 @@ for wal in ${BENCH_ONLY:-file s3 postgres}; do
       --output json --connections 16 -n 1 -b 100 --target-mibps 0.095367 >"$RUN/s3-1k.json"
     after=$(s3_requests)
     echo "$(( after - before ))" >"$RUN/s3-1k.count"
+  fi
+  if [ "$wal" = postgres ] && [ "${BENCH_TRACE:-}" = 1 ]; then
+    log "postgres: where the time goes (loopback capture, 3 s each)"
+    trace_start "$RUN/trace-floor.pcap" "tcp port $PG_PORT"
+    (cd "$RUN" && pgbench -n -c 1 -T 3 -f insert.sql "$PG" >"$RUN/pgbench-trace.txt" 2>&1)
+    trace_stop
+    trace_start "$RUN/trace-node.pcap" "tcp port $PG_PORT or tcp port $PORT"
+    "$PICO_BIN" bench --endpoint "http://127.0.0.1:$PORT" --prefix bench/trace -d 3s --warmup 0s \
+      --output json --connections 1 -n 1 -b 100 >"$RUN/trace-node.json"
+    trace_stop
+    python3 "$ROOT/scripts/bench/floors.py" pcap "$RUN/trace-floor.pcap" --pg-port "$PG_PORT" >"$RUN/trace-floor.json"
+    python3 "$ROOT/scripts/bench/floors.py" pcap "$RUN/trace-node.pcap" --pg-port "$PG_PORT" \
+      --http-port "$PORT" >"$RUN/trace-node.json.legs"
   fi
   stop_pid "$NODE"
 done
@@ -149,7 +177,21 @@ for wal in ("file", "s3", "postgres"):
     one, many, fl = L(f"{wal}-1.json"), L(f"{wal}-64.json"), L(floors[wal])
     p50, p99 = one["write_latency"]["p50_ms"], one["write_latency"]["p99_ms"]
     print(f"| {wal} | {p50:.2f} / {p99:.2f} ms | {wal_write_p50(wal):.2f} ms | {fl['p50_ms']:.2f} / {fl['p99_ms']:.2f} ms ({names[wal]}) "
-          f"| {p50 / fl['p50_ms']:.2f}× | {many['write']['records_per_sec']:.0f} appends/s |")
+          f"| {p50 / fl['p50_ms'] if fl['p50_ms'] else float('nan'):.2f}× | {many['write']['records_per_sec']:.0f} appends/s |")
+if os.path.exists(os.path.join(run, "trace-node.json.legs")):
+    legs = L("trace-node.json.legs")
+    legs["floor: postgres: statement -> answer"] = L("trace-floor.json")["postgres: statement -> answer"]
+    acks = L("trace-node.json")["write_latency"]
+    print()
+    print("Postgres WAL, one client, where an ack's time goes (loopback capture, p50 / p99):")
+    print()
+    print("| leg | p50 | p99 |")
+    print("|---|---|---|")
+    print(f"| client: ack (request sent -> response read) | {acks['p50_ms']*1000:.0f} µs | {acks['p99_ms']*1000:.0f} µs |")
+    for k, v in legs.items():
+        if isinstance(v, dict):
+            print(f"| {k} | {v['p50_ms']*1000:.0f} µs | {v['p99_ms']*1000:.0f} µs |")
+    print(f"\n(the node's other Postgres traffic meanwhile: {legs['other_postgres_segments']} segments)")
 if not os.path.exists(os.path.join(run, "s3-1k.count")):
     sys.exit(0)
 idle = int(open(os.path.join(run, "s3-idle.count")).read())

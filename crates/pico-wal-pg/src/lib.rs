@@ -33,7 +33,8 @@ const MAX_CONNECTIONS: u32 = 3;
 /// first, the re-checked row no longer matches and nothing is inserted (no row returned).
 /// A plain INSERT: a position is new unless an append at it failed (see [`APPEND_RETRY`]), and
 /// an upsert costs Postgres a speculative insertion (more WAL, an extra lock) on every append.
-const APPEND: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
+/// Public so the latency measurement (`tests/latency.rs`) times this very statement.
+pub const APPEND: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
      SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
          WHERE node_id = $1 AND epoch <= $3 FOR SHARE
      RETURNING position";

@@ -1,31 +1,35 @@
 //! Where a Postgres WAL append's time goes, against its floor on the same database: one
 //! sequential client, 100-byte records, each figure from the same run.
 //!
-//! - `floor`: a single-row INSERT and its commit (autocommit) on a prepared statement;
-//! - `append`: `PgWal::append` as the engine calls it (one statement: fence + INSERT);
-//! - `fenced, bare conn`: the append's statement alone on the floor's connection (what
-//!   `PgWal` adds around it: encoding, its lock, timeouts);
-//! - `same, as an upsert`: that statement with `ON CONFLICT DO UPDATE`, as a retry runs it
-//!   (and every append did before);
-//! - `five round trips`: what an append cost before (pool acquire with its ping, BEGIN, the
-//!   fence's `SELECT … FOR SHARE`, the INSERT, COMMIT), for comparison.
+//! - `floor, prepared`: a single-row INSERT of 100 B and its commit (autocommit) on a prepared
+//!   statement (sqlx: Bind/Execute/Close/Sync, one round trip);
+//! - `floor, simple`: the same INSERT as a literal in one simple-protocol Query message, as
+//!   `pgbench` sends it for `scripts/bench/storage.sh`'s floor;
+//! - `fenced, bare`: the append's statement (fence + INSERT, row lock `FOR SHARE`) alone on
+//!   the floor's connection, with the payload `PgWal` writes for one record;
+//! - `fenced, no lock`: the same without `FOR SHARE` (what the row lock costs);
+//! - `PgWal::append`: as the engine calls it (lock, encoding, timeouts around that statement);
+//! - the floor and `PgWal::append` again over the Unix socket, when the server has one at
+//!   `PICO_TEST_POSTGRES_SOCKET` (default `/var/run/postgresql`).
 //!
-//! The three run interleaved, one of each per round, so a disk that changes speed under other
-//! load slows each alike. A measurement, not a check (timings on a shared machine prove nothing), so ignored by
-//! default: `cargo test --release -p pico-wal-pg --test latency -- --ignored --nocapture`.
+//! They run interleaved, one of each per round, so a disk that changes speed under other load
+//! slows each alike. A measurement, not a check (timings on a shared machine prove nothing),
+//! so ignored by default:
+//! `cargo test --release -p pico-wal-pg --test latency -- --ignored --nocapture`.
+//! `PICO_LATENCY_ROUNDS` sets the rounds (1000).
 
 mod common;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::TestDb;
-use pico_wal_pg::PgWal;
+use pico_wal_pg::{APPEND, PgWal};
 use s3stream::{Wal, WalRecord};
 use sqlx::Connection;
-use sqlx::postgres::{PgConnection, PgPoolOptions};
+use sqlx::postgres::PgConnection;
 
-const N: usize = 1000;
 const WARMUP: usize = 100;
 
 fn pct(samples: &mut [Duration], p: f64) -> f64 {
@@ -38,10 +42,62 @@ fn report(what: &str, mut samples: Vec<Duration>, floor_p50: f64) -> f64 {
     let p50 = pct(&mut samples, 0.50);
     let p99 = pct(&mut samples, 0.99);
     println!(
-        "{what:>18}: p50 {p50:.3} ms  p99 {p99:.3} ms  ({:.2}x the floor's p50)",
+        "{what:>24}: p50 {p50:.3} ms  p99 {p99:.3} ms  ({:.2}x the floor's p50)",
         p50 / floor_p50
     );
     p50
+}
+
+/// Times `f` into `out` once warmed up.
+async fn timed<F: Future<Output = ()>>(keep: bool, out: &mut Vec<Duration>, f: F) {
+    let t = Instant::now();
+    f.await;
+    if keep {
+        out.push(t.elapsed());
+    }
+}
+
+/// The test database's URL over the server's Unix socket, if it has one (in
+/// `PICO_TEST_POSTGRES_SOCKET`, default `/var/run/postgresql`, for the URL's port).
+fn unix_url(db: &TestDb) -> Option<String> {
+    let dir = std::env::var("PICO_TEST_POSTGRES_SOCKET")
+        .unwrap_or_else(|_| "/var/run/postgresql".to_string());
+    let (head, name) = db.url.rsplit_once('/')?;
+    let port = head
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .unwrap_or(5432);
+    if !std::path::Path::new(&dir)
+        .join(format!(".s.PGSQL.{port}"))
+        .exists()
+    {
+        println!("(no Unix socket for port {port} in {dir}: socket figures left out)");
+        return None;
+    }
+    Some(format!(
+        "postgres://postgres@localhost:{port}/{name}?host={dir}"
+    ))
+}
+
+async fn insert(conn: &mut PgConnection, body: &[u8]) {
+    sqlx::query("INSERT INTO floor (body) VALUES ($1)")
+        .bind(body)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+/// `sql` (a fenced INSERT) for `node` at position `i + 1`.
+async fn bare(conn: &mut PgConnection, sql: &str, node: i32, i: usize, payload: &[u8]) {
+    let r: Option<i64> = sqlx::query_scalar(sql)
+        .bind(node)
+        .bind(i as i64 + 1)
+        .bind(1i64)
+        .bind(payload)
+        .fetch_optional(conn)
+        .await
+        .unwrap();
+    assert!(r.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +106,21 @@ async fn append_latency_against_a_bare_insert() {
     let Some(db) = TestDb::create().await else {
         return;
     };
+    let rounds: usize = std::env::var("PICO_LATENCY_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
     let body = Bytes::from(vec![b'x'; 100]);
+    let literal = format!(
+        "INSERT INTO floor (body) VALUES ('\\x{}')",
+        "78".repeat(body.len())
+    );
+    let rec = |i: usize| WalRecord::new(1, 1, i as u64, 1, body.clone(), Bytes::new());
+    let payload = s3stream::format::encode_wal_entry(1, &[rec(0)]).unwrap();
+    println!("WAL payload for one 100 B record: {} B", payload.len());
+    // The append's statement without its row lock, to time what the lock costs.
+    let no_lock = APPEND.replace(" FOR SHARE", "");
+    assert_ne!(no_lock, APPEND);
 
     let mut conn = PgConnection::connect(&db.url).await.unwrap();
     sqlx::query("CREATE TABLE floor (id BIGSERIAL PRIMARY KEY, body BYTEA)")
@@ -58,117 +128,57 @@ async fn append_latency_against_a_bare_insert() {
         .await
         .unwrap();
     let wal = PgWal::open(&db.url, 1, 1).await.unwrap();
-    // The former path, on the same tables (node 2, positions of its own).
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&db.url)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO pico_wal_nodes (node_id, epoch) VALUES (2, 1)")
-        .execute(&pool)
-        .await
-        .unwrap();
-
-    // Interleaved, one of each per round: a shared machine's disk changes speed by the
-    // second, and each gets the same share of it.
-    let (mut floor, mut append, mut old) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut fo, mut ex) = (Vec::new(), Vec::new());
     sqlx::query("INSERT INTO pico_wal_nodes (node_id, epoch) VALUES (3, 1), (4, 1)")
         .execute(&mut conn)
         .await
         .unwrap();
-    const FENCED: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
-     SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
-         WHERE node_id = $1 AND epoch <= $3 FOR SHARE
-     RETURNING position";
-    // The retry's form, which every append used before.
-    const UPSERT: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
-     SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
-         WHERE node_id = $1 AND epoch <= $3 FOR SHARE
-     ON CONFLICT (node_id, position)
-     DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload
-     RETURNING position";
-    for i in 0..WARMUP + N {
+    let unix = unix_url(&db);
+    let mut unix_side = match &unix {
+        Some(url) => Some((
+            PgConnection::connect(url).await.unwrap(),
+            PgWal::open(url, 5, 1).await.unwrap(),
+        )),
+        None => None,
+    };
+
+    let names = [
+        "floor, prepared",
+        "floor, simple",
+        "fenced, bare",
+        "fenced, no lock",
+        "PgWal::append",
+        "floor, prepared, unix",
+        "PgWal::append, unix",
+    ];
+    let mut t: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    for i in 0..WARMUP + rounds {
         let keep = i >= WARMUP;
-        let t = Instant::now();
-        sqlx::query("INSERT INTO floor (body) VALUES ($1)")
-            .bind(&body[..])
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        if keep {
-            floor.push(t.elapsed());
-        }
-
-        let t = Instant::now();
-        let r: Option<i64> = sqlx::query_scalar(FENCED)
-            .bind(3i32)
-            .bind(i as i64 + 1)
-            .bind(1i64)
-            .bind(&body[..])
-            .fetch_optional(&mut conn)
-            .await
-            .unwrap();
-        assert!(r.is_some());
-        if keep {
-            fo.push(t.elapsed());
-        }
-        let t = Instant::now();
-        let r: Option<i64> = sqlx::query_scalar(UPSERT)
-            .bind(4i32)
-            .bind(i as i64 + 1)
-            .bind(1i64)
-            .bind(&body[..])
-            .fetch_optional(&mut conn)
-            .await
-            .unwrap();
-        assert!(r.is_some());
-        if keep {
-            ex.push(t.elapsed());
-        }
-
-        let rec = WalRecord::new(1, 1, i as u64, 1, body.clone(), Bytes::new());
-        let t = Instant::now();
-        wal.append(vec![rec]).await.unwrap();
-        if keep {
-            append.push(t.elapsed());
-        }
-
-        let t = Instant::now();
-        let mut c = pool.acquire().await.unwrap();
-        let mut tx = c.begin().await.unwrap();
-        let _: Option<i64> =
-            sqlx::query_scalar("SELECT epoch FROM pico_wal_nodes WHERE node_id = $1 FOR SHARE")
-                .bind(2i32)
-                .fetch_optional(&mut *tx)
-                .await
-                .unwrap();
-        sqlx::query(
-            "INSERT INTO pico_wal (node_id, position, node_epoch, payload) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT (node_id, position) \
-             DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload",
-        )
-        .bind(2i32)
-        .bind(i as i64 + 1)
-        .bind(1i64)
-        .bind(&body[..])
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        tx.commit().await.unwrap();
-        drop(c);
-        if keep {
-            old.push(t.elapsed());
+        timed(keep, &mut t[0], insert(&mut conn, &body)).await;
+        timed(keep, &mut t[1], async {
+            sqlx::raw_sql(&literal).execute(&mut conn).await.unwrap();
+        })
+        .await;
+        timed(keep, &mut t[2], bare(&mut conn, APPEND, 3, i, &payload)).await;
+        timed(keep, &mut t[3], bare(&mut conn, &no_lock, 4, i, &payload)).await;
+        timed(keep, &mut t[4], async {
+            wal.append(vec![rec(i)]).await.unwrap();
+        })
+        .await;
+        if let Some((c, w)) = &mut unix_side {
+            timed(keep, &mut t[5], insert(c, &body)).await;
+            timed(keep, &mut t[6], async {
+                w.append(vec![rec(i)]).await.unwrap();
+            })
+            .await;
         }
     }
 
-    let mut f = floor.clone();
+    let mut f = t[0].clone();
     let floor_p50 = pct(&mut f, 0.5);
-    println!("{N} sequential writes each, 100 B, after {WARMUP} to warm up:");
-    report("floor (INSERT)", floor, floor_p50);
-    let a = report("PgWal::append", append, floor_p50);
-    report("five round trips", old, floor_p50);
-    report("fenced, bare conn", fo, floor_p50);
-    report("same, as an upsert", ex, floor_p50);
-    assert!(a > 0.0);
+    println!("{rounds} sequential writes each, 100 B, after {WARMUP} to warm up:");
+    for (name, samples) in names.iter().zip(t) {
+        if !samples.is_empty() {
+            report(name, samples, floor_p50);
+        }
+    }
 }
