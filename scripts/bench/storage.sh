@@ -81,7 +81,9 @@ log "floor: one PutObject of 256 B to moto, sequential"
 log "floor: one single-row INSERT commit on Postgres, 1 client (pgbench)"
 psql -q "$PG" -c "CREATE TABLE floor (id bigserial primary key, body bytea)" >/dev/null
 echo "INSERT INTO floor (body) VALUES ('\\x$(printf '%0200d' 0)');" >"$RUN/insert.sql"
-(cd "$RUN" && pgbench -n -c 1 -T 5 -f insert.sql -l --log-prefix=pgfloor "$PG" >"$RUN/pgbench.txt" 2>&1)
+# Without TLS, as the node connects (sqlx is built without it): libpq's default `prefer` would
+# add 10-30 µs of encryption per round trip to the floor only.
+(cd "$RUN" && PGSSLMODE=disable pgbench -n -c 1 -T 5 -f insert.sql -l --log-prefix=pgfloor "$PG" >"$RUN/pgbench.txt" 2>&1)
 python3 "$ROOT/scripts/bench/floors.py" pgbench-log "$RUN"/pgfloor* >"$RUN/floor-pg.json"
 
 # --- PicoMQ with each WAL -------------------------------------------------------------------
@@ -139,7 +141,7 @@ for wal in ${BENCH_ONLY:-file s3 postgres}; do
   if [ "$wal" = postgres ] && [ "${BENCH_TRACE:-}" = 1 ]; then
     log "postgres: where the time goes (loopback capture, 3 s each)"
     trace_start "$RUN/trace-floor.pcap" "tcp port $PG_PORT"
-    (cd "$RUN" && pgbench -n -c 1 -T 3 -f insert.sql "$PG" >"$RUN/pgbench-trace.txt" 2>&1)
+    (cd "$RUN" && PGSSLMODE=disable pgbench -n -c 1 -T 3 -f insert.sql "$PG" >"$RUN/pgbench-trace.txt" 2>&1)
     trace_stop
     trace_start "$RUN/trace-node.pcap" "tcp port $PG_PORT or tcp port $PORT"
     "$PICO_BIN" bench --endpoint "http://127.0.0.1:$PORT" --prefix bench/trace -d 3s --warmup 0s \
