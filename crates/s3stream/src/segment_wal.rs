@@ -76,8 +76,8 @@
 use std::fs::File;
 use std::io::{IoSlice, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::sync::mpsc;
 
@@ -226,12 +226,7 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn commit_loop(
-    dir: &Path,
-    segment_bytes: u64,
-    state: &Mutex<State>,
-    jobs: &mpsc::Receiver<Job>,
-) {
+fn commit_loop(dir: &Path, segment_bytes: u64, state: &Mutex<State>, jobs: &mpsc::Receiver<Job>) {
     // Ends once the WAL is dropped and every queued job has been taken.
     while let Ok(job) = jobs.recv() {
         // A caller that went away (its task aborted: a crash, in tests) never saw an answer:
@@ -243,8 +238,13 @@ fn commit_loop(
                 reply,
             } => {
                 if !reply.is_closed() {
-                    let out =
-                        append_blocking(dir, segment_bytes, preallocate, &mut lock(state), &records);
+                    let out = append_blocking(
+                        dir,
+                        segment_bytes,
+                        preallocate,
+                        &mut lock(state),
+                        &records,
+                    );
                     let _ = reply.send(out);
                 }
             }
@@ -254,7 +254,8 @@ fn commit_loop(
                 reply,
             } => {
                 if !reply.is_closed() {
-                    let out = trim_blocking(dir, segment_bytes, preallocate, &mut lock(state), upto);
+                    let out =
+                        trim_blocking(dir, segment_bytes, preallocate, &mut lock(state), upto);
                     let _ = reply.send(out);
                 }
             }

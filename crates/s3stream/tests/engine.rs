@@ -1484,7 +1484,8 @@ async fn the_writer_thread_acks_durable_groups_in_order_and_stops_with_the_engin
         let got = read_all(&engine, stream, 0).await;
         assert_eq!(got.len(), 100);
         assert_eq!(
-            got.last().map(|b| b.base_offset + u64::from(b.record_count)),
+            got.last()
+                .map(|b| b.base_offset + u64::from(b.record_count)),
             Some(100)
         );
     }

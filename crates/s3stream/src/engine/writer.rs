@@ -95,16 +95,11 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Wri
             for attempt in 0..WAL_ATTEMPTS {
                 let started = std::time::Instant::now();
                 let outcome = shared.wal.append(group.records.clone()).await;
-                match attempted(&shared, outcome, started, attempt) {
-                    Attempt::Done(r) => {
-                        result = r;
-                        break;
-                    }
-                    Attempt::Retry(r, backoff) => {
-                        result = r;
-                        tokio::time::sleep(backoff).await;
-                    }
-                }
+                let Some(backoff) = attempted(&shared, outcome, started, attempt, &mut result)
+                else {
+                    break;
+                };
+                tokio::time::sleep(backoff).await;
             }
         }
         finish(&shared, group, result);
@@ -137,17 +132,12 @@ pub(super) fn run_on_thread(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver
             for attempt in 0..WAL_ATTEMPTS {
                 let started = std::time::Instant::now();
                 let outcome = wal.append_sync(&group.records);
-                match attempted(&shared, outcome, started, attempt) {
-                    Attempt::Done(r) => {
-                        result = r;
-                        break;
-                    }
-                    Attempt::Retry(r, backoff) => {
-                        result = r;
-                        // This thread only writes: nothing else waits on it meanwhile.
-                        std::thread::sleep(backoff);
-                    }
-                }
+                let Some(backoff) = attempted(&shared, outcome, started, attempt, &mut result)
+                else {
+                    break;
+                };
+                // This thread only writes: nothing else waits on it meanwhile.
+                std::thread::sleep(backoff);
             }
         }
         finish(&shared, group, result);
@@ -195,23 +185,20 @@ fn begin(shared: &Shared, batch: Vec<WriteItem>) -> Option<Group> {
     })
 }
 
-enum Attempt {
-    Done(Result<u64, EngineError>),
-    /// Failed; try again after the backoff.
-    Retry(Result<u64, EngineError>, Duration),
-}
-
-/// Accounts one WAL write attempt and says whether to retry it.
+/// Accounts one WAL write attempt, puts its outcome in `result`, and returns the backoff
+/// before the next attempt, or `None` when there is none to make.
 fn attempted(
     shared: &Shared,
     outcome: Result<u64, WalError>,
     started: std::time::Instant,
     attempt: u32,
-) -> Attempt {
+    result: &mut Result<u64, EngineError>,
+) -> Option<Duration> {
     match outcome {
         Ok(pos) => {
             shared.timings.commit.record(started.elapsed());
-            Attempt::Done(Ok(pos))
+            *result = Ok(pos);
+            None
         }
         Err(e) => {
             shared
@@ -221,14 +208,11 @@ fn attempted(
             tracing::warn!(attempt, error = %e, "wal write failed");
             // A newer incarnation owns the WAL: no retry can succeed.
             if let WalError::Fenced(m) = e {
-                return Attempt::Done(Err(EngineError::WalFenced(m)));
+                *result = Err(EngineError::WalFenced(m));
+                return None;
             }
-            let failed = Err(EngineError::Durability(e.to_string()));
-            if attempt + 1 < WAL_ATTEMPTS {
-                Attempt::Retry(failed, WAL_BACKOFF * 4u32.pow(attempt))
-            } else {
-                Attempt::Done(failed)
-            }
+            *result = Err(EngineError::Durability(e.to_string()));
+            (attempt + 1 < WAL_ATTEMPTS).then(|| WAL_BACKOFF * 4u32.pow(attempt))
         }
     }
 }
