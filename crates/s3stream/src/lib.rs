@@ -42,4 +42,4 @@ pub use segment_wal::SegmentWal;
 pub use storage::{
     FileStorage, MemoryStorage, ObjectStorage, S3Config, S3ConfigError, S3Storage, StorageError,
 };
-pub use wal::{ObjectWal, Wal, WalError, WalRecord};
+pub use wal::{BlockingAppend, ObjectWal, Wal, WalError, WalRecord};

@@ -76,8 +76,8 @@
 use std::fs::File;
 use std::io::{IoSlice, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::sync::mpsc;
 
@@ -94,7 +94,7 @@ use crate::segment_format::{
 };
 use crate::storage::write_all_at;
 use crate::telemetry;
-use crate::wal::{Wal, WalError, WalRecord};
+use crate::wal::{BlockingAppend, Wal, WalError, WalRecord};
 
 /// Default size after which the next append starts a new segment.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 32 << 20;
@@ -145,7 +145,11 @@ pub struct SegmentWal {
     preparing: Arc<AtomicBool>,
     /// Spare threads not yet exited (a thread may outlive `preparing`: tests wait for zero).
     spare_threads: Arc<AtomicUsize>,
-    /// The committer thread that owns the segments; `Err` says why it could not start.
+    /// The segments, open file and positions: the committer thread's jobs and
+    /// [`BlockingAppend::append_sync`] (the engine's writer thread) take turns on them.
+    state: Arc<Mutex<State>>,
+    /// The committer thread that runs trims, recovery and async appends; `Err` says why it
+    /// could not start.
     committer: Result<Committer, String>,
 }
 
@@ -169,14 +173,14 @@ enum Job {
     },
 }
 
-/// The WAL's committer: one thread per WAL that owns its state and files and runs every write,
-/// `fdatasync`, trim and recovery, so no async worker ever waits on the disk.
+/// The WAL's job thread: runs trims, recovery and appends made through the async [`Wal`]
+/// API, so no async worker ever waits on the disk. The engine's appends do not come here: its
+/// writer runs on a thread of its own and appends with [`BlockingAppend::append_sync`], then
+/// acknowledges the group right there (`engine/writer.rs`). Both take the state lock for a
+/// whole write and sync, so appends and trims stay serialized.
 ///
 /// It sleeps in `recv` while nothing is queued and otherwise takes jobs one after another, no
-/// timer: a caller's job is sent the moment it is queued, and each answer goes to exactly the
-/// caller whose entry it made durable, right after that entry's sync. Group commit stays the
-/// engine's (one `Wal::append` per group, `engine/writer.rs`): with one group in flight at a
-/// time the queue holds one append, plus a trim now and then.
+/// timer, answering each caller right after the sync that made its entry durable.
 ///
 /// Before it, an append's write and sync ran inline on the writer's async worker while they
 /// were fast (and on a blocking thread after a slow one): on a 2-core machine under small
@@ -187,11 +191,15 @@ struct Committer {
 }
 
 impl Committer {
-    fn start(dir: PathBuf, segment_bytes: u64) -> Result<Committer, String> {
+    fn start(
+        dir: PathBuf,
+        segment_bytes: u64,
+        state: Arc<Mutex<State>>,
+    ) -> Result<Committer, String> {
         let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("wal-commit".into())
-            .spawn(move || commit_loop(&dir, segment_bytes, &rx))
+            .spawn(move || commit_loop(&dir, segment_bytes, &state, &rx))
             .map_err(|e| format!("could not start the wal committer thread: {e}"))?;
         Ok(Committer {
             jobs: Some(tx),
@@ -214,8 +222,11 @@ impl Drop for Committer {
     }
 }
 
-fn commit_loop(dir: &Path, segment_bytes: u64, jobs: &mpsc::Receiver<Job>) {
-    let mut st = State::default();
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn commit_loop(dir: &Path, segment_bytes: u64, state: &Mutex<State>, jobs: &mpsc::Receiver<Job>) {
     // Ends once the WAL is dropped and every queued job has been taken.
     while let Ok(job) = jobs.recv() {
         // A caller that went away (its task aborted: a crash, in tests) never saw an answer:
@@ -227,7 +238,13 @@ fn commit_loop(dir: &Path, segment_bytes: u64, jobs: &mpsc::Receiver<Job>) {
                 reply,
             } => {
                 if !reply.is_closed() {
-                    let out = append_blocking(dir, segment_bytes, preallocate, &mut st, &records);
+                    let out = append_blocking(
+                        dir,
+                        segment_bytes,
+                        preallocate,
+                        &mut lock(state),
+                        &records,
+                    );
                     let _ = reply.send(out);
                 }
             }
@@ -237,13 +254,14 @@ fn commit_loop(dir: &Path, segment_bytes: u64, jobs: &mpsc::Receiver<Job>) {
                 reply,
             } => {
                 if !reply.is_closed() {
-                    let out = trim_blocking(dir, segment_bytes, preallocate, &mut st, upto);
+                    let out =
+                        trim_blocking(dir, segment_bytes, preallocate, &mut lock(state), upto);
                     let _ = reply.send(out);
                 }
             }
             Job::Recover { reply } => {
                 if !reply.is_closed() {
-                    let _ = reply.send(load(dir, &mut st));
+                    let _ = reply.send(load(dir, &mut lock(state)));
                 }
             }
         }
@@ -375,8 +393,10 @@ impl SegmentWal {
     pub fn with_segment_bytes(dir: impl Into<PathBuf>, segment_bytes: u64) -> SegmentWal {
         let dir = dir.into();
         let segment_bytes = segment_bytes.max(1);
+        let state = Arc::new(Mutex::new(State::default()));
         SegmentWal {
-            committer: Committer::start(dir.clone(), segment_bytes),
+            committer: Committer::start(dir.clone(), segment_bytes, state.clone()),
+            state,
             dir,
             segment_bytes,
             preallocate: false,
@@ -741,8 +761,28 @@ fn trim_blocking(
     Ok(kick || (preallocate && st.segments.len() <= 1 && !dir.join(SPARE).exists()))
 }
 
+impl BlockingAppend for SegmentWal {
+    fn append_sync(&self, records: &[WalRecord]) -> Result<u64, WalError> {
+        let (pos, kick) = append_blocking(
+            &self.dir,
+            self.segment_bytes,
+            self.preallocate,
+            &mut lock(&self.state),
+            records,
+        )?;
+        if kick {
+            self.kick_spare();
+        }
+        Ok(pos)
+    }
+}
+
 #[async_trait::async_trait]
 impl Wal for SegmentWal {
+    fn blocking(&self) -> Option<&dyn BlockingAppend> {
+        Some(self)
+    }
+
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
         let preallocate = self.preallocate;
         let (pos, kick) = self

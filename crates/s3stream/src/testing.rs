@@ -255,11 +255,9 @@ impl FaultWal {
     }
 }
 
-#[async_trait::async_trait]
-impl Wal for FaultWal {
-    async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
-        // The sender lives in `self`, so the wait ends only when the hold is lifted.
-        let _ = self.hold.subscribe().wait_for(|held| !*held).await;
+impl FaultWal {
+    /// The injected failures, checked as an append starts (after any hold).
+    fn injected(&self) -> Result<(), WalError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         if self.fenced.load(Ordering::SeqCst) {
             return Err(WalError::Fenced(
@@ -269,10 +267,47 @@ impl Wal for FaultWal {
         if take_failure(&self.fail_appends) {
             return Err(WalError::Other("injected append failure".into()));
         }
+        Ok(())
+    }
+
+    fn count(&self, records: u64) {
+        self.appends.fetch_add(1, Ordering::SeqCst);
+        self.records.fetch_add(records, Ordering::SeqCst);
+    }
+}
+
+/// A synchronous inner WAL stays synchronous through the wrapper, so engine tests run the
+/// writer thread that production runs on it.
+impl crate::wal::BlockingAppend for FaultWal {
+    fn append_sync(&self, records: &[WalRecord]) -> Result<u64, WalError> {
+        // A stalled disk: this thread does nothing else, so it may wait by polling.
+        while *self.hold.borrow() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        self.injected()?;
+        let inner = self
+            .inner
+            .blocking()
+            .ok_or_else(|| WalError::Other("inner wal is not synchronous".into()))?;
+        let pos = inner.append_sync(records)?;
+        self.count(records.len() as u64);
+        Ok(pos)
+    }
+}
+
+#[async_trait::async_trait]
+impl Wal for FaultWal {
+    fn blocking(&self) -> Option<&dyn crate::wal::BlockingAppend> {
+        self.inner.blocking().map(|_| self as _)
+    }
+
+    async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
+        // The sender lives in `self`, so the wait ends only when the hold is lifted.
+        let _ = self.hold.subscribe().wait_for(|held| !*held).await;
+        self.injected()?;
         let n = records.len() as u64;
         let pos = self.inner.append(records).await?;
-        self.appends.fetch_add(1, Ordering::SeqCst);
-        self.records.fetch_add(n, Ordering::SeqCst);
+        self.count(n);
         Ok(pos)
     }
 

@@ -98,8 +98,21 @@ fn lost_range(from: u64, to: Option<u64>) -> String {
     }
 }
 
+/// A WAL that can append synchronously, on a thread the caller dedicates to it (the local-file
+/// WAL: one vectored write and one `fdatasync`).
+pub trait BlockingAppend: Send + Sync {
+    /// [`Wal::append`], blocking the calling thread until the entry is durable.
+    fn append_sync(&self, records: &[WalRecord]) -> Result<u64, WalError>;
+}
+
 #[async_trait::async_trait]
 pub trait Wal: Send + Sync + 'static {
+    /// `Some` when appends can run synchronously: the engine then runs its writer on a thread
+    /// of its own that forms each group, writes it and acknowledges it, so no task is woken
+    /// between the sync and the acks.
+    fn blocking(&self) -> Option<&dyn BlockingAppend> {
+        None
+    }
     /// One durable write holding all `records`; returns its position (strictly increasing).
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError>;
     /// Everything still in the WAL, ascending by position.

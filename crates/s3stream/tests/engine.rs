@@ -1391,3 +1391,102 @@ async fn a_fenced_wal_write_fails_without_retries() {
         "a fenced write was retried"
     );
 }
+
+/// On the local-disk WAL the writer is a thread that writes, syncs and acks each group itself:
+/// concurrent appends to two streams are acked with their offsets in order, every acked one
+/// survives a crash, a write that keeps failing fails its appends and breaks the stream (never
+/// an ack after the hole), and a stopped engine writes nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_thread_acks_durable_groups_in_order_and_stops_with_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = Arc::new(MemCatalog::new());
+    let storage: Arc<dyn ObjectStorage> =
+        Arc::new(FileStorage::open(dir.path().join("objects")).unwrap());
+    let env = || {
+        Env::with_wal(
+            storage.clone(),
+            catalog.clone(),
+            Arc::new(SegmentWal::new(dir.path().join("wal"))),
+        )
+    };
+    let mut acked: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+    {
+        let env = env();
+        // The durable hook runs where the group was completed, right after its acks.
+        let completed_on = Arc::new(Mutex::new(Vec::new()));
+        let on = completed_on.clone();
+        let (engine, _) = Engine::start(
+            cfg(),
+            storage.clone(),
+            env.wal.clone(),
+            catalog.clone(),
+            Arc::new(move |_, _| {
+                on.lock()
+                    .unwrap()
+                    .push(std::thread::current().name().map(str::to_string));
+            }),
+        )
+        .await
+        .unwrap();
+        engine.open(1, 1, 0);
+        engine.open(2, 1, 0);
+        // Submitted in order per stream (as the host does), awaited concurrently: groups form.
+        let mut pending = Vec::new();
+        for i in 0..200u64 {
+            let stream = 1 + i % 2;
+            let p = engine
+                .append(req(stream, 1, 1, payload(stream, i)))
+                .await
+                .unwrap();
+            pending.push((stream, tokio::spawn(p.durable())));
+        }
+        for (stream, p) in pending {
+            let a = p.await.unwrap().unwrap();
+            acked
+                .entry(stream)
+                .or_default()
+                .push((a.base_offset, a.next_offset));
+        }
+        for ends in acked.values() {
+            let want: Vec<_> = (0..100).map(|o| (o, o + 1)).collect();
+            assert_eq!(ends, &want);
+        }
+        assert!(
+            env.wal.append_count() < 200,
+            "appends queued together share a write: {}",
+            env.wal.append_count()
+        );
+        let threads = completed_on.lock().unwrap().clone();
+        assert!(!threads.is_empty());
+        assert!(
+            threads.iter().all(|t| t.as_deref() == Some("wal-writer")),
+            "groups complete on the writer thread: {threads:?}"
+        );
+
+        // A write failing every attempt: no ack, the stream broken, later appends refused.
+        env.wal.fail_appends(4);
+        let p = engine.append(req(1, 1, 1, payload(1, 100))).await.unwrap();
+        assert!(matches!(p.durable().await, Err(EngineError::Durability(_))));
+        assert!(matches!(
+            engine.append(req(1, 1, 1, payload(1, 101))).await,
+            Err(EngineError::Broken { .. })
+        ));
+        let attempts = env.wal.append_attempts();
+        engine.abort();
+        // Stopped: nothing is taken or written any more.
+        assert!(engine.append(req(2, 1, 1, payload(2, 100))).await.is_err());
+        assert_eq!(env.wal.append_attempts(), attempts);
+    }
+    let env = env();
+    let (engine, report) = env.start(cfg()).await;
+    assert_eq!(report.records_replayed, 200, "every acked append survives");
+    for stream in [1, 2] {
+        let got = read_all(&engine, stream, 0).await;
+        assert_eq!(got.len(), 100);
+        assert_eq!(
+            got.last()
+                .map(|b| b.base_offset + u64::from(b.record_count)),
+            Some(100)
+        );
+    }
+}

@@ -226,10 +226,10 @@ impl Node {
     /// engine's lock the WAL writer holds for a whole group) or the copies: asked once per
     /// Durable Streams append.
     pub fn framing(&self, name: &StreamName) -> Result<Framing, ReadError> {
-        self.resolve(name, self.now_ms())
-            .map(|r| Framing {
-                content_type: r.entry.config.content_type.clone(),
-                closed: r.entry.closed,
+        self.resolve_entries(name, self.now_ms())
+            .map(|(entry, _)| Framing {
+                content_type: entry.config.content_type.clone(),
+                closed: entry.closed,
             })
             .ok_or_else(|| self.read_missing(name))
     }

@@ -79,13 +79,30 @@ impl Node {
 
     /// The live stream by name: expired streams are absent (and get removed in the background).
     pub(crate) fn resolve(&self, name: &StreamName, now: i64) -> Option<Resolved> {
-        let r = self.resolve_raw(name)?;
-        if self.expired(&r.entry, r.meta.id, now) {
+        let (entry, meta) = self.resolve_entries(name, now)?;
+        Some(Resolved {
+            name: name.clone(),
+            entry,
+            meta,
+        })
+    }
+
+    /// [`Node::resolve`] without copying the name, for callers that only read the entries
+    /// (every DS append asks for its framing first).
+    pub(crate) fn resolve_entries(
+        &self,
+        name: &StreamName,
+        now: i64,
+    ) -> Option<(Arc<RegistryEntry>, Arc<StreamMeta>)> {
+        let view = self.inner.meta.view();
+        let entry = view.registry.get(name.as_str())?;
+        let meta = view.streams.get(&entry.stream_id)?;
+        if self.expired(entry, meta.id, now) {
             // One removal per stream at a time: every request to an expired name lands here
             // (`None` also when a removal is already in flight).
-            let claim = RemovalClaim::take(&self.inner.removing, r.meta.id)?;
+            let claim = RemovalClaim::take(&self.inner.removing, meta.id)?;
             let node = self.clone();
-            let name = r.name.clone();
+            let name = name.clone();
             tokio::spawn(async move {
                 if let Err(e) = node.remove_expired(&name, claim.stream_id).await {
                     tracing::warn!(error = %e, stream = %name, "expired stream not removed yet");
@@ -94,7 +111,7 @@ impl Node {
             });
             return None;
         }
-        Some(r)
+        Some((entry.clone(), meta.clone()))
     }
 
     pub(crate) fn expired(&self, entry: &RegistryEntry, stream_id: u64, now: i64) -> bool {

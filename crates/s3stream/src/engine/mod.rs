@@ -345,6 +345,9 @@ struct State {
     next_gen: u64,
     shutting_down: bool,
     stopped: bool,
+    /// The writer's queue; taken (closed) when the engine stops, which also ends a writer
+    /// thread waiting for work.
+    tx: Option<mpsc::UnboundedSender<WriteItem>>,
 }
 
 impl State {
@@ -409,7 +412,6 @@ struct Shared {
     catalog: Arc<dyn Catalog>,
     on_durable: DurableHook,
     state: Mutex<State>,
-    tx: mpsc::UnboundedSender<WriteItem>,
     /// Bytes of appends not yet uploaded (bounds the writer queue and the upload backlog).
     space: Semaphore,
     space_total: usize,
@@ -456,10 +458,34 @@ fn data_prefix(node_id: u32, node_epoch: u64) -> String {
 struct EngineInner {
     shared: Arc<Shared>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The writer's thread, for a WAL that appends synchronously (`writer::run_on_thread`).
+    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl EngineInner {
+    /// Closes the writer's queue and waits for its thread, if any, to end: at most the write
+    /// under way finishes (a crash could land it too), and nothing is written after this
+    /// returns, so a WAL reopened on the same files never sees this engine still writing.
+    /// Call with the state marked `stopped`.
+    fn stop_writer_thread(&self) {
+        drop(self.shared.state().tx.take());
+        let thread = self
+            .writer_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = thread
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        self.shared.state().stopped = true;
+        self.stop_writer_thread();
         for t in self
             .tasks
             .get_mut()
@@ -495,12 +521,29 @@ impl Engine {
         let (shared, rx) = Self::shared_state(cfg, prefix, data, wal, catalog, on_durable).await?;
         let report = recovery::recover(&shared).await?;
 
-        let writer = tokio::spawn(writer::run(shared.clone(), rx));
-        let uploader = tokio::spawn(uploader::run(shared.clone()));
+        let mut tasks = vec![tokio::spawn(uploader::run(shared.clone()))];
+        let mut writer_thread = None;
+        if shared.wal.blocking().is_some() && shared.cfg.batch_interval.is_zero() {
+            let s = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("wal-writer".into())
+                .spawn(move || writer::run_on_thread(s, rx))
+                .map_err(|e| EngineError::Durability(format!("starting the wal writer: {e}")));
+            match spawned {
+                Ok(t) => writer_thread = Some(t),
+                Err(e) => {
+                    tasks.drain(..).for_each(|t| t.abort());
+                    return Err(e);
+                }
+            }
+        } else {
+            tasks.push(tokio::spawn(writer::run(shared.clone(), rx)));
+        }
         let engine = Engine {
             inner: Arc::new(EngineInner {
                 shared,
-                tasks: Mutex::new(vec![writer, uploader]),
+                tasks: Mutex::new(tasks),
+                writer_thread: Mutex::new(writer_thread),
             }),
         };
         Ok((engine, report))
@@ -564,6 +607,7 @@ impl Engine {
                 next_gen: 1,
                 shutting_down: false,
                 stopped: false,
+                tx: Some(tx),
             }),
             block_cache: Mutex::new(BlockCache::new(cfg.block_cache_bytes)),
             large_slice: tokio::sync::Mutex::new(None),
@@ -573,7 +617,6 @@ impl Engine {
             wal,
             catalog,
             on_durable,
-            tx,
             space: Semaphore::new(space_total),
             space_total,
             upload_kick: Notify::new(),
@@ -721,10 +764,10 @@ impl Engine {
             },
             ack: ack_tx,
         };
-        shared
-            .tx
-            .send(item)
-            .map_err(|_| EngineError::ShuttingDown)?;
+        st.tx
+            .as_ref()
+            .and_then(|tx| tx.send(item).ok())
+            .ok_or(EngineError::ShuttingDown)?;
         // Committed to the queue: only now do offsets and accounting move.
         permit.forget();
         st.enqueued_seq = seq;
@@ -907,6 +950,7 @@ impl Engine {
         let flushed = self.flush().await;
         self.shared().space.close();
         self.shared().state().stopped = true;
+        self.inner.stop_writer_thread();
         let tasks: Vec<_> = self
             .inner
             .tasks
@@ -930,6 +974,7 @@ impl Engine {
         st.stopped = true;
         drop(st);
         self.shared().space.close();
+        self.inner.stop_writer_thread();
         for t in self
             .inner
             .tasks

@@ -1,4 +1,6 @@
-//! The WAL writer: one task for the whole node.
+//! The WAL writer: one for the whole node. A task for an async WAL; a thread of its own for a
+//! WAL that appends synchronously (`Wal::blocking`: the local file), so the thread that syncs a
+//! group also acknowledges it and no task is woken in between.
 //!
 //! Invariants:
 //! - Group commit: every append waiting in the queue (all streams) goes into one `Wal::append`,
@@ -17,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::wal::WalError;
+use crate::wal::{WalError, WalRecord};
 
 use super::{Appended, DurableEntry, EngineError, QueuedRecord, Shared, WriteItem};
 
@@ -29,6 +31,30 @@ fn item_bytes(item: &WriteItem) -> usize {
     item.rec.batch.len() + item.rec.aux.len()
 }
 
+/// Takes `first` and whatever else is queued (no waiting) into one group of at most
+/// `max_bytes`; an item that would pass the bound is left in `carry` for the next group.
+fn take_queued(
+    first: WriteItem,
+    rx: &mut mpsc::UnboundedReceiver<WriteItem>,
+    max_bytes: usize,
+    carry: &mut Option<WriteItem>,
+) -> Vec<WriteItem> {
+    let mut bytes = item_bytes(&first);
+    let mut batch = vec![first];
+    while bytes < max_bytes {
+        let Ok(next) = rx.try_recv() else { break };
+        let n = item_bytes(&next);
+        if bytes + n > max_bytes {
+            *carry = Some(next);
+            break;
+        }
+        bytes += n;
+        batch.push(next);
+    }
+    batch
+}
+
+/// The writer as a task, for WALs that append asynchronously (objects, Postgres).
 pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<WriteItem>) {
     let max_bytes = shared.cfg.max_bytes_in_batch;
     let interval = shared.cfg.batch_interval;
@@ -41,38 +67,99 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Wri
                 None => return,
             },
         };
-        let mut bytes = item_bytes(&first);
-        let mut batch = vec![first];
-        let deadline = Instant::now() + interval;
-        while bytes < max_bytes {
-            let next = if interval.is_zero() {
-                match rx.try_recv() {
-                    Ok(item) => item,
-                    Err(_) => break,
+        let batch = if interval.is_zero() {
+            take_queued(first, &mut rx, max_bytes, &mut carry)
+        } else {
+            let mut bytes = item_bytes(&first);
+            let mut batch = vec![first];
+            let deadline = Instant::now() + interval;
+            while bytes < max_bytes {
+                let Ok(Some(next)) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+                    break;
+                };
+                let n = item_bytes(&next);
+                if bytes + n > max_bytes {
+                    carry = Some(next);
+                    break;
                 }
-            } else {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(item)) => item,
-                    _ => break,
-                }
-            };
-            let n = item_bytes(&next);
-            if bytes + n > max_bytes {
-                carry = Some(next);
-                break;
+                bytes += n;
+                batch.push(next);
             }
-            bytes += n;
-            batch.push(next);
+            batch
+        };
+        let Some(group) = begin(&shared, batch) else {
+            return;
+        };
+        let mut result = Err(EngineError::Durability(String::new()));
+        if !group.items.is_empty() {
+            for attempt in 0..WAL_ATTEMPTS {
+                let started = std::time::Instant::now();
+                let outcome = shared.wal.append(group.records.clone()).await;
+                let Some(backoff) = attempted(&shared, outcome, started, attempt, &mut result)
+                else {
+                    break;
+                };
+                tokio::time::sleep(backoff).await;
+            }
         }
-        write_batch(&shared, batch).await;
+        finish(&shared, group, result);
     }
 }
 
-async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
+/// The writer on a thread of its own, for a WAL that appends synchronously (the local file):
+/// each group is written, synced and acknowledged here, so a group costs one wake of this
+/// thread and the acks' wakes of the waiting requests, with no task in between. Ends when the
+/// queue's sender is dropped or the engine stopped (abort, shutdown).
+pub(super) fn run_on_thread(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<WriteItem>) {
+    let max_bytes = shared.cfg.max_bytes_in_batch;
+    let mut carry: Option<WriteItem> = None;
+    loop {
+        let first = match carry.take() {
+            Some(item) => item,
+            None => match rx.blocking_recv() {
+                Some(item) => item,
+                None => return,
+            },
+        };
+        let batch = take_queued(first, &mut rx, max_bytes, &mut carry);
+        let Some(group) = begin(&shared, batch) else {
+            return;
+        };
+        let mut result = Err(EngineError::Durability(String::new()));
+        if let Some(wal) = shared.wal.blocking()
+            && !group.items.is_empty()
+        {
+            for attempt in 0..WAL_ATTEMPTS {
+                let started = std::time::Instant::now();
+                let outcome = wal.append_sync(&group.records);
+                let Some(backoff) = attempted(&shared, outcome, started, attempt, &mut result)
+                else {
+                    break;
+                };
+                // This thread only writes: nothing else waits on it meanwhile.
+                std::thread::sleep(backoff);
+            }
+        }
+        finish(&shared, group, result);
+    }
+}
+
+/// A group about to be written: `items` and their `records`, in queue order.
+struct Group {
+    max_seq: u64,
+    items: Vec<WriteItem>,
+    records: Vec<WalRecord>,
+}
+
+/// Fails the appends queued behind a failed write of their generation and returns the rest;
+/// `None` once the engine stopped (abort, shutdown): nothing more is written, as after a crash.
+fn begin(shared: &Shared, batch: Vec<WriteItem>) -> Option<Group> {
     let max_seq = batch.iter().map(|i| i.seq).max().unwrap_or(0);
-    // Appends queued behind a failed write of their generation must fail too.
     let (doomed, items): (Vec<_>, Vec<_>) = {
         let st = shared.state();
+        if st.stopped {
+            return None;
+        }
         batch
             .into_iter()
             .partition(|i| st.failed_gens.contains(&i.gen_id))
@@ -84,40 +171,56 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
             &EngineError::Durability("an earlier write of this stream failed".into()),
         );
     }
-
+    let records: Vec<_> = items.iter().map(|i| i.rec.clone()).collect();
     if !items.is_empty() {
-        let records: Vec<_> = items.iter().map(|i| i.rec.clone()).collect();
         let t = &shared.timings;
         t.group_appends.record(items.len() as f64);
         t.group_bytes
             .record(items.iter().map(item_bytes).sum::<usize>() as f64);
-        let mut result = Err(EngineError::Durability(String::new()));
-        for attempt in 0..WAL_ATTEMPTS {
-            let started = std::time::Instant::now();
-            match shared.wal.append(records.clone()).await {
-                Ok(pos) => {
-                    t.commit.record(started.elapsed());
-                    result = Ok(pos);
-                    break;
-                }
-                Err(e) => {
-                    shared
-                        .counters
-                        .wal_write_failures
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(attempt, error = %e, "wal write failed");
-                    // A newer incarnation owns the WAL: no retry can succeed.
-                    if let WalError::Fenced(m) = e {
-                        result = Err(EngineError::WalFenced(m));
-                        break;
-                    }
-                    result = Err(EngineError::Durability(e.to_string()));
-                    if attempt + 1 < WAL_ATTEMPTS {
-                        tokio::time::sleep(WAL_BACKOFF * 4u32.pow(attempt)).await;
-                    }
-                }
-            }
+    }
+    Some(Group {
+        max_seq,
+        items,
+        records,
+    })
+}
+
+/// Accounts one WAL write attempt, puts its outcome in `result`, and returns the backoff
+/// before the next attempt, or `None` when there is none to make.
+fn attempted(
+    shared: &Shared,
+    outcome: Result<u64, WalError>,
+    started: std::time::Instant,
+    attempt: u32,
+    result: &mut Result<u64, EngineError>,
+) -> Option<Duration> {
+    match outcome {
+        Ok(pos) => {
+            shared.timings.commit.record(started.elapsed());
+            *result = Ok(pos);
+            None
         }
+        Err(e) => {
+            shared
+                .counters
+                .wal_write_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(attempt, error = %e, "wal write failed");
+            // A newer incarnation owns the WAL: no retry can succeed.
+            if let WalError::Fenced(m) = e {
+                *result = Err(EngineError::WalFenced(m));
+                return None;
+            }
+            *result = Err(EngineError::Durability(e.to_string()));
+            (attempt + 1 < WAL_ATTEMPTS).then(|| WAL_BACKOFF * 4u32.pow(attempt))
+        }
+    }
+}
+
+/// Acks (or fails) the group's appends after its write, then records the writer's progress.
+fn finish(shared: &Shared, group: Group, result: Result<u64, EngineError>) {
+    let Group { max_seq, items, .. } = group;
+    if !items.is_empty() {
         match result {
             Ok(pos) => {
                 shared.counters.wal_writes.fetch_add(1, Ordering::Relaxed);
@@ -129,7 +232,6 @@ async fn write_batch(shared: &Shared, batch: Vec<WriteItem>) {
             }
         }
     }
-
     {
         let mut st = shared.state();
         if st.enqueued_seq <= max_seq {
