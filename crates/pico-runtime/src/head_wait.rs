@@ -15,10 +15,12 @@
 //!   never cut here (the write-stall limit and the request body's timers bound those);
 //! - once the whole HTTP/2 preface is in, it is off: HTTP/2 pings a quiet connection instead.
 //!
-//! Cost per request: two atomic increments, and when a wait starts a clock read and a poll of
-//! the connection's sleep (already registered). The sleep is not moved when a wait ends; when it
-//! fires for a wait that has since ended it is reset once to the current wait's deadline, so a
-//! busy connection moves it at most once per limit.
+//! Cost per request: two atomic increments and a clock read (when the response ends), and a
+//! poll of the connection's sleep when a read finds nothing. The sleep stays armed from the
+//! first such read: at most a limit ahead while a request is served, at the current wait's
+//! deadline otherwise, and it is moved only when it fires (at most once per limit). Armed even
+//! while serving because hyper, having found the socket empty then, reads again only once the
+//! socket is readable: the wait that starts when the response ends must wake it by itself.
 
 use std::future::Future;
 use std::io;
@@ -40,13 +42,32 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Requests a connection's service has begun and responses it has ended; shared by the
 /// connection's [`HeadWait`] and its service.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Exchanges {
     begun: AtomicU64,
     ended: AtomicU64,
+    /// When the last exchange ended, in nanoseconds after `start`.
+    last_end: AtomicU64,
+    start: Instant,
+}
+
+impl Default for Exchanges {
+    fn default() -> Self {
+        Exchanges::new()
+    }
 }
 
 impl Exchanges {
+    /// Starts the clock for the first request (needs a Tokio runtime).
+    pub fn new() -> Self {
+        Exchanges {
+            begun: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
+            last_end: AtomicU64::new(0),
+            start: Instant::now(),
+        }
+    }
+
     /// A request reached the service: no wait counts until the returned guard is dropped
     /// (with the response body, see [`Tracked`]).
     pub fn begin(self: &Arc<Self>) -> Exchange {
@@ -54,10 +75,13 @@ impl Exchanges {
         Exchange(self.clone())
     }
 
-    /// The number of requests begun, if none is being served now.
-    fn idle(&self) -> Option<u64> {
+    /// When the current wait for a request started; `None` while one is being served.
+    fn idle_since(&self) -> Option<Instant> {
         let begun = self.begun.load(Ordering::Acquire);
-        (self.ended.load(Ordering::Acquire) == begun).then_some(begun)
+        if self.ended.load(Ordering::Acquire) != begun {
+            return None;
+        }
+        Some(self.start + Duration::from_nanos(self.last_end.load(Ordering::Acquire)))
     }
 }
 
@@ -67,6 +91,10 @@ pub struct Exchange(Arc<Exchanges>);
 
 impl Drop for Exchange {
     fn drop(&mut self) {
+        // The next wait starts now, whether or not a read sees it start (hyper may have found
+        // the socket empty while serving, and then reads again only once it is readable).
+        let since = u64::try_from(self.0.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.0.last_end.store(since, Ordering::Release);
         self.0.ended.fetch_add(1, Ordering::Release);
     }
 }
@@ -116,9 +144,8 @@ pub struct HeadWait<T> {
     inner: T,
     limit: Duration,
     exchanges: Arc<Exchanges>,
-    /// The wait being counted: the requests begun when it started, and when.
-    wait: (u64, Instant),
-    /// Allocated at the first read that waits; its deadline may lag the current wait's.
+    /// Armed from the first read that finds nothing, and kept armed: at most `limit` ahead
+    /// while a request is served, at most the current wait's deadline while none is.
     sleep: Option<Pin<Box<Sleep>>>,
     /// Bytes read so far that match the HTTP/2 preface, until the protocol is known.
     sniffed: Option<usize>,
@@ -127,40 +154,50 @@ pub struct HeadWait<T> {
 }
 
 impl<T> HeadWait<T> {
-    /// Starts the clock for the first request (needs a Tokio runtime).
+    /// `exchanges` is shared with the connection's service.
     pub fn new(inner: T, limit: Duration, exchanges: Arc<Exchanges>) -> Self {
         HeadWait {
             inner,
             limit,
             exchanges,
-            wait: (0, Instant::now()),
             sleep: None,
             sniffed: Some(0),
             off: false,
         }
     }
 
-    /// Whether the current wait for a request has lasted the limit; registers `cx` to be
-    /// woken when it will have.
+    /// The latest the sleep may fire: the current wait's deadline, or a limit from now while
+    /// a request is served (then it looks again).
+    fn next_look(&self) -> Instant {
+        match self.exchanges.idle_since() {
+            Some(since) => since + self.limit,
+            None => Instant::now() + self.limit,
+        }
+    }
+
+    /// Whether the current wait for a request has lasted the limit; keeps the sleep armed so
+    /// that the connection is polled (and this asked) again by then. A read that finds
+    /// nothing only polls the armed sleep: no clock read, no timer moved.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(begun) = self.exchanges.idle() else {
+        if self.sleep.is_none() {
+            let at = self.next_look();
+            self.sleep = Some(Box::pin(tokio::time::sleep_until(at)));
+        }
+        let Some(sleep) = self.sleep.as_mut() else {
             return false;
         };
-        if self.wait.0 != begun {
-            self.wait = (begun, Instant::now());
-        }
-        let deadline = self.wait.1 + self.limit;
-        let sleep = self
-            .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        while sleep.as_mut().poll(cx).is_ready() {
-            if sleep.deadline() >= deadline {
-                return true;
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return false;
             }
-            // Set for a wait that has ended since.
-            sleep.as_mut().reset(deadline);
+            let now = Instant::now();
+            let at = match self.exchanges.idle_since() {
+                Some(since) if since + self.limit <= now => return true,
+                Some(since) => since + self.limit,
+                None => now + self.limit,
+            };
+            sleep.as_mut().reset(at);
         }
-        false
     }
 }
 
@@ -253,17 +290,20 @@ mod tests {
     /// this is exact).
     async fn fails_after(io: &mut HeadWait<DuplexStream>, start: Instant) -> Duration {
         let mut buf = [0u8; 64];
-        loop {
-            let read = tokio::time::timeout(LIMIT * 10, io.read(&mut buf)).await;
-            match read.expect("still waiting after ten limits") {
-                Ok(0) => panic!("closed, not timed out"),
-                Ok(_) => {}
-                Err(e) => {
-                    assert_eq!(e.kind(), io::ErrorKind::TimedOut);
-                    return start.elapsed();
+        let fails = async {
+            loop {
+                match io.read(&mut buf).await {
+                    Ok(0) => panic!("closed, not timed out"),
+                    Ok(_) => {}
+                    Err(e) => return e,
                 }
             }
-        }
+        };
+        let e = tokio::time::timeout(LIMIT * 10, fails)
+            .await
+            .expect("still open after ten limits");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        start.elapsed()
     }
 
     #[tokio::test(start_paused = true)]
@@ -304,6 +344,44 @@ mod tests {
         drop(body);
         let ended = Instant::now();
         assert_eq!(fails_after(&mut io, ended).await, LIMIT);
+    }
+
+    /// Sets its flag when woken.
+    struct Flag(std::sync::atomic::AtomicBool);
+
+    impl futures::task::ArcWake for Flag {
+        fn wake_by_ref(f: &Arc<Self>) {
+            f.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// hyper may find the socket empty while a request is served and then not read again until
+    /// it is readable: the wait that starts when the response ends must still wake the
+    /// connection, and fail it at the limit from that end.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_no_read_sees_start_still_ends_the_connection() {
+        let (mut io, _client, exchanges) = conn();
+        let exchange = exchanges.begin();
+        let flag = Arc::new(Flag(Default::default()));
+        let waker = futures::task::waker(flag.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut buf = [0u8; 8];
+        let mut poll = |io: &mut HeadWait<DuplexStream>| {
+            Pin::new(io).poll_read(&mut cx, &mut ReadBuf::new(&mut buf))
+        };
+        assert!(poll(&mut io).is_pending());
+        tokio::time::sleep(LIMIT / 2).await;
+        drop(exchange);
+        let ended = Instant::now();
+        tokio::time::sleep_until(ended + LIMIT - Duration::from_millis(1)).await;
+        assert!(flag.0.swap(false, Ordering::SeqCst), "not woken while waiting");
+        assert!(poll(&mut io).is_pending(), "cut before the limit");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(flag.0.load(Ordering::SeqCst), "not woken at the limit");
+        match poll(&mut io) {
+            Poll::Ready(Err(e)) => assert_eq!(e.kind(), io::ErrorKind::TimedOut),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Each kept-alive wait is counted from its own start: requests that each come within the
