@@ -6,9 +6,8 @@
 //! request head (and forces one more read after each head to start it): a per-request cost a
 //! busy connection pays for a deadline that never fires. [`HeadWait`] keeps the same bound with
 //! one sleep per connection:
-//! - a wait starts at the first read that finds nothing while no request is being served: at
-//!   the connection's start, or after the previous response ended. It ends when the next
-//!   request reaches the service ([`Exchanges::begin`]). Bytes arriving in between do not
+//! - a wait starts when the connection opens or the previous response ends (its body is
+//!   dropped). It ends when the next request reaches the service ([`Exchanges::begin`]). Bytes arriving in between do not
 //!   restart it, so a head trickled in a byte at a time is cut at the same bound as silence;
 //! - while a request is served (from `begin` until its response body is dropped, see
 //!   [`Tracked`]) nothing counts: an SSE or long-poll answer whose client sends nothing is
@@ -374,7 +373,10 @@ mod tests {
         drop(exchange);
         let ended = Instant::now();
         tokio::time::sleep_until(ended + LIMIT - Duration::from_millis(1)).await;
-        assert!(flag.0.swap(false, Ordering::SeqCst), "not woken while waiting");
+        assert!(
+            flag.0.swap(false, Ordering::SeqCst),
+            "not woken while waiting"
+        );
         assert!(poll(&mut io).is_pending(), "cut before the limit");
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert!(flag.0.load(Ordering::SeqCst), "not woken at the limit");
