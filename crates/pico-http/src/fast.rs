@@ -25,10 +25,12 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::{Body, HttpBody};
-use axum::extract::{Request, State};
+use axum::extract::Request;
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use pico_common::StreamName;
 use pico_server::Node;
 use tower::ServiceExt;
 
@@ -121,10 +123,7 @@ impl Protocol {
         let mut resp = match cors::admit(&self.0.cors.origins, &req) {
             Err(refused) => refused.into_response(),
             Ok(admitted) => {
-                let mut resp = match self.owner(req.method(), req.uri()).await {
-                    Some(elsewhere) => elsewhere,
-                    None => self.handle(target, req).await,
-                };
+                let mut resp = self.handle(target, req).await;
                 admitted.finish(&mut resp);
                 resp
             }
@@ -136,33 +135,48 @@ impl Protocol {
         resp
     }
 
-    /// A 307 or 503 when the stream is not this node's to serve ([`routing`]).
-    async fn owner(&self, method: &Method, uri: &axum::http::Uri) -> Option<Response> {
-        if !self.0.routing {
+    /// A 307 or 503 when the stream is not this node's to serve ([`routing`]). `name` is the
+    /// handler's parse of the path, which owner routing would make the same way.
+    async fn owner(&self, parts: &Parts, name: Option<&StreamName>) -> Option<Response> {
+        if !self.0.routing || !routing::routes(parts.uri.path(), self.0.ds_root.is_some()) {
             return None;
         }
-        let ds_at_root = self.0.ds_root.is_some();
-        routing::owner_answer(&self.0.node, method, uri, ds_at_root).await
+        routing::owner_answer_for(&self.0.node, &parts.method, &parts.uri, name?).await
     }
 
+    /// Owner routing, then the handler; the stream name is parsed once for both.
     async fn handle(&self, target: Target, req: Request) -> Response {
         let (parts, body) = req.into_parts();
-        let node = || State(self.0.node.clone());
-        match target {
-            Target::PicoAppend => pico::append::append(node(), parts.uri, parts.headers, body)
-                .await
-                .into_response(),
-            Target::PicoRead => pico::read::read(node(), parts.uri, parts.headers)
-                .await
-                .into_response(),
-            Target::PicoHead => pico::head::head(node(), parts.uri).await.into_response(),
-            Target::Ds { at_root } => {
-                let ds = match (&self.0.ds_root, at_root) {
-                    (Some(root), true) => root,
-                    _ => &self.0.ds_v1,
-                };
-                ds::serve(ds, &parts.method, &parts.uri, &parts.headers, body).await
+        let node = || self.0.node.clone();
+        if let Target::Ds { at_root } = target {
+            let ds = match (&self.0.ds_root, at_root) {
+                (Some(root), true) => root,
+                _ => &self.0.ds_v1,
+            };
+            let name = ds::stream_name(ds.root, &parts.uri);
+            if let Some(elsewhere) = self.owner(&parts, name.as_ref().ok()).await {
+                return elsewhere;
             }
+            return ds::serve_named(ds, name, &parts.method, &parts.uri, &parts.headers, body)
+                .await;
+        }
+        let name = match pico::stream_name(&parts.uri) {
+            Ok(name) => name,
+            Err(e) => return e.into_response(),
+        };
+        if let Some(elsewhere) = self.owner(&parts, Some(&name)).await {
+            return elsewhere;
+        }
+        match target {
+            Target::PicoAppend => pico::append::append_named(node(), name, parts.headers, body)
+                .await
+                .into_response(),
+            Target::PicoHead => pico::head::head_named(&self.0.node, name)
+                .await
+                .into_response(),
+            _ => pico::read::read_named(node(), name, &parts.uri, parts.headers)
+                .await
+                .into_response(),
         }
     }
 }
@@ -410,6 +424,9 @@ mod tests {
                 (post.clone(), pico.into(), vec![], ""),
                 (post.clone(), pico.into(), big.to_vec(), ""),
                 (post.clone(), "/a%2Fb".into(), vec![], "x"),
+                // Names the handler refuses, parsed once for owner routing and the handler.
+                (get.clone(), format!("{pico}/%2E%2e"), vec![], ""),
+                (post.clone(), format!("{ds}%2Fz"), text.to_vec(), "x"),
                 (get.clone(), format!("{ds}?offset=-1"), vec![], ""),
                 (get.clone(), format!("{ds}?offset=-1"), page.to_vec(), ""),
                 (get.clone(), format!("{ds}?offset=now"), vec![], ""),

@@ -25,9 +25,10 @@ use axum::response::{IntoResponse, Response};
 use pico_common::StreamName;
 use pico_server::{Node, Route};
 
-/// The stream a request path names, if any (Pico path, or DS under `/v1/stream/`). Must agree
-/// with the handlers: a stream they serve that this misses is never redirected.
-fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
+/// The part of a request path that names a stream for owner routing (Pico path, or DS under
+/// `/v1/stream/`); `None` for paths served wherever they land. Must agree with the handlers: a
+/// stream they serve that this misses is never redirected.
+fn named_part(path: &str, ds_at_root: bool) -> Option<&str> {
     let rest = match path.strip_prefix("/v1/stream/") {
         Some(rest) => rest,
         // `v1/stream` is a reserved name under either mount.
@@ -39,7 +40,19 @@ fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
     if control(rest) || (ds_at_root && control(path)) {
         return None;
     }
-    StreamName::from_path(rest).ok()
+    Some(rest)
+}
+
+/// The stream a request path names, if any.
+fn stream_of(path: &str, ds_at_root: bool) -> Option<StreamName> {
+    StreamName::from_path(named_part(path, ds_at_root)?).ok()
+}
+
+/// Whether owner routing looks at `path`, for a caller that has parsed the stream name itself
+/// (the hot path: the name the handler gets is the one [`owner_answer_for`] routes, as both
+/// parse with [`StreamName::from_path`], which ignores the slashes around the name).
+pub fn routes(path: &str, ds_at_root: bool) -> bool {
+    named_part(path, ds_at_root).is_some()
 }
 
 /// The middleware (state: the node and whether DS is served at the root).
@@ -67,10 +80,21 @@ pub async fn owner_answer(
     ds_at_root: bool,
 ) -> Option<Response> {
     let name = stream_of(uri.path(), ds_at_root)?;
+    owner_answer_for(node, method, uri, &name).await
+}
+
+/// [`owner_answer`] for a request whose stream name the caller has parsed already (and whose
+/// path [`routes`]).
+pub async fn owner_answer_for(
+    node: &Node,
+    method: &Method,
+    uri: &Uri,
+    name: &StreamName,
+) -> Option<Response> {
     if !matches!(*method, Method::GET | Method::HEAD) {
-        node.hold_for_handoff(&name).await;
+        node.hold_for_handoff(name).await;
     }
-    let owner = match node.route(&name) {
+    let owner = match node.route(name) {
         Route::Local => return None,
         Route::Redirect(url) => url,
         // The owner lapsed or was fenced: a redirect would point at a dead address, and serving

@@ -18,6 +18,7 @@ pub mod coalesce;
 pub mod config;
 pub mod conn_exec;
 pub mod guard;
+pub mod head_wait;
 pub mod host;
 pub mod listener;
 pub mod startup;

@@ -13,11 +13,10 @@
 //! ([`ConnExec`]) instead of a task per stream.
 //!
 //! Connections that stop talking are closed rather than held forever:
-//! - until the first bytes show the protocol, [`Preface`] bounds the wait (hyper's protocol
-//!   detection has no timer of its own, so a client that sends nothing, or half the HTTP/2
-//!   preface, would otherwise hold its socket and task for good);
-//! - HTTP/1.1 then has its header read timer (also between requests on a kept-alive
-//!   connection);
+//! - [`HeadWait`] bounds the wait for a request: for the first bytes that show the protocol
+//!   (hyper's protocol detection has no timer of its own), then on HTTP/1.1 for each request's
+//!   head, counted from the end of the previous response; one sleep per connection rather than
+//!   hyper's `header_read_timeout`, which arms a timer per request;
 //! - HTTP/2 pings a connection that has gone quiet and closes it when no answer comes;
 //! - a request body that stops arriving mid-way fails after [`BODY_IDLE_TIMEOUT`], one that
 //!   trickles in below [`BODY_MIN_RATE`] (after [`BODY_RATE_GRACE`]) or is not complete within
@@ -28,12 +27,14 @@
 //!   client keeps the socket drained but its flow-control window shut is dropped after the same
 //!   limit ([`ConnExec`]'s watchdog).
 
-use crate::coalesce::{Coalesce, Sniff, sniff};
+use crate::coalesce::Coalesce;
 use crate::conn_exec::ConnExec;
 use crate::guard::{self, BodyLimits, Edge};
+use crate::head_wait::{Exchanges, HeadWait, Tracked};
 use crate::host::HostPolicy;
 use crate::wait_timer::WaitTimer;
 use axum::extract::Request;
+use axum::http::Version;
 use axum::response::Response;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -170,19 +171,10 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// The connection builder, with `exec` running the connection's HTTP/2 streams (public so
 /// `examples/sse_floor.rs` measures the same stack).
+/// HTTP/1.1 has no header read timer: [`HeadWait`] around the socket bounds that wait.
 pub fn builder(opts: ListenOptions, exec: ConnExec) -> Builder<ConnExec> {
-    builder_with(opts, HEADER_READ_TIMEOUT, exec)
-}
-
-fn builder_with(
-    opts: ListenOptions,
-    header_read_timeout: Duration,
-    exec: ConnExec,
-) -> Builder<ConnExec> {
     let mut b = Builder::new(exec);
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+    b.http1().header_read_timeout(None);
     b.http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
@@ -224,9 +216,12 @@ pub async fn serve<A: App>(
             }
         };
         tune(&tcp);
+        let exchanges = Arc::new(Exchanges::default());
         let svc = {
-            let (app, edge) = (app.clone(), edge.clone());
+            let (app, edge, exchanges) = (app.clone(), edge.clone(), exchanges.clone());
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                // HTTP/1.1: no wait for a request counts until this answer has been sent.
+                let exchange = (req.version() < Version::HTTP_2).then(|| exchanges.begin());
                 let method = req.method().clone();
                 let admitted =
                     guard::admit(&edge, req).map(|(req, passed)| (app.call(req), passed));
@@ -236,17 +231,18 @@ pub async fn serve<A: App>(
                         Err(refused) => axum::response::IntoResponse::into_response(refused),
                     };
                     seal(&mut resp, &method);
-                    Ok::<_, Infallible>(resp)
+                    Ok::<_, Infallible>(resp.map(|b| Tracked::new(b, exchange)))
                 }
             })
         };
         // An executor per connection, so its HTTP/2 streams run in its own task.
         let exec = ConnExec::new(timeouts.stall);
-        let io = Coalesce::new(Preface::new(
+        let io = Coalesce::new(HeadWait::new(
             WriteStall::new(tcp, timeouts.stall),
             timeouts.header_read,
+            exchanges,
         ));
-        let conn = builder_with(opts, timeouts.header_read, exec.clone())
+        let conn = builder(opts, exec.clone())
             .serve_connection_with_upgrades(TokioIo::new(io), svc)
             .into_owned();
         let conn = graceful.watch(conn);
@@ -278,99 +274,6 @@ fn tune(tcp: &TcpStream) {
         .with_retries(KEEPALIVE_RETRIES);
     if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive) {
         tracing::debug!(error = %e, "TCP keepalive not set");
-    }
-}
-
-/// The HTTP/2 connection preface (RFC 9113 §3.4): hyper reads this many bytes, or up to the
-/// first that differs, to choose the protocol.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// A connection whose reads fail with `TimedOut` if the bytes that choose its protocol (the
-/// whole HTTP/2 preface, or a byte that departs from it) have not arrived within the timeout.
-/// Past that point it is the socket itself: the protocols' own timers take over.
-#[derive(Debug)]
-pub struct Preface<T> {
-    inner: T,
-    /// Armed until the protocol is known.
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// Bytes read so far, all matching the preface.
-    seen: usize,
-}
-
-impl<T> Preface<T> {
-    /// Starts the clock (needs a Tokio runtime).
-    pub fn new(inner: T, timeout: Duration) -> Self {
-        Preface {
-            inner,
-            deadline: Some(Box::pin(tokio::time::sleep(timeout))),
-            seen: 0,
-        }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Preface<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if this.deadline.is_some() {
-                    let got = &buf.filled()[before..];
-                    // End of stream, a byte off the preface, or the whole preface: decided.
-                    match sniff(H2_PREFACE, this.seen, got) {
-                        Sniff::More(seen) if !got.is_empty() => this.seen = seen,
-                        _ => this.deadline = None,
-                    }
-                }
-                Poll::Ready(Ok(()))
-            }
-            Poll::Pending => {
-                if let Some(d) = this.deadline.as_mut()
-                    && d.as_mut().poll(cx).is_ready()
-                {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no request started in time",
-                    )));
-                }
-                Poll::Pending
-            }
-            err => err,
-        }
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Preface<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, data)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -596,6 +499,129 @@ mod tests {
             closes(addr, b"GET / HT").await,
             "half a request line kept the connection open"
         );
+    }
+
+    /// Reads from `c` until what came ends with `end`; `None` if the connection closed first.
+    fn read_until(c: &mut TcpStream, end: &[u8]) -> Option<Vec<u8>> {
+        c.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(end) {
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        Some(got)
+    }
+
+    /// Whether the server closes `c` within [`CLOSE_WITHIN`] (an answer before that is fine).
+    fn closed(c: &mut TcpStream) -> bool {
+        c.set_read_timeout(Some(CLOSE_WITHIN)).unwrap();
+        let mut buf = [0u8; 1024];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) => {
+                    return !matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    );
+                }
+            }
+        }
+    }
+
+    /// A kept-alive HTTP/1.1 connection is served as long as each request comes within the
+    /// limit of the previous answer (here three, 120 ms apart, outlast the 200 ms limit), and
+    /// closed once its client sends nothing more. hyper's own header timer is off, so this is
+    /// the listener's deadline ([`HeadWait`]).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_alive_connection_that_sends_nothing_more_is_closed() {
+        let (addr, _stop) = server().await;
+        tokio::task::spawn_blocking(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            for i in 0..3 {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_millis(120));
+                }
+                c.write_all(b"GET / HTTP/1.1\r\nhost: localhost\r\n\r\n")
+                    .unwrap();
+                let got = read_until(&mut c, b"ok").expect("closed while in use");
+                assert!(got.starts_with(b"HTTP/1.1 200"), "request {i}");
+            }
+            let idle = std::time::Instant::now();
+            assert!(closed(&mut c), "an idle kept-alive connection stayed open");
+            // Not before the limit (less a margin for the answer's trip).
+            assert!(
+                idle.elapsed() >= Duration::from_millis(150),
+                "{:?}",
+                idle.elapsed()
+            );
+        })
+        .await
+        .unwrap();
+    }
+
+    /// A head trickled in a byte at a time, each byte well within the limit, is cut off: the
+    /// limit bounds the whole wait for a request, not the gap between its bytes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_trickled_head_is_cut_off() {
+        let (addr, _stop) = server().await;
+        let got = trickle(
+            addr,
+            "GET / HTTP/1.1\r\nhost: localhost\r\nx-pad: ".into(),
+            Duration::from_millis(40),
+            250,
+        )
+        .await
+        .expect("a trickled head kept its connection open");
+        assert!(got.is_empty(), "{got}");
+    }
+
+    /// A response that takes longer than the limit to start, and one that then waits longer
+    /// than it between chunks (a long-poll, an SSE answer), are not cut while their client,
+    /// as it should, sends nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_response_slower_than_the_limit_is_not_cut() {
+        let app = axum::Router::new()
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                    "ok"
+                }),
+            )
+            .route(
+                "/events",
+                axum::routing::get(|| async {
+                    let chunks = futures::stream::iter(0..3).then(|i| async move {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok::<_, Infallible>(axum::body::Bytes::from(format!("event {i}\n")))
+                    });
+                    axum::body::Body::from_stream(chunks)
+                }),
+            );
+        let timeouts = Timeouts {
+            header_read: Duration::from_millis(200),
+            ..Timeouts::default()
+        };
+        let (addr, _stop) = serve_app(app, timeouts).await;
+        tokio::task::spawn_blocking(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(b"GET /slow HTTP/1.1\r\nhost: localhost\r\n\r\n")
+                .unwrap();
+            let got = read_until(&mut c, b"ok").expect("a slow answer was cut");
+            assert!(got.starts_with(b"HTTP/1.1 200"));
+            c.write_all(b"GET /events HTTP/1.1\r\nhost: localhost\r\n\r\n")
+                .unwrap();
+            let got = read_until(&mut c, b"0\r\n\r\n").expect("a quiet stream was cut");
+            let got = String::from_utf8_lossy(&got);
+            assert!(got.contains("event 0") && got.contains("event 2"), "{got}");
+        })
+        .await
+        .unwrap();
     }
 
     /// Once the preface is in, the protocol timer is off: an HTTP/2 connection idle for longer

@@ -102,7 +102,19 @@ pub async fn serve(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
-    let result = match stream_name(ds.root, uri) {
+    serve_named(ds, stream_name(ds.root, uri), method, uri, headers, body).await
+}
+
+/// [`serve`] for a request whose stream name (by [`stream_name`]) the caller has parsed.
+pub async fn serve_named(
+    ds: &Ds,
+    name: Result<StreamName, DsError>,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let result = match name {
         Err(e) => Err(e),
         Ok(name) => match *method {
             Method::GET => read::get(ds, name, uri, headers).await,
@@ -167,13 +179,16 @@ pub(crate) fn set(headers: &mut HeaderMap, name: &'static str, value: HeaderValu
     headers.insert(HeaderName::from_static(name), value);
 }
 
+/// Built at compile time: `from_static` at run time checks the name on every call.
+const STREAM_NEXT_OFFSET: HeaderName = HeaderName::from_static(h::DS_STREAM_NEXT_OFFSET);
+
 pub(crate) fn set_offset(headers: &mut HeaderMap, offset: u64) {
     // The digits' buffer becomes the value as it is (one allocation, not a string and a copy):
     // every append's answer carries one.
     let mut digits = Vec::with_capacity(20);
     push_offset(&mut digits, offset);
     if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(digits)) {
-        set(headers, h::DS_STREAM_NEXT_OFFSET, v);
+        headers.insert(STREAM_NEXT_OFFSET, v);
     }
 }
 

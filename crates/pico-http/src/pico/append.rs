@@ -22,7 +22,16 @@ pub async fn append(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let name = stream_name(&uri)?;
+    append_named(node, stream_name(&uri)?, headers, body).await
+}
+
+/// [`append`] to a stream whose name the caller has parsed.
+pub async fn append_named(
+    node: Node,
+    name: StreamName,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
     let ah = parse_append(&headers)?;
     let body = read_body(&headers, body, node.config().max_request_size).await?;
     if let Some(seq) = ah.trim_seq {

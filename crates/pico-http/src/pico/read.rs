@@ -107,8 +107,17 @@ pub async fn read(
     uri: Uri,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let name = stream_name(&uri)?;
-    let q = ReadQuery::parse(&Params::parse(&uri)?)?;
+    read_named(node, stream_name(&uri)?, &uri, headers).await
+}
+
+/// [`read`] of a stream whose name the caller has parsed from `uri`.
+pub async fn read_named(
+    node: Node,
+    name: StreamName,
+    uri: &Uri,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let q = ReadQuery::parse(&Params::parse(uri)?)?;
     match q.live {
         Live::CatchUp => catch_up(&node, &name, &q, &headers).await,
         Live::LongPoll => long_poll(&node, &name, &q).await.map(live_read),
