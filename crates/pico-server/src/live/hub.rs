@@ -921,6 +921,69 @@ mod tests {
         assert!(lock(&hub.state).groups.is_empty());
     }
 
+    /// A connection that records what the hub wrote to it, and refuses while `refuse` is set.
+    #[derive(Default)]
+    struct Wire {
+        written: Mutex<Vec<u8>>,
+        refuse: std::sync::atomic::AtomicBool,
+        reclaimed: AtomicUsize,
+    }
+
+    impl DirectOut for Wire {
+        fn lend(&self) -> bool {
+            true
+        }
+
+        fn send(&self, wire: &Bytes) -> bool {
+            if self.refuse.load(Ordering::SeqCst) {
+                return false;
+            }
+            lock(&self.written).extend_from_slice(wire);
+            true
+        }
+
+        fn reclaim(&self) {
+            self.reclaimed.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A lent subscriber's deliveries go to its connection as HTTP/1.1 chunks, without a
+    /// wake; one already covered by its own read is dropped; one the connection refuses is
+    /// queued, and the subscriber takes the connection back at the offset the hub reached.
+    #[tokio::test]
+    async fn a_lent_subscriber_is_written_directly_until_the_connection_refuses() {
+        let (_hubs, hub) = idle_hub().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let s = sub(&hub, key("a"), &calls);
+        let wire = Arc::new(Wire::default());
+        let out: Arc<dyn DirectOut> = wire.clone();
+        assert!(s.lend(&out, 5));
+        assert!(!s.lend(&out, 5), "lent once");
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(s.poll_lent(&mut cx).is_pending());
+        let mut wake = Vec::new();
+        publish(&hub.state, frame(5, 6), false, &mut wake);
+        publish(&hub.state, frame(3, 4), false, &mut wake);
+        publish(&hub.state, frame(6, 17), false, &mut wake);
+        assert_eq!(&lock(&wire.written)[..], b"3\r\n5-6\r\n4\r\n6-17\r\n");
+        assert!(s.poll_lent(&mut cx).is_pending(), "nothing queued");
+        assert!(s.last_sent().is_some());
+        wire.refuse.store(true, Ordering::SeqCst);
+        publish(&hub.state, frame(17, 18), false, &mut wake);
+        let back = match s.poll_lent(&mut cx) {
+            Poll::Ready(Some(back)) => back,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(back.next, 17);
+        assert_eq!(wire.reclaimed.load(Ordering::SeqCst), 1);
+        assert_eq!(bytes_of(ready(&s)).1, Bytes::from("17-18"));
+        // Taken back: nothing more goes to the connection.
+        wire.refuse.store(false, Ordering::SeqCst);
+        publish(&hub.state, frame(18, 19), false, &mut wake);
+        assert_eq!(bytes_of(ready(&s)).1, Bytes::from("18-19"));
+        assert_eq!(lock(&wire.written).len(), 17);
+    }
+
     /// Subscribers of one stream share one hub, get each append's records once with their
     /// offsets, and the hub goes with the last subscriber.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
