@@ -3,6 +3,8 @@
 //! - [`config`]: the parsed `pico serve` settings.
 //! - [`stores`]: opens object storage and the WAL from bucket URIs; locks a local WAL directory.
 //! - [`coalesce`]: HTTP/2 write coalescing (one write per fan-out round, not per stream).
+//! - [`direct`]: the accepted socket, shared so a live stream's hub can write caught-up
+//!   HTTP/1.1 SSE subscribers' events to it directly.
 //! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task, and drops
 //!   those whose client stopped taking their response.
 //! - [`guard`]: per-request guards (`Host`, transfer and content codings, request body timers
@@ -17,6 +19,7 @@
 pub mod coalesce;
 pub mod config;
 pub mod conn_exec;
+pub mod direct;
 pub mod guard;
 pub mod head_wait;
 pub mod host;

@@ -29,6 +29,7 @@
 
 use crate::coalesce::Coalesce;
 use crate::conn_exec::ConnExec;
+use crate::direct;
 use crate::guard::{self, BodyLimits, Edge};
 use crate::head_wait::{Exchanges, HeadWait, Tracked};
 use crate::host::HostPolicy;
@@ -40,6 +41,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use pico_http::fast::seal;
+use pico_server::live::hub::DirectOffer;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -216,12 +218,14 @@ pub async fn serve<A: App>(
             }
         };
         tune(&tcp);
+        let (tcp, lender) = direct::split(tcp);
         let exchanges = Arc::new(Exchanges::default());
         let svc = {
             let (app, edge, exchanges) = (app.clone(), edge.clone(), exchanges.clone());
             hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 // HTTP/1.1: no wait for a request counts until this answer has been sent.
                 let exchange = (req.version() < Version::HTTP_2).then(|| exchanges.begin());
+                let lend = lends(&req).then(|| lender.out());
                 let method = req.method().clone();
                 let admitted =
                     guard::admit(&edge, req).map(|(req, passed)| (app.call(req), passed));
@@ -231,6 +235,10 @@ pub async fn serve<A: App>(
                         Err(refused) => axum::response::IntoResponse::into_response(refused),
                     };
                     seal(&mut resp, &method);
+                    if let (Some(out), Some(offer)) = (lend, resp.extensions().get::<DirectOffer>())
+                    {
+                        offer.fill(out);
+                    }
                     Ok::<_, Infallible>(resp.map(|b| Tracked::new(b, exchange)))
                 }
             })
@@ -254,6 +262,15 @@ pub async fn serve<A: App>(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// Whether `req`'s answer may be a live response that lends its connection to a hub
+/// ([`direct`]): an HTTP/1.1 `GET` (its body goes out chunked) asking for SSE. A cheap test,
+/// so no other request pays for the offer.
+fn lends<B>(req: &hyper::Request<B>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.method() == axum::http::Method::GET
+        && req.uri().query().is_some_and(|q| q.contains("live=sse"))
 }
 
 /// Socket options for an accepted connection (failures only cost the option: logged, not fatal).

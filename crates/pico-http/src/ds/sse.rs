@@ -9,6 +9,11 @@
 //! encodes its events once per group of subscribers that send the same bytes (same rendering,
 //! same cursor, [`GroupEncoder`]); the body takes the ready bytes from its slot. Whenever the
 //! hub's frames do not line up with its offset it reads for itself again.
+//!
+//! Over HTTP/1.1 the response offers its connection ([`DirectOffer`], filled by the listener):
+//! a subscriber with nothing to send lends it to the hub, which then writes the group's chunks
+//! straight to the socket; the body takes it back before it sends anything itself (a queued
+//! delivery, a keep-alive, the end).
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -28,7 +33,9 @@ use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_protocol::headers::is_json;
 use pico_protocol::{OffsetSpec, push_decimal, push_offset};
-use pico_server::live::hub::{Delivery, Encoder, Event, Frame, GroupKey, Subscription};
+use pico_server::live::hub::{
+    Delivery, DirectOffer, Encoder, Event, Frame, GroupKey, Reclaimed, Subscription,
+};
 use pico_server::{ReadOutcome, ReadRecord};
 use tokio::time::{Instant, Sleep};
 
@@ -201,6 +208,11 @@ struct SseState {
     keepalive_waker: Option<Waker>,
     /// Frames to send; at most two per step, so bounded (a large one is rendered as it goes).
     pending: Pieces,
+    /// This response's connection, when the listener offers it (HTTP/1.1).
+    offer: DirectOffer,
+    /// The connection is lent to the hub: the hub writes the deliveries, and `next` is stale
+    /// until it is taken back.
+    lent: bool,
     /// Counts this response in `pico_http_sse_streams` until the body is dropped.
     _open: SseOpen,
 }
@@ -234,6 +246,8 @@ impl SseState {
             keepalive: Box::pin(tokio::time::sleep_until(first_wake)),
             keepalive_waker: None,
             pending: Pieces::default(),
+            offer: DirectOffer::default(),
+            lent: false,
             _open: SseOpen::new("ds"),
         }
     }
@@ -385,6 +399,56 @@ impl SseState {
         Poll::Ready(())
     }
 
+    /// Waiting with nothing to send: lends the connection to the hub if it is offered.
+    fn lend(&mut self) -> bool {
+        let (Some(out), Some(sub)) = (self.offer.get(), &self.hub) else {
+            return false;
+        };
+        self.lent = sub.lend(out, self.next);
+        self.lent
+    }
+
+    /// While lent: `Pending` until the slot holds something for this body or the keep-alive
+    /// is due (counted from the last delivery the hub wrote), then takes the connection back
+    /// and picks up where the hub left it.
+    fn poll_lent(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(sub) = &self.hub else {
+            self.lent = false;
+            return Poll::Ready(());
+        };
+        let back = match sub.poll_lent(cx) {
+            Poll::Ready(back) => back,
+            Poll::Pending => {
+                loop {
+                    std::task::ready!(poll_keepalive(
+                        &mut self.keepalive,
+                        &mut self.keepalive_waker,
+                        cx
+                    ));
+                    let wake = match sub.last_sent() {
+                        Some(t) => (t + self.poll).min(self.deadline),
+                        None => self.wake.unwrap_or(self.deadline),
+                    };
+                    if Instant::now() >= wake {
+                        break;
+                    }
+                    self.keepalive.as_mut().reset(wake);
+                    self.keepalive_waker = None;
+                }
+                sub.reclaim()
+            }
+        };
+        self.lent = false;
+        if let Some(Reclaimed { next, last }) = back {
+            self.next = next;
+            if let Some(t) = last {
+                // The wait for a keep-alive starts at the hub's last write.
+                self.wake = Some((t + self.poll).min(self.deadline));
+            }
+        }
+        Poll::Ready(())
+    }
+
     /// The slow path: joins the hub once caught up (reading the gap if the hub is already
     /// past this subscriber), or reads for itself.
     async fn step(&mut self) {
@@ -466,7 +530,9 @@ pub async fn sse(ds: &Ds, name: StreamName, q: &ReadQuery) -> Result<Response, D
         first.next_seq,
     );
     st.absorb(&first, true);
+    let offer = st.offer.clone();
     let mut resp = Response::new(body(st));
+    resp.extensions_mut().insert(offer);
     let hm = resp.headers_mut();
     hm.insert(
         header::CONTENT_TYPE,
@@ -507,6 +573,9 @@ impl Stream for SseBody {
             let Some(st) = this.st.as_mut() else {
                 return Poll::Ready(None);
             };
+            if st.lent {
+                std::task::ready!(st.poll_lent(cx));
+            }
             if let Some(b) = st.pending.next_bytes() {
                 return Poll::Ready(Some(Ok(b)));
             }
@@ -514,7 +583,9 @@ impl Stream for SseBody {
                 return Poll::Ready(None);
             }
             if st.caught_up && st.hub.is_some() {
-                std::task::ready!(st.poll_follow(cx));
+                if st.poll_follow(cx).is_pending() && !st.lend() {
+                    return Poll::Pending;
+                }
                 continue;
             }
             if let Some(mut st) = this.st.take() {

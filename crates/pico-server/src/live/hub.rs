@@ -16,16 +16,24 @@
 //! read errors) is decided by the ordinary read path. Hubs exist only while somebody
 //! subscribes: the registry (one per [`Node`]) holds weak references, and the last
 //! subscriber's drop stops the task and removes the entry.
+//!
+//! An HTTP/1.1 subscriber with nothing queued can lend its connection to the hub
+//! ([`Subscription::lend`], a [`DirectOut`] from the runtime): its deliveries are then written
+//! by the hub task straight to the socket as HTTP/1.1 chunks built once per group
+//! ([`Delivery::chunked`]), with no wake and no body poll per subscriber. Anything the hub
+//! cannot write that way (a frame that does not line up, a closed stream, a full connection) is
+//! queued in the slot as usual, and the subscriber takes its connection back before sending it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use pico_common::StreamName;
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use super::{LongPoll, payload_len};
 use crate::api::{ReadFrom, ReadOutcome, ReadRecord, ReadRequest};
@@ -105,6 +113,86 @@ pub struct Delivery {
     pub frame: Arc<Frame>,
     /// The group's bytes for the frame, or `None` (see [`Encoder::encode`]).
     pub parts: Option<Vec<Bytes>>,
+    /// `parts` as HTTP/1.1 chunks, made for the first member whose connection is lent.
+    chunked: OnceLock<Option<Bytes>>,
+}
+
+impl Delivery {
+    pub fn new(frame: Arc<Frame>, parts: Option<Vec<Bytes>>) -> Delivery {
+        Delivery {
+            frame,
+            parts,
+            chunked: OnceLock::new(),
+        }
+    }
+
+    /// The group's bytes as the HTTP/1.1 chunks hyper writes for them (each part one chunk,
+    /// `{len:X}\r\n{part}\r\n`, empty parts skipped as hyper skips empty frames): built once per
+    /// delivery, shared by every lent member of the group.
+    pub fn chunked(&self) -> Option<&Bytes> {
+        self.chunked
+            .get_or_init(|| {
+                let parts = self.parts.as_ref()?;
+                let len = parts.iter().map(|p| p.len() + 20).sum();
+                let mut out = Vec::with_capacity(len);
+                for p in parts.iter().filter(|p| !p.is_empty()) {
+                    out.extend_from_slice(format!("{:X}\r\n", p.len()).as_bytes());
+                    out.extend_from_slice(p);
+                    out.extend_from_slice(b"\r\n");
+                }
+                Some(Bytes::from(out))
+            })
+            .as_ref()
+    }
+}
+
+/// A subscriber's HTTP/1.1 connection, lent to its hub while its response has nothing else to
+/// send (implemented by the runtime). The connection keeps the bytes in order: those its
+/// response body wrote before lending leave first, those written through it leave before
+/// anything the body writes after taking it back.
+pub trait DirectOut: Send + Sync + 'static {
+    /// Lends the connection: `false` while bytes written through it earlier still wait to go
+    /// out. Until the connection has written out what it buffered before, `send` refuses.
+    fn lend(&self) -> bool;
+    /// Writes `wire` (complete HTTP/1.1 chunks) after what was written before, now or, up to
+    /// a bound, later from the connection's own task. `false`: nothing of it was taken (not
+    /// lent yet, over the bound, or the socket failed).
+    fn send(&self, wire: &Bytes) -> bool;
+    /// Takes the connection back for the response body.
+    fn reclaim(&self);
+}
+
+/// Put by a live response into its extensions; the listener fills it with the response's
+/// connection when that is HTTP/1.1 (chunked), and the body lends it once caught up.
+#[derive(Clone, Default)]
+pub struct DirectOffer(Arc<OnceLock<Arc<dyn DirectOut>>>);
+
+impl DirectOffer {
+    pub fn fill(&self, out: Arc<dyn DirectOut>) {
+        // Filled once per response; a second fill would be another connection's: ignored.
+        let _ = self.0.set(out);
+    }
+
+    pub fn get(&self) -> Option<&Arc<dyn DirectOut>> {
+        self.0.get()
+    }
+}
+
+impl std::fmt::Debug for DirectOffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectOffer")
+            .field("filled", &self.0.get().is_some())
+            .finish()
+    }
+}
+
+/// Where a subscriber stands after taking its connection back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// Its next offset: past every delivery the hub wrote for it.
+    pub next: u64,
+    /// When the hub last wrote one for it (its keep-alive counts from there).
+    pub last: Option<Instant>,
 }
 
 /// What a subscriber's slot yields.
@@ -125,6 +213,27 @@ struct SlotState {
     waker: Option<Waker>,
     lagged: bool,
     ended: bool,
+    /// The subscriber's connection while lent to the hub.
+    lent: Option<Lent>,
+}
+
+/// A connection lent to the hub and where its subscriber stands.
+struct Lent {
+    out: Arc<dyn DirectOut>,
+    next: u64,
+    last: Option<Instant>,
+}
+
+impl SlotState {
+    /// Takes the connection back, if lent.
+    fn reclaim(&mut self) -> Option<Reclaimed> {
+        let l = self.lent.take()?;
+        l.out.reclaim();
+        Some(Reclaimed {
+            next: l.next,
+            last: l.last,
+        })
+    }
 }
 
 /// One subscriber's inbox, filled by the hub task.
@@ -134,11 +243,30 @@ struct Slot(Mutex<SlotState>);
 impl Slot {
     /// Queues `d` (or marks the slot lagged when full); the waker to wake, if any, goes to
     /// `wake` so that waking happens after the hub's lock is released.
-    fn push(&self, d: &Arc<Delivery>, wake: &mut Vec<Waker>) {
+    fn push(&self, d: &Arc<Delivery>, now: &mut Option<Instant>, wake: &mut Vec<Waker>) {
         let mut s = lock(&self.0);
         if s.lagged {
             // Already told to read for itself: holding more would only pin memory.
             return;
+        }
+        // Lent: written straight to the connection when the subscriber would send exactly
+        // this, in order (nothing queued before it); anything else is queued, which makes the
+        // subscriber take its connection back.
+        if let (true, Some(l)) = (s.queue.is_empty(), &mut s.lent) {
+            let f = &d.frame;
+            if f.next <= l.next && f.from != l.next && !f.closed {
+                // Covered by the subscriber's own read (its `poll_follow` skips these too).
+                return;
+            }
+            if f.from == l.next
+                && !f.closed
+                && let Some(wire) = d.chunked()
+                && l.out.send(wire)
+            {
+                l.next = f.next;
+                l.last = Some(*now.get_or_insert_with(Instant::now));
+                return;
+            }
         }
         if s.queue.len() >= CAPACITY {
             s.queue.clear();
@@ -224,10 +352,52 @@ impl Subscription {
     pub async fn next(&self) -> Event {
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
+
+    /// Lends `out` to the hub for this subscriber, whose next offset is `next`: from now on
+    /// the hub writes its deliveries to the connection. `false` (nothing lent) when anything
+    /// waits in the slot or the connection refuses.
+    pub fn lend(&self, out: &Arc<dyn DirectOut>, next: u64) -> bool {
+        let mut s = lock(&self.slot.0);
+        if !s.queue.is_empty() || s.lagged || s.ended || s.lent.is_some() || !out.lend() {
+            return false;
+        }
+        s.lent = Some(Lent {
+            out: out.clone(),
+            next,
+            last: None,
+        });
+        true
+    }
+
+    /// While lent: `Ready` with the connection taken back once the slot holds something for
+    /// the subscriber itself (a delivery not written for it, a lag, the hub's end); `Pending`
+    /// registers `cx`'s waker.
+    pub fn poll_lent(&self, cx: &mut Context<'_>) -> Poll<Option<Reclaimed>> {
+        let mut s = lock(&self.slot.0);
+        if s.queue.is_empty() && !s.lagged && !s.ended && s.lent.is_some() {
+            match &mut s.waker {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                w => *w = Some(cx.waker().clone()),
+            }
+            return Poll::Pending;
+        }
+        Poll::Ready(s.reclaim())
+    }
+
+    /// When the hub last wrote a delivery to the lent connection.
+    pub fn last_sent(&self) -> Option<Instant> {
+        lock(&self.slot.0).lent.as_ref().and_then(|l| l.last)
+    }
+
+    /// Takes the lent connection back (`None`: it was not lent).
+    pub fn reclaim(&self) -> Option<Reclaimed> {
+        lock(&self.slot.0).reclaim()
+    }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        self.reclaim();
         let mut st = lock(&self.hub.state);
         let State {
             groups,
@@ -414,27 +584,54 @@ impl Hubs {
             .collect();
         hubs.iter().map(|h| h.subscribers()).sum()
     }
+
+    /// Subscribers whose connection is lent to their hub (for tests and diagnostics).
+    pub fn lent(&self) -> usize {
+        let hubs: Vec<Arc<Hub>> = lock(&self.map)
+            .values()
+            .filter_map(|e| e.hub.upgrade())
+            .collect();
+        let slots: Vec<Arc<Slot>> = hubs
+            .iter()
+            .flat_map(|h| {
+                let st = lock(&h.state);
+                let all: Vec<_> = st
+                    .groups
+                    .values()
+                    .flat_map(|g| g.slots.iter())
+                    .map(|(_, s)| s.clone())
+                    .collect();
+                all
+            })
+            .collect();
+        slots.iter().filter(|s| lock(&s.0).lent.is_some()).count()
+    }
 }
 
-/// Encodes `frame` once per group and hands it to every slot of the group; wakes the waiting
-/// subscribers after the lock is released. With `end`, also marks every slot ended.
+/// Encodes `frame` once per group and hands it to every slot of the group (writing it to lent
+/// connections); wakes the waiting subscribers. With `end`, then marks every slot ended.
+///
+/// The slots are filled after the hub's lock is released: a lent connection's write is a
+/// syscall, and a subscriber joining or leaving must not wait behind a thousand of them. A
+/// subscriber that joins meanwhile is not among them, but `published` already says it must
+/// read this frame itself; one that leaves meanwhile took its connection back first.
 fn publish(state: &Mutex<State>, frame: Frame, end: bool, wake: &mut Vec<Waker>) {
     let frame = Arc::new(frame);
     let mut st = lock(state);
     st.published = frame.next;
+    let mut targets = Vec::with_capacity(st.subscribers);
     for g in st.groups.values() {
-        let d = Arc::new(Delivery {
-            parts: g.encoder.encode(&frame),
-            frame: frame.clone(),
-        });
-        for (_, slot) in &g.slots {
-            slot.push(&d, wake);
-        }
-    }
-    if end {
-        end_all(&mut st, wake);
+        let d = Arc::new(Delivery::new(frame.clone(), g.encoder.encode(&frame)));
+        targets.extend(g.slots.iter().map(|(_, slot)| (d.clone(), slot.clone())));
     }
     drop(st);
+    let mut now = None;
+    for (d, slot) in &targets {
+        slot.push(d, &mut now, wake);
+    }
+    if end {
+        end_all(&mut lock(state), wake);
+    }
     for w in wake.drain(..) {
         w.wake();
     }
@@ -722,6 +919,69 @@ mod tests {
         drop(a);
         assert_eq!(hub.subscribers(), 0);
         assert!(lock(&hub.state).groups.is_empty());
+    }
+
+    /// A connection that records what the hub wrote to it, and refuses while `refuse` is set.
+    #[derive(Default)]
+    struct Wire {
+        written: Mutex<Vec<u8>>,
+        refuse: std::sync::atomic::AtomicBool,
+        reclaimed: AtomicUsize,
+    }
+
+    impl DirectOut for Wire {
+        fn lend(&self) -> bool {
+            true
+        }
+
+        fn send(&self, wire: &Bytes) -> bool {
+            if self.refuse.load(Ordering::SeqCst) {
+                return false;
+            }
+            lock(&self.written).extend_from_slice(wire);
+            true
+        }
+
+        fn reclaim(&self) {
+            self.reclaimed.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A lent subscriber's deliveries go to its connection as HTTP/1.1 chunks, without a
+    /// wake; one already covered by its own read is dropped; one the connection refuses is
+    /// queued, and the subscriber takes the connection back at the offset the hub reached.
+    #[tokio::test]
+    async fn a_lent_subscriber_is_written_directly_until_the_connection_refuses() {
+        let (_hubs, hub) = idle_hub().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let s = sub(&hub, key("a"), &calls);
+        let wire = Arc::new(Wire::default());
+        let out: Arc<dyn DirectOut> = wire.clone();
+        assert!(s.lend(&out, 5));
+        assert!(!s.lend(&out, 5), "lent once");
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(s.poll_lent(&mut cx).is_pending());
+        let mut wake = Vec::new();
+        publish(&hub.state, frame(5, 6), false, &mut wake);
+        publish(&hub.state, frame(3, 4), false, &mut wake);
+        publish(&hub.state, frame(6, 17), false, &mut wake);
+        assert_eq!(&lock(&wire.written)[..], b"3\r\n5-6\r\n4\r\n6-17\r\n");
+        assert!(s.poll_lent(&mut cx).is_pending(), "nothing queued");
+        assert!(s.last_sent().is_some());
+        wire.refuse.store(true, Ordering::SeqCst);
+        publish(&hub.state, frame(17, 18), false, &mut wake);
+        let back = match s.poll_lent(&mut cx) {
+            Poll::Ready(Some(back)) => back,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(back.next, 17);
+        assert_eq!(wire.reclaimed.load(Ordering::SeqCst), 1);
+        assert_eq!(bytes_of(ready(&s)).1, Bytes::from("17-18"));
+        // Taken back: nothing more goes to the connection.
+        wire.refuse.store(false, Ordering::SeqCst);
+        publish(&hub.state, frame(18, 19), false, &mut wake);
+        assert_eq!(bytes_of(ready(&s)).1, Bytes::from("18-19"));
+        assert_eq!(lock(&wire.written).len(), 17);
     }
 
     /// Subscribers of one stream share one hub, get each append's records once with their
