@@ -32,6 +32,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_server::Node;
+use pico_server::node::Lookup;
 use tower::ServiceExt;
 
 use crate::cors::{self, Cors};
@@ -135,13 +136,18 @@ impl Protocol {
         resp
     }
 
-    /// A 307 or 503 when the stream is not this node's to serve ([`routing`]). `name` is the
-    /// handler's parse of the path, which owner routing would make the same way.
-    async fn owner(&self, parts: &Parts, name: Option<&StreamName>) -> Option<Response> {
+    /// A 307 or 503 when the stream is not this node's to serve ([`routing`]), else the look at
+    /// the metadata view routing made (not taken when routing is off: the handler's node calls
+    /// look themselves). `name` is the handler's parse of the path, which owner routing would
+    /// make the same way.
+    async fn owner(&self, parts: &Parts, name: Option<&StreamName>) -> Result<Lookup, Response> {
+        let Some(name) = name else {
+            return Ok(Lookup::default());
+        };
         if !self.0.routing || !routing::routes(parts.uri.path(), self.0.ds_root.is_some()) {
-            return None;
+            return Ok(Lookup::default());
         }
-        routing::owner_answer_for(&self.0.node, &parts.method, &parts.uri, name?).await
+        routing::owner_answer_for(&self.0.node, &parts.method, &parts.uri, name).await
     }
 
     /// Owner routing, then the handler; the stream name is parsed once for both.
@@ -154,23 +160,27 @@ impl Protocol {
                 _ => &self.0.ds_v1,
             };
             let name = ds::stream_name(ds.root, &parts.uri);
-            if let Some(elsewhere) = self.owner(&parts, name.as_ref().ok()).await {
-                return elsewhere;
-            }
-            return ds::serve_named(ds, name, &parts.method, &parts.uri, &parts.headers, body)
-                .await;
+            let seen = match self.owner(&parts, name.as_ref().ok()).await {
+                Ok(seen) => seen,
+                Err(elsewhere) => return elsewhere,
+            };
+            let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
+            return ds::serve_named(ds, name, method, uri, headers, body, seen).await;
         }
         let name = match pico::stream_name(&parts.uri) {
             Ok(name) => name,
             Err(e) => return e.into_response(),
         };
-        if let Some(elsewhere) = self.owner(&parts, Some(&name)).await {
-            return elsewhere;
-        }
+        let seen = match self.owner(&parts, Some(&name)).await {
+            Ok(seen) => seen,
+            Err(elsewhere) => return elsewhere,
+        };
         match target {
-            Target::PicoAppend => pico::append::append_named(node(), name, parts.headers, body)
-                .await
-                .into_response(),
+            Target::PicoAppend => {
+                pico::append::append_named(node(), name, parts.headers, body, seen)
+                    .await
+                    .into_response()
+            }
             Target::PicoHead => pico::head::head_named(&self.0.node, name)
                 .await
                 .into_response(),

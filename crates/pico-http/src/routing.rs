@@ -23,6 +23,7 @@ use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use pico_common::StreamName;
+use pico_server::node::Lookup;
 use pico_server::{Node, Route};
 
 /// The part of a request path that names a stream for owner routing (Pico path, or DS under
@@ -80,45 +81,45 @@ pub async fn owner_answer(
     ds_at_root: bool,
 ) -> Option<Response> {
     let name = stream_of(uri.path(), ds_at_root)?;
-    owner_answer_for(node, method, uri, &name).await
+    owner_answer_for(node, method, uri, &name).await.err()
 }
 
 /// [`owner_answer`] for a request whose stream name the caller has parsed already (and whose
-/// path [`routes`]).
+/// path [`routes`]). `Ok`: serve it here, with the look at the metadata view routing made,
+/// which the handler's node calls reuse ([`Lookup`]).
 pub async fn owner_answer_for(
     node: &Node,
     method: &Method,
     uri: &Uri,
     name: &StreamName,
-) -> Option<Response> {
-    if !matches!(*method, Method::GET | Method::HEAD) {
-        node.hold_for_handoff(name).await;
-    }
-    let owner = match node.route(name) {
-        Route::Local => return None,
+) -> Result<Lookup, Response> {
+    let writes = !matches!(*method, Method::GET | Method::HEAD);
+    let (route, seen) = node.route_request(name, writes).await;
+    let owner = match route {
+        Route::Local => return Ok(seen),
         Route::Redirect(url) => url,
         // The owner lapsed or was fenced: a redirect would point at a dead address, and serving
         // here would fence its acknowledged appends before failover recovers them.
         Route::Unavailable(why) => {
             let mut e = HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why);
             e.retry_after = Some(std::time::Duration::from_secs(1));
-            return Some(e.into_response());
+            return Err(e.into_response());
         }
     };
     let path_and_query = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let location = format!("{}{}", owner.trim_end_matches('/'), path_and_query);
     // An owner address that is not a valid header: serve locally rather than fail.
-    let loc = HeaderValue::from_str(&location).ok()?;
-    Some(
-        (
-            StatusCode::TEMPORARY_REDIRECT,
-            [
-                (header::LOCATION, loc),
-                (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-            ],
-        )
-            .into_response(),
+    let Ok(loc) = HeaderValue::from_str(&location) else {
+        return Ok(seen);
+    };
+    Err((
+        StatusCode::TEMPORARY_REDIRECT,
+        [
+            (header::LOCATION, loc),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        ],
     )
+        .into_response())
 }
 
 #[cfg(test)]

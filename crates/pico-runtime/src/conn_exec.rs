@@ -121,8 +121,11 @@ impl ConnExec {
             // streams woken since the last turn have run (one write per few streams).
             let mut poll_streams = |cx: &mut std::task::Context<'_>| loop {
                 // A push sets the flag after it, and wakes this task after that: a push this
-                // poll misses is seen by the poll its wake causes.
-                if self.0.queued.swap(false, Ordering::Acquire) {
+                // poll misses is seen by the poll its wake causes. Loaded before it is swapped:
+                // a plain load of a flag that is nearly always clear costs no locked write.
+                if self.0.queued.load(Ordering::Relaxed)
+                    && self.0.queued.swap(false, Ordering::Acquire)
+                {
                     running.extend(self.queue().drain(..));
                 }
                 if running.is_empty() {

@@ -14,8 +14,9 @@
 //!   never cut here (the write-stall limit and the request body's timers bound those);
 //! - once the whole HTTP/2 preface is in, it is off: HTTP/2 pings a quiet connection instead.
 //!
-//! Cost per request: two atomic increments and a clock read (when the response ends), and a
-//! poll of the connection's sleep when a read finds nothing. The sleep stays armed from the
+//! Cost per request: two atomic increments and a clock read (when the response ends); a read
+//! that finds nothing checks the connection's sleep for having fired (a flag load) and polls it
+//! only if it has, or if the connection is polled with another waker. The sleep stays armed from the
 //! first such read: at most a limit ahead while a request is served, at the current wait's
 //! deadline otherwise, and it is moved only when it fires (at most once per limit). Armed even
 //! while serving because hyper, having found the socket empty then, reads again only once the
@@ -26,7 +27,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use hyper::body::{Body, Frame, SizeHint};
@@ -146,6 +147,10 @@ pub struct HeadWait<T> {
     /// Armed from the first read that finds nothing, and kept armed: at most `limit` ahead
     /// while a request is served, at most the current wait's deadline while none is.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// The waker `sleep` was last polled with. While the sleep has not fired, polling it again
+    /// with the same waker would only register that waker again: reads that find nothing skip
+    /// it then (a flag load and a pointer compare instead of a timer poll).
+    polled_with: Option<Waker>,
     /// Bytes read so far that match the HTTP/2 preface, until the protocol is known.
     sniffed: Option<usize>,
     /// HTTP/2: no deadline.
@@ -160,6 +165,7 @@ impl<T> HeadWait<T> {
             limit,
             exchanges,
             sleep: None,
+            polled_with: None,
             sniffed: Some(0),
             off: false,
         }
@@ -178,6 +184,12 @@ impl<T> HeadWait<T> {
     /// that the connection is polled (and this asked) again by then. A read that finds
     /// nothing only polls the armed sleep: no clock read, no timer moved.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if let (Some(sleep), Some(waker)) = (&self.sleep, &self.polled_with)
+            && !sleep.is_elapsed()
+            && waker.will_wake(cx.waker())
+        {
+            return false;
+        }
         if self.sleep.is_none() {
             let at = self.next_look();
             self.sleep = Some(Box::pin(tokio::time::sleep_until(at)));
@@ -187,6 +199,13 @@ impl<T> HeadWait<T> {
         };
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
+                if !self
+                    .polled_with
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()))
+                {
+                    self.polled_with = Some(cx.waker().clone());
+                }
                 return false;
             }
             let now = Instant::now();
@@ -221,6 +240,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for HeadWait<T> {
                         Sniff::Matched => {
                             this.off = true;
                             this.sleep = None;
+                            this.polled_with = None;
                         }
                         // A byte off the preface (HTTP/1.1) or the end of the stream.
                         _ => this.sniffed = None,

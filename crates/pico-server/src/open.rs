@@ -34,6 +34,10 @@ pub struct Writer {
     pub stream_seq: Option<String>,
     /// An append failed to become durable: the stream must be reopened before more appends.
     pub broken: bool,
+    /// The engine's next offset for this stream as this writer's last append left it (`None`:
+    /// not read yet). Only appends under this writer move it (the engine refuses other epochs,
+    /// and each open has its epoch), so an append decides on it without the engine's lock.
+    pub next_offset: Option<u64>,
 }
 
 impl Writer {
@@ -233,6 +237,7 @@ mod tests {
                 closed_by: None,
                 stream_seq: None,
                 broken: false,
+                next_offset: None,
             }),
             last_used_ms: AtomicI64::new(last_used_ms),
             producers_moved: Notify::new(),
@@ -269,6 +274,7 @@ mod tests {
             closed_by: None,
             stream_seq: None,
             broken: false,
+            next_offset: None,
         };
         for i in 0..PRODUCER_PRUNE_MIN - 3 {
             w.accept_producer(&format!("old{i}"), 0, 0, AT, 10);

@@ -33,6 +33,7 @@ use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_protocol::push_offset;
 use pico_server::Node;
+use pico_server::node::Lookup;
 
 use error::DsError;
 
@@ -102,10 +103,22 @@ pub async fn serve(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
-    serve_named(ds, stream_name(ds.root, uri), method, uri, headers, body).await
+    let seen = Lookup::default();
+    serve_named(
+        ds,
+        stream_name(ds.root, uri),
+        method,
+        uri,
+        headers,
+        body,
+        seen,
+    )
+    .await
 }
 
-/// [`serve`] for a request whose stream name (by [`stream_name`]) the caller has parsed.
+/// [`serve`] for a request whose stream name (by [`stream_name`]) the caller has parsed, with
+/// the look at the metadata view owner routing made for it ([`Lookup`]: an append takes the
+/// stream's entries from it).
 pub async fn serve_named(
     ds: &Ds,
     name: Result<StreamName, DsError>,
@@ -113,6 +126,7 @@ pub async fn serve_named(
     uri: &Uri,
     headers: &HeaderMap,
     body: Body,
+    seen: Lookup,
 ) -> Response {
     let result = match name {
         Err(e) => Err(e),
@@ -123,7 +137,7 @@ pub async fn serve_named(
                 Ok(()) => write::put(ds, name, uri, headers, body).await,
                 Err(e) => Err(e),
             },
-            Method::POST => write::post(ds, name, headers, body).await,
+            Method::POST => write::post(ds, name, headers, body, seen).await,
             Method::DELETE => write::delete(ds, name).await,
             _ => Err(DsError::new(
                 StatusCode::METHOD_NOT_ALLOWED,

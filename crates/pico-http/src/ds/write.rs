@@ -10,7 +10,7 @@ use pico_common::StreamName;
 use pico_protocol::Record;
 use pico_protocol::ds_json::{DsJsonError, split_messages};
 use pico_protocol::headers as h;
-use pico_server::node::MAX_RECORDS_PER_APPEND;
+use pico_server::node::{Lookup, MAX_RECORDS_PER_APPEND};
 use pico_server::{
     AppendError, AppendOptions, AppendRequest, CreateConfig, CreateRequest, ForkError, ForkRequest,
     ReadError, StreamInfo,
@@ -141,6 +141,7 @@ pub async fn post(
     name: StreamName,
     headers: &HeaderMap,
     body: Body,
+    mut seen: Lookup,
 ) -> Result<Response, DsError> {
     let close = dh::closed(headers)?;
     let producer = dh::producer(headers)?;
@@ -161,7 +162,7 @@ pub async fn post(
             ));
         };
         // Frame by the stream's type; a mismatching request type is left to the service (409).
-        let framing = ds.node.framing(&name)?;
+        let framing = ds.node.framing_seen(&name, &mut seen)?;
         // Any append to a closed stream is a 409 with the closure headers, whatever its body:
         // its tail is asked only then (closed streams are rare).
         let closed_at = match framing.closed {
@@ -194,7 +195,7 @@ pub async fn post(
     let reclose = !wrote && close && producer.is_none();
     let result = ds
         .node
-        .append_with(
+        .append_seen(
             AppendRequest {
                 name,
                 records,
@@ -204,6 +205,7 @@ pub async fn post(
                 content_type: if wrote { request_ct } else { None },
             },
             AppendOptions { stream_seq },
+            seen,
         )
         .await;
     let out = match result {

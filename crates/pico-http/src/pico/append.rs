@@ -9,8 +9,8 @@ use bytes::Bytes;
 use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_protocol::{BinaryError, JsonBatchError, Record, decode_binary_append, parse_json_batch};
-use pico_server::node::MAX_RECORDS_PER_APPEND;
-use pico_server::{AppendRequest, Node};
+use pico_server::node::{Lookup, MAX_RECORDS_PER_APPEND};
+use pico_server::{AppendOptions, AppendRequest, Node};
 
 use super::{info_headers, no_store, read_body, set, set_true, stream_name};
 use crate::error::HttpError;
@@ -22,15 +22,17 @@ pub async fn append(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    append_named(node, stream_name(&uri)?, headers, body).await
+    append_named(node, stream_name(&uri)?, headers, body, Lookup::default()).await
 }
 
-/// [`append`] to a stream whose name the caller has parsed.
+/// [`append`] to a stream whose name the caller has parsed, with the look at the metadata view
+/// owner routing made for it ([`Lookup`]).
 pub async fn append_named(
     node: Node,
     name: StreamName,
     headers: HeaderMap,
     body: Body,
+    seen: Lookup,
 ) -> Result<Response, HttpError> {
     let ah = parse_append(&headers)?;
     let body = read_body(&headers, body, node.config().max_request_size).await?;
@@ -49,17 +51,18 @@ pub async fn append_named(
             r.key = Some(key.clone());
         }
     }
+    let req = AppendRequest {
+        name,
+        records,
+        producer: ah.producer,
+        match_seq: ah.match_seq,
+        close: ah.close,
+        // The request's Content-Type selects the body framing; it is not checked against
+        // the stream's type for Pico appends.
+        content_type: None,
+    };
     let out = node
-        .append(AppendRequest {
-            name,
-            records,
-            producer: ah.producer,
-            match_seq: ah.match_seq,
-            close: ah.close,
-            // The request's Content-Type selects the body framing; it is not checked against
-            // the stream's type for Pico appends.
-            content_type: None,
-        })
+        .append_seen(req, AppendOptions::default(), seen)
         .await?;
     let mut resp = StatusCode::OK.into_response();
     let hm = resp.headers_mut();

@@ -30,7 +30,21 @@ impl Node {
         req: AppendRequest,
         opts: AppendOptions,
     ) -> Result<AppendOutcome, AppendError> {
-        self.admit(req, opts, None).await?.wait().await
+        self.admit(req, opts, None, Lookup::default())
+            .await?
+            .wait()
+            .await
+    }
+
+    /// [`Node::append_with`] for a request that looked at the view already (owner routing):
+    /// the stream's entries come from `seen` while the view has not moved ([`Lookup`]).
+    pub async fn append_seen(
+        &self,
+        req: AppendRequest,
+        opts: AppendOptions,
+        seen: Lookup,
+    ) -> Result<AppendOutcome, AppendError> {
+        self.admit(req, opts, None, seen).await?.wait().await
     }
 
     /// Appends a Kafka producer's RecordBatch v2 as it was sent, compressed or not. The batch
@@ -65,7 +79,13 @@ impl Node {
             close: false,
             content_type: None,
         };
-        self.admit(req, AppendOptions::default(), Some(batch)).await
+        self.admit(
+            req,
+            AppendOptions::default(),
+            Some(batch),
+            Lookup::default(),
+        )
+        .await
     }
 
     /// The first half of an append of `req.records` (with `raw`, those are the records of
@@ -76,9 +96,10 @@ impl Node {
         req: AppendRequest,
         opts: AppendOptions,
         raw: Option<Bytes>,
+        seen: Lookup,
     ) -> Result<Admitted, AppendError> {
         let now = self.now_ms();
-        let r = self.resolve(&req.name, now).ok_or_else(|| {
+        let r = self.resolve_seen(&req.name, now, seen).ok_or_else(|| {
             if self.is_gone(&req.name) {
                 AppendError::Gone(req.name.to_string())
             } else {
@@ -156,7 +177,9 @@ impl Node {
                 }
             }
         }
-        let tail = engine.next_offset(stream_id);
+        // Read from the engine (its state lock) once per open; kept by the writer after that.
+        let tail = w.next_offset.or_else(|| engine.next_offset(stream_id));
+        w.next_offset = tail;
         let verdict = decide(&w, &req, &opts, &r.entry.config.content_type, tail);
         // `decide` refuses an append with no tail, so a verdict that goes on has one.
         let next = tail.unwrap_or_default();
@@ -277,7 +300,10 @@ impl Node {
             // Queue space frees as the WAL and uploads make progress; when storage is down it
             // never does, so answer 503 rather than hang (offsets are assigned only on success).
             match tokio::time::timeout_at(give_up, submit).await {
-                Ok(Ok(p)) => pending = Some(p),
+                Ok(Ok(p)) => {
+                    w.next_offset = Some(p.next_offset);
+                    pending = Some(p);
+                }
                 Ok(Err(e)) => {
                     w.broken = true;
                     drop(w);

@@ -32,6 +32,7 @@ pub use append::Admitted;
 pub use kv::KvError;
 pub use ownership::{ClusterNode, Route};
 pub use raw::RawRead;
+pub use registry::Lookup;
 pub use release::{ReleaseReport, SHUTDOWN_RELEASE};
 pub use transfer::{
     DRAIN_TIMEOUT, HANDOFF_HOLD, HINT_TTL, StreamPlacement, TransferAccepted, TransferError,
@@ -493,21 +494,7 @@ mod tests {
         })
         .await
         .unwrap();
-        node.append(AppendRequest {
-            name: name.clone(),
-            records: vec![Record {
-                timestamp_ms: 0,
-                key: None,
-                value: bytes::Bytes::from_static(b"x"),
-                headers: vec![],
-            }],
-            producer: None,
-            match_seq: None,
-            close: false,
-            content_type: None,
-        })
-        .await
-        .unwrap();
+        node.append(append_req(&name, "x")).await.unwrap();
         let id = node.head(&name).await.unwrap().stream_id;
         let open = node
             .inner
@@ -535,5 +522,59 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// An append of one record holding `body` (the node's tests share it).
+    pub(crate) fn append_req(name: &StreamName, body: &'static str) -> AppendRequest {
+        AppendRequest {
+            name: name.clone(),
+            records: vec![Record {
+                timestamp_ms: 0,
+                key: None,
+                value: bytes::Bytes::from_static(body.as_bytes()),
+                headers: vec![],
+            }],
+            producer: None,
+            match_seq: None,
+            close: false,
+            content_type: None,
+        }
+    }
+
+    /// A request's look at the view is used only while the view has not moved: an append that
+    /// routed before its stream was deleted and created again lands in the new stream, as a
+    /// fresh lookup would send it, not in the one its lookup saw.
+    #[tokio::test]
+    async fn a_lookup_from_an_older_view_is_read_again() {
+        let node = start_test_node().await;
+        let name = StreamName::parse("l").unwrap();
+        let create = || {
+            node.create(CreateRequest {
+                name: name.clone(),
+                config: Default::default(),
+                initial: vec![],
+            })
+        };
+        create().await.unwrap();
+        let old_id = node.head(&name).await.unwrap().stream_id;
+        let (route, seen) = node.route_request(&name, true).await;
+        assert_eq!(route, super::Route::Local);
+        node.delete(&name).await.unwrap();
+        create().await.unwrap();
+        let new_id = node.head(&name).await.unwrap().stream_id;
+        assert_ne!(old_id, new_id);
+        let out = node
+            .append_seen(append_req(&name, "x"), Default::default(), seen)
+            .await
+            .expect("the append reads the view again and finds the new stream");
+        assert_eq!(out.next_seq, 1);
+        assert_eq!(node.head(&name).await.unwrap().next_seq, 1);
+        // Unmoved, the lookup is used as it is.
+        let (_, seen) = node.route_request(&name, true).await;
+        let out = node
+            .append_seen(append_req(&name, "x"), Default::default(), seen)
+            .await
+            .unwrap();
+        assert_eq!(out.next_seq, 2);
     }
 }

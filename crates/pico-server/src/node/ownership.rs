@@ -53,15 +53,34 @@ impl Node {
     ///   would send the client to a dead address; failover releases it within seconds.
     pub fn route(&self, name: &StreamName) -> Route {
         let view = self.inner.meta.view();
-        let Some(entry) = view.registry.get(name.as_str()) else {
-            return Route::Local;
-        };
-        let Some(meta) = view.streams.get(&entry.stream_id) else {
+        self.route_in(&view, &Lookup::read(&view, name))
+    }
+
+    /// [`Node::route`] for a request, after [`Node::hold_for_handoff`] when it would write
+    /// (`writes`), with the look at the view it made: the request's later steps take the
+    /// stream's entries from it ([`Lookup`]) instead of looking the name up again.
+    pub async fn route_request(&self, name: &StreamName, writes: bool) -> (Route, Lookup) {
+        let mut view = self.inner.meta.view();
+        let mut seen = Lookup::read(&view, name);
+        // A write held at the door routes by the view after the handoff (the release).
+        if writes
+            && let Some(stream_id) = seen.stream_id()
+            && self.hold_for_stream(stream_id).await
+        {
+            view = self.inner.meta.view();
+            seen = Lookup::read(&view, name);
+        }
+        (self.route_in(&view, &seen), seen)
+    }
+
+    /// [`Node::route`] from `seen`, read from `view`.
+    fn route_in(&self, view: &pico_metadata::State, seen: &Lookup) -> Route {
+        let (Some(entry), Some(meta)) = (seen.entry.as_deref(), seen.meta.as_deref()) else {
             return Route::Local;
         };
         let Some(owner) = meta.owner.as_ref() else {
             // Released by a transfer: steered to its target while the hint is fresh.
-            return match self.handoff_target(&view, meta.id) {
+            return match self.handoff_target(view, meta.id) {
                 Some(to) if to != self.inner.config.node_id => view
                     .nodes
                     .get(&to)
@@ -243,6 +262,7 @@ impl Node {
                         closed_by,
                         stream_seq,
                         broken: false,
+                        next_offset: None,
                     }),
                     last_used_ms: AtomicI64::new(self.now_ms()),
                     producers_moved: tokio::sync::Notify::new(),

@@ -226,7 +226,13 @@ impl Node {
     /// engine's lock the WAL writer holds for a whole group) or the copies: asked once per
     /// Durable Streams append.
     pub fn framing(&self, name: &StreamName) -> Result<Framing, ReadError> {
-        self.resolve_entries(name, self.now_ms())
+        self.framing_seen(name, &mut Lookup::default())
+    }
+
+    /// [`Node::framing`] from the request's look at the view (see [`Lookup`]).
+    /// `seen` is brought up to date for the request's next step.
+    pub fn framing_seen(&self, name: &StreamName, seen: &mut Lookup) -> Result<Framing, ReadError> {
+        self.resolve_entries_seen(name, self.now_ms(), seen)
             .map(|(entry, _)| Framing {
                 content_type: entry.config.content_type.clone(),
                 closed: entry.closed,

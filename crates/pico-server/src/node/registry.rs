@@ -3,7 +3,44 @@
 use super::*;
 use crate::api::*;
 use pico_common::StreamName;
-use pico_metadata::{RegistryEntry, StreamMeta};
+use pico_metadata::{RegistryEntry, State, StreamMeta};
+
+/// One look at the metadata view for a stream, taken as a request arrives (owner routing,
+/// [`Node::route_request`]) and reused by the steps after it (a DS append's framing, the
+/// append's admission) while the view has not moved: a request pays one view load and one
+/// registry lookup where each step used to load the view and look the name up again.
+///
+/// Invariant: every step answers as a fresh lookup would. A step reuses the entries only while
+/// the view's `applied_index` is the one they were read at: the log publishes a new view only
+/// with a higher index, so an equal index is the same view. Expiry is judged again at each use
+/// (it depends on the time and the in-memory touches, not the view).
+#[derive(Clone, Debug, Default)]
+pub struct Lookup {
+    /// The view's `applied_index` when taken; `None`: not taken (every step looks itself).
+    applied: Option<u64>,
+    /// The registry entry, and the stream's state when the view has it.
+    pub(super) entry: Option<Arc<RegistryEntry>>,
+    pub(super) meta: Option<Arc<StreamMeta>>,
+}
+
+impl Lookup {
+    pub(crate) fn read(view: &State, name: &StreamName) -> Lookup {
+        let entry = view.registry.get(name.as_str()).cloned();
+        let meta = entry
+            .as_ref()
+            .and_then(|e| view.streams.get(&e.stream_id).cloned());
+        Lookup {
+            applied: Some(view.applied_index),
+            entry,
+            meta,
+        }
+    }
+
+    /// The stream id the registry maps the name to (soft-deleted entries included).
+    pub(crate) fn stream_id(&self) -> Option<u64> {
+        self.entry.as_ref().map(|e| e.stream_id)
+    }
+}
 
 impl Node {
     pub fn list(&self, req: ListRequest) -> ListOutcome {
@@ -79,24 +116,45 @@ impl Node {
 
     /// The live stream by name: expired streams are absent (and get removed in the background).
     pub(crate) fn resolve(&self, name: &StreamName, now: i64) -> Option<Resolved> {
-        let (entry, meta) = self.resolve_entries(name, now)?;
-        Some(Resolved {
-            name: name.clone(),
-            entry,
-            meta,
-        })
+        self.resolve_seen(name, now, Lookup::default())
     }
 
-    /// [`Node::resolve`] without copying the name, for callers that only read the entries
-    /// (every DS append asks for its framing first).
-    pub(crate) fn resolve_entries(
+    /// [`Node::resolve`] from what `seen` read when the view has not moved since (see
+    /// [`Lookup`]), else from the view. Takes `seen`'s entries rather than copying them: each
+    /// copy or drop of an entry moves a reference count every core shares.
+    pub(crate) fn resolve_seen(
         &self,
         name: &StreamName,
         now: i64,
-    ) -> Option<(Arc<RegistryEntry>, Arc<StreamMeta>)> {
-        let view = self.inner.meta.view();
-        let entry = view.registry.get(name.as_str())?;
-        let meta = view.streams.get(&entry.stream_id)?;
+        mut seen: Lookup,
+    ) -> Option<Resolved> {
+        self.resolve_entries_seen(name, now, &mut seen)?;
+        Some(Resolved {
+            name: name.clone(),
+            entry: seen.entry?,
+            meta: seen.meta?,
+        })
+    }
+
+    /// A fresh look at the view for `name` (see [`Lookup`]).
+    pub fn lookup(&self, name: &StreamName) -> Lookup {
+        Lookup::read(&self.inner.meta.view(), name)
+    }
+
+    /// [`Node::resolve`] without copying the name or the entries, for callers that only read
+    /// them (every DS append asks for its framing first). `seen` is read again first if the
+    /// view has moved since (or it was never taken), so it serves the request's next step too.
+    pub(crate) fn resolve_entries_seen<'a>(
+        &self,
+        name: &StreamName,
+        now: i64,
+        seen: &'a mut Lookup,
+    ) -> Option<(&'a RegistryEntry, &'a StreamMeta)> {
+        // The index is read through a guard: no reference count moves, unlike a view load.
+        if seen.applied != Some(self.inner.meta.applied_index()) {
+            *seen = self.lookup(name);
+        }
+        let (entry, meta) = (seen.entry.as_deref()?, seen.meta.as_deref()?);
         if self.expired(entry, meta.id, now) {
             // One removal per stream at a time: every request to an expired name lands here
             // (`None` also when a removal is already in flight).
@@ -111,7 +169,7 @@ impl Node {
             });
             return None;
         }
-        Some((entry.clone(), meta.clone()))
+        Some((entry, meta))
     }
 
     pub(crate) fn expired(&self, entry: &RegistryEntry, stream_id: u64, now: i64) -> bool {

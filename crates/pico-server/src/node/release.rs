@@ -155,24 +155,10 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{AppendRequest, CreateRequest, ReadFrom, ReadRequest};
+    use crate::api::{CreateRequest, ReadFrom, ReadRequest};
     use crate::testing::start_test_node;
 
-    fn append(name: &StreamName, body: &'static str) -> AppendRequest {
-        AppendRequest {
-            name: name.clone(),
-            records: vec![Record {
-                timestamp_ms: 0,
-                key: None,
-                value: bytes::Bytes::from_static(body.as_bytes()),
-                headers: vec![],
-            }],
-            producer: None,
-            match_seq: None,
-            close: false,
-            content_type: None,
-        }
-    }
+    use crate::node::tests::append_req as append;
 
     /// Every stream the node owns is committed and released, its engine state dropped; new
     /// opens are refused, reads still answer from the committed objects; a second call finds

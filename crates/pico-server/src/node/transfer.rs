@@ -226,12 +226,20 @@ impl Node {
         else {
             return;
         };
+        self.hold_for_stream(stream_id).await;
+    }
+
+    /// [`Node::hold_for_handoff`] by stream id; `true` if a handoff was under way (the caller
+    /// looks at the view again: the stream may have been released meanwhile).
+    pub(crate) async fn hold_for_stream(&self, stream_id: u64) -> bool {
         let rx = lock(&self.inner.transfers.gates)
             .get(&stream_id)
             .map(|tx| tx.subscribe());
-        if let Some(mut rx) = rx {
-            let _ = tokio::time::timeout(HANDOFF_HOLD, rx.wait_for(|done| *done)).await;
-        }
+        let Some(mut rx) = rx else {
+            return false;
+        };
+        let _ = tokio::time::timeout(HANDOFF_HOLD, rx.wait_for(|done| *done)).await;
+        true
     }
 
     /// Whether this node is handing the stream off (it must not open it meanwhile).
