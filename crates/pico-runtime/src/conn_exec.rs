@@ -18,7 +18,7 @@
 //! window leaves hyper waiting for send capacity forever: the body is no longer polled, so no
 //! deadline inside it can fire, and the socket stays writable, so the connection's write-stall
 //! timer ([`WriteStall`](crate::listener::WriteStall)) never starts either. Each stream therefore
-//! runs under a watchdog: response bodies wrapped in [`Watched`] tell it, through a thread-local
+//! runs under a watchdog: response bodies (through the listener's wrapper, [`body_polled`]) tell it, through a thread-local
 //! set while the stream is polled, whether the body's last poll handed over a frame (hyper then
 //! waits for capacity) or found nothing to send (the body waits on its source: an idle SSE or
 //! long-poll answer, never a stall). A stream whose frame has waited for the client longer than
@@ -33,7 +33,6 @@
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::task::AtomicWaker;
-use hyper::body::{Body, Frame, SizeHint};
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -159,7 +158,7 @@ impl ConnExec {
     }
 }
 
-/// What a stream's response body last did, as seen by its [`Watched`] wrapper.
+/// What a stream's response body last did, as reported by [`body_polled`].
 #[derive(Debug, Clone, Copy, Default)]
 struct Progress {
     /// The last poll handed over a frame: the stream now waits for the client to take it.
@@ -226,36 +225,17 @@ impl Watchdog {
     }
 }
 
-/// A response body that reports its progress to the watchdog of the HTTP/2 stream polling
-/// it. Outside a [`ConnExec`] stream (HTTP/1.1) it only passes frames through.
-#[derive(Debug)]
-pub struct Watched<B>(pub B);
-
-impl<B: Body + Unpin> Body for Watched<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        let out = Pin::new(&mut self.get_mut().0).poll_frame(cx);
-        if let Some(mut p) = CURRENT.get() {
-            // Pending: waiting on its source, not on the client. Ready(None) or an error: the
-            // stream is ending anyway.
-            p.waiting_on_client = matches!(out, Poll::Ready(Some(Ok(_))));
-            p.frames += u64::from(p.waiting_on_client);
-            CURRENT.set(Some(p));
-        }
-        out
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.0.size_hint()
+/// Reports one poll of a response body to the watchdog of the HTTP/2 stream polling it
+/// (`sent`: it gave a frame, so the stream now waits on the client); outside a [`ConnExec`]
+/// stream (HTTP/1.1) it does nothing. Called by the listener's body wrapper
+/// ([`Tracked`](crate::head_wait::Tracked)) for HTTP/2 response bodies that stream.
+pub(crate) fn body_polled(sent: bool) {
+    if let Some(mut p) = CURRENT.get() {
+        // Pending: waiting on its source, not on the client. Ready(None) or an error: the
+        // stream is ending anyway.
+        p.waiting_on_client = sent;
+        p.frames += u64::from(sent);
+        CURRENT.set(Some(p));
     }
 }
 

@@ -14,13 +14,14 @@
 //!   body through an extractor (`Bytes`, whose rejection would be a 400) [`Passed::settle`]
 //!   turns the answer into the same 408. hyper then closes the connection, the body being unread.
 //! - HTTP/2 response bodies report their progress to the stream watchdog of
-//!   [`ConnExec`](crate::conn_exec) ([`Watched`]).
+//!   [`ConnExec`](crate::conn_exec) through the listener's body wrapper
+//!   ([`Tracked`](crate::head_wait::Tracked)).
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
-use hyper::body::{Body as _, Frame, SizeHint};
+use hyper::body::{Frame, SizeHint};
 use pico_http::HttpError;
 use pico_http::error::BodyTimeout;
 use std::future::Future;
@@ -30,7 +31,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
-use crate::conn_exec::Watched;
 use crate::host::HostPolicy;
 
 /// What a request body must do to be read to its end; any of them failing is a 408.
@@ -64,7 +64,6 @@ pub struct Edge {
 /// A request [`admit`] let through: what [`Passed::settle`] checks on the way out.
 #[derive(Debug)]
 pub struct Passed {
-    version: Version,
     /// Set by the request body's timers when one ran out (bodiless requests have none).
     fired: Option<Arc<OnceLock<BodyTimeout>>>,
 }
@@ -99,12 +98,12 @@ where
         Some(fired) => req.map(|b| Body::new(GuardedBody::new(b, edge.body, fired.clone()))),
         None => req.map(Body::new),
     };
-    Ok((req, Passed { version, fired }))
+    Ok((req, Passed { fired }))
 }
 
 impl Passed {
-    /// The app's answer as sent: a 408 if the body's timers ran out, and HTTP/2 response bodies
-    /// watched for stalls.
+    /// The app's answer as sent: a 408 if the body's timers ran out. (HTTP/2 response bodies
+    /// are watched for stalls by the listener's body wrapper, `head_wait::Tracked`.)
     pub fn settle(self, res: Response) -> Response {
         if let Some(e) = self.fired.as_deref().and_then(OnceLock::get)
             && res.status() != StatusCode::REQUEST_TIMEOUT
@@ -112,9 +111,6 @@ impl Passed {
             // Whatever the handler made of the failed body (an extractor's 400), the cause is
             // the client's pace; a handler that answered 408 itself keeps its protocol's form.
             return HttpError::request_timeout(e.to_string()).into_response();
-        }
-        if self.version == Version::HTTP_2 && !res.body().is_end_stream() {
-            return res.map(|b| Body::new(Watched(b)));
         }
         res
     }

@@ -99,18 +99,23 @@ impl Drop for Exchange {
     }
 }
 
-/// A response body that ends its [`Exchange`] when hyper drops it: once it has been sent, or
-/// with the connection.
+/// The body of every response the listener sends: it ends its [`Exchange`] when hyper drops
+/// it (once it has been sent, or with the connection), and, for an HTTP/2 response that
+/// streams, reports each poll to the stream's watchdog ([`crate::conn_exec::body_polled`]).
+/// One wrapper for both, so a response body gets one layer, not two.
 #[derive(Debug)]
 pub struct Tracked<B> {
     body: B,
     _exchange: Option<Exchange>,
+    watched: bool,
 }
 
-impl<B> Tracked<B> {
-    /// `exchange` is `None` where no wait is counted (HTTP/2).
+impl<B: Body> Tracked<B> {
+    /// `exchange` is `None` where no wait is counted (HTTP/2), and there a body that is not
+    /// already at its end is watched.
     pub fn new(body: B, exchange: Option<Exchange>) -> Self {
         Tracked {
+            watched: exchange.is_none() && !body.is_end_stream(),
             body,
             _exchange: exchange,
         }
@@ -125,7 +130,12 @@ impl<B: Body + Unpin> Body for Tracked<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let out = Pin::new(&mut this.body).poll_frame(cx);
+        if this.watched {
+            crate::conn_exec::body_polled(matches!(out, Poll::Ready(Some(Ok(_)))));
+        }
+        out
     }
 
     fn is_end_stream(&self) -> bool {

@@ -8,7 +8,7 @@
 //! - [`conn_exec`]: runs an HTTP/2 connection's streams in the connection's own task, and drops
 //!   those whose client stopped taking their response.
 //! - [`guard`]: per-request guards (`Host`, transfer and content codings, request body timers
-//!   → 408, HTTP/2 response progress).
+//!   → 408).
 //! - [`host`]: which `Host` a loopback listener answers (DNS rebinding).
 //! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY and keepalive, HTTP/2 stream
 //!   limit, timers that close connections gone quiet or no longer reading).
