@@ -175,18 +175,28 @@ impl Protocol {
             Ok(seen) => seen,
             Err(elsewhere) => return elsewhere,
         };
+        // Boxed, as `ds::serve_named` boxes its handlers: this future stays small.
         match target {
-            Target::PicoAppend => {
-                pico::append::append_named(node(), name, parts.headers, body, seen)
-                    .await
-                    .into_response()
-            }
-            Target::PicoHead => pico::head::head_named(&self.0.node, name)
+            Target::PicoAppend => Box::pin(pico::append::append_named(
+                node(),
+                name,
+                parts.headers,
+                body,
+                seen,
+            ))
+            .await
+            .into_response(),
+            Target::PicoHead => Box::pin(pico::head::head_named(&self.0.node, name))
                 .await
                 .into_response(),
-            _ => pico::read::read_named(node(), name, &parts.uri, parts.headers)
-                .await
-                .into_response(),
+            _ => Box::pin(pico::read::read_named(
+                node(),
+                name,
+                &parts.uri,
+                parts.headers,
+            ))
+            .await
+            .into_response(),
         }
     }
 }

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use axum::http::HeaderMap;
+use axum::http::header::AsHeaderName;
 use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
 use pico_protocol::headers as h;
@@ -38,7 +39,13 @@ pub const MAX_PRODUCER_ID_LEN: usize = 256;
 
 /// The single value of header `name` as text; `None` when absent. Repeated headers and
 /// non-visible-ASCII values are rejected.
-pub fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, HttpError> {
+///
+/// `name` may be a `&HeaderName` built once (a `const`): a `&str` is parsed and checked as a
+/// header name on every call, which the append path paid six times per request.
+pub fn header_str<K>(headers: &HeaderMap, name: K) -> Result<Option<&str>, HttpError>
+where
+    K: AsHeaderName + std::fmt::Display + Copy,
+{
     let mut values = headers.get_all(name).iter();
     let Some(v) = values.next() else {
         return Ok(None);

@@ -12,6 +12,7 @@
 //! - [`host`]: which `Host` a loopback listener answers (DNS rebinding).
 //! - [`listener`]: the HTTP/1.1 + HTTP/2 accept loop (TCP_NODELAY and keepalive, HTTP/2 stream
 //!   limit, timers that close connections gone quiet or no longer reading).
+//! - [`shutdown`]: graceful shutdown of a listener's connections (a flag load per poll).
 //! - [`startup`]: waiting for an unreachable Postgres at start (`/ready` 503 meanwhile).
 //! - [`run`]: open stores, build the engine and node, bind listeners, shut down gracefully.
 //! - [`metrics_handle`]: the process's Prometheus recorder, installed once, drained on a timer.
@@ -24,6 +25,7 @@ pub mod guard;
 pub mod head_wait;
 pub mod host;
 pub mod listener;
+mod shutdown;
 pub mod startup;
 pub mod stores;
 mod wait_timer;

@@ -33,13 +33,13 @@ use crate::direct;
 use crate::guard::{self, BodyLimits, Edge};
 use crate::head_wait::{Exchanges, HeadWait, Tracked};
 use crate::host::HostPolicy;
+use crate::shutdown::Drain;
 use crate::wait_timer::WaitTimer;
 use axum::extract::Request;
 use axum::http::Version;
 use axum::response::Response;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use pico_http::fast::seal;
 use pico_server::live::hub::DirectOffer;
 use std::convert::Infallible;
@@ -203,7 +203,7 @@ pub async fn serve<A: App>(
         body: timeouts.body_limits(),
         hosts,
     });
-    let graceful = GracefulShutdown::new();
+    let drain = Drain::default();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -253,15 +253,22 @@ pub async fn serve<A: App>(
         let conn = builder(opts, exec.clone())
             .serve_connection_with_upgrades(TokioIo::new(io), svc)
             .into_owned();
-        let conn = graceful.watch(conn);
+        let mut watch = drain.watch();
         tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            let conn = std::future::poll_fn(move |cx| {
+                if watch.stopping(cx) {
+                    conn.as_mut().graceful_shutdown();
+                }
+                conn.as_mut().poll(cx)
+            });
             if let Err(e) = exec.drive(conn).await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    drain.shutdown().await;
 }
 
 /// Whether `req`'s answer may be a live response that lends its connection to a hub

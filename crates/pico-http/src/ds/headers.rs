@@ -1,7 +1,8 @@
 //! Strict parsing of Durable Streams request headers and query parameters. Malformed values are
 //! 400s naming the header; `Stream-Closed` is the exception (anything but `true` means absent).
 
-use axum::http::{HeaderMap, Uri};
+use axum::http::header::{AsHeaderName, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderName, Uri};
 use pico_protocol::headers as h;
 use pico_protocol::{OffsetSpec, parse_offset, parse_strict_u64};
 use pico_server::ProducerClaim;
@@ -12,7 +13,17 @@ use crate::headers::{Live, header_str, parse_rfc3339_ms, validate_content_type};
 /// Producer epochs and sequences must stay exact in JavaScript.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
-fn strict(headers: &HeaderMap, name: &str) -> Result<Option<u64>, DsError> {
+// Built at compile time: looking a header up by `&str` parses the name on every call.
+const STREAM_CLOSED: HeaderName = HeaderName::from_static(h::DS_STREAM_CLOSED);
+const STREAM_SEQ: HeaderName = HeaderName::from_static(h::DS_STREAM_SEQ);
+const PRODUCER_ID: HeaderName = HeaderName::from_static(h::DS_PRODUCER_ID);
+const PRODUCER_EPOCH: HeaderName = HeaderName::from_static(h::DS_PRODUCER_EPOCH);
+const PRODUCER_SEQ: HeaderName = HeaderName::from_static(h::DS_PRODUCER_SEQ);
+
+fn strict<K>(headers: &HeaderMap, name: K) -> Result<Option<u64>, DsError>
+where
+    K: AsHeaderName + std::fmt::Display + Copy,
+{
     header_str(headers, name)?
         .map(|s| {
             parse_strict_u64(s)
@@ -23,7 +34,7 @@ fn strict(headers: &HeaderMap, name: &str) -> Result<Option<u64>, DsError> {
 
 /// `Stream-Closed: true` (case-insensitive); any other value is treated as absent.
 pub fn closed(headers: &HeaderMap) -> Result<bool, DsError> {
-    Ok(header_str(headers, h::DS_STREAM_CLOSED)?.is_some_and(|v| v.eq_ignore_ascii_case("true")))
+    Ok(header_str(headers, &STREAM_CLOSED)?.is_some_and(|v| v.eq_ignore_ascii_case("true")))
 }
 
 /// TTL and expiry of a PUT: strict decimal seconds, RFC 3339; both together is a 400.
@@ -42,7 +53,7 @@ pub fn ttl_and_expiry(headers: &HeaderMap) -> Result<(Option<u64>, Option<i64>),
 
 /// The request's content type, validated (`None` when absent).
 pub fn content_type(headers: &HeaderMap) -> Result<Option<String>, DsError> {
-    header_str(headers, "content-type")?
+    header_str(headers, &CONTENT_TYPE)?
         .filter(|ct| !ct.is_empty())
         .map(|ct| validate_content_type(ct).map(|()| ct.to_string()))
         .transpose()
@@ -51,9 +62,9 @@ pub fn content_type(headers: &HeaderMap) -> Result<Option<String>, DsError> {
 
 /// The producer triple: all three or none; id non-empty; integers strict and ≤ 2^53−1.
 pub fn producer(headers: &HeaderMap) -> Result<Option<ProducerClaim>, DsError> {
-    let id = header_str(headers, h::DS_PRODUCER_ID)?;
-    let epoch = strict(headers, h::DS_PRODUCER_EPOCH)?;
-    let seq = strict(headers, h::DS_PRODUCER_SEQ)?;
+    let id = header_str(headers, &PRODUCER_ID)?;
+    let epoch = strict(headers, &PRODUCER_EPOCH)?;
+    let seq = strict(headers, &PRODUCER_SEQ)?;
     match (id, epoch, seq) {
         (None, None, None) => Ok(None),
         (Some(id), Some(epoch), Some(seq)) => {
@@ -83,7 +94,7 @@ pub fn producer(headers: &HeaderMap) -> Result<Option<ProducerClaim>, DsError> {
 
 /// `Stream-Seq`, an opaque string compared byte-wise.
 pub fn stream_seq(headers: &HeaderMap) -> Result<Option<String>, DsError> {
-    Ok(header_str(headers, h::DS_STREAM_SEQ)?.map(str::to_string))
+    Ok(header_str(headers, &STREAM_SEQ)?.map(str::to_string))
 }
 
 /// Fork headers of a PUT.

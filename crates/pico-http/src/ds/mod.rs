@@ -128,17 +128,19 @@ pub async fn serve_named(
     body: Body,
     seen: Lookup,
 ) -> Response {
+    // Each handler's future is boxed: inline, every request's future would be as large as
+    // the largest of them (a create's), and the listener moves it into a box of its own.
     let result = match name {
         Err(e) => Err(e),
         Ok(name) => match *method {
-            Method::GET => read::get(ds, name, uri, headers).await,
-            Method::HEAD => read::head(ds, name).await,
+            Method::GET => Box::pin(read::get(ds, name, uri, headers)).await,
+            Method::HEAD => Box::pin(read::head(ds, name)).await,
             Method::PUT => match new_stream_name(&name) {
-                Ok(()) => write::put(ds, name, uri, headers, body).await,
+                Ok(()) => Box::pin(write::put(ds, name, uri, headers, body)).await,
                 Err(e) => Err(e),
             },
-            Method::POST => write::post(ds, name, headers, body, seen).await,
-            Method::DELETE => write::delete(ds, name).await,
+            Method::POST => Box::pin(write::post(ds, name, headers, body, seen)).await,
+            Method::DELETE => Box::pin(write::delete(ds, name)).await,
             _ => Err(DsError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed: use GET, HEAD, PUT, POST, DELETE or OPTIONS",
