@@ -1048,7 +1048,7 @@ mod tests {
     use crate::testing::{FaultWal, MemCatalog, SlowStorage};
     use crate::wal::ObjectWal;
 
-    async fn start(put_delay: Duration) -> (Engine, Arc<FaultWal>) {
+    pub(super) async fn start(put_delay: Duration) -> (Engine, Arc<FaultWal>) {
         let mem: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
         let storage: Arc<dyn ObjectStorage> = Arc::new(SlowStorage::new(
             mem.clone(),
@@ -1072,7 +1072,7 @@ mod tests {
         (engine, wal)
     }
 
-    async fn append(engine: &Engine, stream: u64) -> PendingAppend {
+    pub(super) async fn append(engine: &Engine, stream: u64) -> PendingAppend {
         let req = AppendRequest {
             stream,
             epoch: 1,

@@ -569,30 +569,11 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::super::{AppendRequest, Engine, EngineConfig, PendingAppend};
-    use crate::storage::{MemoryStorage, ObjectStorage};
-    use crate::testing::{FaultWal, MemCatalog};
-    use crate::wal::ObjectWal;
+    use super::super::{AppendRequest, Engine, PendingAppend};
+    use crate::testing::FaultWal;
 
     async fn start() -> (Engine, Arc<FaultWal>) {
-        let mem: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
-        let wal = Arc::new(FaultWal::new(Arc::new(ObjectWal::new(
-            mem.clone(),
-            "wal/0".into(),
-        ))));
-        let cfg = EngineConfig {
-            upload_interval: Duration::from_secs(3600),
-            ..EngineConfig::default()
-        };
-        let (engine, _) = Engine::start(
-            cfg,
-            mem,
-            wal.clone(),
-            Arc::new(MemCatalog::new()),
-            Arc::new(|_, _| {}),
-        )
-        .await
-        .unwrap();
+        let (engine, wal) = super::super::tests::start(Duration::ZERO).await;
         assert!(
             engine.shared().leader.get().is_some(),
             "a leader-style writer"
@@ -602,15 +583,7 @@ mod tests {
     }
 
     async fn append(engine: &Engine) -> PendingAppend {
-        let req = AppendRequest {
-            stream: 1,
-            epoch: 1,
-            record_count: 1,
-            batch: Bytes::from_static(b"record"),
-            batch_crc: None,
-            aux: Bytes::new(),
-        };
-        engine.append(req).await.unwrap()
+        super::super::tests::append(engine, 1).await
     }
 
     /// Polls once: `true` if it answered.
