@@ -3,7 +3,10 @@
 # and 64-connection throughput with the WAL on file://, on S3 and in Postgres, each next to its
 # floor measured in the same run (one fdatasync'd write; one PutObject to the same S3 server;
 # one single-row INSERT commit on the same Postgres), and the S3 requests a node makes per
-# second idle and at 1k appends/s (what a user pays for).
+# second idle and at 1k appends/s (what a user pays for). Next to each WAL's figures, the node's
+# own floor: the same node's round trip for a HEAD (no WAL write), alternated with appends by one
+# raw HTTP/1.1 client (floors.py http), so the table tells the machine's and the HTTP path's cost
+# (idle threads and CPUs woken included) from what the WAL write adds.
 #
 # usage: scripts/bench/storage.sh
 # env: PICO_BIN (default: builds target/release/pico), BENCH_ONLY (e.g. "postgres": only those
@@ -124,6 +127,12 @@ for wal in ${BENCH_ONLY:-file s3 postgres}; do
   # Where an ack's time goes: the node's own WAL write time (pico_wal_commit_seconds, the
   # Wal::append call of each group commit) over the same run; the rest is HTTP and engine.
   curl -fsS "http://127.0.0.1:$ADMIN/metrics" >"$RUN/$wal-1.metrics" || true
+  # The node's own floor: the same node's round trip for a request that writes nothing (a
+  # HEAD), alternated with appends by one raw HTTP/1.1 client, so the table can tell the
+  # machine's and the node's HTTP cost from the WAL write's.
+  log "$wal WAL: the node's own round trip (HEAD vs append, one client)"
+  python3 "$ROOT/scripts/bench/floors.py" http --endpoint "http://127.0.0.1:$PORT" \
+    --stream "bench/$wal-head" --count 1000 --seconds 5 >"$RUN/$wal-http.json"
   log "$wal WAL: 64 connections"
   bench "$wal-64" "$RUN/$wal-64.json" --connections 64 -n 1 -b 100
   if [ "$wal" = s3 ]; then
@@ -178,8 +187,21 @@ for wal in ("file", "s3", "postgres"):
         continue
     one, many, fl = L(f"{wal}-1.json"), L(f"{wal}-64.json"), L(floors[wal])
     p50, p99 = one["write_latency"]["p50_ms"], one["write_latency"]["p99_ms"]
-    print(f"| {wal} | {p50:.2f} / {p99:.2f} ms | {wal_write_p50(wal):.2f} ms | {fl['p50_ms']:.2f} / {fl['p99_ms']:.2f} ms ({names[wal]}) "
+    print(f"| {wal} | {p50:.3f} / {p99:.2f} ms | {wal_write_p50(wal):.3f} ms | {fl['p50_ms']:.3f} / {fl['p99_ms']:.2f} ms ({names[wal]}) "
           f"| {p50 / fl['p50_ms'] if fl['p50_ms'] else float('nan'):.2f}× | {many['write']['records_per_sec']:.0f} appends/s |")
+heads = [w for w in ("file", "s3", "postgres") if os.path.exists(os.path.join(run, f"{w}-http.json"))]
+if heads:
+    print()
+    print("The node's own round trip: one raw HTTP/1.1 client alternating an append with a HEAD")
+    print("of the same stream (no WAL write): what a request costs before any storage (p50 / p99):")
+    print()
+    print("| WAL | HEAD (no WAL) | append, same client | append − HEAD | floor p50 + HEAD p50 |")
+    print("|---|---|---|---|---|")
+    for wal in heads:
+        h = L(f"{wal}-http.json")
+        hd, ap, fl = h["no WAL (HEAD)"], h["append (POST)"], L(floors[wal])
+        print(f"| {wal} | {hd['p50_ms']*1000:.0f} / {hd['p99_ms']*1000:.0f} µs | {ap['p50_ms']*1000:.0f} / {ap['p99_ms']*1000:.0f} µs "
+              f"| {(ap['p50_ms'] - hd['p50_ms'])*1000:.0f} µs | {(fl['p50_ms'] + hd['p50_ms'])*1000:.0f} µs |")
 if os.path.exists(os.path.join(run, "trace-node.json.legs")):
     legs = L("trace-node.json.legs")
     legs["floor: postgres: statement -> answer"] = L("trace-floor.json")["postgres: statement -> answer"]

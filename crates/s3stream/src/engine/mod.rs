@@ -120,6 +120,8 @@ pub struct PendingAppend {
     pub base_offset: u64,
     pub next_offset: u64,
     ack: oneshot::Receiver<Result<Appended, EngineError>>,
+    /// Under a leader-style writer (`writer::Leader`): this append may write its own group.
+    lead: Option<writer::Lead>,
 }
 
 impl PendingAppend {
@@ -139,9 +141,8 @@ impl std::future::Future for PendingAppend {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.ack)
-            .poll(cx)
-            .map(|r| r.unwrap_or(Err(EngineError::ShuttingDown)))
+        let this = &mut *self;
+        writer::poll_ack(&mut this.ack, &mut this.lead, cx)
     }
 }
 
@@ -427,6 +428,8 @@ struct Shared {
     large_slice: tokio::sync::Mutex<Option<read::LargeSlice>>,
     object_counter: AtomicU64,
     counters: Counters,
+    /// Set when the writer is leader-style (`writer::Leader`).
+    leader: std::sync::OnceLock<Arc<writer::Leader>>,
 }
 
 impl Shared {
@@ -536,6 +539,10 @@ impl Engine {
                     return Err(e);
                 }
             }
+        } else if shared.cfg.batch_interval.is_zero() {
+            let leader = writer::Leader::new(rx);
+            let _ = shared.leader.set(leader.clone());
+            tasks.push(tokio::spawn(writer::run_led(shared.clone(), leader)));
         } else {
             tasks.push(tokio::spawn(writer::run(shared.clone(), rx)));
         }
@@ -625,6 +632,7 @@ impl Engine {
             object_counter: AtomicU64::new(next_counter),
             counters: Counters::default(),
             timings: telemetry::EngineTimings::default(),
+            leader: std::sync::OnceLock::new(),
         });
         Ok((shared, rx))
     }
@@ -729,8 +737,12 @@ impl Engine {
             Ok(p) => p,
             Err(_) => {
                 check(&shared.state())?;
-                // Full: make sure the uploader is working on freeing space.
+                // Full: make sure the uploader is working on freeing space, and that appends
+                // queued by a caller that waits here before polling them get written.
                 shared.upload_kick.notify_one();
+                if let Some(l) = shared.leader.get() {
+                    l.wake();
+                }
                 shared
                     .space
                     .acquire_many(cost)
@@ -780,6 +792,10 @@ impl Engine {
             base_offset,
             next_offset,
             ack: ack_rx,
+            lead: shared
+                .leader
+                .get()
+                .map(|l| writer::Lead::new(self.inner.shared.clone(), l.clone())),
         })
     }
 
@@ -914,6 +930,10 @@ impl Engine {
                 Err(EngineError::ShuttingDown)
             };
         }
+        // Appends whose callers have not polled them yet are written all the same.
+        if let Some(l) = shared.leader.get() {
+            l.wake();
+        }
         let p = *progress
             .wait_for(|p| p.written_seq >= seq || p.stopped)
             .await
@@ -1028,7 +1048,7 @@ mod tests {
     use crate::testing::{FaultWal, MemCatalog, SlowStorage};
     use crate::wal::ObjectWal;
 
-    async fn start(put_delay: Duration) -> (Engine, Arc<FaultWal>) {
+    pub(super) async fn start(put_delay: Duration) -> (Engine, Arc<FaultWal>) {
         let mem: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
         let storage: Arc<dyn ObjectStorage> = Arc::new(SlowStorage::new(
             mem.clone(),
@@ -1052,7 +1072,7 @@ mod tests {
         (engine, wal)
     }
 
-    async fn append(engine: &Engine, stream: u64) -> PendingAppend {
+    pub(super) async fn append(engine: &Engine, stream: u64) -> PendingAppend {
         let req = AppendRequest {
             stream,
             epoch: 1,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::wal::{WalError, WalRecord};
@@ -104,6 +104,221 @@ pub(super) async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Wri
         }
         finish(&shared, group, result);
     }
+}
+
+/// The hand-off for an async WAL with no batch interval (Postgres): the writer's queue and
+/// the right to write from it, which an append takes when nobody holds it.
+///
+/// An append whose writer is idle writes its group itself, in the appending request's task
+/// ([`Lead`]), instead of waking the writer task and being woken back by it: no task hand-off
+/// before the WAL statement is sent nor after its answer arrives. Everything else stays the
+/// writer's: the group is every append queued (all streams), one write at a time, acks in
+/// queue order. The writer task ([`run_led`]) writes what no leader takes: appends that find a
+/// write under way, and whatever a leader leaves queued when its own append is done.
+pub(super) struct Leader {
+    /// The queue, behind the right to write: whoever holds it is the writer.
+    core: Arc<tokio::sync::Mutex<Core>>,
+    /// Wakes the writer task: an append is queued that its own task may not write.
+    wake: tokio::sync::Notify,
+}
+
+struct Core {
+    rx: mpsc::UnboundedReceiver<WriteItem>,
+    carry: Option<WriteItem>,
+}
+
+impl Core {
+    fn has_queued(&self) -> bool {
+        self.carry.is_some() || !self.rx.is_empty()
+    }
+}
+
+impl Leader {
+    pub(super) fn new(rx: mpsc::UnboundedReceiver<WriteItem>) -> Arc<Leader> {
+        Arc::new(Leader {
+            core: Arc::new(tokio::sync::Mutex::new(Core { rx, carry: None })),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Has the writer task write whatever is queued.
+    pub(super) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Gives the right to write back; the writer task takes over what is still queued.
+    fn release(&self, core: tokio::sync::OwnedMutexGuard<Core>) {
+        let more = core.has_queued();
+        drop(core);
+        if more {
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// Takes and writes one group (if anything is queued), then hands the right to write back.
+/// `None` once the queue is closed or the engine stopped.
+async fn write_group(
+    shared: Arc<Shared>,
+    mut core: tokio::sync::OwnedMutexGuard<Core>,
+) -> Option<tokio::sync::OwnedMutexGuard<Core>> {
+    let first = match core.carry.take() {
+        Some(item) => item,
+        None => match core.rx.try_recv() {
+            Ok(item) => item,
+            Err(mpsc::error::TryRecvError::Empty) => return Some(core),
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+        },
+    };
+    let Core { rx, carry } = &mut *core;
+    let batch = take_queued(first, rx, shared.cfg.max_bytes_in_batch, carry);
+    let group = begin(&shared, batch)?;
+    let mut result = Err(EngineError::Durability(String::new()));
+    if !group.items.is_empty() {
+        for attempt in 0..WAL_ATTEMPTS {
+            let started = std::time::Instant::now();
+            let outcome = shared.wal.append(group.records.clone()).await;
+            let Some(backoff) = attempted(&shared, outcome, started, attempt, &mut result) else {
+                break;
+            };
+            tokio::time::sleep(backoff).await;
+        }
+    }
+    finish(&shared, group, result);
+    Some(core)
+}
+
+type GroupWrite =
+    std::pin::Pin<Box<dyn Future<Output = Option<tokio::sync::OwnedMutexGuard<Core>>> + Send>>;
+
+/// The writer task beside the leaders: writes whatever is queued whenever woken, until the
+/// queue is empty, then gives the right to write back.
+pub(super) async fn run_led(shared: Arc<Shared>, leader: Arc<Leader>) {
+    loop {
+        leader.wake.notified().await;
+        let mut core = leader.core.clone().lock_owned().await;
+        while core.has_queued() {
+            match write_group(shared.clone(), core).await {
+                Some(c) => core = c,
+                None => return,
+            }
+        }
+        leader.release(core);
+    }
+}
+
+/// An append's way to its ack under a [`Leader`]: first try to write its own group, else
+/// wait for the writer task. Held by its [`super::PendingAppend`].
+pub(super) struct Lead {
+    shared: Arc<Shared>,
+    leader: Arc<Leader>,
+    /// The group write this append leads, under way.
+    write: Option<GroupWrite>,
+    /// Answered, or left to the writer task: nothing more to lead.
+    done: bool,
+}
+
+impl Lead {
+    pub(super) fn new(shared: Arc<Shared>, leader: Arc<Leader>) -> Lead {
+        Lead {
+            shared,
+            leader,
+            write: None,
+            done: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for Lead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lead")
+            .field("writing", &self.write.is_some())
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl Drop for Lead {
+    /// A write under way finishes in a task of its own (a group dropped half-written would
+    /// leave its appends neither acked nor failed and the WAL's position unsure); an append
+    /// that never led leaves its item to the writer task.
+    fn drop(&mut self) {
+        match self.write.take() {
+            Some(write) => {
+                let leader = self.leader.clone();
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        if let Some(core) = write.await {
+                            leader.release(core);
+                        }
+                    });
+                }
+            }
+            None if !self.done => self.leader.wake.notify_one(),
+            None => {}
+        }
+    }
+}
+
+type Answer = Result<Appended, EngineError>;
+
+fn answered(r: Result<Answer, oneshot::error::TryRecvError>) -> Option<Answer> {
+    match r {
+        Ok(answer) => Some(answer),
+        Err(oneshot::error::TryRecvError::Closed) => Some(Err(EngineError::ShuttingDown)),
+        Err(oneshot::error::TryRecvError::Empty) => None,
+    }
+}
+
+/// Polls an append's ack, leading its group's write when the writer is free. While this task
+/// may still write the ack itself, the ack is only checked, with no waker registered: this
+/// very task's ack would wake it, and it would be polled once more for nothing.
+pub(super) fn poll_ack(
+    ack: &mut oneshot::Receiver<Answer>,
+    lead: &mut Option<Lead>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<Answer> {
+    use std::task::Poll;
+    if let Some(l) = lead.as_mut().filter(|l| !l.done) {
+        loop {
+            if let Some(write) = l.write.as_mut() {
+                let Poll::Ready(core) = write.as_mut().poll(cx) else {
+                    return Poll::Pending;
+                };
+                l.write = None;
+                // `None`: the engine stopped, and this append's ack was dropped (below).
+                if let Some(core) = core {
+                    if let Some(answer) = answered(ack.try_recv()) {
+                        l.done = true;
+                        l.leader.release(core);
+                        return Poll::Ready(answer);
+                    }
+                    // Not in that group (its bytes were bounded): the next one.
+                    if core.has_queued() {
+                        l.write = Some(Box::pin(write_group(l.shared.clone(), core)));
+                        continue;
+                    }
+                    l.leader.release(core);
+                }
+                break;
+            }
+            if let Some(answer) = answered(ack.try_recv()) {
+                l.done = true;
+                return Poll::Ready(answer);
+            }
+            match l.leader.core.clone().try_lock_owned() {
+                Ok(core) => l.write = Some(Box::pin(write_group(l.shared.clone(), core))),
+                Err(_) => break,
+            }
+        }
+        // A write is under way elsewhere: the writer task writes this append after it (the
+        // holder may also take it, or give the queue back with it still in).
+        l.done = true;
+        l.leader.wake.notify_one();
+    }
+    std::pin::Pin::new(ack)
+        .poll(cx)
+        .map(|r| r.unwrap_or(Err(EngineError::ShuttingDown)))
 }
 
 /// The writer on a thread of its own, for a WAL that appends synchronously (the local file):
@@ -342,5 +557,131 @@ fn fail_items(shared: &Shared, items: Vec<WriteItem>, error: &EngineError) {
             other => EngineError::Durability(other.to_string()),
         };
         let _ = item.ack.send(Err(e));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
+    use super::super::{AppendRequest, Engine, PendingAppend};
+    use crate::testing::FaultWal;
+
+    async fn start() -> (Engine, Arc<FaultWal>) {
+        let (engine, wal) = super::super::tests::start(Duration::ZERO).await;
+        assert!(
+            engine.shared().leader.get().is_some(),
+            "a leader-style writer"
+        );
+        engine.open(1, 1, 0);
+        (engine, wal)
+    }
+
+    async fn append(engine: &Engine) -> PendingAppend {
+        super::super::tests::append(engine, 1).await
+    }
+
+    /// Polls once: `true` if it answered.
+    async fn poll_once(p: &mut PendingAppend) -> bool {
+        std::future::poll_fn(|cx| Poll::Ready(std::pin::Pin::new(&mut *p).poll(cx).is_ready()))
+            .await
+    }
+
+    async fn durable(engine: &Engine, end: u64) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while engine.durable_end(1) < Some(end) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("durable in time");
+    }
+
+    #[tokio::test]
+    async fn the_first_append_leads_and_later_ones_follow_in_order() {
+        let (engine, wal) = start().await;
+        wal.hold_appends(true);
+        let mut a = append(&engine).await;
+        assert!(!poll_once(&mut a).await, "a leads its write, held");
+        let mut b = append(&engine).await;
+        let c = append(&engine).await;
+        assert!(!poll_once(&mut b).await, "b finds a write under way");
+        wal.hold_appends(false);
+        let (a, b, c) = (a.await.unwrap(), b.await.unwrap(), c.await.unwrap());
+        assert_eq!(
+            [a.base_offset, b.base_offset, c.base_offset],
+            [0, 1, 2],
+            "acks in order"
+        );
+        assert_eq!(wal.append_count(), 2, "a alone, then b and c in one group");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_leader_still_finishes_its_write() {
+        let (engine, wal) = start().await;
+        wal.hold_appends(true);
+        let mut a = append(&engine).await;
+        assert!(!poll_once(&mut a).await);
+        drop(a);
+        wal.hold_appends(false);
+        durable(&engine, 1).await;
+        let b = append(&engine).await.await.unwrap();
+        assert_eq!(b.base_offset, 1);
+        assert_eq!(wal.record_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn appends_nobody_polls_are_written_by_the_writer_task() {
+        let (engine, wal) = start().await;
+        // Dropped unpolled: the writer task takes it.
+        drop(append(&engine).await);
+        durable(&engine, 1).await;
+        // Held unpolled across a flush: the flush has it written.
+        let held = append(&engine).await;
+        tokio::time::timeout(Duration::from_secs(10), engine.flush())
+            .await
+            .expect("flush in time")
+            .unwrap();
+        assert_eq!(engine.durable_end(1), Some(2));
+        assert_eq!(held.await.unwrap().base_offset, 1);
+        assert_eq!(wal.record_count(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_appenders_all_get_their_acks() {
+        let (engine, wal) = start().await;
+        let mut tasks = Vec::new();
+        for s in 2..10u64 {
+            engine.open(s, 1, 0);
+            let engine = engine.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut last = None;
+                for _ in 0..50 {
+                    let req = AppendRequest {
+                        stream: s,
+                        epoch: 1,
+                        record_count: 1,
+                        batch: Bytes::from_static(b"record"),
+                        batch_crc: None,
+                        aux: Bytes::new(),
+                    };
+                    let ack = engine.append(req).await.unwrap().await.unwrap();
+                    assert!(last.is_none_or(|l| ack.base_offset == l + 1));
+                    last = Some(ack.base_offset);
+                }
+            }));
+        }
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .expect("all acked in time")
+                .unwrap();
+        }
+        assert_eq!(wal.record_count(), 8 * 50);
     }
 }
