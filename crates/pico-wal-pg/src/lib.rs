@@ -11,6 +11,7 @@
 
 mod url;
 
+use std::pin::Pin;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Postgres, Transaction};
 use tokio::sync::Mutex;
+use tokio::time::{Instant, Sleep};
 
 pub use url::{ALLOW_UNSAFE, check_durability, split_allow_unsafe};
 
@@ -53,7 +55,8 @@ const APPEND_RETRY: &str = "INSERT INTO pico_wal (node_id, position, node_epoch,
 #[derive(Clone, Debug)]
 pub struct PgWalOptions {
     /// Server-side `statement_timeout`, and the client-side bound on each append's or trim's
-    /// whole transaction: a hung Postgres (or a network that stopped answering) fails the
+    /// whole transaction (an append's statement gets between 90 % and all of it: one timer
+    /// serves all appends, see `Writer::deadline`): a hung Postgres (or a network that stopped answering) fails the
     /// write retryably instead of holding every append behind it forever. A write that timed
     /// out may still have landed; the engine's retry reuses its position, so it is replaced,
     /// never duplicated.
@@ -156,6 +159,29 @@ struct Writer {
     /// no hand-back task) and its prepared statement stays warm. Dropped after any failed
     /// append (its state is unknown) and reconnected by the next one.
     conn: Option<PgConnection>,
+    /// The client-side bound on an append's statement: one timer for all appends, moved
+    /// later only when less than [`REARM_BELOW`] of `statement_timeout` is left, so a busy
+    /// writer does not insert and remove a timer-wheel entry per append (a `timeout` per
+    /// statement did: ~2k of the node's ~73k instructions per append). An idle writer's
+    /// timer fires once, and wakes the last appender's task for nothing.
+    deadline: Pin<Box<Sleep>>,
+}
+
+/// [`Writer::deadline`] is moved to `statement_timeout` from now when less than this fraction
+/// of it is left: a statement gets between 90 % and all of `statement_timeout`, and the timer
+/// moves once per tenth of it at most.
+const REARM_BELOW: f64 = 0.9;
+
+impl Writer {
+    /// The deadline for a statement starting now: at most `limit` away, at least
+    /// [`REARM_BELOW`] of it.
+    fn deadline(&mut self, limit: Duration) -> Pin<&mut Sleep> {
+        let now = Instant::now();
+        if self.deadline.deadline() < now + limit.mul_f64(REARM_BELOW) {
+            self.deadline.as_mut().reset(now + limit);
+        }
+        self.deadline.as_mut()
+    }
 }
 
 impl PgWal {
@@ -243,6 +269,7 @@ impl PgWal {
                 next: last + 1,
                 retrying: false,
                 conn: None,
+                deadline: Box::pin(tokio::time::sleep_until(Instant::now())),
             }),
         })
     }
@@ -337,9 +364,11 @@ impl PgWal {
             .bind(self.epoch)
             .bind(payload)
             .fetch_optional(&mut conn);
-        let inserted = match tokio::time::timeout(limit, write).await {
-            Ok(r) => r?,
-            Err(_) => return Err(PgWalError::Timeout(limit)),
+        let deadline = writer.deadline(limit);
+        let inserted = tokio::select! {
+            biased;
+            r = write => r?,
+            () = deadline => return Err(PgWalError::Timeout(limit)),
         };
         writer.conn = Some(conn);
         match inserted {
@@ -495,5 +524,38 @@ impl PgWal {
     /// The epoch this WAL writes at.
     pub fn epoch(&self) -> i64 {
         self.epoch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_statement_deadline_moves_only_when_most_of_it_is_spent() {
+        let mut w = Writer {
+            next: 1,
+            retrying: false,
+            conn: None,
+            deadline: Box::pin(tokio::time::sleep_until(Instant::now())),
+        };
+        let limit = Duration::from_secs(100);
+        let first = w.deadline(limit).deadline();
+        assert!(
+            first >= Instant::now() + limit.mul_f64(REARM_BELOW),
+            "armed a limit away"
+        );
+        assert!(first <= Instant::now() + limit);
+        assert_eq!(
+            w.deadline(limit).deadline(),
+            first,
+            "not moved while most of the limit is left"
+        );
+        // Less than 90 % left (as after a long idle or a slow statement): moved a limit away.
+        let half = Instant::now() + limit / 2;
+        w.deadline.as_mut().reset(half);
+        let moved = w.deadline(limit).deadline();
+        assert!(moved > half);
+        assert!(moved >= Instant::now() + limit.mul_f64(REARM_BELOW));
     }
 }
