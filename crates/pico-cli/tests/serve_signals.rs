@@ -205,27 +205,24 @@ fn a_log_on_a_full_device_does_not_stop_the_node() {
     let (child, port, admin) = spawn_serve(dir.path(), &[], "debug", open(), open());
     let mut server = Killed(child);
     assert!(wait_ready(admin), "pico serve never became ready");
+    // One request on its own connection: the response head.
+    let request = |method: &str, path: &str, body: &str| {
+        exchange(
+            port,
+            &format!(
+                "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+        .1
+    };
     for i in 0..20 {
-        let (_, created) = exchange(
-            port,
-            &format!(
-                "PUT /s/full{i} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\
-                 Connection: close\r\n\r\n"
-            ),
-        );
+        let created = request("PUT", &format!("/s/full{i}"), "");
         assert!(created.starts_with("HTTP/1.1 201"), "{created}");
-        let (_, appended) = exchange(
-            port,
-            &format!(
-                "POST /s/full{i} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\
-                 Connection: close\r\n\r\nhello"
-            ),
-        );
+        let appended = request("POST", &format!("/s/full{i}"), "hello");
         assert!(appended.starts_with("HTTP/1.1 20"), "{appended}");
-        let (_, missing) = exchange(
-            port,
-            "GET /s/nothing-here?seq=0 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-        );
+        let missing = request("GET", "/s/nothing-here?seq=0", "");
         assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
     }
     assert!(

@@ -76,6 +76,16 @@ async fn node_with(
     (protocol_router(node.clone(), HttpOptions::default()), node)
 }
 
+/// A node whose data and WAL are on one `FaultStorage`, with stream `s` holding "one".
+async fn stream_with_one_record() -> (Arc<FaultStorage>, pico_http::fast::Protocol, Node) {
+    let store = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
+    let wal = Arc::new(ObjectWal::new(store.clone(), "wal".into()));
+    let (app, node) = node_on(store.clone(), wal).await;
+    assert_eq!(send(&app, Method::PUT, "/s", "").await.status, 201);
+    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+    (store, app, node)
+}
+
 fn bodies(read: &Value) -> Vec<String> {
     read.as_array()
         .unwrap()
@@ -86,11 +96,7 @@ fn bodies(read: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn a_down_store_answers_503_with_retry_after_and_the_node_recovers_by_itself() {
-    let store = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
-    let wal = Arc::new(ObjectWal::new(store.clone(), "wal".into()));
-    let (app, node) = node_on(store.clone(), wal).await;
-    assert_eq!(send(&app, Method::PUT, "/s", "").await.status, 201);
-    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+    let (store, app, node) = stream_with_one_record().await;
 
     store.set_down(true);
     for _ in 0..3 {
@@ -164,11 +170,7 @@ async fn a_superseded_node_answers_503_saying_so() {
 /// appends work again once the store heals, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_queued_behind_a_failing_reopen_get_their_503_promptly() {
-    let store = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
-    let wal = Arc::new(ObjectWal::new(store.clone(), "wal".into()));
-    let (app, node) = node_on(store.clone(), wal).await;
-    assert_eq!(send(&app, Method::PUT, "/s", "").await.status, 201);
-    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+    let (store, app, node) = stream_with_one_record().await;
 
     store.set_down(true);
     for wave in 0..2 {
