@@ -33,8 +33,10 @@ fn main() -> ExitCode {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
         .with_ansi(std::io::stderr().is_terminal())
+        // Its fallback for a failed write is `eprintln!`, which panics (see `LossyStderr`).
+        .log_internal_errors(false)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -42,7 +44,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            say(format_args!("error: cannot start the async runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -56,7 +58,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say(format_args!("error: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -89,7 +91,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         );
     }
     if let Some(profile) = &cli.profile {
-        eprintln!("note: profiles arrive with `pico config`; ignoring --profile {profile}");
+        say(format_args!(
+            "note: profiles arrive with `pico config`; ignoring --profile {profile}"
+        ));
     }
     // Every command checks its name first: the server reads the name from the raw URL path,
     // so one it would refuse (`orders?x`) could otherwise act on another stream (`orders`).
@@ -131,6 +135,33 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Trim { name, seq } => commands::trim(&client, &name, seq).await,
         Command::Admin(args) => commands::admin(&args, cli.token).await,
     }
+}
+
+/// stderr for the log, dropping what cannot be written. A node must not die because its log
+/// cannot be written (a full disk under the log file, stderr on `/dev/full`): `eprintln!`
+/// panics on a failed write, and so did tracing's writer through its `eprintln!` fallback; a
+/// panic in the metadata committer then panicked again in a destructor that logs, which aborts
+/// the process (SIGABRT, docs/design/failures.md "Disk full").
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // One write_all per line (the formatter hands over a whole event): the line is
+        // written whole or, on a failure partway through, cut off.
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// `eprintln!` that drops the line when stderr cannot be written instead of panicking.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// A closed stdout (`pico read x | head`) is a normal way to stop reading.

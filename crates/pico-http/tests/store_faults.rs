@@ -76,6 +76,16 @@ async fn node_with(
     (protocol_router(node.clone(), HttpOptions::default()), node)
 }
 
+/// A node whose data and WAL are on one `FaultStorage`, with stream `s` holding "one".
+async fn stream_with_one_record() -> (Arc<FaultStorage>, pico_http::fast::Protocol, Node) {
+    let store = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
+    let wal = Arc::new(ObjectWal::new(store.clone(), "wal".into()));
+    let (app, node) = node_on(store.clone(), wal).await;
+    assert_eq!(send(&app, Method::PUT, "/s", "").await.status, 201);
+    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+    (store, app, node)
+}
+
 fn bodies(read: &Value) -> Vec<String> {
     read.as_array()
         .unwrap()
@@ -86,11 +96,7 @@ fn bodies(read: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn a_down_store_answers_503_with_retry_after_and_the_node_recovers_by_itself() {
-    let store = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
-    let wal = Arc::new(ObjectWal::new(store.clone(), "wal".into()));
-    let (app, node) = node_on(store.clone(), wal).await;
-    assert_eq!(send(&app, Method::PUT, "/s", "").await.status, 201);
-    assert_eq!(send(&app, Method::POST, "/s", "one").await.status, 200);
+    let (store, app, node) = stream_with_one_record().await;
 
     store.set_down(true);
     for _ in 0..3 {
@@ -153,5 +159,50 @@ async fn a_superseded_node_answers_503_saying_so() {
     assert_eq!(r.retry_after.as_deref(), Some("1"));
     let msg = r.body["message"].as_str().unwrap();
     assert!(msg.contains("lost ownership"), "{msg}");
+    node.shutdown().await;
+}
+
+/// A store that stays down (the disk under the WAL and the objects is full): every append of
+/// a crowd on one stream gets its 503 + `Retry-After` within `send`'s 30 s, though each reopen
+/// of the broken stream waits out a flush of several backoffs. Before, the requests queued on
+/// the stream's open tried it again one after another (48 × 1-3 s: the client gave up); now the
+/// ones queued behind a failed open share its answer. Nothing acknowledged is lost, and
+/// appends work again once the store heals, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_queued_behind_a_failing_reopen_get_their_503_promptly() {
+    let (store, app, node) = stream_with_one_record().await;
+
+    store.set_down(true);
+    for wave in 0..2 {
+        let crowd = (0..48).map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, Method::POST, "/s", "lost").await })
+        });
+        for r in futures::future::join_all(crowd).await {
+            let r = r.unwrap();
+            assert_eq!(r.status, 503, "wave {wave}: {:?}", r.body);
+            assert_eq!(r.retry_after.as_deref(), Some("1"));
+            assert_eq!(r.body["error"], "unavailable", "{:?}", r.body);
+        }
+    }
+
+    store.set_down(false);
+    let mut ok = None;
+    for _ in 0..10 {
+        // "stream is being reopened" first, then the reopen succeeds.
+        let r = send(&app, Method::POST, "/s", "two").await;
+        if r.status == 200 {
+            ok = Some(r);
+            break;
+        }
+        assert_eq!(r.status, 503, "{:?}", r.body);
+    }
+    assert!(
+        ok.is_some(),
+        "appends did not recover once the store healed"
+    );
+    let r = send(&app, Method::GET, "/s", "").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(bodies(&r.body), ["one", "two"]);
     node.shutdown().await;
 }

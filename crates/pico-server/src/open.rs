@@ -72,22 +72,56 @@ impl OpenStream {
     }
 }
 
+/// A slot's content: the open stream once opened, and how its last failed open ended.
+#[derive(Default)]
+pub struct OpenCell {
+    cell: OnceCell<Arc<OpenStream>>,
+    /// Failed opens of this cell (retryable ones) and the last one's answer: requests queued
+    /// behind an open share its failure instead of each trying again in turn.
+    failed: std::sync::Mutex<(u64, String)>,
+}
+
 /// A request's hold on a slot of the [`OpenTable`].
 pub struct Slot<'a> {
     table: &'a OpenTable,
     stream_id: u64,
-    cell: Arc<OnceCell<Arc<OpenStream>>>,
+    cell: Arc<OpenCell>,
 }
 
 impl Slot<'_> {
     pub fn cell(&self) -> &OnceCell<Arc<OpenStream>> {
-        &self.cell
+        &self.cell.cell
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, (u64, String)> {
+        self.cell.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Failed opens so far: taken before waiting for the cell, for [`Slot::failed_since`].
+    pub fn failures(&self) -> u64 {
+        self.failed().0
+    }
+
+    /// The answer of an open that failed after `seen` was taken (while this request waited
+    /// for it to finish). During an outage (a full disk) an open can take seconds to fail,
+    /// and requests queued on the cell trying again one after another each waited for all
+    /// the failures before theirs: tens of seconds, a hang to the client.
+    pub fn failed_since(&self, seen: u64) -> Option<String> {
+        let f = self.failed();
+        (f.0 > seen).then(|| f.1.clone())
+    }
+
+    pub fn record_failure(&self, message: &str) {
+        let mut f = self.failed();
+        f.0 += 1;
+        f.1.clear();
+        f.1.push_str(message);
     }
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        if !self.cell.initialized() {
+        if !self.cell.cell.initialized() {
             self.table.remove_unused_cell(self.stream_id, &self.cell);
         }
     }
@@ -96,7 +130,7 @@ impl Drop for Slot<'_> {
 /// The table of open streams; a slot's `OnceCell` makes concurrent first requests share one open.
 #[derive(Default)]
 pub struct OpenTable {
-    slots: std::sync::Mutex<HashMap<u64, Arc<OnceCell<Arc<OpenStream>>>>>,
+    slots: std::sync::Mutex<HashMap<u64, Arc<OpenCell>>>,
 }
 
 impl OpenTable {
@@ -114,7 +148,7 @@ impl OpenTable {
 
     pub fn get(&self, stream_id: u64) -> Option<Arc<OpenStream>> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.get(&stream_id).and_then(|c| c.get().cloned())
+        slots.get(&stream_id).and_then(|c| c.cell.get().cloned())
     }
 
     /// Removes the slot if it still holds exactly this open stream. Identity, not epoch: a slot
@@ -124,7 +158,7 @@ impl OpenTable {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if slots
             .get(&open.stream_id)
-            .and_then(|c| c.get())
+            .and_then(|c| c.cell.get())
             .is_some_and(|o| Arc::ptr_eq(o, open))
         {
             slots.remove(&open.stream_id);
@@ -135,13 +169,12 @@ impl OpenTable {
     /// table and the caller holds it: an empty slot counts against `--slots`, and the idle pass
     /// only releases filled ones. A caller queued on the cell keeps it alive, so that caller
     /// retries on the same cell (never two opens at once).
-    fn remove_unused_cell(&self, stream_id: u64, cell: &Arc<OnceCell<Arc<OpenStream>>>) {
+    fn remove_unused_cell(&self, stream_id: u64, cell: &Arc<OpenCell>) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         // New holders clone the cell only under this lock, so the count cannot grow meanwhile.
-        if slots
-            .get(&stream_id)
-            .is_some_and(|c| Arc::ptr_eq(c, cell) && !c.initialized() && Arc::strong_count(c) == 2)
-        {
+        if slots.get(&stream_id).is_some_and(|c| {
+            Arc::ptr_eq(c, cell) && !c.cell.initialized() && Arc::strong_count(c) == 2
+        }) {
             slots.remove(&stream_id);
         }
     }
@@ -161,7 +194,7 @@ impl OpenTable {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots
             .values()
-            .filter_map(|c| c.get())
+            .filter_map(|c| c.cell.get())
             .filter(|o| {
                 o.last_used_ms.load(Ordering::Relaxed) < before_ms && !skip.contains(&o.stream_id)
             })
@@ -173,12 +206,16 @@ impl OpenTable {
     /// Whether an open of the stream is under way (its slot is not filled yet).
     pub fn opening(&self, stream_id: u64) -> bool {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.get(&stream_id).is_some_and(|c| !c.initialized())
+        slots.get(&stream_id).is_some_and(|c| !c.cell.initialized())
     }
 
     pub fn all(&self) -> Vec<Arc<OpenStream>> {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.values().filter_map(|c| c.get()).cloned().collect()
+        slots
+            .values()
+            .filter_map(|c| c.cell.get())
+            .cloned()
+            .collect()
     }
 
     pub fn len(&self) -> usize {

@@ -168,105 +168,121 @@ impl Node {
             )));
         }
         let slot = self.inner.open.slot(stream_id);
+        let seen = slot.failures();
         let result = slot
             .cell()
             .get_or_try_init(|| async {
-                if !self.inner.serving.load(Ordering::Relaxed) {
-                    return Err(AppendError::Unavailable("node is shutting down".into()));
+                // An open this request waited behind failed meanwhile: its answer is this
+                // request's too (the outage that failed it is most likely still there).
+                if let Some(e) = slot.failed_since(seen) {
+                    return Err(AppendError::Unavailable(e));
                 }
-                // Its acknowledged tail is being flushed for a transfer: an open here would
-                // take it back. The request is answered 503 and retried (then redirected).
-                if self.handing_off(stream_id) {
-                    return Err(AppendError::Unavailable(format!(
-                        "stream is being handed off to another node, retry: name=`{}`",
-                        r.name
-                    )));
-                }
-
-                // A previous incarnation of this stream still has engine state: flush it into
-                // committed objects first, or the epoch bump below would fence acknowledged data.
-                if self.inner.engine.is_open(stream_id).is_some() {
-                    self.inner
-                        .engine
-                        .close(stream_id)
-                        .await
-                        .map_err(|e| AppendError::Unavailable(format!("flushing stream: {e}")))?;
-                }
-                let cfg = &self.inner.config;
-                let outcome = self
-                    .propose(Command::OpenStream {
-                        stream_id,
-                        node_id: cfg.node_id,
-                        node_epoch: cfg.node_epoch,
-                    })
-                    .await
-                    .map_err(AppendError::Unavailable)?;
-                let (epoch, end) = match outcome {
-                    Ok(Outcome::Opened {
-                        epoch, end_offset, ..
-                    }) => (epoch, end_offset),
-                    Ok(other) => {
-                        return Err(AppendError::Internal(format!(
-                            "unexpected outcome {other:?}"
+                let opened = async {
+                    if !self.inner.serving.load(Ordering::Relaxed) {
+                        return Err(AppendError::Unavailable("node is shutting down".into()));
+                    }
+                    // Its acknowledged tail is being flushed for a transfer: an open here would
+                    // take it back. The request is answered 503 and retried (then redirected).
+                    if self.handing_off(stream_id) {
+                        return Err(AppendError::Unavailable(format!(
+                            "stream is being handed off to another node, retry: name=`{}`",
+                            r.name
                         )));
                     }
-                    Err(ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. }) => {
+
+                    // A previous incarnation of this stream still has engine state: flush it into
+                    // committed objects first, or the epoch bump below would fence acknowledged data.
+                    if self.inner.engine.is_open(stream_id).is_some() {
+                        self.inner.engine.close(stream_id).await.map_err(|e| {
+                            AppendError::Unavailable(format!("flushing stream: {e}"))
+                        })?;
+                    }
+                    let cfg = &self.inner.config;
+                    let outcome = self
+                        .propose(Command::OpenStream {
+                            stream_id,
+                            node_id: cfg.node_id,
+                            node_epoch: cfg.node_epoch,
+                        })
+                        .await
+                        .map_err(AppendError::Unavailable)?;
+                    let (epoch, end) = match outcome {
+                        Ok(Outcome::Opened {
+                            epoch, end_offset, ..
+                        }) => (epoch, end_offset),
+                        Ok(other) => {
+                            return Err(AppendError::Internal(format!(
+                                "unexpected outcome {other:?}"
+                            )));
+                        }
+                        Err(
+                            ApplyError::StreamNotFound { .. } | ApplyError::StreamDeleted { .. },
+                        ) => {
+                            return Err(AppendError::NotFound(r.name.to_string()));
+                        }
+                        Err(e) => {
+                            return Err(AppendError::Unavailable(format!("open rejected: {e}")));
+                        }
+                    };
+                    self.inner.engine.open(stream_id, epoch, end);
+                    // Producer and closure state as committed; the writer keeps it current from here.
+                    let view = self.inner.meta.view();
+                    // Deleted while we were opening: drop the engine state we just created.
+                    if view.streams.get(&stream_id).is_none() {
+                        self.inner.engine.forget(stream_id);
                         return Err(AppendError::NotFound(r.name.to_string()));
                     }
-                    Err(e) => return Err(AppendError::Unavailable(format!("open rejected: {e}"))),
-                };
-                self.inner.engine.open(stream_id, epoch, end);
-                // Producer and closure state as committed; the writer keeps it current from here.
-                let view = self.inner.meta.view();
-                // Deleted while we were opening: drop the engine state we just created.
-                if view.streams.get(&stream_id).is_none() {
-                    self.inner.engine.forget(stream_id);
-                    return Err(AppendError::NotFound(r.name.to_string()));
-                }
-                let producers: HashMap<String, ProducerState> = view
-                    .streams
-                    .get(&stream_id)
-                    .map(|m| {
-                        m.producers
-                            .iter()
-                            .map(|(id, p)| {
-                                (
-                                    id.clone(),
-                                    ProducerState {
-                                        epoch: p.epoch,
-                                        seq: p.seq,
-                                        at: Placed {
-                                            start: p.start_offset,
-                                            next: p.end_offset,
+                    let producers: HashMap<String, ProducerState> = view
+                        .streams
+                        .get(&stream_id)
+                        .map(|m| {
+                            m.producers
+                                .iter()
+                                .map(|(id, p)| {
+                                    (
+                                        id.clone(),
+                                        ProducerState {
+                                            epoch: p.epoch,
+                                            seq: p.seq,
+                                            at: Placed {
+                                                start: p.start_offset,
+                                                next: p.end_offset,
+                                            },
+                                            last_ms: p.last_ms,
                                         },
-                                        last_ms: p.last_ms,
-                                    },
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let stream_seq = view
-                    .streams
-                    .get(&stream_id)
-                    .and_then(|m| m.stream_seq.as_deref().map(str::to_string));
-                let entry = view.registry.get(r.name.as_str());
-                let closed = entry.is_some_and(|e| e.closed);
-                let closed_by = entry.and_then(|e| e.closed_by.as_deref()).cloned();
-                Ok(Arc::new(OpenStream {
-                    stream_id,
-                    epoch,
-                    writer: Mutex::new(Writer {
-                        producers,
-                        closed,
-                        closed_by,
-                        stream_seq,
-                        broken: false,
-                        next_offset: None,
-                    }),
-                    last_used_ms: AtomicI64::new(self.now_ms()),
-                    producers_moved: tokio::sync::Notify::new(),
-                }))
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let stream_seq = view
+                        .streams
+                        .get(&stream_id)
+                        .and_then(|m| m.stream_seq.as_deref().map(str::to_string));
+                    let entry = view.registry.get(r.name.as_str());
+                    let closed = entry.is_some_and(|e| e.closed);
+                    let closed_by = entry.and_then(|e| e.closed_by.as_deref()).cloned();
+                    Ok(Arc::new(OpenStream {
+                        stream_id,
+                        epoch,
+                        writer: Mutex::new(Writer {
+                            producers,
+                            closed,
+                            closed_by,
+                            stream_seq,
+                            broken: false,
+                            next_offset: None,
+                        }),
+                        last_used_ms: AtomicI64::new(self.now_ms()),
+                        producers_moved: tokio::sync::Notify::new(),
+                    }))
+                }
+                .await;
+                // Recorded before the cell lets the next request in.
+                if let Err(AppendError::Unavailable(m)) = &opened {
+                    slot.record_failure(m);
+                }
+                opened
             })
             .await
             .cloned();

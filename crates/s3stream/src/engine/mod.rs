@@ -389,6 +389,9 @@ struct Progress {
     uploaded_upto: Option<u64>,
     /// Failed upload cycles so far.
     upload_failures: u64,
+    /// Failed upload cycles since the uploader last made progress (a PUT or a cycle done): a
+    /// long streak is a store that is down or full, not a blip.
+    upload_streak: u64,
     /// The background tasks are gone (shutdown or abort): nothing above will move again, and
     /// waiters must not wait for it (the sender lives as long as the engine).
     stopped: bool,
@@ -500,14 +503,59 @@ impl Drop for EngineInner {
     }
 }
 
+/// Waits for `cost` of queue space (`max_unflushed_bytes`), which only uploads free. While the
+/// store refuses them for good (down, or full) an append must not wait for ever: it gives up
+/// like a flush does, and is answered 503 with nothing written (no offsets were assigned).
+async fn wait_for_space(
+    shared: &Shared,
+    cost: u32,
+) -> Result<tokio::sync::SemaphorePermit<'_>, EngineError> {
+    let mut progress = shared.progress.subscribe();
+    let start_failures = progress.borrow_and_update().upload_failures;
+    // Pinned once, so the wait keeps its place in the semaphore's queue across the loop.
+    let acquire = shared.space.acquire_many(cost);
+    tokio::pin!(acquire);
+    loop {
+        tokio::select! {
+            permit = &mut acquire => return permit.map_err(|_| EngineError::ShuttingDown),
+            changed = progress.changed() => {
+                let p = *progress.borrow_and_update();
+                if changed.is_err() || p.stopped {
+                    return Err(EngineError::ShuttingDown);
+                }
+                if p.uploads_failing(start_failures) {
+                    return Err(EngineError::Upload(format!(
+                        "no room to queue the append: uploads are failing ({} in a row), \
+                         nothing was written",
+                        p.upload_streak
+                    )));
+                }
+            }
+        }
+    }
+}
+
 /// The stream storage engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
 }
 
-/// Consecutive failed upload cycles after which `flush` gives up with an error.
+/// Consecutive failed upload cycles after which `flush` gives up with an error. Once the
+/// uploader's own streak is this long, a flush (or an append waiting for queue space) gives up
+/// at the next failure instead: during a long outage (a full disk) every reopen would otherwise
+/// wait out eight backoffs, and the requests queued behind it several times that.
 const FLUSH_MAX_UPLOAD_FAILURES: u64 = 8;
+
+impl Progress {
+    /// Whether a wait that began when `start_failures` uploads had failed should give up: eight
+    /// more failed, or the uploader is in a long failure streak and failed again since.
+    fn uploads_failing(&self, start_failures: u64) -> bool {
+        self.upload_failures >= start_failures + FLUSH_MAX_UPLOAD_FAILURES
+            || (self.upload_streak >= FLUSH_MAX_UPLOAD_FAILURES
+                && self.upload_failures > start_failures)
+    }
+}
 
 impl Engine {
     /// Replays the WAL (records at or after each stream's committed end are uploaded and
@@ -743,11 +791,7 @@ impl Engine {
                 if let Some(l) = shared.leader.get() {
                     l.wake();
                 }
-                shared
-                    .space
-                    .acquire_many(cost)
-                    .await
-                    .map_err(|_| EngineError::ShuttingDown)?
+                wait_for_space(shared, cost).await?
             }
         };
 
@@ -947,9 +991,7 @@ impl Engine {
         // The uploader retries on its own with backoff; give up after repeated failures.
         let p = *progress
             .wait_for(|p| {
-                p.uploaded_upto >= target
-                    || p.upload_failures >= start_failures + FLUSH_MAX_UPLOAD_FAILURES
-                    || p.stopped
+                p.uploaded_upto >= target || p.uploads_failing(start_failures) || p.stopped
             })
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
@@ -959,7 +1001,9 @@ impl Engine {
             Err(EngineError::ShuttingDown)
         } else {
             Err(EngineError::Upload(format!(
-                "upload failed {FLUSH_MAX_UPLOAD_FAILURES} times while flushing"
+                "upload failed {} times while flushing ({} in a row)",
+                p.upload_failures - start_failures,
+                p.upload_streak
             )))
         }
     }

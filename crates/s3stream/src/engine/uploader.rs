@@ -397,7 +397,10 @@ fn record_failure(shared: &Shared, e: &EngineError, failures: u32) {
         .upload_failures
         .fetch_add(1, Ordering::Relaxed);
     tracing::warn!(error = %e, failures, "upload failed, will retry");
-    shared.progress.send_modify(|p| p.upload_failures += 1);
+    shared.progress.send_modify(|p| {
+        p.upload_failures += 1;
+        p.upload_streak += 1;
+    });
 }
 
 impl Pipeline {
@@ -435,9 +438,10 @@ impl Pipeline {
                     if st.queue.is_empty() {
                         let durable = st.durable_pos;
                         drop(st);
-                        shared
-                            .progress
-                            .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(durable));
+                        shared.progress.send_modify(|p| {
+                            p.uploaded_upto = p.uploaded_upto.max(durable);
+                            p.upload_streak = 0;
+                        });
                     }
                     *due = false;
                     return Ok(());
@@ -550,6 +554,12 @@ impl Pipeline {
                 if !failing {
                     self.put_failures = 0;
                 }
+                // The store took a PUT: whatever failed before was no lasting outage.
+                self.shared.progress.send_if_modified(|p| {
+                    let was = p.upload_streak;
+                    p.upload_streak = 0;
+                    was != 0
+                });
             }
             Err(e) if self.put_retry_at.is_none() => {
                 self.put_failures = self.put_failures.saturating_add(1);
@@ -600,9 +610,10 @@ impl Pipeline {
             cost
         };
         shared.release_space(freed_cost);
-        shared
-            .progress
-            .send_modify(|p| p.uploaded_upto = p.uploaded_upto.max(Some(upto)));
+        shared.progress.send_modify(|p| {
+            p.uploaded_upto = p.uploaded_upto.max(Some(upto));
+            p.upload_streak = 0;
+        });
         Ok(true)
     }
 }
