@@ -125,7 +125,9 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
 
 /// A content type must look like `type/subtype[; params]`.
 pub fn validate_content_type(ct: &str) -> Result<(), HttpError> {
-    let media = h::media_type(ct);
+    // Checked as written: the token characters are the same in either case, and every DS
+    // append with a body runs this (no lowercased copy).
+    let media = h::media_essence(ct);
     let token = |s: &str| {
         !s.is_empty()
             && s.bytes()
@@ -249,6 +251,30 @@ mod tests {
             m.append(*k, HeaderValue::from_str(v).unwrap());
         }
         m
+    }
+
+    /// Checked on the essence as written, case and parameters aside.
+    #[test]
+    fn content_types_are_validated_on_their_essence() {
+        for ok in [
+            "text/plain",
+            " Text/Plain ; charset=UTF-8",
+            "application/vnd.picomq.batch+json",
+            "APPLICATION/JSON;x=\"a;b\"",
+        ] {
+            assert!(validate_content_type(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "text",
+            "/plain",
+            "text/",
+            "text /plain",
+            "te xt/plain; a=b",
+            "text/pl@in",
+        ] {
+            assert!(validate_content_type(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -123,13 +123,17 @@ pub fn is_json(ct: &str) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// The essence (type/subtype) of a Content-Type value as written: parameters dropped, trimmed,
+/// case kept ([`media_type`] without the lowercased copy).
+pub fn media_essence(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
+}
+
 /// Content types match on their essence (type/subtype), case-insensitively, ignoring parameters.
 pub fn content_type_matches(a: &str, b: &str) -> bool {
-    // Runs twice per DS append: compare in place rather than lowercase into new strings.
-    fn essence(s: &str) -> &str {
-        s.split(';').next().unwrap_or("").trim()
-    }
-    essence(a).eq_ignore_ascii_case(essence(b))
+    // Runs on every DS append: compare in place rather than lowercase into new strings, and
+    // a client usually sends the stream's content type as stored (equal strings match).
+    a == b || media_essence(a).eq_ignore_ascii_case(media_essence(b))
 }
 
 #[cfg(test)]
@@ -163,5 +167,11 @@ mod tests {
         assert!(!content_type_matches("text/plain", "text/plainx"));
         assert!(!content_type_matches("", "text/plain"));
         assert!(content_type_matches("", " ; charset=x"));
+        // Equal strings match whatever they hold; parameters never decide.
+        assert!(content_type_matches("text/plain; a=1", "text/plain; a=1"));
+        assert!(content_type_matches("Text/Plain; a=1", " text/plain ; b=2"));
+        assert!(!content_type_matches("text/plain; a=1", "text/html; a=1"));
+        assert_eq!(media_essence(" Text/Plain ; charset=x"), "Text/Plain");
+        assert_eq!(media_essence(""), "");
     }
 }

@@ -34,7 +34,7 @@ pub mod wal;
 pub use engine::{
     AppendRequest, Appended, Catalog, CatalogError, CommitRange, DurableHook, Engine, EngineConfig,
     EngineError, EngineStats, ObjectCommit, ObjectSlice, PendingAppend, RangeAux, RecoveryReport,
-    SLICE_TARGET_BYTES,
+    SLICE_TARGET_BYTES, TryAppendError,
 };
 pub use format::StoredBatch;
 pub use parts::Parts;

@@ -153,6 +153,9 @@ pub async fn post(
             "empty append: send a body, or Stream-Closed: true to close",
         ));
     }
+    // The stream content type the request's was found to match here, handed to the node so
+    // that its decision does not compare them again.
+    let mut content_type_matched = None;
     let records = if body.is_empty() {
         Vec::new()
     } else {
@@ -166,10 +169,12 @@ pub async fn post(
         // Any append to a closed stream is a 409 with the closure headers, whatever its body:
         // its tail is asked only then (closed streams are rare).
         let closed_at = match framing.closed {
-            true => Some(ds.node.head(&name).await?.next_seq),
+            // Boxed, as closed streams are rare: not part of every append's future.
+            true => Some(Box::pin(ds.node.head(&name)).await?.next_seq),
             false => None,
         };
-        let frame_ct = if h::content_type_matches(ct, &framing.content_type) {
+        let ct_matches = h::content_type_matches(ct, &framing.content_type);
+        let frame_ct = if ct_matches {
             &framing.content_type[..]
         } else {
             h::CONTENT_TYPE_OCTET_STREAM
@@ -188,6 +193,9 @@ pub async fn post(
                 "empty JSON arrays are not allowed",
             )));
         }
+        if ct_matches {
+            content_type_matched = Some(framing.content_type);
+        }
         recs
     };
     let wrote = !records.is_empty();
@@ -204,7 +212,10 @@ pub async fn post(
                 close,
                 content_type: if wrote { request_ct } else { None },
             },
-            AppendOptions { stream_seq },
+            AppendOptions {
+                stream_seq,
+                content_type_matched,
+            },
             seen,
         )
         .await;

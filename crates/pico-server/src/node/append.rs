@@ -4,14 +4,14 @@ use super::decide::{Verdict, decide};
 use super::*;
 use crate::api::*;
 use crate::error::*;
-use crate::open::OpenStream;
+use crate::open::{OpenStream, Writer};
 use crate::producers::{self, Aux, Placed};
 use crate::waiters::Signal;
 use bytes::Bytes;
 use pico_common::StreamName;
 use pico_metadata::{ApplyError, Command, ProducerMark};
 use pico_protocol::{ProducedBatch, Record, crc_parts, encode_batch, stamp_batch};
-use s3stream::crc;
+use s3stream::{TryAppendError, crc};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -155,27 +155,22 @@ impl Node {
         // appends queued behind the lock would each wait their full timeout in turn, holding
         // their bodies, so the k-th would hear 503 only after k timeouts.
         let give_up = tokio::time::Instant::now() + self.inner.config.submit_timeout;
-        let busy = |_| {
-            AppendError::Unavailable("storage is not keeping up: stream busy, retry later".into())
+        // Free nearly always: taken without a timeout; else queued behind (the lock is fair:
+        // `try_lock` does not pass appends already waiting), bounded, in a boxed future so
+        // that its timer is not part of every append's future.
+        let mut w = match open.writer.try_lock() {
+            Ok(w) => w,
+            Err(_) => Box::pin(tokio::time::timeout_at(give_up, open.writer.lock()))
+                .await
+                .map_err(|_| stream_busy())?,
         };
-        let mut w = tokio::time::timeout_at(give_up, open.writer.lock())
-            .await
-            .map_err(busy)?;
-        if let Some(p) = &req.producer {
-            // Arrived ahead of its predecessors: hold it (bounded) until they are accepted.
-            let deadline = tokio::time::Instant::now() + self.inner.config.reorder_wait;
-            while !w.broken && !w.closed && producers::early(w.producers.get(&p.id).copied(), p) {
-                // Created before the lock is released, so no move between the two is missed.
-                let moved = open.producers_moved.notified();
-                drop(w);
-                let timed_out = tokio::time::timeout_at(deadline, moved).await.is_err();
-                w = tokio::time::timeout_at(give_up, open.writer.lock())
-                    .await
-                    .map_err(busy)?;
-                if timed_out {
-                    break; // decided below as it stands: most likely a real gap
-                }
-            }
+        if let Some(p) = &req.producer
+            && !w.broken
+            && !w.closed
+            && producers::early(w.producers.get(&p.id).copied(), p)
+        {
+            // Boxed: rare, and its timers would otherwise be part of every append's future.
+            w = Box::pin(self.wait_for_predecessors(&open, w, p, give_up)).await?;
         }
         // Read from the engine (its state lock) once per open; kept by the writer after that.
         let tail = w.next_offset.or_else(|| engine.next_offset(stream_id));
@@ -289,7 +284,7 @@ impl Node {
             let batch_crc = crc_parts(&batch)
                 .filter(|_| batch.len() >= crc::COMBINE_MIN)
                 .map(|(head, rest, len)| crc::combine(head, rest, len));
-            let submit = engine.append(s3stream::AppendRequest {
+            let submit = engine.try_append(s3stream::AppendRequest {
                 stream: stream_id,
                 epoch: open.epoch,
                 record_count,
@@ -297,23 +292,33 @@ impl Node {
                 batch_crc,
                 aux,
             });
-            // Queue space frees as the WAL and uploads make progress; when storage is down it
-            // never does, so answer 503 rather than hang (offsets are assigned only on success).
-            match tokio::time::timeout_at(give_up, submit).await {
-                Ok(Ok(p)) => {
+            let submitted = match submit {
+                Ok(p) => Ok(p),
+                Err(TryAppendError::Failed(e)) => Err(e),
+                // Queue space frees as the WAL and uploads make progress; when storage is down
+                // it never does, so answer 503 rather than hang (offsets are assigned only on
+                // success). Boxed: the wait and its timer are rare.
+                Err(TryAppendError::Full(req)) => {
+                    match Box::pin(tokio::time::timeout_at(give_up, engine.append(req))).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            return Err(AppendError::Unavailable(
+                                "storage is not keeping up: append queue full, retry later".into(),
+                            ));
+                        }
+                    }
+                }
+            };
+            match submitted {
+                Ok(p) => {
                     w.next_offset = Some(p.next_offset);
                     pending = Some(p);
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
                     w.broken = true;
                     drop(w);
                     self.inner.open.remove_open(&open);
                     return Err(engine_append_error(e));
-                }
-                Err(_) => {
-                    return Err(AppendError::Unavailable(
-                        "storage is not keeping up: append queue full, retry later".into(),
-                    ));
                 }
             }
         }
@@ -365,6 +370,32 @@ impl Node {
         };
         let event = Some((new_next, req.close));
         Ok(self.admitted(r.name, stream_id, outcome, event, finish))
+    }
+
+    /// A producer append that arrived ahead of its predecessors: held (bounded by the node's
+    /// `reorder_wait`) until they are accepted, or it is decided as it stands. Gives back the
+    /// writer lock.
+    async fn wait_for_predecessors<'a>(
+        &self,
+        open: &'a OpenStream,
+        mut w: tokio::sync::MutexGuard<'a, Writer>,
+        p: &ProducerClaim,
+        give_up: tokio::time::Instant,
+    ) -> Result<tokio::sync::MutexGuard<'a, Writer>, AppendError> {
+        let deadline = tokio::time::Instant::now() + self.inner.config.reorder_wait;
+        while !w.broken && !w.closed && producers::early(w.producers.get(&p.id).copied(), p) {
+            // Created before the lock is released, so no move between the two is missed.
+            let moved = open.producers_moved.notified();
+            drop(w);
+            let timed_out = tokio::time::timeout_at(deadline, moved).await.is_err();
+            w = tokio::time::timeout_at(give_up, open.writer.lock())
+                .await
+                .map_err(|_| stream_busy())?;
+            if timed_out {
+                break; // decided below as it stands: most likely a real gap
+            }
+        }
+        Ok(w)
     }
 
     fn admitted(
@@ -602,10 +633,12 @@ impl Admitted {
                     AppendError::NotFound(_) => AppendError::NotFound(name.to_string()),
                     e => e,
                 })?,
+            // Duplicates are rare: their waits (timers, a subscription) are boxed rather than
+            // part of every append's future.
             Finish::Original { open, next, sealed } => {
-                node.wait_durable(&open, next).await?;
+                Box::pin(node.wait_durable(&open, next)).await?;
                 if sealed {
-                    node.wait_sealed(&open, &name).await?;
+                    Box::pin(node.wait_sealed(&open, &name)).await?;
                 }
             }
         }
@@ -620,6 +653,11 @@ impl Admitted {
         }
         Ok(outcome)
     }
+}
+
+/// The writer lock was not free before the append's deadline.
+fn stream_busy() -> AppendError {
+    AppendError::Unavailable("storage is not keeping up: stream busy, retry later".into())
 }
 
 /// A failed durability wait, as the client hears it.
@@ -672,7 +710,8 @@ impl DurableWait {
             }
             Err(e) => {
                 self.state = Wait::Breaking;
-                self.node.break_open(&self.open).await;
+                // Boxed: rare, and its lock future would be part of every append's otherwise.
+                Box::pin(self.node.break_open(&self.open)).await;
                 self.state = Wait::Done;
                 Err(durable_error(e))
             }

@@ -157,6 +157,16 @@ impl Node {
 
     /// Opens the stream on this node (lazily, once: concurrent callers share the open).
     pub(crate) async fn open_stream(&self, r: &Resolved) -> Result<Arc<OpenStream>, AppendError> {
+        // Open already (nearly every append): no slot is taken, and the open's large future is
+        // boxed, so it is not part of (nor copied with) every append's future.
+        if let Some(open) = self.inner.open.get(r.meta.id) {
+            return Ok(open);
+        }
+        Box::pin(self.open_stream_new(r)).await
+    }
+
+    /// [`Node::open_stream`] of a stream that was not open a moment ago.
+    async fn open_stream_new(&self, r: &Resolved) -> Result<Arc<OpenStream>, AppendError> {
         let stream_id = r.meta.id;
         // Checked before taking a slot, so refused requests leave nothing in the table.
         if let Some(max) = self.inner.config.slots

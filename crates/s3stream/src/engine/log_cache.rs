@@ -10,10 +10,11 @@
 //! - A stream's log belongs to one open generation; re-open replaces it, so batches of an old
 //!   epoch never mix with the new epoch's offsets.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use super::IdMap;
 use crate::format::StoredBatch;
 
 #[derive(Debug)]
@@ -50,7 +51,7 @@ const BATCH_OVERHEAD_BYTES: usize = size_of::<CachedBatch>() + 3 * size_of::<Fif
 
 #[derive(Debug)]
 pub(crate) struct LogCache {
-    logs: HashMap<u64, StreamLog>,
+    logs: IdMap<StreamLog>,
     fifo: VecDeque<FifoEntry>,
     uploaded_budget: usize,
     total_bytes: usize,
@@ -61,7 +62,7 @@ pub(crate) struct LogCache {
 impl LogCache {
     pub(crate) fn new(uploaded_budget: usize) -> LogCache {
         LogCache {
-            logs: HashMap::new(),
+            logs: IdMap::default(),
             fifo: VecDeque::new(),
             uploaded_budget,
             total_bytes: 0,

@@ -35,6 +35,14 @@ use crate::wal::{Wal, WalError, WalRecord};
 use block_cache::BlockCache;
 use log_cache::LogCache;
 
+/// A map keyed by an engine-internal integer id (a stream id, a generation), as the append
+/// path looks them up several times per append under the state lock: foldhash (randomly
+/// seeded, a few instructions per `u64`) rather than SipHash. The ids are assigned by the
+/// metadata service, not chosen by clients.
+pub(crate) type IdMap<V> = HashMap<u64, V, foldhash::fast::RandomState>;
+/// The set form of [`IdMap`].
+pub(crate) type IdSet = HashSet<u64, foldhash::fast::RandomState>;
+
 /// Upper bound of one committed slice: a stream's data in one upload is split into ranges of
 /// about this size, so a read fetches (and the block cache holds) bounded pieces.
 pub const SLICE_TARGET_BYTES: usize = 1024 * 1024;
@@ -308,6 +316,49 @@ struct DurableEntry {
     records: Vec<QueuedRecord>,
 }
 
+/// Why [`Engine::try_append`] did not queue an append.
+#[derive(Debug)]
+pub enum TryAppendError {
+    /// No queue space now: the request, to pass to [`Engine::append`] (which waits for it).
+    Full(AppendRequest),
+    /// Refused, as [`Engine::append`] would have refused it.
+    Failed(EngineError),
+}
+
+/// The queue space an append takes: its bytes and fixed overhead, at most the whole queue.
+fn append_cost(shared: &Shared, req: &AppendRequest) -> u32 {
+    let bytes = req.batch.len() + req.aux.len() + APPEND_OVERHEAD_BYTES;
+    u32::try_from(bytes.min(shared.space_total)).unwrap_or(u32::MAX)
+}
+
+/// Whether `req` may be queued on the engine as it stands (`st`).
+fn check_append(st: &State, req: &AppendRequest) -> Result<(), EngineError> {
+    if st.shutting_down {
+        return Err(EngineError::ShuttingDown);
+    }
+    let s = st
+        .streams
+        .get(&req.stream)
+        .ok_or(EngineError::NotOpen { stream: req.stream })?;
+    if s.epoch != req.epoch {
+        return Err(EngineError::StaleEpoch {
+            stream: req.stream,
+            epoch: req.epoch,
+            current: s.epoch,
+        });
+    }
+    if s.broken {
+        return Err(EngineError::Broken { stream: req.stream });
+    }
+    if s.next_offset
+        .checked_add(u64::from(req.record_count))
+        .is_none()
+    {
+        return Err(EngineError::InvalidRequest("offset overflow".into()));
+    }
+    Ok(())
+}
+
 /// An append travelling from `append` to the WAL writer.
 struct WriteItem {
     seq: u64,
@@ -319,7 +370,7 @@ struct WriteItem {
 
 #[derive(Debug)]
 struct State {
-    streams: HashMap<u64, OpenStream>,
+    streams: IdMap<OpenStream>,
     cache: LogCache,
     /// Durable, not-yet-uploaded WAL entries, ascending by position. Change it only through
     /// `push_durable` / `pop_durable` (and `forget`), which keep `queued_records` exact.
@@ -327,7 +378,7 @@ struct State {
     /// Records per stream in `queue` (no entry when none): `forget` and `release` run under
     /// this lock on every delete, and the queue can hold millions of records behind a slow
     /// store, so they skip the walk for a stream with nothing queued.
-    queued_records: HashMap<u64, usize>,
+    queued_records: IdMap<usize>,
     /// Queue entries `forget` walked, so tests can tell that it skipped the walk.
     #[cfg(test)]
     forget_visits: usize,
@@ -342,7 +393,7 @@ struct State {
     durable_pos: Option<u64>,
     /// Generations with a failed WAL write: their still-queued appends must fail too, or later
     /// data would be acked after a hole. Cleared once the writer has drained the queue.
-    failed_gens: HashSet<u64>,
+    failed_gens: IdSet,
     next_gen: u64,
     shutting_down: bool,
     stopped: bool,
@@ -647,10 +698,10 @@ impl Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                streams: HashMap::new(),
+                streams: IdMap::default(),
                 cache: LogCache::new(cfg.log_cache_bytes),
                 queue: VecDeque::new(),
-                queued_records: HashMap::new(),
+                queued_records: IdMap::default(),
                 #[cfg(test)]
                 forget_visits: 0,
                 unuploaded_bytes: 0,
@@ -658,7 +709,7 @@ impl Engine {
                 unplanned_bytes: 0,
                 enqueued_seq: 0,
                 durable_pos: None,
-                failed_gens: HashSet::new(),
+                failed_gens: IdSet::default(),
                 next_gen: 1,
                 shutting_down: false,
                 stopped: false,
@@ -731,37 +782,22 @@ impl Engine {
     /// was granted, so a cancelled call never leaves a hole; calls for one stream must be
     /// serialized by the host and get offsets in call order.
     pub async fn append(&self, req: AppendRequest) -> Result<PendingAppend, EngineError> {
-        let shared = self.shared();
-        let check = |st: &State| -> Result<(), EngineError> {
-            if st.shutting_down {
-                return Err(EngineError::ShuttingDown);
-            }
-            let s = st
-                .streams
-                .get(&req.stream)
-                .ok_or(EngineError::NotOpen { stream: req.stream })?;
-            if s.epoch != req.epoch {
-                return Err(EngineError::StaleEpoch {
-                    stream: req.stream,
-                    epoch: req.epoch,
-                    current: s.epoch,
-                });
-            }
-            if s.broken {
-                return Err(EngineError::Broken { stream: req.stream });
-            }
-            if s.next_offset
-                .checked_add(u64::from(req.record_count))
-                .is_none()
-            {
-                return Err(EngineError::InvalidRequest("offset overflow".into()));
-            }
-            Ok(())
-        };
+        match self.try_append(req) {
+            Ok(p) => Ok(p),
+            Err(TryAppendError::Failed(e)) => Err(e),
+            Err(TryAppendError::Full(req)) => self.append_waiting(req).await,
+        }
+    }
+
+    /// [`Engine::append`] when the queue has space for it now; otherwise the request comes back
+    /// ([`TryAppendError::Full`], with its `batch_crc` filled in) and nothing happened. A host
+    /// whose appends rarely wait calls this first and keeps `append`'s future (and a timeout
+    /// around it) off its common path.
+    pub fn try_append(&self, mut req: AppendRequest) -> Result<PendingAppend, TryAppendError> {
         if req.record_count == 0 {
-            return Err(EngineError::InvalidRequest(
+            return Err(TryAppendError::Failed(EngineError::InvalidRequest(
                 "record_count must be > 0".into(),
-            ));
+            )));
         }
         // Here, in the appending task and outside every lock, so that neither the WAL writer
         // (which serializes all streams' appends) nor the uploader reads the batch again.
@@ -776,27 +812,46 @@ impl Engine {
             }
             None => crc32c::crc32c(&req.batch),
         };
+        req.batch_crc = Some(batch_crc);
+        let shared = self.shared();
+        let cost = append_cost(shared, &req);
+        // The state lock is taken once when there is space (it is checked in `enqueue`, under
+        // the lock that queues the append); only an append about to wait is checked first.
+        match shared.space.try_acquire_many(cost) {
+            Ok(permit) => self
+                .enqueue(req, cost, permit)
+                .map_err(TryAppendError::Failed),
+            Err(_) => Err(TryAppendError::Full(req)),
+        }
+    }
 
-        let bytes = req.batch.len() + req.aux.len() + APPEND_OVERHEAD_BYTES;
-        let cost = u32::try_from(bytes.min(shared.space_total)).unwrap_or(u32::MAX);
-        // The state lock is taken once when there is space (it is checked below, under the
-        // lock that queues the append); only an append about to wait is checked first.
-        let permit = match shared.space.try_acquire_many(cost) {
-            Ok(p) => p,
-            Err(_) => {
-                check(&shared.state())?;
-                // Full: make sure the uploader is working on freeing space, and that appends
-                // queued by a caller that waits here before polling them get written.
-                shared.upload_kick.notify_one();
-                if let Some(l) = shared.leader.get() {
-                    l.wake();
-                }
-                wait_for_space(shared, cost).await?
-            }
-        };
+    /// [`Engine::append`] of a request [`Engine::try_append`] found no space for.
+    async fn append_waiting(&self, req: AppendRequest) -> Result<PendingAppend, EngineError> {
+        let shared = self.shared();
+        check_append(&shared.state(), &req)?;
+        // Full: make sure the uploader is working on freeing space, and that appends queued
+        // by a caller that waits here before polling them get written.
+        shared.upload_kick.notify_one();
+        if let Some(l) = shared.leader.get() {
+            l.wake();
+        }
+        let cost = append_cost(shared, &req);
+        let permit = wait_for_space(shared, cost).await?;
+        self.enqueue(req, cost, permit)
+    }
 
+    /// Queues an append that holds its queue space (`permit`, of `cost`); `req.batch_crc` is
+    /// set. Offsets move only once it is queued.
+    fn enqueue(
+        &self,
+        req: AppendRequest,
+        cost: u32,
+        permit: tokio::sync::SemaphorePermit<'_>,
+    ) -> Result<PendingAppend, EngineError> {
+        let shared = self.shared();
+        let batch_crc = req.batch_crc.unwrap_or_else(|| crc32c::crc32c(&req.batch));
         let mut st = shared.state();
-        check(&st)?;
+        check_append(&st, &req)?;
         let Some(s) = st.streams.get_mut(&req.stream) else {
             return Err(EngineError::NotOpen { stream: req.stream });
         };
@@ -1131,7 +1186,7 @@ mod tests {
     /// The per-stream counts equal a count over the queue itself, with no zero entries left.
     fn assert_counts_exact(engine: &Engine) {
         let st = engine.shared().state();
-        let mut brute: HashMap<u64, usize> = HashMap::new();
+        let mut brute: IdMap<usize> = IdMap::default();
         for entry in &st.queue {
             for r in &entry.records {
                 *brute.entry(r.rec.stream).or_default() += 1;

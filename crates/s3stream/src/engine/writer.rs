@@ -11,7 +11,6 @@
 //!   open generation still queued, and marks those streams broken: nothing is ever acked after a
 //!   hole.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -21,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::wal::{WalError, WalRecord};
 
-use super::{Appended, DurableEntry, EngineError, QueuedRecord, Shared, WriteItem};
+use super::{Appended, DurableEntry, EngineError, IdMap, QueuedRecord, Shared, WriteItem};
 
 /// Attempts per WAL write before the appends in it fail.
 const WAL_ATTEMPTS: u32 = 4;
@@ -461,7 +460,7 @@ fn finish(shared: &Shared, group: Group, result: Result<u64, EngineError>) {
 
 fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
     let mut hooks: Vec<(u64, u64)> = Vec::new();
-    let mut hook_at: HashMap<u64, usize> = HashMap::new();
+    let mut hook_at: IdMap<usize> = IdMap::default();
     let mut acks = Vec::with_capacity(items.len());
     let mut records = Vec::with_capacity(items.len());
     let over_threshold;
