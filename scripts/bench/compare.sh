@@ -485,6 +485,12 @@ section_floors() {
 # collector rather than the workload.
 ds_start() {
   stop_server
+  # Every DS run gets a fresh directory: drop the stopped server's data now, not at exit. On a
+  # fast disk one batched run writes several GiB, and a whole section's worth once filled the
+  # machine's disk mid-run.
+  if [ "${BENCH_KEEP:-0}" != 1 ] && [ -n "$SRV_DIR" ] && [ -d "$SRV_DIR" ]; then
+    rm -rf "$SRV_DIR"
+  fi
   case $1 in
     picomq) start_pico "ds-picomq-$2"
       if ds_supported "$SRV_URL"; then proto=ds; note="DS protocol"
