@@ -80,11 +80,6 @@ pub struct AppendOptions {
     /// Durable Streams `Stream-Seq`: must be byte-wise greater than the stream's last one.
     /// Scoped per stream; persisted with the data; forks start without one.
     pub stream_seq: Option<String>,
-    /// The stream content type the caller already found [`AppendRequest::content_type`] to
-    /// match (Durable Streams frames the body by it, [`Node::framing_seen`](crate::Node::framing_seen)): when
-    /// the append is decided against this very value (the same shared string, not an equal
-    /// one), the comparison is not made again. Anything else is compared as usual.
-    pub content_type_matched: Option<std::sync::Arc<str>>,
 }
 
 /// Create `name` as a fork of `source` (Durable Streams `Stream-Forked-From`).

@@ -741,7 +741,6 @@ fn stream_seq_survives_a_crash_with_its_data() {
     let node = file_node(&rt1, dir.path(), 1);
     let seq = |s: &str| AppendOptions {
         stream_seq: Some(s.to_string()),
-        ..AppendOptions::default()
     };
     rt1.block_on(async {
         node.create(create_req("q")).await.unwrap();
@@ -876,7 +875,6 @@ async fn oversized_inputs_are_bad_requests() {
             append_req("big", &["x"]),
             AppendOptions {
                 stream_seq: Some(seq),
-                ..AppendOptions::default()
             },
         )
         .await;

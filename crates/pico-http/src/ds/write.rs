@@ -153,9 +153,6 @@ pub async fn post(
             "empty append: send a body, or Stream-Closed: true to close",
         ));
     }
-    // The stream content type the request's was found to match here, handed to the node so
-    // that its decision does not compare them again.
-    let mut content_type_matched = None;
     let records = if body.is_empty() {
         Vec::new()
     } else {
@@ -173,8 +170,7 @@ pub async fn post(
             true => Some(Box::pin(ds.node.head(&name)).await?.next_seq),
             false => None,
         };
-        let ct_matches = h::content_type_matches(ct, &framing.content_type);
-        let frame_ct = if ct_matches {
+        let frame_ct = if h::content_type_matches(ct, &framing.content_type) {
             &framing.content_type[..]
         } else {
             h::CONTENT_TYPE_OCTET_STREAM
@@ -193,9 +189,6 @@ pub async fn post(
                 "empty JSON arrays are not allowed",
             )));
         }
-        if ct_matches {
-            content_type_matched = Some(framing.content_type);
-        }
         recs
     };
     let wrote = !records.is_empty();
@@ -212,10 +205,7 @@ pub async fn post(
                 close,
                 content_type: if wrote { request_ct } else { None },
             },
-            AppendOptions {
-                stream_seq,
-                content_type_matched,
-            },
+            AppendOptions { stream_seq },
             seen,
         )
         .await;

@@ -73,10 +73,6 @@ pub(crate) fn decide(
     }
     if let Some(ct) = &req.content_type
         && !req.records.is_empty()
-        && !opts
-            .content_type_matched
-            .as_deref()
-            .is_some_and(|m| std::ptr::eq(m, stream_ct))
         && !content_type_matches(ct, stream_ct)
     {
         return Verdict::Refused(AppendError::ContentType {
@@ -233,38 +229,6 @@ mod tests {
         ));
     }
 
-    /// A caller's earlier match is taken only for the very value decided against: an equal
-    /// string elsewhere (the stream was looked up again meanwhile) is compared anew.
-    #[test]
-    fn a_content_type_matched_before_is_trusted_only_for_the_same_value() {
-        let w = Writer::default();
-        let stream_ct: std::sync::Arc<str> = "text/plain".into();
-        let mut r = req(1);
-        r.content_type = Some("application/json".into());
-        let same = AppendOptions {
-            content_type_matched: Some(stream_ct.clone()),
-            ..AppendOptions::default()
-        };
-        assert!(matches!(
-            decide(&w, &r, &same, &stream_ct, Some(0)),
-            Verdict::Write
-        ));
-        let equal = AppendOptions {
-            content_type_matched: Some("text/plain".into()),
-            ..AppendOptions::default()
-        };
-        assert!(matches!(
-            decide(&w, &r, &equal, &stream_ct, Some(0)),
-            Verdict::Refused(AppendError::ContentType { .. })
-        ));
-        // Without a hint, the essence is compared: case and parameters aside.
-        r.content_type = Some("Text/Plain; charset=utf-8".into());
-        assert!(matches!(
-            decide(&w, &r, &AppendOptions::default(), &stream_ct, Some(0)),
-            Verdict::Write
-        ));
-    }
-
     #[test]
     fn checks_run_in_order_content_type_producer_stream_seq_match() {
         let at = Placed { start: 7, next: 9 };
@@ -320,7 +284,6 @@ mod tests {
         r.producer = claim("p", 1, 5);
         let regress = AppendOptions {
             stream_seq: Some("a".into()),
-            ..AppendOptions::default()
         };
         assert!(matches!(
             decide(&w, &r, &regress, "text/plain", Some(9)),
