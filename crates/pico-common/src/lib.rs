@@ -6,9 +6,11 @@
 //! - [`error`]: [`ErrorKind`], the small prescriptive error vocabulary every protocol maps.
 //! - [`clock`]: the injected [`clock::Clock`] (system and manual); the only place the time is read.
 //! - [`fs`]: directories created durably (each new entry synced into its parent).
+//! - [`failure_log`]: a repeating failure logged once per period with a count, not each time.
 
 pub mod clock;
 pub mod error;
+pub mod failure_log;
 pub mod fs;
 pub mod ids;
 pub mod name;

@@ -7,6 +7,7 @@ use crate::error::MetaError;
 use crate::store::{LogStore, SnapshotMeta, open_store};
 use arc_swap::ArcSwap;
 use pico_common::clock::SharedClock;
+use pico_common::failure_log::FailureLog;
 use pico_metadata::codec;
 use pico_metadata::{ApplyError, CodecError, Command, Outcome, State};
 use std::sync::Mutex;
@@ -627,6 +628,9 @@ fn snapshot_due(applied: u64, last_snapshot: u64, every: u64, entries: u64) -> b
     applied >= last_snapshot + every.max(entries / ENTRIES_PER_SNAPSHOT_COMMAND)
 }
 
+/// While metadata appends keep failing, a warning at most this often (on the injected clock).
+const APPEND_FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
+
 async fn run_committer(
     mut applier: Applier,
     mut rx: mpsc::Receiver<Request>,
@@ -645,6 +649,8 @@ async fn run_committer(
     let mut carry: Option<Request> = None;
     // Another node's append wakes the tail at once; the ticker stays as the backstop.
     let appended = applier.store.appended();
+    // While the store refuses writes (a full disk), every proposal fails: one line per period.
+    let append_failures = FailureLog::new(APPEND_FAILURE_LOG_EVERY);
     loop {
         let first = match carry.take() {
             Some(r) => r,
@@ -711,9 +717,21 @@ async fn run_committer(
             .await;
         health.record(&appended_row, applier.clock.now_ms());
         let row_id = match appended_row {
-            Ok(id) => id,
+            Ok(id) => {
+                if let Some(failures) = append_failures.answered() {
+                    tracing::info!(failures, "metadata appends succeed again");
+                }
+                id
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "metadata append failed");
+                if let Some(failures) = append_failures.failed(applier.clock.now_ms()) {
+                    tracing::warn!(
+                        error = %e,
+                        failures,
+                        "metadata append failed (while this lasts, logged every {} s)",
+                        append_failures.every_secs()
+                    );
+                }
                 for r in batch {
                     let _ = r.reply.send(Err(e.clone()));
                 }

@@ -13,6 +13,7 @@
 //! it gives every node a full timeout from its first look.
 
 use crate::node::Node;
+use pico_common::failure_log::FailureLog;
 use pico_metadata::{ApplyError, Command, State};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -25,13 +26,20 @@ pub(crate) struct OwnHeartbeat {
     last_ok_ms: AtomicI64,
     /// A heartbeat was rejected: a newer process of this node exists, or it was fenced.
     fenced: AtomicBool,
+    /// Heartbeats that failed since the last accepted one, for the log: one a second while
+    /// the metadata store is down would be a warning a second.
+    failures: FailureLog,
 }
+
+/// While heartbeats keep failing, a warning at most this often (on the injected clock).
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl OwnHeartbeat {
     pub(crate) fn new(registered_at_ms: i64) -> OwnHeartbeat {
         OwnHeartbeat {
             last_ok_ms: AtomicI64::new(registered_at_ms),
             fenced: AtomicBool::new(false),
+            failures: FailureLog::new(FAILURE_LOG_EVERY),
         }
     }
 
@@ -84,7 +92,12 @@ pub(crate) async fn heartbeat_pass(node: Node) {
         now_ms: now,
     };
     match node.inner.meta.propose(beat).await {
-        Ok(Ok(_)) => node.inner.heartbeat.ok(now),
+        Ok(Ok(_)) => {
+            node.inner.heartbeat.ok(now);
+            if let Some(failures) = node.inner.heartbeat.failures.answered() {
+                tracing::info!(failures, "heartbeat recorded again");
+            }
+        }
         Ok(Err(e @ (ApplyError::StaleNodeEpoch { .. } | ApplyError::UnknownNode { .. }))) => {
             // The rejection was applied in log order, so the view holds why.
             let by_failover = node
@@ -114,8 +127,22 @@ pub(crate) async fn heartbeat_pass(node: Node) {
                 node.inner.fenced_by_failover.send_replace(true);
             }
         }
-        Ok(Err(e)) => tracing::warn!(error = %e, "heartbeat rejected"),
-        Err(e) => tracing::warn!(error = %e, "heartbeat not recorded (metadata log unavailable)"),
+        Ok(Err(e)) => {
+            if let Some(failures) = node.inner.heartbeat.failures.failed(now) {
+                tracing::warn!(error = %e, failures, "heartbeat rejected (while this lasts, logged every {} s)", FAILURE_LOG_EVERY.as_secs());
+            }
+        }
+        Err(e) => {
+            if let Some(failures) = node.inner.heartbeat.failures.failed(now) {
+                tracing::warn!(
+                    error = %e,
+                    failures,
+                    "heartbeat not recorded: metadata log unavailable (while this lasts, logged \
+                     every {} s)",
+                    FAILURE_LOG_EVERY.as_secs()
+                );
+            }
+        }
     }
 }
 

@@ -14,14 +14,16 @@
 //! this incarnation and that its registration is the current one.
 
 use crate::node::Node;
-use std::sync::Mutex;
+use pico_common::failure_log::FailureLog;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 /// The lease row's name.
 pub(crate) const LEASE: &str = "maintenance";
 
-/// While the lease store keeps failing, a warning at most this often (on the injected clock).
-const FAILURE_LOG_EVERY_MS: i64 = 30_000;
+/// While the lease store keeps failing, a warning at most this often (on the injected clock):
+/// once overdue, the lease is tried before every gated pass, every ~100 ms.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// This process's view of the lease.
 #[derive(Debug)]
@@ -29,24 +31,14 @@ pub(crate) struct LeaseState {
     /// Held until this clock time (ms); `i64::MIN` when not held.
     held_until_ms: AtomicI64,
     /// The run of failed takes and renewals under way, for the log.
-    failures: Mutex<FailureRun>,
-}
-
-/// Failed lease round trips since the store last answered. A pass runs every `ttl / 3` and,
-/// once the lease is overdue, before every gated pass and event check too: with the store
-/// failing (a full disk under SQLite) that was a warning every 100 ms.
-#[derive(Debug, Default)]
-struct FailureRun {
-    total: u64,
-    unlogged: u64,
-    next_log_ms: i64,
+    failures: FailureLog,
 }
 
 impl Default for LeaseState {
     fn default() -> Self {
         LeaseState {
             held_until_ms: AtomicI64::new(i64::MIN),
-            failures: Mutex::new(FailureRun::default()),
+            failures: FailureLog::new(FAILURE_LOG_EVERY),
         }
     }
 }
@@ -70,30 +62,6 @@ impl LeaseState {
 
     fn set(&self, until_ms: i64) {
         self.held_until_ms.store(until_ms, Ordering::Relaxed);
-    }
-
-    fn run(&self) -> std::sync::MutexGuard<'_, FailureRun> {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Counts a failed take or renewal. Returns the failures to report (this one and those
-    /// not logged since the last line) when this one is to be logged: the first of a run, then
-    /// at most one every [`FAILURE_LOG_EVERY_MS`].
-    fn failed(&self, now_ms: i64) -> Option<u64> {
-        let mut run = self.run();
-        run.total += 1;
-        run.unlogged += 1;
-        if run.total > 1 && now_ms < run.next_log_ms {
-            return None;
-        }
-        run.next_log_ms = now_ms.saturating_add(FAILURE_LOG_EVERY_MS);
-        Some(std::mem::take(&mut run.unlogged))
-    }
-
-    /// The store answered: ends the run of failures, returning its length if there was one.
-    fn answered(&self) -> Option<u64> {
-        let run = std::mem::take(&mut *self.run());
-        (run.total > 0).then_some(run.total)
     }
 }
 
@@ -130,7 +98,7 @@ pub(crate) async fn lease_pass(node: Node) {
         }
     };
     if result.is_ok()
-        && let Some(failures) = node.inner.lease.answered()
+        && let Some(failures) = node.inner.lease.failures.answered()
     {
         tracing::info!(holder, failures, "maintenance lease store answers again");
     }
@@ -153,13 +121,13 @@ pub(crate) async fn lease_pass(node: Node) {
         }
         // Unknown: keep what we had until it runs out on our clock.
         Err(e) => {
-            if let Some(failures) = node.inner.lease.failed(now) {
+            if let Some(failures) = node.inner.lease.failures.failed(now) {
                 tracing::warn!(
                     error = %e,
                     holder,
                     failures,
                     "maintenance lease not renewed (while this lasts, logged every {} s)",
-                    FAILURE_LOG_EVERY_MS / 1000
+                    FAILURE_LOG_EVERY.as_secs()
                 );
             }
         }
@@ -360,39 +328,6 @@ mod tests {
         lease_pass(b.clone()).await;
         assert!(!a.holds_maintenance_lease() && !b.holds_maintenance_lease());
         assert!(a2.holds_maintenance_lease());
-    }
-
-    /// A lease store that keeps failing is logged at its first failure, then at most once per
-    /// period with the count of failures since (not at every pass: that was every 100 ms);
-    /// its first answer ends the run, and the next failure is logged at once again.
-    #[test]
-    fn a_failing_lease_store_is_logged_once_per_period_with_a_count() {
-        let clock = ManualClock::new(1_000_000);
-        let lease = LeaseState::default();
-        assert_eq!(lease.answered(), None, "no run to end");
-        assert_eq!(lease.failed(clock.now_ms()), Some(1), "the first is logged");
-        for _ in 0..299 {
-            clock.advance(Duration::from_millis(100));
-            assert_eq!(lease.failed(clock.now_ms()), None, "29.9 s into the run");
-        }
-        clock.advance(Duration::from_millis(100));
-        assert_eq!(
-            lease.failed(clock.now_ms()),
-            Some(300),
-            "one line a period, counting the failures it stood for"
-        );
-        assert_eq!(lease.failed(clock.now_ms()), None);
-        assert_eq!(
-            lease.answered(),
-            Some(302),
-            "the recovery line counts the run"
-        );
-        assert_eq!(lease.answered(), None);
-        assert_eq!(
-            lease.failed(clock.now_ms()),
-            Some(1),
-            "a new run logs at once"
-        );
     }
 
     /// A process of node 1 at `epoch` on `a`'s metadata log and bucket, its loops stopped.
