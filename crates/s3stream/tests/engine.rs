@@ -1490,3 +1490,54 @@ async fn the_writer_thread_acks_durable_groups_in_order_and_stops_with_the_engin
         );
     }
 }
+
+/// An append that finds the queue full while uploads keep failing gives up with `NoRoom`:
+/// nothing written, no offset taken, so the stream needs no reopen and continues at the same
+/// offset once storage is back.
+#[tokio::test]
+async fn an_append_waiting_for_space_gives_up_with_no_room_while_uploads_fail() {
+    // Data puts fail; the WAL lives on storage of its own and keeps working.
+    let storage = Arc::new(MemoryStorage::new());
+    let wal_storage: Arc<dyn ObjectStorage> = Arc::new(MemoryStorage::new());
+    let wal = Arc::new(ObjectWal::new(wal_storage, "wal/0".into()));
+    let env = Env::with_wal(storage.clone(), Arc::new(MemCatalog::new()), wal);
+    let (engine, _) = env
+        .start(EngineConfig {
+            max_unflushed_bytes: 8 * 1024,
+            upload_threshold_bytes: 1 << 30,
+            upload_interval: Duration::from_millis(10),
+            ..cfg()
+        })
+        .await;
+    engine.open(1, 1, 0);
+    storage.fail_puts(usize::MAX);
+    let mut acked = 0u64;
+    let err = loop {
+        match engine.try_append(req(1, 1, 1, Bytes::from(vec![7u8; 500]))) {
+            Ok(p) => {
+                assert_eq!(p.base_offset, acked);
+                p.durable().await.unwrap();
+                acked += 1;
+                assert!(acked < 100, "the queue never filled");
+            }
+            Err(TryAppendError::Full(r)) => {
+                break tokio::time::timeout(Duration::from_secs(60), engine.append(r))
+                    .await
+                    .expect("the wait for space gave up")
+                    .unwrap_err();
+            }
+            Err(TryAppendError::Failed(e)) => panic!("{e}"),
+        }
+    };
+    assert!(matches!(err, EngineError::NoRoom(_)), "{err}");
+    assert_eq!(engine.next_offset(1), Some(acked), "no offset taken");
+    storage.fail_puts(0);
+    let more = engine
+        .append(req(1, 1, 1, Bytes::from_static(b"after")))
+        .await
+        .unwrap();
+    assert_eq!(more.base_offset, acked, "the stream continues where it was");
+    more.durable().await.unwrap();
+    engine.flush().await.unwrap();
+    assert_eq!(env.catalog.committed_end(1), acked + 1);
+}

@@ -314,6 +314,9 @@ impl Node {
                     w.next_offset = Some(p.next_offset);
                     pending = Some(p);
                 }
+                // Gave up waiting for queue space: nothing was written, so the writer's state
+                // still holds and the stream stays open (a reopen would only cost a flush).
+                Err(e @ EngineError::NoRoom(_)) => return Err(engine_append_error(e)),
                 Err(e) => {
                     w.broken = true;
                     drop(w);

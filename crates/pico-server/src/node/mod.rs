@@ -164,6 +164,7 @@ impl StartError {
                 // write that failed: all an outage of a store.
                 EngineError::Storage(_)
                 | EngineError::Upload(_)
+                | EngineError::NoRoom(_)
                 | EngineError::Durability(_)
                 | EngineError::Catalog(_)
                 | EngineError::Wal(WalError::Storage(_) | WalError::Other(_)) => true,
@@ -471,6 +472,10 @@ const DURABLE_WAIT: Duration = Duration::from_secs(60);
 fn engine_append_error(e: EngineError) -> AppendError {
     match e {
         EngineError::ShuttingDown => AppendError::Unavailable("node is shutting down".into()),
+        EngineError::NoRoom(e) => AppendError::Unavailable(format!(
+            "storage is not keeping up: no room to queue the append ({e}); nothing was written, \
+             retry later"
+        )),
         other => AppendError::Unavailable(format!("stream must be reopened: {other}")),
     }
 }

@@ -272,6 +272,10 @@ pub enum EngineError {
     WalFenced(String),
     #[error("upload failed: {0}")]
     Upload(String),
+    /// The append found no queue space and gave up waiting for it (uploads keep failing):
+    /// nothing was written and no offset assigned, so the stream's state is unchanged.
+    #[error("no room to queue the append, nothing written: {0}")]
+    NoRoom(String),
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
     #[error("wal: {0}")]
@@ -575,9 +579,8 @@ async fn wait_for_space(
                     return Err(EngineError::ShuttingDown);
                 }
                 if p.uploads_failing(start_failures) {
-                    return Err(EngineError::Upload(format!(
-                        "no room to queue the append: uploads are failing ({} in a row), \
-                         nothing was written",
+                    return Err(EngineError::NoRoom(format!(
+                        "uploads are failing ({} in a row)",
                         p.upload_streak
                     )));
                 }
