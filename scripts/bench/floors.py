@@ -7,6 +7,13 @@
   floors.py pcap FILE --pg-port P [--http-port H]   where the time goes, from a loopback capture
   floors.py http --endpoint URL --stream NAME --count N   the node's own floor: one sequential
       keep-alive client alternating a 100-byte append (POST) with a HEAD of the same stream
+  floors.py pg-stmts --db D [--port P] --count N [--gap-us G --gap sleep|busy] NAME=SQL...
+      Postgres's answer time (statement sent -> ReadyForQuery) for several statements, one of
+      each in turn on one connection, so a disk or CPU that changes speed slows each alike.
+      NAME starting with "x": a prepared statement (Parse once, then Bind/Execute/Sync, as sqlx
+      sends the node's); else a simple Query (as pgbench's default). {pos} in SQL: a position
+      growing by one per statement ($1 when prepared). --gap-us idles (sleep) or spins (busy)
+      before each statement, as the node's HTTP legs leave the backend idle between its own.
 
 Each prints one JSON object: count, p50_ms, p99_ms, mean_ms (pcap, http: one such object per
 leg or request kind).
@@ -244,6 +251,80 @@ def http_floor(a):
     return {k: summary(v[a.count // 10:]) for k, v in lat.items()}
 
 
+def pg_stmts(a):
+    """Raw protocol (trust auth, no TLS), so the client's own cost is small and the same for
+    every statement; prints p10 / p25 / p50 per statement (the low percentiles stay readable
+    when other load makes the disk's flushes bimodal)."""
+    import socket
+    import struct
+
+    s = socket.create_connection(("127.0.0.1", a.port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = b""
+
+    def msg(kind, body):
+        return kind + struct.pack("!I", len(body) + 4) + body
+
+    def ready():
+        nonlocal buf
+        while True:
+            while len(buf) < 5 or len(buf) < 1 + struct.unpack("!I", buf[1:5])[0]:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise SystemExit("connection closed")
+                buf += chunk
+            kind, n = buf[:1], struct.unpack("!I", buf[1:5])[0]
+            body, buf = buf[5:1 + n], buf[1 + n:]
+            if kind == b"E":
+                raise SystemExit("postgres: " + body.decode(errors="replace"))
+            if kind == b"Z":
+                return
+
+    start = b"user\0" + a.user.encode() + b"\0database\0" + a.db.encode() + b"\0\0"
+    s.sendall(struct.pack("!I", len(start) + 8) + struct.pack("!I", 196608) + start)
+    ready()
+    stmts = [x.split("=", 1) for x in a.stmts]
+    for name, sql in stmts:
+        if name.startswith("x"):
+            text = sql.replace("{pos}", "$1").encode()
+            s.sendall(msg(b"P", name.encode() + b"\0" + text + b"\0\0\0") + msg(b"S", b""))
+            ready()
+
+    def request(name, sql, pos):
+        if not name.startswith("x"):
+            return msg(b"Q", sql.format(pos=pos).encode() + b"\0")
+        if "{pos}" in sql:
+            p = str(pos).encode()
+            params = struct.pack("!HHI", 0, 1, len(p)) + p
+        else:
+            params = struct.pack("!HH", 0, 0)
+        return (msg(b"B", b"\0" + name.encode() + b"\0" + params + b"\0\0")
+                + msg(b"E", b"\0\0\0\0\0") + msg(b"S", b""))
+
+    pos = time.time_ns() // 1000
+    lat = {name: [] for name, _ in stmts}
+    for _ in range(a.count):
+        for name, sql in stmts:
+            pos += 1
+            m = request(name, sql, pos)
+            if a.gap_us:
+                if a.gap == "busy":
+                    t0 = time.perf_counter()
+                    while time.perf_counter() - t0 < a.gap_us / 1e6:
+                        pass
+                else:
+                    time.sleep(a.gap_us / 1e6)
+            t = time.perf_counter()
+            s.sendall(m)
+            ready()
+            lat[name].append((time.perf_counter() - t) * 1e6)
+    out = {}
+    for name, v in lat.items():
+        v = sorted(v[a.count // 10:])
+        out[name] = {k: round(v[int(q * len(v))]) for k, q in (("p10_us", .1), ("p25_us", .25), ("p50_us", .5))}
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -266,9 +347,17 @@ def main():
     h.add_argument("--stream", required=True)
     h.add_argument("--count", type=int, default=1000, help="at least this many of each")
     h.add_argument("--seconds", type=float, default=0.0, help="and for at least this long")
+    q = sub.add_parser("pg-stmts")
+    q.add_argument("--db", required=True)
+    q.add_argument("--user", default="postgres")
+    q.add_argument("--port", type=int, default=5432)
+    q.add_argument("--count", type=int, default=2000)
+    q.add_argument("--gap-us", type=int, default=0)
+    q.add_argument("--gap", choices=("sleep", "busy"), default="sleep")
+    q.add_argument("stmts", nargs="+", metavar="NAME=SQL")
     a = ap.parse_args()
     r = {"fsync": fsync_floor, "put": put_floor, "pgbench-log": pgbench_log, "pcap": pcap_legs,
-         "http": http_floor}[
+         "http": http_floor, "pg-stmts": pg_stmts}[
         a.cmd
     ](a)
     print(json.dumps(r))

@@ -88,6 +88,11 @@ echo "INSERT INTO floor (body) VALUES ('\\x$(printf '%0200d' 0)');" >"$RUN/inser
 # add 10-30 µs of encryption per round trip to the floor only.
 (cd "$RUN" && PGSSLMODE=disable pgbench -n -c 1 -T 5 -f insert.sql -l --log-prefix=pgfloor "$PG" >"$RUN/pgbench.txt" 2>&1)
 python3 "$ROOT/scripts/bench/floors.py" pgbench-log "$RUN"/pgfloor* >"$RUN/floor-pg.json"
+# The same INSERT as a prepared statement (the node's WAL statement is one): pgbench's default
+# simple protocol parses and plans every INSERT, 10-20 µs a statement on a loaded 2-CPU VM
+# (design/wal-postgres.md). Shown next to the floor; the ratio stays against the floor above.
+(cd "$RUN" && PGSSLMODE=disable pgbench -n -c 1 -T 5 -M prepared -f insert.sql -l --log-prefix=pgprep "$PG" >"$RUN/pgbench-prepared.txt" 2>&1)
+python3 "$ROOT/scripts/bench/floors.py" pgbench-log "$RUN"/pgprep* >"$RUN/floor-pg-prepared.json"
 
 # --- PicoMQ with each WAL -------------------------------------------------------------------
 PORT= ADMIN= NODE=
@@ -189,6 +194,10 @@ for wal in ("file", "s3", "postgres"):
     p50, p99 = one["write_latency"]["p50_ms"], one["write_latency"]["p99_ms"]
     print(f"| {wal} | {p50:.3f} / {p99:.2f} ms | {wal_write_p50(wal):.3f} ms | {fl['p50_ms']:.3f} / {fl['p99_ms']:.2f} ms ({names[wal]}) "
           f"| {p50 / fl['p50_ms'] if fl['p50_ms'] else float('nan'):.2f}× | {many['write']['records_per_sec']:.0f} appends/s |")
+if os.path.exists(os.path.join(run, "floor-pg-prepared.json")) and os.path.exists(os.path.join(run, "postgres-1.json")):
+    fp = L("floor-pg-prepared.json")
+    print(f"\nPostgres floor as a prepared statement (as the node sends its own): {fp['p50_ms']:.3f} / {fp['p99_ms']:.2f} ms "
+          f"(the ack is {L('postgres-1.json')['write_latency']['p50_ms'] / fp['p50_ms'] if fp['p50_ms'] else float('nan'):.2f}× it)")
 heads = [w for w in ("file", "s3", "postgres") if os.path.exists(os.path.join(run, f"{w}-http.json"))]
 if heads:
     print()
