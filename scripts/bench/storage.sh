@@ -93,6 +93,11 @@ python3 "$ROOT/scripts/bench/floors.py" pgbench-log "$RUN"/pgfloor* >"$RUN/floor
 # (design/wal-postgres.md). Shown next to the floor; the ratio stays against the floor above.
 (cd "$RUN" && PGSSLMODE=disable pgbench -n -c 1 -T 5 -M prepared -f insert.sql -l --log-prefix=pgprep "$PG" >"$RUN/pgbench-prepared.txt" 2>&1)
 python3 "$ROOT/scripts/bench/floors.py" pgbench-log "$RUN"/pgprep* >"$RUN/floor-pg-prepared.json"
+# And with the backend left idle before each statement, as the node's HTTP legs (~30 µs) leave
+# it: on a VM whose idle vCPUs halt, the wake costs each statement 30-45 µs that pgbench's
+# back-to-back loop never pays (design/wal-postgres.md). Shown next to the floor, not as it.
+python3 "$ROOT/scripts/bench/floors.py" pg-stmts --db "$DB" --count 3000 --gap-us 30 --gap sleep \
+  "xins=INSERT INTO floor (body) VALUES ('\\x$(printf '%0200d' 0)')" >"$RUN/floor-pg-idle.json" || true
 
 # --- PicoMQ with each WAL -------------------------------------------------------------------
 PORT= ADMIN= NODE=
@@ -198,6 +203,11 @@ if os.path.exists(os.path.join(run, "floor-pg-prepared.json")) and os.path.exist
     fp = L("floor-pg-prepared.json")
     print(f"\nPostgres floor as a prepared statement (as the node sends its own): {fp['p50_ms']:.3f} / {fp['p99_ms']:.2f} ms "
           f"(the ack is {L('postgres-1.json')['write_latency']['p50_ms'] / fp['p50_ms'] if fp['p50_ms'] else float('nan'):.2f}× it)")
+if os.path.exists(os.path.join(run, "floor-pg-idle.json")) and os.path.exists(os.path.join(run, "postgres-1.json")) \
+        and os.path.getsize(os.path.join(run, "floor-pg-idle.json")) > 0:
+    fi = L("floor-pg-idle.json")["xins"]["p50_us"] / 1000
+    print(f"Postgres floor, prepared, the backend idle 30 µs before each statement (as the node leaves it): p50 {fi:.3f} ms "
+          f"(the ack is {L('postgres-1.json')['write_latency']['p50_ms'] / fi if fi else float('nan'):.2f}× it)")
 heads = [w for w in ("file", "s3", "postgres") if os.path.exists(os.path.join(run, f"{w}-http.json"))]
 if heads:
     print()
