@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use s3stream::testing::MemCatalog;
-use s3stream::{AppendRequest, Engine, EngineConfig, FileStorage, SegmentWal};
+use s3stream::testing::start_on_mem_catalog;
+use s3stream::{AppendRequest, EngineConfig, FileStorage, SegmentWal};
 
 const BATCH: usize = 64 * 1024;
 
@@ -60,15 +60,7 @@ async fn main() {
     let writers: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(8);
     let data = Arc::new(FileStorage::open(dir.join("objects")).expect("object dir"));
     let wal = Arc::new(SegmentWal::new(dir.join("wal")).with_preallocation(true));
-    let (engine, _) = Engine::start(
-        EngineConfig::default(),
-        data,
-        wal,
-        Arc::new(MemCatalog::new()),
-        Arc::new(|_, _| {}),
-    )
-    .await
-    .expect("engine starts");
+    let engine = start_on_mem_catalog(EngineConfig::default(), data, wal).await;
     engine.open(1, 1, 0);
     // Warm-up: the first segment and its spare, the first object.
     let batch = Bytes::from(vec![7u8; BATCH]);
