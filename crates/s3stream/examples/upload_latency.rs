@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use s3stream::testing::{MemCatalog, SlowStorage};
-use s3stream::{AppendRequest, Engine, EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
+use s3stream::testing::{SlowStorage, start_on_mem_catalog};
+use s3stream::{AppendRequest, EngineConfig, MemoryStorage, ObjectStorage, ObjectWal};
 
 const WRITERS: u64 = 8;
 const BATCH: usize = 64 * 1024;
@@ -47,15 +47,7 @@ async fn main() {
         upload_parallelism: parallelism,
         ..EngineConfig::default()
     };
-    let (engine, _) = Engine::start(
-        cfg,
-        data,
-        wal,
-        Arc::new(MemCatalog::new()),
-        Arc::new(|_, _| {}),
-    )
-    .await
-    .expect("engine starts");
+    let engine = start_on_mem_catalog(cfg, data, wal).await;
 
     let acked = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(secs);

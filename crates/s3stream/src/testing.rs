@@ -42,6 +42,25 @@ struct CatalogState {
     commits: Vec<ObjectCommit>,
 }
 
+/// Starts an engine on `data` and `wal` with a fresh [`MemCatalog`] and no durable hook: the
+/// examples' engine, where only the data path is measured.
+pub async fn start_on_mem_catalog(
+    cfg: crate::EngineConfig,
+    data: Arc<dyn ObjectStorage>,
+    wal: Arc<dyn Wal>,
+) -> crate::Engine {
+    let (engine, _) = crate::Engine::start(
+        cfg,
+        data,
+        wal,
+        Arc::new(MemCatalog::new()),
+        Arc::new(|_, _| {}),
+    )
+    .await
+    .expect("engine starts on an empty catalog");
+    engine
+}
+
 /// In-memory catalog. A range is accepted iff it starts at the stream's committed end and its
 /// epoch is >= both the fence set with `fence` and the last accepted epoch.
 #[derive(Debug, Default)]
