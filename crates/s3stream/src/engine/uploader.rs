@@ -178,17 +178,6 @@ pub(super) fn plan_objects(
     Ok(objects)
 }
 
-/// Whether a group commit that moved the unplanned backlog from `before` to `after` bytes must
-/// wake the uploader: only when it reached one of the two backlogs [`Pipeline::plan`] acts on
-/// without being due (the threshold with nothing in flight, a full cycle of twice it behind a
-/// cycle in flight). Between them the uploader has nothing to do until a PUT finishes, and
-/// it re-plans then by itself; waking it on every group commit above the threshold cost a
-/// task wake per WAL write while a PUT was in flight.
-pub(super) fn backlog_crossed(threshold: usize, before: usize, after: usize) -> bool {
-    let crossed = |mark: usize| before < mark && after >= mark;
-    crossed(threshold.max(1)) || crossed(threshold.saturating_mul(2).max(1))
-}
-
 /// Slowest transfer a PUT is given time for on top of `upload_timeout`: a big object on a slow
 /// but working store must finish rather than restart from byte 0 every `upload_timeout`.
 const PUT_MIN_BYTES_PER_SEC: u64 = 1 << 20;
@@ -639,24 +628,6 @@ mod tests {
         let base = Duration::from_secs(60);
         assert_eq!(put_timeout(base, 1000), base);
         assert_eq!(put_timeout(base, 32 << 20), Duration::from_secs(92));
-    }
-
-    #[test]
-    fn the_uploader_is_woken_only_where_a_backlog_rule_starts_to_hold() {
-        let t = 100;
-        // Reaching the threshold, or a full cycle (twice it), in one step or several.
-        assert!(backlog_crossed(t, 0, 100));
-        assert!(backlog_crossed(t, 99, 150));
-        assert!(backlog_crossed(t, 150, 200));
-        assert!(backlog_crossed(t, 0, 500));
-        // Every group commit in between, or past both, changes nothing the planner acts on.
-        assert!(!backlog_crossed(t, 0, 99));
-        assert!(!backlog_crossed(t, 100, 150));
-        assert!(!backlog_crossed(t, 120, 199));
-        assert!(!backlog_crossed(t, 200, 300));
-        // A threshold of 0 plans whatever is waiting: woken as soon as anything is.
-        assert!(backlog_crossed(0, 0, 1));
-        assert!(!backlog_crossed(0, 1, 2));
     }
 
     fn rec(stream: u64, epoch: i64, base: u64, n: u32, size: usize, aux: &str) -> WalRecord {

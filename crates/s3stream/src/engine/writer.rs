@@ -20,9 +20,7 @@ use tokio::time::Instant;
 
 use crate::wal::{WalError, WalRecord};
 
-use super::{
-    Appended, DurableEntry, EngineError, IdMap, QueuedRecord, Shared, WriteItem, uploader,
-};
+use super::{Appended, DurableEntry, EngineError, IdMap, QueuedRecord, Shared, WriteItem};
 
 /// Attempts per WAL write before the appends in it fail.
 const WAL_ATTEMPTS: u32 = 4;
@@ -465,10 +463,9 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
     let mut hook_at: IdMap<usize> = IdMap::default();
     let mut acks = Vec::with_capacity(items.len());
     let mut records = Vec::with_capacity(items.len());
-    let wake_uploader;
+    let over_threshold;
     {
         let mut st = shared.state();
-        let unplanned_before = st.unplanned_bytes;
         for item in items {
             let rec = item.rec;
             let next = rec.next_offset();
@@ -520,11 +517,7 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
         }
         st.push_durable(DurableEntry { pos, records });
         st.durable_pos = Some(pos);
-        wake_uploader = uploader::backlog_crossed(
-            shared.cfg.upload_threshold_bytes,
-            unplanned_before,
-            st.unplanned_bytes,
-        );
+        over_threshold = st.unplanned_bytes >= shared.cfg.upload_threshold_bytes;
     }
     // Acks first: the durable hook may wake thousands of readers (SSE fan-out), and an ack
     // queued behind them would wait for the whole fan-out. Readers need no ordering with the
@@ -535,7 +528,7 @@ fn complete_items(shared: &Shared, pos: u64, items: Vec<WriteItem>) {
     for (stream, end) in hooks {
         (shared.on_durable)(stream, end);
     }
-    if wake_uploader {
+    if over_threshold {
         shared.upload_check.notify_one();
     }
 }
