@@ -2,8 +2,8 @@
 
 use std::borrow::Cow;
 
-use axum::http::HeaderMap;
 use axum::http::header::AsHeaderName;
+use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
 use pico_protocol::headers as h;
@@ -47,10 +47,22 @@ where
     K: AsHeaderName + std::fmt::Display + Copy,
 {
     let mut values = headers.get_all(name).iter();
-    let Some(v) = values.next() else {
+    let first = values.next();
+    single_str(name, first, values.next().is_some())
+}
+
+/// What [`header_str`] answers for header `name` whose first value is `first` (`None`: absent)
+/// and which came `repeated` or not: for callers that found the values themselves (one pass over
+/// a request's headers instead of a lookup per name).
+pub fn single_str<N: std::fmt::Display>(
+    name: N,
+    first: Option<&HeaderValue>,
+    repeated: bool,
+) -> Result<Option<&str>, HttpError> {
+    let Some(v) = first else {
         return Ok(None);
     };
-    if values.next().is_some() {
+    if repeated {
         return Err(HttpError::bad_request(format!(
             "header repeated: header={name}"
         )));

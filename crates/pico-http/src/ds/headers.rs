@@ -2,13 +2,13 @@
 //! 400s naming the header; `Stream-Closed` is the exception (anything but `true` means absent).
 
 use axum::http::header::{AsHeaderName, CONTENT_TYPE};
-use axum::http::{HeaderMap, HeaderName, Uri};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Uri};
 use pico_protocol::headers as h;
 use pico_protocol::{OffsetSpec, parse_offset, parse_strict_u64};
 use pico_server::ProducerClaim;
 
 use super::error::DsError;
-use crate::headers::{Live, header_str, parse_rfc3339_ms, validate_content_type};
+use crate::headers::{Live, header_str, parse_rfc3339_ms, single_str, validate_content_type};
 
 /// Producer epochs and sequences must stay exact in JavaScript.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
@@ -24,17 +24,54 @@ fn strict<K>(headers: &HeaderMap, name: K) -> Result<Option<u64>, DsError>
 where
     K: AsHeaderName + std::fmt::Display + Copy,
 {
-    header_str(headers, name)?
-        .map(|s| {
-            parse_strict_u64(s)
-                .map_err(|e| DsError::bad_request(format!("bad header: header={name} {e}")))
-        })
-        .transpose()
+    strict_of(header_str(headers, name)?, name)
+}
+
+fn strict_of<N: std::fmt::Display>(v: Option<&str>, name: N) -> Result<Option<u64>, DsError> {
+    v.map(|s| {
+        parse_strict_u64(s)
+            .map_err(|e| DsError::bad_request(format!("bad header: header={name} {e}")))
+    })
+    .transpose()
+}
+
+/// The values a request carries under one name: the first, and whether more followed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Found<'a> {
+    first: Option<&'a HeaderValue>,
+    repeated: bool,
+}
+
+impl<'a> Found<'a> {
+    fn lookup(headers: &'a HeaderMap, name: &HeaderName) -> Found<'a> {
+        let mut values = headers.get_all(name).iter();
+        Found {
+            first: values.next(),
+            repeated: values.next().is_some(),
+        }
+    }
+
+    fn see(&mut self, value: &'a HeaderValue) {
+        match self.first {
+            Some(_) => self.repeated = true,
+            None => self.first = Some(value),
+        }
+    }
+
+    /// As [`header_str`] answers.
+    fn text(&self, name: &HeaderName) -> Result<Option<&'a str>, DsError> {
+        Ok(single_str(name, self.first, self.repeated)?)
+    }
 }
 
 /// `Stream-Closed: true` (case-insensitive); any other value is treated as absent.
 pub fn closed(headers: &HeaderMap) -> Result<bool, DsError> {
-    Ok(header_str(headers, &STREAM_CLOSED)?.is_some_and(|v| v.eq_ignore_ascii_case("true")))
+    closed_of(Found::lookup(headers, &STREAM_CLOSED))
+}
+
+fn closed_of(v: Found<'_>) -> Result<bool, DsError> {
+    Ok(v.text(&STREAM_CLOSED)?
+        .is_some_and(|v| v.eq_ignore_ascii_case("true")))
 }
 
 /// TTL and expiry of a PUT: strict decimal seconds, RFC 3339; both together is a 400.
@@ -53,7 +90,11 @@ pub fn ttl_and_expiry(headers: &HeaderMap) -> Result<(Option<u64>, Option<i64>),
 
 /// The request's content type, validated (`None` when absent).
 pub fn content_type(headers: &HeaderMap) -> Result<Option<String>, DsError> {
-    header_str(headers, &CONTENT_TYPE)?
+    content_type_of(Found::lookup(headers, &CONTENT_TYPE))
+}
+
+fn content_type_of(v: Found<'_>) -> Result<Option<String>, DsError> {
+    v.text(&CONTENT_TYPE)?
         .filter(|ct| !ct.is_empty())
         .map(|ct| validate_content_type(ct).map(|()| ct.to_string()))
         .transpose()
@@ -62,9 +103,21 @@ pub fn content_type(headers: &HeaderMap) -> Result<Option<String>, DsError> {
 
 /// The producer triple: all three or none; id non-empty; integers strict and ≤ 2^53−1.
 pub fn producer(headers: &HeaderMap) -> Result<Option<ProducerClaim>, DsError> {
-    let id = header_str(headers, &PRODUCER_ID)?;
-    let epoch = strict(headers, &PRODUCER_EPOCH)?;
-    let seq = strict(headers, &PRODUCER_SEQ)?;
+    producer_of(
+        Found::lookup(headers, &PRODUCER_ID),
+        Found::lookup(headers, &PRODUCER_EPOCH),
+        Found::lookup(headers, &PRODUCER_SEQ),
+    )
+}
+
+fn producer_of(
+    id: Found<'_>,
+    epoch: Found<'_>,
+    seq: Found<'_>,
+) -> Result<Option<ProducerClaim>, DsError> {
+    let id = id.text(&PRODUCER_ID)?;
+    let epoch = strict_of(epoch.text(&PRODUCER_EPOCH)?, &PRODUCER_EPOCH)?;
+    let seq = strict_of(seq.text(&PRODUCER_SEQ)?, &PRODUCER_SEQ)?;
     match (id, epoch, seq) {
         (None, None, None) => Ok(None),
         (Some(id), Some(epoch), Some(seq)) => {
@@ -94,7 +147,57 @@ pub fn producer(headers: &HeaderMap) -> Result<Option<ProducerClaim>, DsError> {
 
 /// `Stream-Seq`, an opaque string compared byte-wise.
 pub fn stream_seq(headers: &HeaderMap) -> Result<Option<String>, DsError> {
-    Ok(header_str(headers, &STREAM_SEQ)?.map(str::to_string))
+    stream_seq_of(Found::lookup(headers, &STREAM_SEQ))
+}
+
+fn stream_seq_of(v: Found<'_>) -> Result<Option<String>, DsError> {
+    Ok(v.text(&STREAM_SEQ)?.map(str::to_string))
+}
+
+/// The headers of a DS `POST`, parsed as [`closed`], [`producer`], [`stream_seq`] and
+/// [`content_type`] parse them (same values, same errors, checked in that order).
+#[derive(Debug)]
+pub struct AppendHeaders {
+    pub close: bool,
+    pub producer: Option<ProducerClaim>,
+    pub stream_seq: Option<String>,
+    pub content_type: Option<String>,
+}
+
+impl AppendHeaders {
+    /// One pass over the request's headers (a few, usually) instead of a hashed lookup per name:
+    /// every append makes this call, and six lookups cost more than the pass.
+    pub fn parse(headers: &HeaderMap) -> Result<AppendHeaders, DsError> {
+        let [
+            mut closed,
+            mut id,
+            mut epoch,
+            mut seq,
+            mut stream_seq,
+            mut ct,
+        ] = [Found::default(); 6];
+        for (name, value) in headers {
+            let slot = if *name == CONTENT_TYPE {
+                &mut ct
+            } else {
+                match name.as_str() {
+                    h::DS_STREAM_CLOSED => &mut closed,
+                    h::DS_PRODUCER_ID => &mut id,
+                    h::DS_PRODUCER_EPOCH => &mut epoch,
+                    h::DS_PRODUCER_SEQ => &mut seq,
+                    h::DS_STREAM_SEQ => &mut stream_seq,
+                    _ => continue,
+                }
+            };
+            slot.see(value);
+        }
+        Ok(AppendHeaders {
+            close: closed_of(closed)?,
+            producer: producer_of(id, epoch, seq)?,
+            stream_seq: stream_seq_of(stream_seq)?,
+            content_type: content_type_of(ct)?,
+        })
+    }
 }
 
 /// Fork headers of a PUT.
@@ -245,6 +348,80 @@ mod tests {
         );
         assert!(!closed(&map(&[("stream-closed", "yes")])).unwrap());
         assert!(closed(&map(&[("stream-closed", "TRUE")])).unwrap());
+    }
+
+    /// The one-pass parse answers exactly as the lookups by name do, errors included (their
+    /// order: `Stream-Closed`, the producer triple, `Stream-Seq`, `Content-Type`).
+    #[test]
+    fn the_append_pass_answers_as_the_lookups_do() {
+        let bad = HeaderValue::from_bytes(b"\xff").unwrap();
+        let cases: Vec<Vec<(&'static str, HeaderValue)>> = vec![
+            vec![],
+            vec![("content-type", hv("text/plain")), ("host", hv("h"))],
+            vec![
+                ("stream-closed", hv(" TRUE ")),
+                ("producer-id", hv("p")),
+                ("producer-epoch", hv("1")),
+                ("producer-seq", hv("2")),
+                ("stream-seq", hv("s1")),
+                ("content-type", hv("application/json")),
+            ],
+            vec![("stream-closed", hv("yes"))],
+            vec![("producer-id", hv("p")), ("producer-seq", hv("2"))],
+            vec![
+                ("producer-id", hv("p")),
+                ("producer-epoch", hv("x")),
+                ("producer-seq", hv("y")),
+            ],
+            vec![("stream-seq", hv("a")), ("stream-seq", hv("b"))],
+            vec![
+                ("content-type", hv("text/plain")),
+                ("content-type", hv("text/plain")),
+            ],
+            vec![("content-type", hv("no slash"))],
+            vec![("content-type", hv(""))],
+            vec![
+                ("stream-seq", bad.clone()),
+                ("content-type", hv("no slash")),
+            ],
+            vec![
+                ("content-type", hv("no slash")),
+                ("producer-id", bad.clone()),
+            ],
+            vec![("stream-closed", bad.clone()), ("producer-epoch", hv("1"))],
+            vec![
+                ("producer-epoch", hv("1")),
+                ("stream-closed", hv("true")),
+                ("stream-closed", hv("true")),
+            ],
+        ];
+        for pairs in cases {
+            let mut m = HeaderMap::new();
+            for (k, v) in &pairs {
+                m.append(*k, v.clone());
+            }
+            let by_name = (|| {
+                Ok::<_, DsError>((
+                    closed(&m)?,
+                    producer(&m)?,
+                    stream_seq(&m)?,
+                    content_type(&m)?,
+                ))
+            })();
+            let pass = AppendHeaders::parse(&m)
+                .map(|a| (a.close, a.producer, a.stream_seq, a.content_type));
+            match (by_name, pass) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{pairs:?}"),
+                (Err(a), Err(b)) => {
+                    assert_eq!((a.status, &a.message), (b.status, &b.message), "{pairs:?}")
+                }
+                (a, b) => panic!("{pairs:?}: by name {a:?}, one pass {b:?}"),
+            }
+        }
+    }
+
+    fn hv(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
     }
 
     #[test]

@@ -143,10 +143,12 @@ pub async fn post(
     body: Body,
     mut seen: Lookup,
 ) -> Result<Response, DsError> {
-    let close = dh::closed(headers)?;
-    let producer = dh::producer(headers)?;
-    let stream_seq = dh::stream_seq(headers)?;
-    let request_ct = dh::content_type(headers)?;
+    let dh::AppendHeaders {
+        close,
+        producer,
+        stream_seq,
+        content_type: request_ct,
+    } = dh::AppendHeaders::parse(headers)?;
     let body = read_body(headers, body, ds.node.config().max_request_size).await?;
     if body.is_empty() && !close {
         return Err(DsError::bad_request(
