@@ -124,12 +124,18 @@ fn parse_origin(item: &str) -> Result<String, String> {
 /// The host (and port) a request is for: the URI's authority (HTTP/2's `:authority`, or an
 /// absolute-form HTTP/1.1 target), else the `Host` header.
 pub fn request_authority<B>(req: &axum::http::Request<B>) -> Option<&str> {
-    match req.uri().authority() {
+    authority_of(req.uri(), || req.headers().get(header::HOST))
+}
+
+/// [`request_authority`] for a caller that may have the `Host` header at hand already: `host`
+/// is asked only when the URI has no authority.
+pub fn authority_of<'a>(
+    uri: &'a axum::http::Uri,
+    host: impl FnOnce() -> Option<&'a HeaderValue>,
+) -> Option<&'a str> {
+    match uri.authority() {
         Some(a) => Some(a.as_str()),
-        None => req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok()),
+        None => host().and_then(|h| h.to_str().ok()),
     }
 }
 

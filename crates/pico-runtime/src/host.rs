@@ -14,6 +14,7 @@
 
 use axum::http::{StatusCode, Version, header};
 use pico_http::HttpError;
+use pico_http::cors::authority_of;
 use std::net::{IpAddr, SocketAddr};
 
 /// The hosts one listener accepts.
@@ -43,11 +44,10 @@ impl HostPolicy {
 
     /// Checks `req`'s host: `Err` is the answer to send instead of serving it.
     pub fn check<B>(&self, req: &axum::http::Request<B>) -> Result<(), HttpError> {
-        // The `Host` value found here is the one `cors::request_authority` would look up again:
-        // one lookup per request, not two.
-        let uri_authority = req.uri().authority();
+        // The `Host` value found here is the one `cors::request_authority` would look up: one
+        // lookup per request, not two.
         let mut host_header = None;
-        if uri_authority.is_none() {
+        if req.uri().authority().is_none() {
             let mut hosts = req.headers().get_all(header::HOST).iter();
             host_header = hosts.next();
             match (host_header, hosts.next()) {
@@ -68,12 +68,8 @@ impl HostPolicy {
             return Ok(());
         };
         // No authority at all (HTTP/1.0, or HTTP/2 without `:authority`): no browser sends
-        // that, so it cannot be a rebound name. As `cors::request_authority` answers.
-        let authority = match uri_authority {
-            Some(a) => Some(a.as_str()),
-            None => host_header.and_then(|h| h.to_str().ok()),
-        };
-        let Some(authority) = authority else {
+        // that, so it cannot be a rebound name.
+        let Some(authority) = authority_of(req.uri(), || host_header) else {
             return Ok(());
         };
         // Plain string work, no allocation: this runs for every request.

@@ -129,7 +129,7 @@ pub(crate) async fn heartbeat_pass(node: Node) {
         }
         Ok(Err(e)) => {
             if let Some(failures) = node.inner.heartbeat.failures.failed(now) {
-                tracing::warn!(error = %e, failures, "heartbeat rejected (while this lasts, logged every {} s)", FAILURE_LOG_EVERY.as_secs());
+                tracing::warn!(error = %e, failures, "heartbeat rejected (while this lasts, logged every {} s)", node.inner.heartbeat.failures.every_secs());
             }
         }
         Err(e) => {
@@ -139,7 +139,7 @@ pub(crate) async fn heartbeat_pass(node: Node) {
                     failures,
                     "heartbeat not recorded: metadata log unavailable (while this lasts, logged \
                      every {} s)",
-                    FAILURE_LOG_EVERY.as_secs()
+                    node.inner.heartbeat.failures.every_secs()
                 );
             }
         }

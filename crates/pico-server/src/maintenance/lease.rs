@@ -127,7 +127,7 @@ pub(crate) async fn lease_pass(node: Node) {
                     holder,
                     failures,
                     "maintenance lease not renewed (while this lasts, logged every {} s)",
-                    FAILURE_LOG_EVERY.as_secs()
+                    node.inner.lease.failures.every_secs()
                 );
             }
         }
