@@ -206,3 +206,60 @@ async fn appends_queued_behind_a_failing_reopen_get_their_503_promptly() {
     assert_eq!(bodies(&r.body), ["one", "two"]);
     node.shutdown().await;
 }
+
+/// An append that waited for queue space while uploads kept failing is told nothing was
+/// written (a 503 from `EngineError::NoRoom`) and its stream stays open: once the store heals,
+/// the next append continues at the next offset under the same epoch, with no reopen (whose
+/// flush would make it wait) and nothing acknowledged lost.
+#[tokio::test]
+async fn an_append_with_no_room_leaves_its_stream_open() {
+    // Data objects fail; the WAL is on storage of its own and keeps working, so appends are
+    // acknowledged until the queue of not-yet-uploaded bytes is full.
+    let data = Arc::new(FaultStorage::new(Arc::new(MemoryStorage::new())));
+    let wal = Arc::new(ObjectWal::new(Arc::new(MemoryStorage::new()), "wal".into()));
+    let cfg = EngineConfig {
+        max_unflushed_bytes: 8 * 1024,
+        upload_threshold_bytes: 1 << 30,
+        upload_interval: Duration::from_millis(10),
+        ..EngineConfig::default()
+    };
+    let (app, node) = node_with(data.clone(), wal, cfg).await;
+    let record: &'static str = Box::leak("r".repeat(500).into_boxed_str());
+    assert_eq!(send(&app, Method::PUT, "/s", "").await.status, 201);
+    assert_eq!(send(&app, Method::POST, "/s", record).await.status, 200);
+    let id = node.meta().view().stream_by_name("s").unwrap().1.id;
+    let epoch = node.engine().is_open(id);
+    assert!(epoch.is_some(), "the first append opened the stream");
+
+    data.set_down(true);
+    let mut acked = 1usize;
+    let refused = loop {
+        let r = send(&app, Method::POST, "/s", record).await;
+        if r.status != 200 {
+            break r;
+        }
+        acked += 1;
+        assert!(acked < 100, "the queue never filled");
+    };
+    assert_eq!(refused.status, 503, "{:?}", refused.body);
+    assert_eq!(refused.retry_after.as_deref(), Some("1"));
+    let msg = refused.body["message"].as_str().unwrap();
+    assert!(msg.contains("nothing was written"), "{msg}");
+    assert_eq!(node.engine().is_open(id), epoch, "the stream stayed open");
+    assert_eq!(
+        node.engine().next_offset(id),
+        Some(acked as u64),
+        "no offset taken"
+    );
+
+    data.set_down(false);
+    let r = send(&app, Method::POST, "/s", "after").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(node.engine().is_open(id), epoch, "no reopen: same epoch");
+    let r = send(&app, Method::GET, "/s", "").await;
+    let read = bodies(&r.body);
+    assert_eq!(read.len(), acked + 1);
+    assert!(read[..acked].iter().all(|b| b == record));
+    assert_eq!(read[acked], "after");
+    node.shutdown().await;
+}
