@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the workspace's unit, integration and end-to-end tests (the e2e tests start
-# the real `pico` binary), then the Durable Streams conformance suite (npm) against the real
+# the real `pico` binary), the zero-disk end-to-end tests again on a second S3-compatible server
+# (scripts/s3-peer.sh: s3s-fs from crates.io), then the Durable Streams conformance suite (npm) against the real
 # binary with subscriptions on, the Durable Streams TypeScript client (npm) reading whole streams
 # from the real binary, real Kafka clients against the real binary (scripts/kafka-e2e.sh: kcat
 # from apt, confluent-kafka, kafka-python and aiokafka from PyPI), then a short run of every
@@ -14,6 +15,7 @@ if [[ -z ${PICO_TEST_S3_ENDPOINT:-} ]]; then
   start_moto
 fi
 cargo test --workspace --all-targets
+bash scripts/s3-peer.sh
 cargo build -p pico-cli --bins --examples
 SUBSCRIPTIONS=1 bash scripts/ds-conformance.sh
 bash scripts/ds-client-e2e.sh
