@@ -5,6 +5,7 @@
   floors.py put --endpoint URL --bucket B --count N [--size BYTES]   one PutObject (boto3)
   floors.py pgbench-log FILE...             percentiles of pgbench --log files (latency column)
   floors.py pcap FILE --pg-port P [--http-port H]   where the time goes, from a loopback capture
+  floors.py pcap-s3 FILE --s3-port P [--http-port H --wal-bucket B]   the same, WAL on S3
   floors.py http --endpoint URL --stream NAME --count N   the node's own floor: one sequential
       keep-alive client alternating a 100-byte append (POST) with a HEAD of the same stream
   floors.py pg-stmts --db D [--port P] --count N [--gap-us G --gap sleep|busy] NAME=SQL...
@@ -110,9 +111,10 @@ def pgbench_log(a):
     return summary(out)
 
 
-def pcap_packets(path):
+def pcap_packets(path, syn=False):
     """(time, source port, destination port, first payload bytes) of each TCP segment with a
-    payload in a classic pcap file of IPv4 on loopback (tcpdump -i lo -w)."""
+    payload in a classic pcap file of IPv4 on loopback (tcpdump -i lo -w); with `syn`, each
+    connection's first SYN too, as a segment whose payload is b"SYN"."""
     import struct
 
     with open(path, "rb") as f:
@@ -135,7 +137,9 @@ def pcap_packets(path):
             tcp = ip[(ip[0] & 15) * 4:total]
             sport, dport = struct.unpack(">HH", tcp[:4])
             payload = tcp[(tcp[12] >> 4) * 4:]
-            if payload:
+            if syn and tcp[13] & 0x12 == 0x02:  # SYN without ACK: a connection opened
+                yield sec + frac / scale, sport, dport, b"SYN"
+            elif payload:
                 yield sec + frac / scale, sport, dport, payload
 
 
@@ -188,6 +192,79 @@ def pcap_legs(a):
     out = {k: summary(v) for k, v in legs.items()}
     out["other_postgres_segments"] = sum(others.values())
     return out
+
+
+def pcap_s3_legs(a):
+    """A node with its WAL on S3, one sequential client: per append, request in -> the WAL
+    entry's PUT (connection opened, request sent) -> the store's answer -> response out. The
+    WAL's PUTs are told from the node's other requests to the same store (uploads, trims) by
+    their path (`PUT /{bucket}/`, path style); a store that closes every connection (moto)
+    has the node open one per PUT, so "node in" is split at the SYN."""
+    pk = list(pcap_packets(a.file, syn=True))
+    legs, st, syns, wal_conns, others = {}, None, {}, set(), 0
+    put = f"PUT /{a.wal_bucket}/".encode()
+
+    def add(leg, dt):
+        legs.setdefault(leg, []).append(dt * 1000)
+
+    for ts, sp, dp, pl in pk:
+        if dp == a.s3_port and pl == b"SYN":
+            syns[sp] = ts
+            continue
+        if dp == a.http_port:
+            if st is None or "resp" in st:
+                st = {"req": ts}
+            continue
+        if dp == a.s3_port and pl.startswith(put):
+            wal_conns.add(sp)
+            if st is not None and "sent" not in st:
+                st["sent"], st["syn"] = ts, syns.get(sp)
+            continue
+        if sp == a.s3_port and dp in wal_conns:
+            if st is not None and "sent" in st and "answer" not in st:
+                st["answer"] = ts
+            continue
+        if a.s3_port in (sp, dp):
+            others += 1
+            if st is not None and "resp" not in st:
+                st["busy"] = True
+            continue
+        if st is not None and sp == a.http_port and "answer" in st and "resp" not in st:
+            st["resp"] = ts
+            # Appends during which the node also talked to the store (uploads, trims) apart.
+            add("appends alone: node: request -> response" if "busy" not in st
+                else "appends beside other S3 requests: node: request -> response",
+                ts - st["req"])
+            add("appends alone: node in + node out" if "busy" not in st
+                else "appends beside other S3 requests: node in + node out",
+                (st["sent"] - st["req"]) + (ts - st["answer"]))
+            if st["syn"] is not None and st["syn"] >= st["req"]:
+                add("node in: request -> connect (SYN)", st["syn"] - st["req"])
+                add("node in: connect (SYN) -> PUT sent", st["sent"] - st["syn"])
+            add("node in: request -> PUT sent", st["sent"] - st["req"])
+            add("s3: PUT sent -> answer", st["answer"] - st["sent"])
+            add("node out: answer -> response sent", st["resp"] - st["answer"])
+            add("node: request -> response", st["resp"] - st["req"])
+    out = {k: summary(v) for k, v in legs.items()}
+    out["other_s3_segments"] = others
+    return out
+
+
+def pcap_put_floor(a):
+    """The floor's PUTs in a capture of its store's port: connection opened (SYN) -> PUT sent
+    -> answer, per connection."""
+    legs, syns, sent = {}, {}, {}
+    for ts, sp, dp, pl in pcap_packets(a.file, syn=True):
+        if dp == a.s3_port and pl == b"SYN":
+            syns[sp] = ts
+        elif dp == a.s3_port and pl.startswith(b"PUT ") and sp not in sent:
+            sent[sp] = ts
+            if sp in syns:
+                legs.setdefault("connect (SYN) -> PUT sent", []).append((ts - syns[sp]) * 1000)
+        elif sp == a.s3_port and dp in sent and sent[dp] is not None:
+            legs.setdefault("s3: PUT sent -> answer", []).append((ts - sent[dp]) * 1000)
+            sent[dp] = None
+    return {k: summary(v) for k, v in legs.items()}
 
 
 def http_floor(a):
@@ -342,6 +419,11 @@ def main():
     c.add_argument("file")
     c.add_argument("--pg-port", type=int, default=5432)
     c.add_argument("--http-port", type=int)
+    s3 = sub.add_parser("pcap-s3")
+    s3.add_argument("file")
+    s3.add_argument("--s3-port", type=int, required=True)
+    s3.add_argument("--http-port", type=int, help="the node's; without it: the floor's PUTs")
+    s3.add_argument("--wal-bucket", default="wal-s3")
     h = sub.add_parser("http")
     h.add_argument("--endpoint", required=True)
     h.add_argument("--stream", required=True)
@@ -357,6 +439,7 @@ def main():
     q.add_argument("stmts", nargs="+", metavar="NAME=SQL")
     a = ap.parse_args()
     r = {"fsync": fsync_floor, "put": put_floor, "pgbench-log": pgbench_log, "pcap": pcap_legs,
+         "pcap-s3": lambda a: pcap_s3_legs(a) if a.http_port else pcap_put_floor(a),
          "http": http_floor, "pg-stmts": pg_stmts}[
         a.cmd
     ](a)

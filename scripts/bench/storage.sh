@@ -14,7 +14,8 @@
 #      (default target/bench), PICO_TEST_POSTGRES_URL (postgres://postgres@127.0.0.1:5432/postgres),
 #      BENCH_TRACE=1 (needs tcpdump, as root): after the figures, 3 s more of the Postgres floor
 #      and of the Postgres-WAL node with one client, captured on loopback, and where an ack's time
-#      goes (node in / Postgres / node out, floors.py pcap) next to the floor's Postgres time
+#      goes (node in / Postgres / node out, floors.py pcap) next to the floor's Postgres time;
+#      likewise for the S3 WAL (floors.py pcap-s3: node in / PUT / node out, the floor's PUTs)
 # Prints a Markdown table and writes it, with the raw JSON, under $BENCH_WORK/storage-*/.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -157,6 +158,19 @@ for wal in ${BENCH_ONLY:-file s3 postgres}; do
     after=$(s3_requests)
     echo "$(( after - before ))" >"$RUN/s3-1k.count"
   fi
+  if [ "$wal" = s3 ] && [ "${BENCH_TRACE:-}" = 1 ]; then
+    log "s3: where the time goes (loopback capture: the floor's 300 PUTs, then the node 3 s)"
+    trace_start "$RUN/trace-s3-floor.pcap" "tcp port $S3_PORT"
+    "$PY" "$ROOT/scripts/bench/floors.py" put --endpoint "$S3" --bucket floor --count 300 >"$RUN/trace-s3-floor.put.json"
+    trace_stop
+    trace_start "$RUN/trace-s3-node.pcap" "tcp port $S3_PORT or tcp port $PORT"
+    "$PICO_BIN" bench --endpoint "http://127.0.0.1:$PORT" --prefix bench/trace-s3 -d 3s --warmup 0s \
+      --output json --connections 1 -n 1 -b 100 >"$RUN/trace-s3-node.json"
+    trace_stop
+    python3 "$ROOT/scripts/bench/floors.py" pcap-s3 "$RUN/trace-s3-floor.pcap" --s3-port "$S3_PORT" >"$RUN/trace-s3-floor.json"
+    python3 "$ROOT/scripts/bench/floors.py" pcap-s3 "$RUN/trace-s3-node.pcap" --s3-port "$S3_PORT" \
+      --http-port "$PORT" --wal-bucket wal-s3 >"$RUN/trace-s3-node.json.legs"
+  fi
   if [ "$wal" = postgres ] && [ "${BENCH_TRACE:-}" = 1 ]; then
     log "postgres: where the time goes (loopback capture, 3 s each)"
     trace_start "$RUN/trace-floor.pcap" "tcp port $PG_PORT"
@@ -235,6 +249,21 @@ if os.path.exists(os.path.join(run, "trace-node.json.legs")):
         if isinstance(v, dict):
             print(f"| {k} | {v['p50_ms']*1000:.0f} µs | {v['p99_ms']*1000:.0f} µs |")
     print(f"\n(the node's other Postgres traffic meanwhile: {legs['other_postgres_segments']} segments)")
+if os.path.exists(os.path.join(run, "trace-s3-node.json.legs")):
+    legs = L("trace-s3-node.json.legs")
+    for k, v in L("trace-s3-floor.json").items():
+        legs[f"floor (boto3): {k}"] = v
+    acks = L("trace-s3-node.json")["write_latency"]
+    print()
+    print("S3 WAL, one client, where an ack's time goes (loopback capture, p50 / p99):")
+    print()
+    print("| leg | p50 | p99 |")
+    print("|---|---|---|")
+    print(f"| client: ack (request sent -> response read) | {acks['p50_ms']*1000:.0f} µs | {acks['p99_ms']*1000:.0f} µs |")
+    for k, v in legs.items():
+        if isinstance(v, dict):
+            print(f"| {k} | {v['p50_ms']*1000:.0f} µs | {v['p99_ms']*1000:.0f} µs |")
+    print(f"\n(the node's other S3 traffic meanwhile: {legs['other_s3_segments']} segments)")
 if not os.path.exists(os.path.join(run, "s3-1k.count")):
     sys.exit(0)
 idle = int(open(os.path.join(run, "s3-idle.count")).read())
