@@ -243,6 +243,8 @@ def pcap_s3_legs(a):
                 add("node in: connect (SYN) -> PUT sent", st["sent"] - st["syn"])
             add("node in: request -> PUT sent", st["sent"] - st["req"])
             add("s3: PUT sent -> answer", st["answer"] - st["sent"])
+            if st["syn"] is not None and st["syn"] >= st["req"]:
+                add("connect (SYN) -> answer", st["answer"] - st["syn"])
             add("node out: answer -> response sent", st["resp"] - st["answer"])
             add("node: request -> response", st["resp"] - st["req"])
     out = {k: summary(v) for k, v in legs.items()}
@@ -262,7 +264,15 @@ def pcap_put_floor(a):
             if sp in syns:
                 legs.setdefault("connect (SYN) -> PUT sent", []).append((ts - syns[sp]) * 1000)
         elif sp == a.s3_port and dp in sent and sent[dp] is not None:
+            # boto3 sends `Expect: 100-continue` and the body only after the interim answer:
+            # a round trip more than the node's PUT, which sends headers and body at once.
+            if pl.startswith(b"HTTP/1.1 100"):
+                legs.setdefault("s3: PUT headers sent -> 100 Continue", []).append(
+                    (ts - sent[dp]) * 1000)
+                continue
             legs.setdefault("s3: PUT sent -> answer", []).append((ts - sent[dp]) * 1000)
+            if dp in syns:
+                legs.setdefault("connect (SYN) -> answer", []).append((ts - syns[dp]) * 1000)
             sent[dp] = None
     return {k: summary(v) for k, v in legs.items()}
 

@@ -12,6 +12,7 @@
 # env: PICO_BIN (default: builds target/release/pico), BENCH_ONLY (e.g. "postgres": only those
 #      WALs, and no S3 request counts, for quick profiling), BENCH_DURATION (10s), BENCH_WORK
 #      (default target/bench), PICO_TEST_POSTGRES_URL (postgres://postgres@127.0.0.1:5432/postgres),
+#      BENCH_PORTS=LO-HI (the ports of moto and the nodes; default any free one),
 #      BENCH_TRACE=1 (needs tcpdump, as root): after the figures, 3 s more of the Postgres floor
 #      and of the Postgres-WAL node with one client, captured on loopback, and where an ack's time
 #      goes (node in / Postgres / node out, floors.py pcap) next to the floor's Postgres time;
@@ -50,7 +51,16 @@ cleanup() {
   psql -q "$PG_ADMIN" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+# BENCH_PORTS=LO-HI: the servers' ports from that range (a shared machine's share), else any.
+free_port() { python3 -c 'import random,socket,sys
+r=sys.argv[1].split("-") if sys.argv[1] else ["0","0"]
+lo,hi=int(r[0]),int(r[1])
+for p in ([0] if not lo else random.sample(range(lo,hi+1),hi-lo+1)):
+    s=socket.socket()
+    try: s.bind(("127.0.0.1",p))
+    except OSError: continue
+    print(s.getsockname()[1]); break
+else: sys.exit("no free port in "+sys.argv[1])' "${BENCH_PORTS:-}"; }
 wait_http() { for _ in $(seq 1 200); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
 j() { python3 -c 'import json,sys;d=json.load(open(sys.argv[2]))
 for k in sys.argv[1].split(".")[1:]: d=d[k]
