@@ -2,7 +2,11 @@
 """Floors for the storage figures: what one durable write costs each medium, one at a time.
 
   floors.py fsync --file F --count N        100-byte write + fdatasync into a preallocated file
-  floors.py put --endpoint URL --bucket B --count N [--size BYTES]   one PutObject (boto3)
+  floors.py put --endpoint URL --bucket B --count N [--size BYTES] [--no-expect]
+      [--if-none-match]   one PutObject (boto3; optionally without its Expect: 100-continue
+      round trip, or conditional as the object WAL's)
+  floors.py put-raw --endpoint URL --bucket B --count N   the same PUT from a raw socket, as
+      the node sends it (one write, If-None-Match: *), without a client library's cost
   floors.py pgbench-log FILE...             percentiles of pgbench --log files (latency column)
   floors.py pcap FILE --pg-port P [--http-port H]   where the time goes, from a loopback capture
   floors.py pcap-s3 FILE --s3-port P [--http-port H --wal-bucket B]   the same, WAL on S3
@@ -78,14 +82,65 @@ def put_floor(a):
         s3.create_bucket(Bucket=a.bucket)
     except s3.exceptions.BucketAlreadyOwnedByYou:
         pass
+    if a.no_expect:
+        # boto3 sends `Expect: 100-continue` and waits for the interim answer before the body:
+        # a round trip the node's PUT (headers and body at once) does not make.
+        def drop_expect(params, **_):
+            params.get("headers", {}).pop("Expect", None)
+
+        s3.meta.events.register("before-call.s3.PutObject", drop_expect)
+    extra = {"IfNoneMatch": "*"} if a.if_none_match else {}
     body = b"x" * a.size
     for i in range(20):  # warm the connection pool
         s3.put_object(Bucket=a.bucket, Key=f"floor/warm/{i}", Body=body)
-    out = []
+    out, run = [], time.time_ns()
     for i in range(a.count):
         t = time.perf_counter()
-        s3.put_object(Bucket=a.bucket, Key=f"floor/{i:08}", Body=body)
+        s3.put_object(Bucket=a.bucket, Key=f"floor/{run}/{i:08}", Body=body, **extra)
         out.append((time.perf_counter() - t) * 1000)
+    return summary(out)
+
+
+def put_raw_floor(a):
+    """One PutObject as the node sends it, without a client library's own cost: a new
+    connection (moto closes each), headers and body in one write, `If-None-Match: *` as the
+    WAL's, timed from connect to the answer's status line. Unsigned: moto checks no signature.
+    boto3's floor (`put`) adds its Python signing and checksum, and an `Expect: 100-continue`
+    round trip, about 2 ms on moto."""
+    import socket
+    import urllib.parse
+
+    u = urllib.parse.urlparse(a.endpoint)
+    host, port = u.hostname, u.port or 80
+    run = time.time_ns()
+
+    def put(path, body, extra=""):
+        t = time.perf_counter()
+        s = socket.create_connection((host, port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = (f"PUT /{a.bucket}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Length: {len(body)}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n"
+                f"Authorization: AWS4-HMAC-SHA256 Credential=testing/20250101/us-east-1/s3/"
+                f"aws4_request, SignedHeaders=host, Signature=00\r\n{extra}\r\n").encode()
+        s.sendall(head + body)
+        buf = b""
+        while b"\r\n" not in buf:
+            d = s.recv(65536)
+            if not d:
+                break
+            buf += d
+        dt = (time.perf_counter() - t) * 1000
+        s.close()
+        return int(buf.split()[1]), dt
+
+    put("", b"")  # the bucket (200, or 409 if it exists)
+    body, out = b"x" * a.size, []
+    for i in range(20 + a.count):
+        st, dt = put(f"/floor/raw/{run}/{i:08}", body, "If-None-Match: *\r\n")
+        if st != 200:
+            raise SystemExit(f"raw PUT answered {st}")
+        if i >= 20:
+            out.append(dt)
     return summary(out)
 
 
@@ -423,6 +478,13 @@ def main():
     p.add_argument("--bucket", required=True)
     p.add_argument("--count", type=int, default=500)
     p.add_argument("--size", type=int, default=256)
+    p.add_argument("--no-expect", action="store_true", help="without Expect: 100-continue")
+    p.add_argument("--if-none-match", action="store_true", help="conditional, as the WAL's")
+    pr = sub.add_parser("put-raw")
+    pr.add_argument("--endpoint", required=True)
+    pr.add_argument("--bucket", required=True)
+    pr.add_argument("--count", type=int, default=500)
+    pr.add_argument("--size", type=int, default=256)
     g = sub.add_parser("pgbench-log")
     g.add_argument("files", nargs="+")
     c = sub.add_parser("pcap")
@@ -448,7 +510,7 @@ def main():
     q.add_argument("--gap", choices=("sleep", "busy"), default="sleep")
     q.add_argument("stmts", nargs="+", metavar="NAME=SQL")
     a = ap.parse_args()
-    r = {"fsync": fsync_floor, "put": put_floor, "pgbench-log": pgbench_log, "pcap": pcap_legs,
+    r = {"fsync": fsync_floor, "put": put_floor, "put-raw": put_raw_floor, "pgbench-log": pgbench_log, "pcap": pcap_legs,
          "pcap-s3": lambda a: pcap_s3_legs(a) if a.http_port else pcap_put_floor(a),
          "http": http_floor, "pg-stmts": pg_stmts}[
         a.cmd

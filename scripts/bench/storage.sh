@@ -92,6 +92,9 @@ log "floor: 100-byte write + fdatasync, sequential"
 python3 "$ROOT/scripts/bench/floors.py" fsync --file "$RUN/fsync.tmp" --count 500 >"$RUN/floor-file.json"
 log "floor: one PutObject of 256 B to moto, sequential"
 "$PY" "$ROOT/scripts/bench/floors.py" put --endpoint "$S3" --bucket floor --count 500 >"$RUN/floor-s3.json"
+# The same PUT without boto3's own ~2 ms (signing, checksum, Expect: 100-continue): shown next
+# to the floor, the ratio stays against the floor above.
+python3 "$ROOT/scripts/bench/floors.py" put-raw --endpoint "$S3" --bucket floor --count 500 >"$RUN/floor-s3-raw.json"
 log "floor: one single-row INSERT commit on Postgres, 1 client (pgbench)"
 psql -q "$PG" -c "CREATE TABLE floor (id bigserial primary key, body bytea)" >/dev/null
 echo "INSERT INTO floor (body) VALUES ('\\x$(printf '%0200d' 0)');" >"$RUN/insert.sql"
@@ -223,6 +226,10 @@ for wal in ("file", "s3", "postgres"):
     p50, p99 = one["write_latency"]["p50_ms"], one["write_latency"]["p99_ms"]
     print(f"| {wal} | {p50:.3f} / {p99:.2f} ms | {wal_write_p50(wal):.3f} ms | {fl['p50_ms']:.3f} / {fl['p99_ms']:.2f} ms ({names[wal]}) "
           f"| {p50 / fl['p50_ms'] if fl['p50_ms'] else float('nan'):.2f}× | {many['write']['records_per_sec']:.0f} appends/s |")
+if os.path.exists(os.path.join(run, "floor-s3-raw.json")) and os.path.exists(os.path.join(run, "s3-1.json")):
+    fr = L("floor-s3-raw.json")
+    print(f"\nS3 floor from a raw socket, as the node sends its PUT (one write, If-None-Match: *, no client library): "
+          f"{fr['p50_ms']:.3f} / {fr['p99_ms']:.2f} ms (the ack is {L('s3-1.json')['write_latency']['p50_ms'] / fr['p50_ms'] if fr['p50_ms'] else float('nan'):.2f}× it)")
 if os.path.exists(os.path.join(run, "floor-pg-prepared.json")) and os.path.exists(os.path.join(run, "postgres-1.json")):
     fp = L("floor-pg-prepared.json")
     print(f"\nPostgres floor as a prepared statement (as the node sends its own): {fp['p50_ms']:.3f} / {fp['p99_ms']:.2f} ms "
@@ -245,12 +252,9 @@ if heads:
         hd, ap, fl = h["no WAL (HEAD)"], h["append (POST)"], L(floors[wal])
         print(f"| {wal} | {hd['p50_ms']*1000:.0f} / {hd['p99_ms']*1000:.0f} µs | {ap['p50_ms']*1000:.0f} / {ap['p99_ms']*1000:.0f} µs "
               f"| {(ap['p50_ms'] - hd['p50_ms'])*1000:.0f} µs | {(fl['p50_ms'] + hd['p50_ms'])*1000:.0f} µs |")
-if os.path.exists(os.path.join(run, "trace-node.json.legs")):
-    legs = L("trace-node.json.legs")
-    legs["floor: postgres: statement -> answer"] = L("trace-floor.json")["postgres: statement -> answer"]
-    acks = L("trace-node.json")["write_latency"]
+def legs_table(wal, acks, legs, other):
     print()
-    print("Postgres WAL, one client, where an ack's time goes (loopback capture, p50 / p99):")
+    print(f"{wal} WAL, one client, where an ack's time goes (loopback capture, p50 / p99):")
     print()
     print("| leg | p50 | p99 |")
     print("|---|---|---|")
@@ -258,22 +262,16 @@ if os.path.exists(os.path.join(run, "trace-node.json.legs")):
     for k, v in legs.items():
         if isinstance(v, dict):
             print(f"| {k} | {v['p50_ms']*1000:.0f} µs | {v['p99_ms']*1000:.0f} µs |")
-    print(f"\n(the node's other Postgres traffic meanwhile: {legs['other_postgres_segments']} segments)")
+    print(f"\n(the node's other {wal} traffic meanwhile: {legs[other]} segments)")
+if os.path.exists(os.path.join(run, "trace-node.json.legs")):
+    legs = L("trace-node.json.legs")
+    legs["floor: postgres: statement -> answer"] = L("trace-floor.json")["postgres: statement -> answer"]
+    legs_table("Postgres", L("trace-node.json")["write_latency"], legs, "other_postgres_segments")
 if os.path.exists(os.path.join(run, "trace-s3-node.json.legs")):
     legs = L("trace-s3-node.json.legs")
     for k, v in L("trace-s3-floor.json").items():
         legs[f"floor (boto3): {k}"] = v
-    acks = L("trace-s3-node.json")["write_latency"]
-    print()
-    print("S3 WAL, one client, where an ack's time goes (loopback capture, p50 / p99):")
-    print()
-    print("| leg | p50 | p99 |")
-    print("|---|---|---|")
-    print(f"| client: ack (request sent -> response read) | {acks['p50_ms']*1000:.0f} µs | {acks['p99_ms']*1000:.0f} µs |")
-    for k, v in legs.items():
-        if isinstance(v, dict):
-            print(f"| {k} | {v['p50_ms']*1000:.0f} µs | {v['p99_ms']*1000:.0f} µs |")
-    print(f"\n(the node's other S3 traffic meanwhile: {legs['other_s3_segments']} segments)")
+    legs_table("S3", L("trace-s3-node.json")["write_latency"], legs, "other_s3_segments")
 if not os.path.exists(os.path.join(run, "s3-1k.count")):
     sys.exit(0)
 idle = int(open(os.path.join(run, "s3-idle.count")).read())
