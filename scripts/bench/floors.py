@@ -2,9 +2,14 @@
 """Floors for the storage figures: what one durable write costs each medium, one at a time.
 
   floors.py fsync --file F --count N        100-byte write + fdatasync into a preallocated file
-  floors.py put --endpoint URL --bucket B --count N [--size BYTES]   one PutObject (boto3)
+  floors.py put --endpoint URL --bucket B --count N [--size BYTES] [--no-expect]
+      [--if-none-match]   one PutObject (boto3; optionally without its Expect: 100-continue
+      round trip, or conditional as the object WAL's)
+  floors.py put-raw --endpoint URL --bucket B --count N   the same PUT from a raw socket, as
+      the node sends it (one write, If-None-Match: *), without a client library's cost
   floors.py pgbench-log FILE...             percentiles of pgbench --log files (latency column)
   floors.py pcap FILE --pg-port P [--http-port H]   where the time goes, from a loopback capture
+  floors.py pcap-s3 FILE --s3-port P [--http-port H --wal-bucket B]   the same, WAL on S3
   floors.py http --endpoint URL --stream NAME --count N   the node's own floor: one sequential
       keep-alive client alternating a 100-byte append (POST) with a HEAD of the same stream
   floors.py pg-stmts --db D [--port P] --count N [--gap-us G --gap sleep|busy] NAME=SQL...
@@ -77,14 +82,65 @@ def put_floor(a):
         s3.create_bucket(Bucket=a.bucket)
     except s3.exceptions.BucketAlreadyOwnedByYou:
         pass
+    if a.no_expect:
+        # boto3 sends `Expect: 100-continue` and waits for the interim answer before the body:
+        # a round trip the node's PUT (headers and body at once) does not make.
+        def drop_expect(params, **_):
+            params.get("headers", {}).pop("Expect", None)
+
+        s3.meta.events.register("before-call.s3.PutObject", drop_expect)
+    extra = {"IfNoneMatch": "*"} if a.if_none_match else {}
     body = b"x" * a.size
     for i in range(20):  # warm the connection pool
         s3.put_object(Bucket=a.bucket, Key=f"floor/warm/{i}", Body=body)
-    out = []
+    out, run = [], time.time_ns()
     for i in range(a.count):
         t = time.perf_counter()
-        s3.put_object(Bucket=a.bucket, Key=f"floor/{i:08}", Body=body)
+        s3.put_object(Bucket=a.bucket, Key=f"floor/{run}/{i:08}", Body=body, **extra)
         out.append((time.perf_counter() - t) * 1000)
+    return summary(out)
+
+
+def put_raw_floor(a):
+    """One PutObject as the node sends it, without a client library's own cost: a new
+    connection (moto closes each), headers and body in one write, `If-None-Match: *` as the
+    WAL's, timed from connect to the answer's status line. Unsigned: moto checks no signature.
+    boto3's floor (`put`) adds its Python signing and checksum, and an `Expect: 100-continue`
+    round trip, about 2 ms on moto."""
+    import socket
+    import urllib.parse
+
+    u = urllib.parse.urlparse(a.endpoint)
+    host, port = u.hostname, u.port or 80
+    run = time.time_ns()
+
+    def put(path, body, extra=""):
+        t = time.perf_counter()
+        s = socket.create_connection((host, port))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = (f"PUT /{a.bucket}{path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Content-Length: {len(body)}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n"
+                f"Authorization: AWS4-HMAC-SHA256 Credential=testing/20250101/us-east-1/s3/"
+                f"aws4_request, SignedHeaders=host, Signature=00\r\n{extra}\r\n").encode()
+        s.sendall(head + body)
+        buf = b""
+        while b"\r\n" not in buf:
+            d = s.recv(65536)
+            if not d:
+                break
+            buf += d
+        dt = (time.perf_counter() - t) * 1000
+        s.close()
+        return int(buf.split()[1]), dt
+
+    put("", b"")  # the bucket (200, or 409 if it exists)
+    body, out = b"x" * a.size, []
+    for i in range(20 + a.count):
+        st, dt = put(f"/floor/raw/{run}/{i:08}", body, "If-None-Match: *\r\n")
+        if st != 200:
+            raise SystemExit(f"raw PUT answered {st}")
+        if i >= 20:
+            out.append(dt)
     return summary(out)
 
 
@@ -110,9 +166,10 @@ def pgbench_log(a):
     return summary(out)
 
 
-def pcap_packets(path):
+def pcap_packets(path, syn=False):
     """(time, source port, destination port, first payload bytes) of each TCP segment with a
-    payload in a classic pcap file of IPv4 on loopback (tcpdump -i lo -w)."""
+    payload in a classic pcap file of IPv4 on loopback (tcpdump -i lo -w); with `syn`, each
+    connection's first SYN too, as a segment whose payload is b"SYN"."""
     import struct
 
     with open(path, "rb") as f:
@@ -135,7 +192,9 @@ def pcap_packets(path):
             tcp = ip[(ip[0] & 15) * 4:total]
             sport, dport = struct.unpack(">HH", tcp[:4])
             payload = tcp[(tcp[12] >> 4) * 4:]
-            if payload:
+            if syn and tcp[13] & 0x12 == 0x02:  # SYN without ACK: a connection opened
+                yield sec + frac / scale, sport, dport, b"SYN"
+            elif payload:
                 yield sec + frac / scale, sport, dport, payload
 
 
@@ -188,6 +247,89 @@ def pcap_legs(a):
     out = {k: summary(v) for k, v in legs.items()}
     out["other_postgres_segments"] = sum(others.values())
     return out
+
+
+def pcap_s3_legs(a):
+    """A node with its WAL on S3, one sequential client: per append, request in -> the WAL
+    entry's PUT (connection opened, request sent) -> the store's answer -> response out. The
+    WAL's PUTs are told from the node's other requests to the same store (uploads, trims) by
+    their path (`PUT /{bucket}/`, path style); a store that closes every connection (moto)
+    has the node open one per PUT, so "node in" is split at the SYN."""
+    pk = list(pcap_packets(a.file, syn=True))
+    legs, st, syns, wal_conns, others = {}, None, {}, set(), 0
+    put = f"PUT /{a.wal_bucket}/".encode()
+
+    def add(leg, dt):
+        legs.setdefault(leg, []).append(dt * 1000)
+
+    for ts, sp, dp, pl in pk:
+        if dp == a.s3_port and pl == b"SYN":
+            syns[sp] = ts
+            continue
+        if dp == a.http_port:
+            if st is None or "resp" in st:
+                st = {"req": ts}
+            continue
+        if dp == a.s3_port and pl.startswith(put):
+            wal_conns.add(sp)
+            if st is not None and "sent" not in st:
+                st["sent"], st["syn"] = ts, syns.get(sp)
+            continue
+        if sp == a.s3_port and dp in wal_conns:
+            if st is not None and "sent" in st and "answer" not in st:
+                st["answer"] = ts
+            continue
+        if a.s3_port in (sp, dp):
+            others += 1
+            if st is not None and "resp" not in st:
+                st["busy"] = True
+            continue
+        if st is not None and sp == a.http_port and "answer" in st and "resp" not in st:
+            st["resp"] = ts
+            # Appends during which the node also talked to the store (uploads, trims) apart.
+            add("appends alone: node: request -> response" if "busy" not in st
+                else "appends beside other S3 requests: node: request -> response",
+                ts - st["req"])
+            add("appends alone: node in + node out" if "busy" not in st
+                else "appends beside other S3 requests: node in + node out",
+                (st["sent"] - st["req"]) + (ts - st["answer"]))
+            if st["syn"] is not None and st["syn"] >= st["req"]:
+                add("node in: request -> connect (SYN)", st["syn"] - st["req"])
+                add("node in: connect (SYN) -> PUT sent", st["sent"] - st["syn"])
+            add("node in: request -> PUT sent", st["sent"] - st["req"])
+            add("s3: PUT sent -> answer", st["answer"] - st["sent"])
+            if st["syn"] is not None and st["syn"] >= st["req"]:
+                add("connect (SYN) -> answer", st["answer"] - st["syn"])
+            add("node out: answer -> response sent", st["resp"] - st["answer"])
+            add("node: request -> response", st["resp"] - st["req"])
+    out = {k: summary(v) for k, v in legs.items()}
+    out["other_s3_segments"] = others
+    return out
+
+
+def pcap_put_floor(a):
+    """The floor's PUTs in a capture of its store's port: connection opened (SYN) -> PUT sent
+    -> answer, per connection."""
+    legs, syns, sent = {}, {}, {}
+    for ts, sp, dp, pl in pcap_packets(a.file, syn=True):
+        if dp == a.s3_port and pl == b"SYN":
+            syns[sp] = ts
+        elif dp == a.s3_port and pl.startswith(b"PUT ") and sp not in sent:
+            sent[sp] = ts
+            if sp in syns:
+                legs.setdefault("connect (SYN) -> PUT sent", []).append((ts - syns[sp]) * 1000)
+        elif sp == a.s3_port and dp in sent and sent[dp] is not None:
+            # boto3 sends `Expect: 100-continue` and the body only after the interim answer:
+            # a round trip more than the node's PUT, which sends headers and body at once.
+            if pl.startswith(b"HTTP/1.1 100"):
+                legs.setdefault("s3: PUT headers sent -> 100 Continue", []).append(
+                    (ts - sent[dp]) * 1000)
+                continue
+            legs.setdefault("s3: PUT sent -> answer", []).append((ts - sent[dp]) * 1000)
+            if dp in syns:
+                legs.setdefault("connect (SYN) -> answer", []).append((ts - syns[dp]) * 1000)
+            sent[dp] = None
+    return {k: summary(v) for k, v in legs.items()}
 
 
 def http_floor(a):
@@ -336,12 +478,24 @@ def main():
     p.add_argument("--bucket", required=True)
     p.add_argument("--count", type=int, default=500)
     p.add_argument("--size", type=int, default=256)
+    p.add_argument("--no-expect", action="store_true", help="without Expect: 100-continue")
+    p.add_argument("--if-none-match", action="store_true", help="conditional, as the WAL's")
+    pr = sub.add_parser("put-raw")
+    pr.add_argument("--endpoint", required=True)
+    pr.add_argument("--bucket", required=True)
+    pr.add_argument("--count", type=int, default=500)
+    pr.add_argument("--size", type=int, default=256)
     g = sub.add_parser("pgbench-log")
     g.add_argument("files", nargs="+")
     c = sub.add_parser("pcap")
     c.add_argument("file")
     c.add_argument("--pg-port", type=int, default=5432)
     c.add_argument("--http-port", type=int)
+    s3 = sub.add_parser("pcap-s3")
+    s3.add_argument("file")
+    s3.add_argument("--s3-port", type=int, required=True)
+    s3.add_argument("--http-port", type=int, help="the node's; without it: the floor's PUTs")
+    s3.add_argument("--wal-bucket", default="wal-s3")
     h = sub.add_parser("http")
     h.add_argument("--endpoint", required=True)
     h.add_argument("--stream", required=True)
@@ -356,7 +510,8 @@ def main():
     q.add_argument("--gap", choices=("sleep", "busy"), default="sleep")
     q.add_argument("stmts", nargs="+", metavar="NAME=SQL")
     a = ap.parse_args()
-    r = {"fsync": fsync_floor, "put": put_floor, "pgbench-log": pgbench_log, "pcap": pcap_legs,
+    r = {"fsync": fsync_floor, "put": put_floor, "put-raw": put_raw_floor, "pgbench-log": pgbench_log, "pcap": pcap_legs,
+         "pcap-s3": lambda a: pcap_s3_legs(a) if a.http_port else pcap_put_floor(a),
          "http": http_floor, "pg-stmts": pg_stmts}[
         a.cmd
     ](a)

@@ -12,9 +12,11 @@
 # env: PICO_BIN (default: builds target/release/pico), BENCH_ONLY (e.g. "postgres": only those
 #      WALs, and no S3 request counts, for quick profiling), BENCH_DURATION (10s), BENCH_WORK
 #      (default target/bench), PICO_TEST_POSTGRES_URL (postgres://postgres@127.0.0.1:5432/postgres),
+#      BENCH_PORTS=LO-HI (the ports of moto and the nodes; default any free one),
 #      BENCH_TRACE=1 (needs tcpdump, as root): after the figures, 3 s more of the Postgres floor
 #      and of the Postgres-WAL node with one client, captured on loopback, and where an ack's time
-#      goes (node in / Postgres / node out, floors.py pcap) next to the floor's Postgres time
+#      goes (node in / Postgres / node out, floors.py pcap) next to the floor's Postgres time;
+#      likewise for the S3 WAL (floors.py pcap-s3: node in / PUT / node out, the floor's PUTs)
 # Prints a Markdown table and writes it, with the raw JSON, under $BENCH_WORK/storage-*/.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -49,7 +51,16 @@ cleanup() {
   psql -q "$PG_ADMIN" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+# BENCH_PORTS=LO-HI: the servers' ports from that range (a shared machine's share), else any.
+free_port() { python3 -c 'import random,socket,sys
+r=sys.argv[1].split("-") if sys.argv[1] else ["0","0"]
+lo,hi=int(r[0]),int(r[1])
+for p in ([0] if not lo else random.sample(range(lo,hi+1),hi-lo+1)):
+    s=socket.socket()
+    try: s.bind(("127.0.0.1",p))
+    except OSError: continue
+    print(s.getsockname()[1]); break
+else: sys.exit("no free port in "+sys.argv[1])' "${BENCH_PORTS:-}"; }
 wait_http() { for _ in $(seq 1 200); do curl -fsS "$1" >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
 j() { python3 -c 'import json,sys;d=json.load(open(sys.argv[2]))
 for k in sys.argv[1].split(".")[1:]: d=d[k]
@@ -81,6 +92,9 @@ log "floor: 100-byte write + fdatasync, sequential"
 python3 "$ROOT/scripts/bench/floors.py" fsync --file "$RUN/fsync.tmp" --count 500 >"$RUN/floor-file.json"
 log "floor: one PutObject of 256 B to moto, sequential"
 "$PY" "$ROOT/scripts/bench/floors.py" put --endpoint "$S3" --bucket floor --count 500 >"$RUN/floor-s3.json"
+# The same PUT without boto3's own ~2 ms (signing, checksum, Expect: 100-continue): shown next
+# to the floor, the ratio stays against the floor above.
+python3 "$ROOT/scripts/bench/floors.py" put-raw --endpoint "$S3" --bucket floor --count 500 >"$RUN/floor-s3-raw.json"
 log "floor: one single-row INSERT commit on Postgres, 1 client (pgbench)"
 psql -q "$PG" -c "CREATE TABLE floor (id bigserial primary key, body bytea)" >/dev/null
 echo "INSERT INTO floor (body) VALUES ('\\x$(printf '%0200d' 0)');" >"$RUN/insert.sql"
@@ -157,6 +171,19 @@ for wal in ${BENCH_ONLY:-file s3 postgres}; do
     after=$(s3_requests)
     echo "$(( after - before ))" >"$RUN/s3-1k.count"
   fi
+  if [ "$wal" = s3 ] && [ "${BENCH_TRACE:-}" = 1 ]; then
+    log "s3: where the time goes (loopback capture: the floor's 300 PUTs, then the node 3 s)"
+    trace_start "$RUN/trace-s3-floor.pcap" "tcp port $S3_PORT"
+    "$PY" "$ROOT/scripts/bench/floors.py" put --endpoint "$S3" --bucket floor --count 300 >"$RUN/trace-s3-floor.put.json"
+    trace_stop
+    trace_start "$RUN/trace-s3-node.pcap" "tcp port $S3_PORT or tcp port $PORT"
+    "$PICO_BIN" bench --endpoint "http://127.0.0.1:$PORT" --prefix bench/trace-s3 -d 3s --warmup 0s \
+      --output json --connections 1 -n 1 -b 100 >"$RUN/trace-s3-node.json"
+    trace_stop
+    python3 "$ROOT/scripts/bench/floors.py" pcap-s3 "$RUN/trace-s3-floor.pcap" --s3-port "$S3_PORT" >"$RUN/trace-s3-floor.json"
+    python3 "$ROOT/scripts/bench/floors.py" pcap-s3 "$RUN/trace-s3-node.pcap" --s3-port "$S3_PORT" \
+      --http-port "$PORT" --wal-bucket wal-s3 >"$RUN/trace-s3-node.json.legs"
+  fi
   if [ "$wal" = postgres ] && [ "${BENCH_TRACE:-}" = 1 ]; then
     log "postgres: where the time goes (loopback capture, 3 s each)"
     trace_start "$RUN/trace-floor.pcap" "tcp port $PG_PORT"
@@ -199,6 +226,10 @@ for wal in ("file", "s3", "postgres"):
     p50, p99 = one["write_latency"]["p50_ms"], one["write_latency"]["p99_ms"]
     print(f"| {wal} | {p50:.3f} / {p99:.2f} ms | {wal_write_p50(wal):.3f} ms | {fl['p50_ms']:.3f} / {fl['p99_ms']:.2f} ms ({names[wal]}) "
           f"| {p50 / fl['p50_ms'] if fl['p50_ms'] else float('nan'):.2f}× | {many['write']['records_per_sec']:.0f} appends/s |")
+if os.path.exists(os.path.join(run, "floor-s3-raw.json")) and os.path.exists(os.path.join(run, "s3-1.json")):
+    fr = L("floor-s3-raw.json")
+    print(f"\nS3 floor from a raw socket, as the node sends its PUT (one write, If-None-Match: *, no client library): "
+          f"{fr['p50_ms']:.3f} / {fr['p99_ms']:.2f} ms (the ack is {L('s3-1.json')['write_latency']['p50_ms'] / fr['p50_ms'] if fr['p50_ms'] else float('nan'):.2f}× it)")
 if os.path.exists(os.path.join(run, "floor-pg-prepared.json")) and os.path.exists(os.path.join(run, "postgres-1.json")):
     fp = L("floor-pg-prepared.json")
     print(f"\nPostgres floor as a prepared statement (as the node sends its own): {fp['p50_ms']:.3f} / {fp['p99_ms']:.2f} ms "
@@ -221,12 +252,9 @@ if heads:
         hd, ap, fl = h["no WAL (HEAD)"], h["append (POST)"], L(floors[wal])
         print(f"| {wal} | {hd['p50_ms']*1000:.0f} / {hd['p99_ms']*1000:.0f} µs | {ap['p50_ms']*1000:.0f} / {ap['p99_ms']*1000:.0f} µs "
               f"| {(ap['p50_ms'] - hd['p50_ms'])*1000:.0f} µs | {(fl['p50_ms'] + hd['p50_ms'])*1000:.0f} µs |")
-if os.path.exists(os.path.join(run, "trace-node.json.legs")):
-    legs = L("trace-node.json.legs")
-    legs["floor: postgres: statement -> answer"] = L("trace-floor.json")["postgres: statement -> answer"]
-    acks = L("trace-node.json")["write_latency"]
+def legs_table(wal, acks, legs, other):
     print()
-    print("Postgres WAL, one client, where an ack's time goes (loopback capture, p50 / p99):")
+    print(f"{wal} WAL, one client, where an ack's time goes (loopback capture, p50 / p99):")
     print()
     print("| leg | p50 | p99 |")
     print("|---|---|---|")
@@ -234,7 +262,16 @@ if os.path.exists(os.path.join(run, "trace-node.json.legs")):
     for k, v in legs.items():
         if isinstance(v, dict):
             print(f"| {k} | {v['p50_ms']*1000:.0f} µs | {v['p99_ms']*1000:.0f} µs |")
-    print(f"\n(the node's other Postgres traffic meanwhile: {legs['other_postgres_segments']} segments)")
+    print(f"\n(the node's other {wal} traffic meanwhile: {legs[other]} segments)")
+if os.path.exists(os.path.join(run, "trace-node.json.legs")):
+    legs = L("trace-node.json.legs")
+    legs["floor: postgres: statement -> answer"] = L("trace-floor.json")["postgres: statement -> answer"]
+    legs_table("Postgres", L("trace-node.json")["write_latency"], legs, "other_postgres_segments")
+if os.path.exists(os.path.join(run, "trace-s3-node.json.legs")):
+    legs = L("trace-s3-node.json.legs")
+    for k, v in L("trace-s3-floor.json").items():
+        legs[f"floor (boto3): {k}"] = v
+    legs_table("S3", L("trace-s3-node.json")["write_latency"], legs, "other_s3_segments")
 if not os.path.exists(os.path.join(run, "s3-1k.count")):
     sys.exit(0)
 idle = int(open(os.path.join(run, "s3-idle.count")).read())

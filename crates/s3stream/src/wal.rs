@@ -263,12 +263,16 @@ impl Wal for ObjectWal {
             let mut next = self.next.lock().await;
             self.next_position(&mut next).await?;
         }
-        for (position, key) in self.entries().await? {
-            if position > upto {
-                break;
-            }
-            self.storage.delete(&key).await?;
-        }
+        // One request for all of them where the store deletes many keys at once (S3): a trim
+        // after an upload covers every group commit since the last one.
+        let keys: Vec<String> = self
+            .entries()
+            .await?
+            .into_iter()
+            .take_while(|(position, _)| *position <= upto)
+            .map(|(_, key)| key)
+            .collect();
+        self.storage.delete_many(&keys).await?;
         Ok(())
     }
 }
@@ -363,6 +367,58 @@ pub(crate) mod tests {
         assert_eq!(
             successor.recover().await.unwrap(),
             vec![(p, vec![rec(2, 0, 1)])]
+        );
+    }
+
+    /// Storage that records how keys are deleted: (keys per `delete_many`, single deletes).
+    #[derive(Default)]
+    struct DeleteLog {
+        inner: MemoryStorage,
+        log: std::sync::Mutex<(Vec<usize>, usize)>,
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStorage for DeleteLog {
+        async fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+            self.inner.put(key, data).await
+        }
+        async fn put_if_absent(&self, key: &str, data: Parts) -> Result<bool, StorageError> {
+            self.inner.put_if_absent(key, data).await
+        }
+        async fn get(&self, key: &str) -> Result<Bytes, StorageError> {
+            self.inner.get(key).await
+        }
+        async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError> {
+            self.inner.get_range(key, start, len).await
+        }
+        async fn delete(&self, key: &str) -> Result<(), StorageError> {
+            self.log.lock().unwrap().1 += 1;
+            self.inner.delete(key).await
+        }
+        async fn delete_many(&self, keys: &[String]) -> Result<(), StorageError> {
+            self.log.lock().unwrap().0.push(keys.len());
+            self.inner.delete_many(keys).await
+        }
+        async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+            self.inner.list(prefix).await
+        }
+    }
+
+    /// A trim deletes every entry up to its position in one `delete_many` (one request on S3,
+    /// not one per group commit) and leaves the later ones.
+    #[tokio::test]
+    async fn a_trim_deletes_its_entries_in_one_batch() {
+        let storage = Arc::new(DeleteLog::default());
+        let wal = ObjectWal::new(storage.clone(), "wal".into());
+        let mut positions = Vec::new();
+        for i in 0..5 {
+            positions.push(wal.append(vec![rec(1, i, 1)]).await.unwrap());
+        }
+        wal.trim(positions[3]).await.unwrap();
+        assert_eq!(*storage.log.lock().unwrap(), (vec![4], 0));
+        assert_eq!(
+            wal.recover().await.unwrap(),
+            vec![(positions[4], vec![rec(1, 4, 1)])]
         );
     }
 

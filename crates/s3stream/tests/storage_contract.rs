@@ -70,6 +70,16 @@ async fn basics(s: &dyn ObjectStorage) {
         Err(StorageError::NotFound { .. })
     ));
     assert_eq!(s.list("a/").await.unwrap(), vec!["a/b/2", "a/c"]);
+    // Many keys at once; missing ones are fine, and nothing else goes.
+    s.put("m/1", b(b"1")).await.unwrap();
+    s.put("m/2", b(b"2")).await.unwrap();
+    s.put("m/3", b(b"3")).await.unwrap();
+    let gone = ["m/1", "m/3", "m/never"].map(String::from);
+    s.delete_many(&gone).await.unwrap();
+    assert_eq!(s.list("m/").await.unwrap(), vec!["m/2"]);
+    s.delete_many(&["m/2".to_string()]).await.unwrap();
+    s.delete_many(&[]).await.unwrap();
+    assert!(s.list("m/").await.unwrap().is_empty());
 }
 
 async fn ranges(s: &dyn ObjectStorage) {
@@ -218,13 +228,20 @@ async fn s3_storage_prefix_is_a_namespace() {
     let b2 = S3Storage::connect(&bucket.config("node/b")).await;
     a.put("k/1", b(b"a1")).await.unwrap();
     b2.put("k/1", b(b"b1")).await.unwrap();
-    assert_eq!(a.list("").await.unwrap(), vec!["k/1"]);
+    a.put("k/2", b(b"a2")).await.unwrap();
+    b2.put("k/2", b(b"b2")).await.unwrap();
+    assert_eq!(a.list("").await.unwrap(), vec!["k/1", "k/2"]);
     assert_eq!(a.get("k/1").await.unwrap(), b(b"a1"));
     assert_eq!(b2.get("k/1").await.unwrap(), b(b"b1"));
+    // A batch delete maps its keys under the prefix too.
+    a.delete_many(&["k/2".to_string(), "k/3".to_string()])
+        .await
+        .unwrap();
+    assert!(a.deletes_in_batches());
     let whole = bucket.storage().await;
     assert_eq!(
         whole.list("").await.unwrap(),
-        vec!["node/a/k/1", "node/b/k/1"]
+        vec!["node/a/k/1", "node/b/k/1", "node/b/k/2"]
     );
     bucket.destroy().await;
 }
@@ -249,6 +266,10 @@ async fn s3_storage_lists_past_one_page() {
     assert_eq!(keys.len(), 1100);
     assert_eq!(keys[0], "p/00000");
     assert_eq!(keys[1099], "p/01099");
+    // More keys than one DeleteObjects request takes (1000), and all of them in batches.
+    s.delete_many(&keys[..1050]).await.unwrap();
+    assert!(s.deletes_in_batches());
+    assert_eq!(s.list("p/").await.unwrap(), keys[1050..].to_vec());
     bucket.destroy().await;
 }
 

@@ -55,6 +55,14 @@ pub trait ObjectStorage: Send + Sync + 'static {
     async fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Bytes, StorageError>;
     /// A missing key is Ok.
     async fn delete(&self, key: &str) -> Result<(), StorageError>;
+    /// `delete` of every key in `keys`; stores that delete many keys in one request override
+    /// it. On an error some of the keys may be deleted already.
+    async fn delete_many(&self, keys: &[String]) -> Result<(), StorageError> {
+        for key in keys {
+            self.delete(key).await?;
+        }
+        Ok(())
+    }
     /// Keys starting with `prefix`, sorted ascending.
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError>;
 }

@@ -16,7 +16,7 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectIdentifier};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -44,6 +44,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const PARTS_IN_FLIGHT: usize = 4;
 /// Tries of a conditional put answered 409 (another conditional write to the key in flight).
 const CONFLICT_TRIES: u32 = 5;
+/// Keys per DeleteObjects request (S3's limit).
+const DELETE_BATCH: usize = 1000;
 /// Region when neither the URI nor the environment names one (S3-compatible servers ignore it).
 const FALLBACK_REGION: &str = "us-east-1";
 
@@ -173,6 +175,9 @@ pub struct S3Storage {
     permits: Semaphore,
     /// Set once the store answered a conditional write 501 (not implemented).
     no_conditional_writes: AtomicBool,
+    /// Set once the store refused a DeleteObjects request (not implemented, or a checksum
+    /// header it does not take): keys are then deleted one request each.
+    no_batch_deletes: AtomicBool,
 }
 
 impl std::fmt::Debug for S3Storage {
@@ -304,6 +309,7 @@ impl S3Storage {
             part_bytes: cfg.part_bytes.clamp(MIN_PART_BYTES, MAX_PART_BYTES),
             permits: Semaphore::new(cfg.concurrency.max(1)),
             no_conditional_writes: AtomicBool::new(false),
+            no_batch_deletes: AtomicBool::new(false),
         }
     }
 
@@ -314,6 +320,11 @@ impl S3Storage {
 
     pub fn bucket(&self) -> &str {
         &self.bucket
+    }
+
+    /// Whether `delete_many` still sends DeleteObjects (no store refused one yet).
+    pub fn deletes_in_batches(&self) -> bool {
+        !self.no_batch_deletes.load(Ordering::Relaxed)
     }
 
     fn object_key(&self, key: &str) -> String {
@@ -478,6 +489,62 @@ impl S3Storage {
         self.write(key, data, false).await.map(|_| true)
     }
 
+    /// One DeleteObjects request for `keys` (at most [`DELETE_BATCH`]). `Ok(false)`: the
+    /// store refused the request as such (it deleted nothing); delete one by one instead.
+    async fn delete_batch(&self, keys: &[String]) -> Result<bool, StorageError> {
+        let first = keys.first().map_or("", String::as_str);
+        let objects = keys
+            .iter()
+            .map(|k| ObjectIdentifier::builder().key(self.object_key(k)).build())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StorageError::Other(format!("s3 delete objects: key=`{first}`: {e}")))?;
+        // Quiet: the answer lists only the keys that could not be deleted.
+        let delete = Delete::builder()
+            .set_objects(Some(objects))
+            .quiet(true)
+            .build()
+            .map_err(|e| StorageError::Other(format!("s3 delete objects: key=`{first}`: {e}")))?;
+        let _permit = self.permit().await?;
+        let out = match self
+            .client
+            .delete_objects()
+            .bucket(&self.bucket)
+            .delete(delete)
+            .send()
+            .await
+        {
+            Ok(out) => out,
+            Err(e) => {
+                return match status_and_code(&e) {
+                    // Not implemented, or a request form the store does not take (some want
+                    // Content-MD5 where the SDK sends a CRC32 header): nothing was deleted.
+                    (Some(400 | 405 | 501), _) => {
+                        tracing::warn!(
+                            bucket = %self.bucket,
+                            error = %DisplayErrorContext(&e),
+                            "the object store refused a DeleteObjects request: deleting one \
+                             key per request instead"
+                        );
+                        Ok(false)
+                    }
+                    _ => Err(storage_error("delete objects", first, e)),
+                };
+            }
+        };
+        // A missing key is deleted as far as S3 is concerned; anything listed here is not.
+        if let Some(e) = out.errors().first() {
+            return Err(StorageError::Other(format!(
+                "s3 delete objects failed: key=`{}` code={}: {} ({} of {} keys not deleted)",
+                e.key().unwrap_or("-"),
+                e.code().unwrap_or("-"),
+                e.message().unwrap_or("-"),
+                out.errors().len(),
+                keys.len()
+            )));
+        }
+        Ok(true)
+    }
+
     async fn write(
         &self,
         key: &str,
@@ -637,6 +704,26 @@ impl ObjectStorage for S3Storage {
                 e => Err(e),
             },
         }
+    }
+
+    /// DeleteObjects, up to 1000 keys per request: trimming the WAL after an upload deletes
+    /// one entry per group commit, which one request each made as many requests as appends.
+    async fn delete_many(&self, keys: &[String]) -> Result<(), StorageError> {
+        for chunk in keys.chunks(DELETE_BATCH) {
+            if chunk.len() > 1
+                && !self.no_batch_deletes.load(Ordering::Relaxed)
+                && self.delete_batch(chunk).await?
+            {
+                continue;
+            }
+            if chunk.len() > 1 {
+                self.no_batch_deletes.store(true, Ordering::Relaxed);
+            }
+            for key in chunk {
+                self.delete(key).await?;
+            }
+        }
+        Ok(())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
