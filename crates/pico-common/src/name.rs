@@ -93,6 +93,15 @@ impl StreamName {
         if trimmed.len() > 3 * MAX_NAME_LEN {
             return Err(NameError::TooLong(trimmed.len()));
         }
+        // Nearly every path spells its name canonically already (literal characters and `/`,
+        // no escape): decoding and encoding it again would give it back unchanged, and it holds
+        // no control character. Only its segments and length are left to check.
+        if trimmed.bytes().all(|b| b == b'/' || is_literal_byte(b)) {
+            if trimmed.is_empty() {
+                return Err(NameError::Empty);
+            }
+            return StreamName::checked(trimmed, trimmed);
+        }
         let text = decode(trimmed)?;
         StreamName::from_text(&text)
     }
@@ -107,16 +116,22 @@ impl StreamName {
         if text.chars().any(char::is_control) {
             return Err(NameError::ControlChar(canonical));
         }
+        StreamName::checked(text, &canonical)
+    }
+
+    /// The last checks of [`Self::from_text`], for non-empty `text` without control characters
+    /// whose canonical spelling is `canonical`: its segments, then the spelling's length.
+    fn checked(text: &str, canonical: &str) -> Result<StreamName, NameError> {
         if text
             .split('/')
             .any(|seg| seg.is_empty() || seg == "." || seg == "..")
         {
-            return Err(NameError::BadSegment(canonical));
+            return Err(NameError::BadSegment(canonical.to_string()));
         }
         if canonical.len() > MAX_NAME_LEN {
             return Err(NameError::TooLong(canonical.len()));
         }
-        Ok(StreamName(canonical))
+        Ok(StreamName(canonical.to_string()))
     }
 
     /// The rule for a name a client creates (both facades, and the client library):
@@ -165,7 +180,27 @@ impl StreamName {
 /// Characters a canonical name holds as themselves: RFC 3986's unreserved characters and the
 /// sub-delimiters, `:` and `@` (what a path segment may hold unescaped), bar `%`.
 fn is_literal(c: char) -> bool {
-    c.is_ascii_alphanumeric() || "-._~:@!$&'()*+,;=".contains(c)
+    u8::try_from(c).is_ok_and(is_literal_byte)
+}
+
+/// [`is_literal`] for one byte, by table: it runs for every byte of every request's path.
+fn is_literal_byte(b: u8) -> bool {
+    const LITERAL: [bool; 256] = {
+        let mut t = [false; 256];
+        let mut i = 0;
+        while i < 256 {
+            t[i] = (i as u8).is_ascii_alphanumeric();
+            i += 1;
+        }
+        let others = b"-._~:@!$&'()*+,;=";
+        let mut j = 0;
+        while j < others.len() {
+            t[others[j] as usize] = true;
+            j += 1;
+        }
+        t
+    };
+    LITERAL[usize::from(b)]
 }
 
 /// Percent-decodes `raw` once into UTF-8 text. An escape may not stand for `/` or a control
@@ -177,7 +212,7 @@ fn decode(raw: &str) -> Result<String, NameError> {
     while i < bytes.len() {
         let b = bytes[i];
         if b != b'%' {
-            if b != b'/' && !is_literal(char::from(b)) {
+            if b != b'/' && !is_literal_byte(b) {
                 return Err(NameError::BadChar(raw.to_string()));
             }
             out.push(b);
@@ -419,7 +454,57 @@ mod tests {
         out
     }
 
+    /// [`StreamName::from_path`] without its shortcut for canonical spellings.
+    fn from_path_decoded(raw: &str) -> Result<StreamName, NameError> {
+        let trimmed = raw.trim_matches('/');
+        if trimmed.len() > 3 * MAX_NAME_LEN {
+            return Err(NameError::TooLong(trimmed.len()));
+        }
+        StreamName::from_text(&decode(trimmed)?)
+    }
+
+    #[test]
+    fn literal_characters_by_table() {
+        for b in 0..=255u8 {
+            let c = char::from(b);
+            let literal = c.is_ascii_alphanumeric() || "-._~:@!$&'()*+,;=".contains(c);
+            assert_eq!(is_literal_byte(b), literal, "{b:#04x}");
+            assert_eq!(is_literal(c), literal, "{b:#04x}");
+        }
+        assert!(!is_literal('é') && !is_literal('\u{100}'));
+    }
+
+    #[test]
+    fn canonical_paths_take_the_shortcut_with_the_same_answers() {
+        let long = format!("/{}", "a".repeat(MAX_NAME_LEN + 1));
+        let dots = format!("{}/..", "a".repeat(3 * MAX_NAME_LEN));
+        for raw in [
+            "/s",
+            "s",
+            "//s//",
+            "/",
+            "",
+            "a//b",
+            "a/./b",
+            "a/..",
+            ".",
+            "..",
+            "...",
+            "a/.b",
+            &long,
+            &dots,
+            "~a:b@c!$&'()*+,;=",
+        ] {
+            assert_eq!(StreamName::from_path(raw), from_path_decoded(raw), "{raw}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn the_shortcut_answers_as_decoding_does(raw in "[a-c./%2eEF~:é\\x01 ]{0,12}") {
+            prop_assert_eq!(StreamName::from_path(&raw), from_path_decoded(&raw));
+        }
+
         #[test]
         fn every_spelling_of_a_name_is_the_same_stream(
             text in text_name(),

@@ -103,6 +103,9 @@ impl Protocol {
     }
 
     /// Answers one request. The future owns what it needs, so a hyper service can return it.
+    /// The answer is not [sealed](seal): the listener seals every answer it sends (the guard's
+    /// too), so sealing here as well would only repeat the header lookup; the tower service
+    /// below seals for callers without a listener.
     ///
     /// Boxed: hyper moves the service's future into its connection state, and this one holds
     /// every handler's state inline (KiBs; the copy showed in profiles), where a box moves as a
@@ -119,9 +122,8 @@ impl Protocol {
                 Err(never) => match never {},
             };
         };
-        let method = req.method().clone();
-        let flight = self.0.cors.metrics.as_ref().map(|m| m.start(&method));
-        let mut resp = match cors::admit(&self.0.cors.origins, &req) {
+        let flight = self.0.cors.metrics.as_ref().map(|m| m.start(req.method()));
+        let resp = match cors::admit(&self.0.cors.origins, &req) {
             Err(refused) => refused.into_response(),
             Ok(admitted) => {
                 let mut resp = self.handle(target, req).await;
@@ -132,7 +134,6 @@ impl Protocol {
         if let Some(f) = flight {
             f.finish(&resp);
         }
-        seal(&mut resp, &method);
         resp
     }
 
@@ -266,8 +267,13 @@ where
     }
 
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
+        let method = req.method().clone();
         let fut = Protocol::call(self, req.map(Body::new));
-        Box::pin(async move { Ok(fut.await) })
+        Box::pin(async move {
+            let mut resp = fut.await;
+            seal(&mut resp, &method);
+            Ok(resp)
+        })
     }
 }
 

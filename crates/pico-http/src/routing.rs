@@ -37,7 +37,13 @@ fn named_part(path: &str, ds_at_root: bool) -> Option<&str> {
         None => path,
     };
     // The DS control namespace is the first segment `__ds` exactly (`__dsq` is a stream).
-    let control = |p: &str| p.trim_start_matches('/').split('/').next() == Some("__ds");
+    // Byte scans: a char pattern's searcher costs more than these few bytes (every request).
+    let control = |p: &str| {
+        let b = p.as_bytes();
+        let seg = &b[b.iter().position(|&c| c != b'/').unwrap_or(b.len())..];
+        seg.strip_prefix(b"__ds")
+            .is_some_and(|after| after.first().is_none_or(|&c| c == b'/'))
+    };
     if control(rest) || (ds_at_root && control(path)) {
         return None;
     }
@@ -140,6 +146,13 @@ mod tests {
             "__dsq"
         );
         assert_eq!(stream_of("/__dsq", true).unwrap().as_str(), "__dsq");
+        // The control namespace however many slashes lead to it.
+        assert!(!routes("/v1/stream//__ds", false));
+        assert!(!routes("/v1/stream///__ds/x", false));
+        assert!(!routes("//__ds/x", true));
+        assert!(!routes("//__ds/x", false));
+        assert!(routes("/v1/stream//__d", false));
+        assert!(routes("/v1/stream/x/__ds", false));
         // The handlers' rule: one stream however spelled, none for a name they refuse.
         assert_eq!(stream_of("/v1/stream/%61", false).unwrap().as_str(), "a");
         assert!(stream_of("/a%2Fb", false).is_none());

@@ -89,7 +89,12 @@ where
     B::Error: Into<axum::BoxError>,
 {
     let version = req.version();
-    if let Err(error) = edge.hosts.check(&req).and_then(|()| check_codings(&req)) {
+    let seen = Seen::of(req.headers());
+    let checked = edge
+        .hosts
+        .check_found(&req, seen.host, seen.hosts > 1)
+        .and_then(|()| check_codings(&req, &seen));
+    if let Err(error) = checked {
         return Err(Refused { error, version });
     }
     // Bodiless requests (GET, HEAD: most of the traffic) need no timer.
@@ -127,17 +132,54 @@ fn refuse(e: HttpError, version: Version) -> Response {
     resp
 }
 
+/// What the guard reads from a request's headers, found in one pass over them: a hashed
+/// lookup per name (`Host`, and the two codings, which are nearly always absent) cost more
+/// than the pass over a request's few headers.
+#[derive(Debug, Default)]
+struct Seen<'a> {
+    /// The first `Host`, and how many there are (counted to 2).
+    host: Option<&'a HeaderValue>,
+    hosts: u8,
+    transfer_encoding: bool,
+    content_encoding: bool,
+}
+
+impl<'a> Seen<'a> {
+    fn of(h: &'a HeaderMap) -> Seen<'a> {
+        let mut seen = Seen::default();
+        for (name, value) in h {
+            if *name == header::HOST {
+                seen.host = seen.host.or(Some(value));
+                seen.hosts = seen.hosts.saturating_add(1).min(2);
+            } else if *name == header::TRANSFER_ENCODING {
+                seen.transfer_encoding = true;
+            } else if *name == header::CONTENT_ENCODING {
+                seen.content_encoding = true;
+            }
+        }
+        seen
+    }
+}
+
 /// Refuses codings the handlers would not undo: they would store the encoded bytes as if they
-/// were the body.
-fn check_codings<B: hyper::body::Body>(req: &axum::http::Request<B>) -> Result<(), HttpError> {
+/// were the body. `seen` says which coding headers are there at all.
+fn check_codings<B: hyper::body::Body>(
+    req: &axum::http::Request<B>,
+    seen: &Seen<'_>,
+) -> Result<(), HttpError> {
     let h = req.headers();
-    if let Some(te) = other_coding(h, header::TRANSFER_ENCODING, "chunked") {
+    if let Some(te) = seen
+        .transfer_encoding
+        .then(|| other_coding(h, header::TRANSFER_ENCODING, "chunked"))
+        .flatten()
+    {
         return Err(HttpError::bad_request(format!(
             "Transfer-Encoding `{te}` is not supported: only `chunked` is; send the body \
              uncompressed"
         )));
     }
-    if !req.body().is_end_stream()
+    if seen.content_encoding
+        && !req.body().is_end_stream()
         && let Some(ce) = other_coding(h, header::CONTENT_ENCODING, "identity")
     {
         return Err(HttpError::new(

@@ -12,7 +12,7 @@
 //! On every listener, an HTTP/1.1 request without a `Host` (or with several) is a 400, as
 //! RFC 9112 §3.2 requires.
 
-use axum::http::{StatusCode, Version, header};
+use axum::http::{HeaderValue, StatusCode, Version, header};
 use pico_http::HttpError;
 use pico_http::cors::authority_of;
 use std::net::{IpAddr, SocketAddr};
@@ -44,14 +44,26 @@ impl HostPolicy {
 
     /// Checks `req`'s host: `Err` is the answer to send instead of serving it.
     pub fn check<B>(&self, req: &axum::http::Request<B>) -> Result<(), HttpError> {
+        let mut hosts = req.headers().get_all(header::HOST).iter();
+        let first = hosts.next();
+        self.check_found(req, first, hosts.next().is_some())
+    }
+
+    /// [`HostPolicy::check`] for a caller that has found `req`'s first `Host` header already
+    /// (`host`), and whether another follows (`repeated`).
+    pub fn check_found<B>(
+        &self,
+        req: &axum::http::Request<B>,
+        host: Option<&HeaderValue>,
+        repeated: bool,
+    ) -> Result<(), HttpError> {
         // The `Host` value found here is the one `cors::request_authority` would look up: one
         // lookup per request, not two.
         let mut host_header = None;
         if req.uri().authority().is_none() {
-            let mut hosts = req.headers().get_all(header::HOST).iter();
-            host_header = hosts.next();
-            match (host_header, hosts.next()) {
-                (Some(_), Some(_)) => {
+            host_header = host;
+            match (host_header, repeated) {
+                (Some(_), true) => {
                     return Err(HttpError::bad_request(
                         "more than one Host header".to_string(),
                     ));
@@ -73,7 +85,7 @@ impl HostPolicy {
             return Ok(());
         };
         // Plain string work, no allocation: this runs for every request.
-        let host = host_part(authority).filter(|_| !authority.contains('@'));
+        let host = host_part(authority).filter(|_| !authority.as_bytes().contains(&b'@'));
         match host {
             Some(h) if is_loopback_name(h) || allowed.iter().any(|a| a.eq_ignore_ascii_case(h)) => {
                 Ok(())

@@ -625,7 +625,10 @@ impl<A: listener::App> listener::App for Swap<A> {
         &self,
         req: axum::extract::Request,
     ) -> impl std::future::Future<Output = axum::response::Response> + Send + use<A> {
-        self.current().call(req)
+        // Called on the app under the read lock rather than on a clone of it: the answer owns
+        // what it needs (a clone of its own), and each clone of the app is an atomic on a
+        // cache line every request shares.
+        self.0.read().unwrap_or_else(|p| p.into_inner()).call(req)
     }
 }
 

@@ -158,3 +158,83 @@ async fn cors_origins_grant_a_web_app() {
         "{got}"
     );
 }
+
+/// The header names of an HTTP/1.1 answer in order (`date` and `connection` left out: hyper's),
+/// and its body.
+fn head_and_body(answer: &str) -> (Vec<String>, String) {
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((answer, ""));
+    let names = head
+        .lines()
+        .skip(1)
+        .map(|l| l.split(':').next().unwrap_or_default().to_ascii_lowercase())
+        .filter(|n| n != "date" && n != "connection")
+        .collect();
+    (names, body.to_string())
+}
+
+/// The hot path's answers leave the listener sealed as the router's would be: the listener
+/// seals them once (`Content-Length` last, after the CORS headers; no body for `HEAD`), and
+/// the hot path itself no longer does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_answers_are_sealed_on_the_wire() {
+    let (addr, _stop) = start(Config::default()).await;
+    let text = "content-type: text/plain\r\ncontent-length: 2\r\n";
+    let created = exchange(
+        addr,
+        request(
+            "PUT",
+            "/v1/stream/s",
+            "localhost",
+            "content-type: text/plain\r\n",
+        ),
+        vec![],
+    )
+    .await;
+    assert!(created.starts_with("HTTP/1.1 201"), "{created}");
+    let got = exchange(
+        addr,
+        request("POST", "/v1/stream/s", "localhost", text),
+        b"hi".to_vec(),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 204"), "{got}");
+    // hyper leaves `Content-Length` out of a 204.
+    let common = ["x-content-type-options", "cross-origin-resource-policy"];
+    let mut want = vec!["stream-next-offset", "cache-control"];
+    want.extend(common);
+    assert_eq!(
+        head_and_body(&got),
+        (want.iter().map(|s| s.to_string()).collect(), "".into())
+    );
+
+    let got = exchange(
+        addr,
+        request("HEAD", "/v1/stream/s", "localhost", ""),
+        vec![],
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    let mut want = vec!["content-type", "stream-next-offset", "cache-control"];
+    want.extend(common);
+    want.push("content-length");
+    let (names, body) = head_and_body(&got);
+    assert_eq!(names, want, "{got}");
+    assert!(got.contains("content-length: 0\r\n"), "{got}");
+    assert_eq!(body, "");
+
+    let got = exchange(
+        addr,
+        request("GET", "/v1/stream/s?offset=-1", "localhost", ""),
+        vec![],
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    let (names, body) = head_and_body(&got);
+    assert_eq!(
+        names.last().map(String::as_str),
+        Some("content-length"),
+        "{got}"
+    );
+    assert_eq!(body, "hi");
+    assert!(got.contains("content-length: 2\r\n"), "{got}");
+}

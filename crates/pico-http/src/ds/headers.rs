@@ -191,9 +191,16 @@ impl AppendHeaders {
             };
             slot.see(value);
         }
+        // In the lookups' order, so the first error is theirs.
+        let close = closed_of(closed)?;
+        // Most appends carry no producer: nothing of it to check.
+        let producer = match (id.first, epoch.first, seq.first) {
+            (None, None, None) => None,
+            _ => producer_of(id, epoch, seq)?,
+        };
         Ok(AppendHeaders {
-            close: closed_of(closed)?,
-            producer: producer_of(id, epoch, seq)?,
+            close,
+            producer,
             stream_seq: stream_seq_of(stream_seq)?,
             content_type: content_type_of(ct)?,
         })

@@ -12,13 +12,13 @@ pub mod list;
 pub mod read;
 
 use std::collections::HashSet;
+use std::pin::Pin;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, HttpBody};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Uri, header};
 use axum::routing::get;
 use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
 use pico_common::StreamName;
 use pico_protocol::headers as h;
 use pico_server::{Node, StreamInfo};
@@ -74,29 +74,37 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(too_large());
     }
-    let mut stream = body.into_data_stream();
+    let mut body = body;
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
     let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| match BodyTimeout::find(&e) {
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| match BodyTimeout::find(&e) {
             // The listener's idle timer: the client stopped sending.
             Some(t) => HttpError::request_timeout(t.to_string()),
             None => HttpError::bad_request(format!("failed to read request body: {e}")),
         })?;
+        // Trailers carry no body bytes.
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
         total = total.saturating_add(chunk.len());
         if total > limit {
             return Err(too_large());
         }
         if first.is_none() && buf.is_empty() {
             first = Some(chunk);
-            continue;
+        } else {
+            if let Some(f) = first.take() {
+                buf.reserve(initial_capacity(declared, total));
+                buf.extend_from_slice(&f);
+            }
+            buf.extend_from_slice(&chunk);
         }
-        if let Some(f) = first.take() {
-            buf.reserve(initial_capacity(declared, total));
-            buf.extend_from_slice(&f);
+        // A body of a declared length ends with its last byte: no poll just to hear that.
+        if body.is_end_stream() {
+            break;
         }
-        buf.extend_from_slice(&chunk);
     }
     Ok(match first {
         Some(f) => f,
@@ -209,6 +217,74 @@ impl Params {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Bytes;
+    use hyper::body::Frame;
+    use std::collections::VecDeque;
+    use std::task::{Context, Poll};
+
+    /// Chunks, then a trailer frame (if any); with `declared`, its end shows in
+    /// `is_end_stream` and a poll past it fails (as a length-declared body needs no such poll).
+    struct Chunks {
+        frames: VecDeque<Frame<Bytes>>,
+        declared: bool,
+    }
+
+    impl HttpBody for Chunks {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            match self.frames.pop_front() {
+                Some(f) => Poll::Ready(Some(Ok(f))),
+                None if self.declared => {
+                    Poll::Ready(Some(Err(std::io::Error::other("polled past its end"))))
+                }
+                None => Poll::Ready(None),
+            }
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.declared && self.frames.is_empty()
+        }
+    }
+
+    fn body(chunks: &[&'static str], trailers: bool, declared: bool) -> Body {
+        let mut frames: VecDeque<_> = chunks
+            .iter()
+            .map(|c| Frame::data(Bytes::from_static(c.as_bytes())))
+            .collect();
+        if trailers {
+            frames.push_back(Frame::trailers(HeaderMap::new()));
+        }
+        Body::new(Chunks { frames, declared })
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_whole_and_declared_ones_no_further_than_their_end() {
+        let h = HeaderMap::new();
+        for declared in [false, true] {
+            for (chunks, trailers) in [
+                (&["one"][..], false),
+                (&["a", "b", "c"][..], false),
+                (&["a", "b"][..], true),
+            ] {
+                // A declared body with trailers is not one whose length was declared.
+                let declared = declared && !trailers;
+                let got = read_body(&h, body(chunks, trailers, declared), 100)
+                    .await
+                    .unwrap();
+                assert_eq!(got, chunks.concat(), "{chunks:?} declared={declared}");
+            }
+        }
+        let e = read_body(&h, body(&["abc", "def"], false, true), 5)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status, 413);
+        assert_eq!(read_body(&h, body(&[], false, false), 5).await.unwrap(), "");
+    }
 
     fn name(path: &str) -> Result<StreamName, HttpError> {
         stream_name(&path.parse::<Uri>().unwrap())

@@ -153,14 +153,15 @@ impl Node {
 
         // One deadline for the stream's turn and the engine's space: with storage stalled the
         // appends queued behind the lock would each wait their full timeout in turn, holding
-        // their bodies, so the k-th would hear 503 only after k timeouts.
-        let give_up = tokio::time::Instant::now() + self.inner.config.submit_timeout;
+        // their bodies, so the k-th would hear 503 only after k timeouts. Dated at the first
+        // wait: most appends never wait, and need no clock read for it.
+        let mut give_up = GiveUp::new(self.inner.config.submit_timeout);
         // Free nearly always: taken without a timeout; else queued behind (the lock is fair:
         // `try_lock` does not pass appends already waiting), bounded, in a boxed future so
         // that its timer is not part of every append's future.
         let mut w = match open.writer.try_lock() {
             Ok(w) => w,
-            Err(_) => Box::pin(tokio::time::timeout_at(give_up, open.writer.lock()))
+            Err(_) => Box::pin(tokio::time::timeout_at(give_up.at(), open.writer.lock()))
                 .await
                 .map_err(|_| stream_busy())?,
         };
@@ -170,7 +171,7 @@ impl Node {
             && producers::early(w.producers.get(&p.id).copied(), p)
         {
             // Boxed: rare, and its timers would otherwise be part of every append's future.
-            w = Box::pin(self.wait_for_predecessors(&open, w, p, give_up)).await?;
+            w = Box::pin(self.wait_for_predecessors(&open, w, p, give_up.at())).await?;
         }
         // Read from the engine (its state lock) once per open; kept by the writer after that.
         let tail = w.next_offset.or_else(|| engine.next_offset(stream_id));
@@ -280,9 +281,10 @@ impl Node {
             });
             // The encoder has just checksummed the records: the engine's CRC of a large batch
             // combines that with the header's instead of reading the batch again (a small one
-            // is cheaper to read).
-            let batch_crc = crc_parts(&batch)
-                .filter(|_| batch.len() >= crc::COMBINE_MIN)
+            // is cheaper to read, so its parts are not even asked for: that is a pass too).
+            let batch_crc = (batch.len() >= crc::COMBINE_MIN)
+                .then(|| crc_parts(&batch))
+                .flatten()
                 .map(|(head, rest, len)| crc::combine(head, rest, len));
             let submit = engine.try_append(s3stream::AppendRequest {
                 stream: stream_id,
@@ -299,7 +301,8 @@ impl Node {
                 // it never does, so answer 503 rather than hang (offsets are assigned only on
                 // success). Boxed: the wait and its timer are rare.
                 Err(TryAppendError::Full(req)) => {
-                    match Box::pin(tokio::time::timeout_at(give_up, engine.append(req))).await {
+                    match Box::pin(tokio::time::timeout_at(give_up.at(), engine.append(req))).await
+                    {
                         Ok(r) => r,
                         Err(_) => {
                             return Err(AppendError::Unavailable(
@@ -655,6 +658,25 @@ impl Admitted {
             });
         }
         Ok(outcome)
+    }
+}
+
+/// An append's one deadline for its waits (the stream's turn, its predecessors, queue space),
+/// `after` from the first of them.
+struct GiveUp {
+    after: Duration,
+    at: Option<tokio::time::Instant>,
+}
+
+impl GiveUp {
+    fn new(after: Duration) -> Self {
+        GiveUp { after, at: None }
+    }
+
+    fn at(&mut self) -> tokio::time::Instant {
+        *self
+            .at
+            .get_or_insert_with(|| tokio::time::Instant::now() + self.after)
     }
 }
 
