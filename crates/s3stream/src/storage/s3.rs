@@ -313,8 +313,13 @@ pub(crate) async fn client(cfg: &S3Config) -> aws_sdk_s3::Client {
         .timeout_config(timeouts)
         .force_path_style(cfg.path_style)
         .endpoint_resolver(CachedEndpoints::default())
-        // Checksums only where S3 requires them: every object carries its own CRC32C frames,
-        // and S3-compatible servers differ in the trailing-checksum encodings they accept.
+        // Checksums only where S3 requires them (DeleteObjects). Safe: every WAL entry and
+        // object carries its own CRC32C, checked on every read, so damage at rest or in flight
+        // is caught where it matters; in flight the body is covered anyway, by SigV4's signed
+        // `x-amz-content-sha256` (the SDK hashes and signs a body held in memory, as ours all
+        // are) and by TLS over HTTPS.
+        // A default CRC32 would cost a pass over each body, and S3-compatible servers differ in
+        // the trailing-checksum encodings they accept.
         .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
     if shared.region().is_none() {
