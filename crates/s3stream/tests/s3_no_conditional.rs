@@ -6,6 +6,8 @@
 //! is asked only once per storage, large (multipart) objects take the same fallback, and an
 //! object WAL on such a store appends and recovers. What the fallback cannot give, refusing a
 //! concurrent writer's create, is said where the warning is logged (`storage/s3.rs`).
+//! The same proxy, told to, refuses DeleteObjects instead (with 501, 405 or 400, as stores
+//! without it or wanting another checksum header do): deletes fall back to one per key.
 //! Without a server the test is skipped loudly (failed under `PICO_TEST_REQUIRE_ALL=1`).
 
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use s3stream::testing_s3::TestBucket;
-use s3stream::{ObjectStorage, ObjectWal, S3Storage, Wal, WalRecord};
+use s3stream::{ObjectStorage, ObjectWal, S3Storage, StorageError, Wal, WalRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -22,30 +24,39 @@ use tokio::net::{TcpListener, TcpStream};
 const DEFAULT_PART_BYTES: usize = 16 << 20;
 const MIN_PART_BYTES: usize = 5 << 20;
 
-/// Requests the proxy saw: all, and those it refused as conditional.
+/// Requests the proxy saw: all, and those it refused.
 #[derive(Default)]
 struct Seen {
     requests: AtomicU64,
     refused: AtomicU64,
 }
 
-/// Serves one request per client connection (every answer says `Connection: close`): a
-/// conditional one gets 501, any other is sent upstream and its answer relayed until the
-/// server closes.
-async fn proxy(upstream: String) -> (String, Arc<Seen>) {
+/// What the proxy refuses.
+#[derive(Clone, Copy)]
+enum Refuse {
+    /// Requests with `If-None-Match`, with 501.
+    Conditional,
+    /// DeleteObjects (`POST /bucket?delete`), with this status.
+    BatchDelete(u16),
+}
+
+/// Serves one request per client connection (every answer says `Connection: close`): one
+/// that `refuse` names gets an S3 error, any other is sent upstream and its answer relayed
+/// until the server closes.
+async fn proxy(upstream: String, refuse: Refuse) -> (String, Arc<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Seen::default());
     let s = seen.clone();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
-            tokio::spawn(one_request(client, upstream.clone(), s.clone()));
+            tokio::spawn(one_request(client, upstream.clone(), s.clone(), refuse));
         }
     });
     (format!("http://{addr}"), seen)
 }
 
-async fn one_request(mut client: TcpStream, upstream: String, seen: Arc<Seen>) {
+async fn one_request(mut client: TcpStream, upstream: String, seen: Arc<Seen>, refuse: Refuse) {
     let mut buf = Vec::new();
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -75,13 +86,30 @@ async fn one_request(mut client: TcpStream, upstream: String, seen: Arc<Seen>) {
         }
     }
     seen.requests.fetch_add(1, Ordering::SeqCst);
-    if header("if-none-match").is_some() {
+    let request_line = head.lines().next().unwrap_or("");
+    let refusal = match refuse {
+        Refuse::Conditional if header("if-none-match").is_some() => {
+            Some((501, "Not Implemented", "NotImplemented"))
+        }
+        Refuse::BatchDelete(status)
+            if request_line.starts_with("POST ") && request_line.contains("?delete") =>
+        {
+            Some(match status {
+                501 => (501, "Not Implemented", "NotImplemented"),
+                405 => (405, "Method Not Allowed", "MethodNotAllowed"),
+                _ => (400, "Bad Request", "InvalidRequest"),
+            })
+        }
+        _ => None,
+    };
+    if let Some((status, reason, code)) = refusal {
         seen.refused.fetch_add(1, Ordering::SeqCst);
-        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>NotImplemented</Code>\
-                    <Message>A header you provided implies functionality that is not \
-                    implemented</Message></Error>";
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>\
+             <Message>refused by the test's proxy</Message></Error>"
+        );
         let answer = format!(
-            "HTTP/1.1 501 Not Implemented\r\nContent-Type: application/xml\r\n\
+            "HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
@@ -107,18 +135,27 @@ async fn one_request(mut client: TcpStream, upstream: String, seen: Arc<Seen>) {
     let _ = tokio::io::copy(&mut server, &mut client).await;
 }
 
-/// A storage on `bucket` under `prefix`, through a fresh refusing proxy.
+/// A storage on `bucket` under `prefix`, through a fresh proxy refusing conditional writes.
 async fn refusing_storage(
     bucket: &TestBucket,
     prefix: &str,
     part_bytes: usize,
+) -> (S3Storage, Arc<Seen>) {
+    storage_through_proxy(bucket, prefix, part_bytes, Refuse::Conditional).await
+}
+
+async fn storage_through_proxy(
+    bucket: &TestBucket,
+    prefix: &str,
+    part_bytes: usize,
+    refuse: Refuse,
 ) -> (S3Storage, Arc<Seen>) {
     let upstream = bucket
         .endpoint
         .trim_start_matches("http://")
         .trim_end_matches('/')
         .to_string();
-    let (endpoint, seen) = proxy(upstream).await;
+    let (endpoint, seen) = proxy(upstream, refuse).await;
     let mut cfg = bucket.config(prefix);
     cfg.endpoint = Some(endpoint);
     cfg.part_bytes = part_bytes;
@@ -225,4 +262,47 @@ async fn an_object_wal_works_on_a_store_without_conditional_writes() {
         assert_eq!(records[1].batch, rec(2, i as u64).batch);
     }
     bucket.destroy().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_fall_back_to_one_per_key_when_delete_objects_is_refused() {
+    for status in [501, 405, 400] {
+        let Some(bucket) = TestBucket::create().await else {
+            return;
+        };
+        let (s3, seen) = storage_through_proxy(
+            &bucket,
+            "del",
+            DEFAULT_PART_BYTES,
+            Refuse::BatchDelete(status),
+        )
+        .await;
+        let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+        for k in &keys {
+            s3.put(k, Bytes::from_static(b"x")).await.unwrap();
+        }
+        assert!(s3.deletes_in_batches());
+        s3.delete_many(&keys).await.unwrap();
+        assert_eq!(
+            seen.refused.load(Ordering::SeqCst),
+            1,
+            "{status}: the refusal must be taken as an answer, not retried"
+        );
+        assert!(!s3.deletes_in_batches(), "{status}");
+        for k in &keys {
+            assert!(
+                matches!(s3.get(k).await, Err(StorageError::NotFound { .. })),
+                "{status}: {k} left after the fallback"
+            );
+        }
+        // Later deletes go one per key straight away, missing keys included.
+        s3.put("k0", Bytes::from_static(b"y")).await.unwrap();
+        s3.delete_many(&keys).await.unwrap();
+        assert_eq!(seen.refused.load(Ordering::SeqCst), 1, "{status}");
+        assert!(matches!(
+            s3.get("k0").await,
+            Err(StorageError::NotFound { .. })
+        ));
+        bucket.destroy().await;
+    }
 }
