@@ -6,13 +6,9 @@
 //! strategy: exponential backoff with jitter, configured explicitly here.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use aws_sdk_s3::config::endpoint::{
-    DefaultResolver, Endpoint, EndpointFuture, Params as EndpointParams, ResolveEndpoint,
-};
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{
@@ -52,9 +48,6 @@ const CONFLICT_TRIES: u32 = 5;
 const DELETE_BATCH: usize = 1000;
 /// Region when neither the URI nor the environment names one (S3-compatible servers ignore it).
 const FALLBACK_REGION: &str = "us-east-1";
-/// Distinct endpoint-rule inputs remembered by [`CachedEndpoints`] (one bucket's operations
-/// need a few: CreateBucket, for one, asks for S3 Express's control endpoint).
-const ENDPOINTS_CACHED: usize = 16;
 
 /// A bad `s3://` location or parameter.
 #[derive(Debug, thiserror::Error)]
@@ -196,89 +189,6 @@ impl std::fmt::Debug for S3Storage {
     }
 }
 
-/// The inputs of S3's endpoint rules that decide an endpoint: every parameter but the object
-/// key, the list prefix and the copy source, which the rules of aws-sdk-s3 1.157 never read
-/// (check on an upgrade: a parameter added to `Params` and read by the rules must be added here,
-/// or two requests differing only in it would share an endpoint).
-#[derive(Debug, PartialEq)]
-struct RulesInput {
-    bucket: Option<String>,
-    region: Option<String>,
-    endpoint: Option<String>,
-    flags: [Option<bool>; 11],
-}
-
-impl RulesInput {
-    fn flags(p: &EndpointParams) -> [Option<bool>; 11] {
-        [
-            p.use_fips(),
-            p.use_dual_stack(),
-            p.force_path_style(),
-            p.accelerate(),
-            p.use_global_endpoint(),
-            p.use_object_lambda_endpoint(),
-            p.disable_access_points(),
-            p.disable_multi_region_access_points(),
-            p.use_arn_region(),
-            p.use_s3_express_control_endpoint(),
-            p.disable_s3_express_session_auth(),
-        ]
-    }
-
-    fn of(p: &EndpointParams) -> RulesInput {
-        RulesInput {
-            bucket: p.bucket().map(str::to_string),
-            region: p.region().map(str::to_string),
-            endpoint: p.endpoint().map(str::to_string),
-            flags: RulesInput::flags(p),
-        }
-    }
-
-    /// Without allocating: this runs twice per request.
-    fn matches(&self, p: &EndpointParams) -> bool {
-        self.bucket.as_deref() == p.bucket()
-            && self.region.as_deref() == p.region()
-            && self.endpoint.as_deref() == p.endpoint()
-            && self.flags == RulesInput::flags(p)
-    }
-}
-
-/// S3's endpoint rules, evaluated once per distinct input instead of twice per request (once
-/// to choose the auth scheme, once for the URL): ~37k instructions of a conditional PUT's
-/// ~535k under callgrind. The endpoint (URL, headers, signing properties such as S3's
-/// `disableDoubleEncoding`) is the rules' own, so requests are exactly as without the cache;
-/// errors are not cached.
-#[derive(Debug, Default)]
-struct CachedEndpoints {
-    rules: DefaultResolver,
-    seen: Mutex<Vec<(RulesInput, Endpoint)>>,
-}
-
-impl CachedEndpoints {
-    fn cached(&self, params: &EndpointParams) -> Option<Endpoint> {
-        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.iter()
-            .find(|(input, _)| input.matches(params))
-            .map(|(_, e)| e.clone())
-    }
-}
-
-impl ResolveEndpoint for CachedEndpoints {
-    fn resolve_endpoint<'a>(&'a self, params: &'a EndpointParams) -> EndpointFuture<'a> {
-        if let Some(e) = self.cached(params) {
-            return EndpointFuture::ready(Ok(e));
-        }
-        EndpointFuture::new(async move {
-            let e = self.rules.resolve_endpoint(params).await?;
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            if seen.len() < ENDPOINTS_CACHED && !seen.iter().any(|(i, _)| i.matches(params)) {
-                seen.push((RulesInput::of(params), e.clone()));
-            }
-            Ok(e)
-        })
-    }
-}
-
 /// The SDK client for `cfg`: credentials from the standard chain (`AWS_*` environment,
 /// profiles, web identity, container and instance metadata), explicit retries and timeouts.
 pub(crate) async fn client(cfg: &S3Config) -> aws_sdk_s3::Client {
@@ -312,7 +222,6 @@ pub(crate) async fn client(cfg: &S3Config) -> aws_sdk_s3::Client {
         .retry_config(retry)
         .timeout_config(timeouts)
         .force_path_style(cfg.path_style)
-        .endpoint_resolver(CachedEndpoints::default())
         // Checksums only where S3 requires them (DeleteObjects). Safe: every WAL entry and
         // object carries its own CRC32C, checked on every read, so damage at rest or in flight
         // is caught where it matters; in flight the body is covered anyway, by SigV4's signed
@@ -866,60 +775,6 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
-    }
-
-    fn endpoint_params(bucket: &str, key: &str, path_style: bool) -> EndpointParams {
-        EndpointParams::builder()
-            .bucket(bucket)
-            .key(key)
-            .region("eu-west-1")
-            // A name, not an address: the rules address a bucket on an IP path-style anyway.
-            .endpoint("http://s3.example.test:9000")
-            .force_path_style(path_style)
-            .use_fips(false)
-            .use_dual_stack(false)
-            .accelerate(false)
-            .use_global_endpoint(false)
-            .disable_multi_region_access_points(false)
-            .build()
-            .unwrap()
-    }
-
-    async fn resolve(r: &impl ResolveEndpoint, p: &EndpointParams) -> Endpoint {
-        r.resolve_endpoint(p).await.unwrap()
-    }
-
-    #[tokio::test]
-    async fn cached_endpoints_are_the_rules_own_and_differ_where_the_rules_do() {
-        let cached = CachedEndpoints::default();
-        let rules = DefaultResolver::new();
-        for (bucket, path_style) in [("bucket-1", true), ("bucket-1", false), ("bucket-2", true)] {
-            for key in ["wal/1", "wal/2", "a b/%c"] {
-                let p = endpoint_params(bucket, key, path_style);
-                // URL, headers and signing properties (S3's disableDoubleEncoding among them).
-                assert_eq!(resolve(&cached, &p).await, resolve(&rules, &p).await);
-            }
-        }
-        let path = resolve(&cached, &endpoint_params("bucket-1", "k", true)).await;
-        let host = resolve(&cached, &endpoint_params("bucket-1", "k", false)).await;
-        assert_eq!(path.url(), "http://s3.example.test:9000/bucket-1");
-        assert_eq!(host.url(), "http://bucket-1.s3.example.test:9000");
-        assert_ne!(
-            path.url(),
-            resolve(&cached, &endpoint_params("bucket-2", "k", true))
-                .await
-                .url()
-        );
-        // One evaluation per distinct input, whatever the keys.
-        assert_eq!(cached.seen.lock().unwrap().len(), 3);
-        assert!(
-            cached
-                .resolve_endpoint(&EndpointParams::builder().build().unwrap())
-                .await
-                .is_err(),
-            "the rules' errors pass through"
-        );
-        assert_eq!(cached.seen.lock().unwrap().len(), 3);
     }
 
     #[test]
