@@ -85,7 +85,17 @@ for pat, sysname, tool in want:
     for r in hits:
         v = val(r)
         if v is None or v <= 0:
-            bad.append(f"no figure: {r[0]} / {sysname} / {tool}: {r[3]!r}")
+            # A peer's row of three runs shows its median, and a failed run counts as the
+            # worst; a peer too slow in one 1 s run on a loaded machine (the file-backed
+            # reference server's SSE, acks p99 2 s) does not mean the section is broken. It
+            # still has to give a figure in one run. PicoMQ's rows get no such allowance.
+            note = r[6] if len(r) > 6 else ""
+            runs = re.search(r"of 3 runs (\S+) ms", note)
+            measured = [x for x in runs.group(1).split("/") if val(["", "", "", x])] if runs else []
+            if sysname != "picomq" and measured:
+                print(f"smoke: warning: {r[0]} / {sysname}: a figure in {len(measured)} of 3 runs only ({runs.group(1)})", file=sys.stderr)
+            else:
+                bad.append(f"no figure: {r[0]} / {sysname} / {tool}: {r[3]!r}")
 for r in rows:
     note = r[6] if len(r) > 6 else ""
     # PicoMQ must not fail requests, even on a debug build in a 1 s run.
