@@ -38,9 +38,11 @@ rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 log = open(sys.argv[2]).read()
 appended = int(sys.argv[3])
 bad = []
+def num(x):
+    try: return float(x)
+    except (TypeError, ValueError): return None
 def val(r):
-    try: return float(r[3])
-    except (ValueError, IndexError): return None
+    return num(r[3]) if len(r) > 3 else None
 # (workload pattern, system, tool): every row the full run makes, sizes aside.
 want = [(w, s, t) for w, syss, t in [
     (r"floor: fsync", ["disk"], "pg_test_fsync"),
@@ -91,7 +93,7 @@ for pat, sysname, tool in want:
             # still has to give a figure in one run. PicoMQ's rows get no such allowance.
             note = r[6] if len(r) > 6 else ""
             runs = re.search(r"of 3 runs (\S+) ms", note)
-            measured = [x for x in runs.group(1).split("/") if val(["", "", "", x])] if runs else []
+            measured = [x for x in runs.group(1).split("/") if num(x)] if runs else []
             if sysname != "picomq" and measured:
                 print(f"smoke: warning: {r[0]} / {sysname}: a figure in {len(measured)} of 3 runs only ({runs.group(1)})", file=sys.stderr)
             else:

@@ -284,12 +284,10 @@ fn same_stream_as(body: &[u8], reference: &[u8]) {
                 pico_protocol::format_offset(delivered),
                 "a control event's offset is the count of records before it"
             );
-            let twin = plain.iter().find(|(e, p)| {
-                e == "control"
-                    && serde_json::from_str::<serde_json::Value>(p).unwrap()["streamNextOffset"]
-                        == v["streamNextOffset"]
-                    && serde_json::from_str::<serde_json::Value>(p).unwrap()["streamClosed"]
-                        == v["streamClosed"]
+            let twin = plain.iter().filter(|(e, _)| e == "control").find(|(_, p)| {
+                let w: serde_json::Value = serde_json::from_str(p).unwrap();
+                w["streamNextOffset"] == v["streamNextOffset"]
+                    && w["streamClosed"] == v["streamClosed"]
             });
             if let Some((_, p)) = twin {
                 assert_eq!(p, payload, "the same control event, byte for byte");
