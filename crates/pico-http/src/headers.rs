@@ -67,8 +67,9 @@ pub fn single_str<N: std::fmt::Display>(
             "header repeated: header={name}"
         )));
     }
+    // `to_str` admits visible ASCII, spaces and tabs only: the ASCII trim is the whole trim.
     v.to_str()
-        .map(|s| Some(s.trim()))
+        .map(|s| Some(s.trim_ascii()))
         .map_err(|_| HttpError::bad_request(format!("header is not visible ASCII: header={name}")))
 }
 

@@ -118,15 +118,22 @@ pub fn normalize_content_type(ct: Option<&str>) -> String {
 
 /// Whether a content type selects Durable Streams JSON mode (one record per message).
 pub fn is_json(ct: &str) -> bool {
-    ct.split(';')
-        .next()
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    media_essence(ct).eq_ignore_ascii_case("application/json")
 }
 
 /// The essence (type/subtype) of a Content-Type value as written: parameters dropped, trimmed,
 /// case kept ([`media_type`] without the lowercased copy).
+///
+/// Byte-wise, as it runs on every DS append: the first `;` ends the essence, and the trim is
+/// ASCII whitespace only. A content type reaches here from a header value (visible ASCII, spaces
+/// and tabs) or as stored from one, where that is the whole of Unicode's whitespace too.
 pub fn media_essence(content_type: &str) -> &str {
-    content_type.split(';').next().unwrap_or("").trim()
+    let end = content_type
+        .bytes()
+        .position(|b| b == b';')
+        .unwrap_or(content_type.len());
+    // `;` is ASCII, so `end` is a char boundary.
+    content_type[..end].trim_ascii()
 }
 
 /// Content types match on their essence (type/subtype), case-insensitively, ignoring parameters.
@@ -173,5 +180,18 @@ mod tests {
         assert!(!content_type_matches("text/plain; a=1", "text/html; a=1"));
         assert_eq!(media_essence(" Text/Plain ; charset=x"), "Text/Plain");
         assert_eq!(media_essence(""), "");
+        assert!(is_json("\tApplication/JSON ;charset=utf-8"));
+        assert!(!is_json("application/jsonx"));
+    }
+
+    proptest::proptest! {
+        /// On what a header value can hold (visible ASCII, spaces, tabs) the byte-wise essence
+        /// is the split-and-trim one it replaced.
+        #[test]
+        fn the_essence_is_the_split_and_trimmed_value(ct in "[ \t!-~]{0,40}") {
+            let old = ct.split(';').next().unwrap_or("").trim();
+            proptest::prop_assert_eq!(media_essence(&ct), old);
+            proptest::prop_assert_eq!(is_json(&ct), old.eq_ignore_ascii_case("application/json"));
+        }
     }
 }

@@ -128,9 +128,11 @@ impl Drop for Slot<'_> {
 }
 
 /// The table of open streams; a slot's `OnceCell` makes concurrent first requests share one open.
+/// Keyed by stream id (assigned by the metadata log, never by a client), looked up on every
+/// append: foldhash, not SipHash (≈ 0.25k instructions per lookup less).
 #[derive(Default)]
 pub struct OpenTable {
-    slots: std::sync::Mutex<HashMap<u64, Arc<OpenCell>>>,
+    slots: std::sync::Mutex<HashMap<u64, Arc<OpenCell>, foldhash::fast::RandomState>>,
 }
 
 impl OpenTable {

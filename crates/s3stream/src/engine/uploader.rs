@@ -78,8 +78,7 @@ pub(super) fn plan_objects(
 ) -> Result<Vec<PlannedObject>, EngineError> {
     // Group per stream, streams in order of first appearance.
     let mut order: Vec<u64> = Vec::new();
-    let mut per_stream: std::collections::HashMap<u64, Vec<(u64, &WalRecord)>> =
-        std::collections::HashMap::new();
+    let mut per_stream: super::IdMap<Vec<(u64, &WalRecord)>> = super::IdMap::default();
     for (gen_id, rec) in records {
         per_stream
             .entry(rec.stream)
