@@ -82,14 +82,13 @@ pub fn encode_wal_entry_parts(position: u64, records: &[WalRecord]) -> Result<Pa
             .map(|r| 36 + PartsWriter::copied(r.batch.len()) + PartsWriter::copied(r.aux.len()))
             .sum::<usize>()
         + 4;
-    let mut w = PartsWriter::with_capacity(small);
+    let mut w = PartsWriter::with_crc(small);
     let mut head = [0u8; 36];
     head[..4].copy_from_slice(WAL_MAGIC);
     head[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     head[8..16].copy_from_slice(&position.to_le_bytes());
     head[16..20].copy_from_slice(&len_u32(records.len())?.to_le_bytes());
     w.put_slice(&head[..20]);
-    let mut crc = crc32c::crc32c(&head[..20]);
     for r in records {
         head[..8].copy_from_slice(&r.stream.to_le_bytes());
         head[8..16].copy_from_slice(&r.epoch.to_le_bytes());
@@ -97,15 +96,13 @@ pub fn encode_wal_entry_parts(position: u64, records: &[WalRecord]) -> Result<Pa
         head[24..28].copy_from_slice(&r.record_count.to_le_bytes());
         head[28..32].copy_from_slice(&len_u32(r.batch.len())?.to_le_bytes());
         w.put_slice(&head[..32]);
-        crc = crc32c::crc32c_append(crc, &head[..32]);
-        w.put_bytes(&r.batch);
-        crc = crc::chain(crc, &r.batch, r.batch_crc);
-        let aux_len = len_u32(r.aux.len())?.to_le_bytes();
-        w.put_slice(&aux_len);
-        crc = crc32c::crc32c_append(crc, &aux_len);
+        w.put_bytes_crc(&r.batch, r.batch_crc);
+        w.put_slice(&len_u32(r.aux.len())?.to_le_bytes());
+        // The aux bytes (a producer's state) carry no CRC of their own.
         w.put_bytes(&r.aux);
-        crc = crc32c::crc32c_append(crc, &r.aux);
     }
+    // The writer keeps the CRC of everything above (it was made `with_crc`).
+    let crc = w.crc().unwrap_or_default();
     w.put_slice(&crc.to_le_bytes());
     Ok(w.finish())
 }
