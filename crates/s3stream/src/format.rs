@@ -101,8 +101,11 @@ pub fn encode_wal_entry_parts(position: u64, records: &[WalRecord]) -> Result<Pa
         // The aux bytes (a producer's state) carry no CRC of their own.
         w.put_bytes(&r.aux);
     }
-    // The writer keeps the CRC of everything above (it was made `with_crc`).
-    let crc = w.crc().unwrap_or_default();
+    // The writer keeps the CRC of everything above: it was made `with_crc`, so this is `Some`
+    // (a writer without one would store 0, which recovery would refuse as corrupt).
+    let crc = w.crc();
+    debug_assert!(crc.is_some(), "the WAL entry's writer keeps a CRC");
+    let crc = crc.unwrap_or_default();
     w.put_slice(&crc.to_le_bytes());
     Ok(w.finish())
 }
