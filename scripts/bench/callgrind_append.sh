@@ -29,7 +29,7 @@ valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUT/callgrin
   "$BIN" serve --listen "127.0.0.1:$PORT" --admin-listen "127.0.0.1:$ADMIN" --no-kafka \
   --meta-url "sqlite:$OUT/meta.db" --storage="-2@file://$OUT/objects" >"$OUT/server.log" 2>&1 &
 PID=$!
-stop() { kill -INT "$PID" 2>/dev/null || true; sleep 3; kill -9 "$PID" 2>/dev/null || true; rm -rf "$OUT/objects" "$OUT"/wal*; }
+stop() { kill -INT "$PID" 2>/dev/null || true; sleep 3; kill -9 "$PID" 2>/dev/null || true; rm -rf "$OUT/objects"; }  # the WAL lives under it (the data bucket, id - 1)
 trap stop EXIT
 for _ in $(seq 1 600); do
   curl -fs "http://127.0.0.1:$ADMIN/ready" >/dev/null 2>&1 && break
