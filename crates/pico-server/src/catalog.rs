@@ -79,7 +79,7 @@ impl Catalog for MetaCatalog {
             now_ms: self.clock.now_ms(),
         };
         match self.meta.propose(cmd).await {
-            Err(e) => Err(CatalogError(e.to_string())),
+            Err(e) => Err(CatalogError::Unavailable(e.to_string())),
             Ok(Ok(Outcome::Committed { accepted })) if accepted.iter().all(|a| *a) => Ok(accepted),
             Ok(Ok(Outcome::Committed { accepted })) => {
                 // A retry after garbage collection forgot the first attempt's object (its
@@ -88,11 +88,14 @@ impl Catalog for MetaCatalog {
                 let held = self.accepted_in_view(&key, &wanted);
                 Ok(accepted.iter().zip(held).map(|(a, h)| *a || h).collect())
             }
-            Ok(Ok(other)) => Err(CatalogError(format!("unexpected outcome: {other:?}"))),
-            // This node was fenced (or the command is invalid): none of its data may become visible.
+            Ok(Ok(other)) => Err(CatalogError::Unavailable(format!(
+                "unexpected outcome: {other:?}"
+            ))),
+            // This incarnation was fenced: none of its data may become visible through it, and
+            // its WAL is its recoverer's now (failover or the next incarnation), so the engine
+            // must not drop and trim what it holds, as a per-range `false` would make it.
             Ok(Err(e @ (ApplyError::StaleNodeEpoch { .. } | ApplyError::UnknownNode { .. }))) => {
-                tracing::error!(error = %e, "object commit fenced; dropping its data");
-                Ok(vec![false; n])
+                Err(CatalogError::Fenced(e.to_string()))
             }
             Ok(Err(e)) => {
                 // A retry of a commit whose first attempt landed (its answer was lost) is
@@ -244,5 +247,52 @@ mod tests {
         stale.ranges[0].epoch = -1;
         stale.key = "k2".into();
         assert_eq!(catalog.commit(stale).await.unwrap(), vec![false]);
+    }
+
+    /// A fenced incarnation's commit is an error the engine stops on, never per-range
+    /// `false`: on `false` the engine drops the data and trims its WAL, which the incarnation's
+    /// recoverer has yet to read.
+    #[tokio::test]
+    async fn a_fenced_incarnations_commit_is_refused_as_fenced() {
+        let meta = MetaLog::open("sqlite::memory:", MetaLogOptions::default())
+            .await
+            .unwrap();
+        for epoch in [1, 2] {
+            meta.propose(Command::RegisterNode {
+                node_id: 1,
+                node_epoch: epoch,
+                address: "n".into(),
+                now_ms: 1,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        }
+        let commit = ObjectCommit {
+            key: "k".into(),
+            size: 5,
+            ranges: vec![s3stream::CommitRange {
+                stream: 0,
+                epoch: 0,
+                start_offset: 0,
+                end_offset: 5,
+                position: 0,
+                len: 5,
+                aux: vec![],
+            }],
+        };
+        for (node_id, node_epoch) in [(1, 1), (7, 1)] {
+            let catalog = MetaCatalog {
+                meta: meta.clone(),
+                node_id,
+                node_epoch,
+                clock: pico_common::clock::system(),
+            };
+            let out = catalog.commit(commit.clone()).await;
+            assert!(
+                matches!(out, Err(CatalogError::Fenced(_))),
+                "node {node_id} epoch {node_epoch}: {out:?}"
+            );
+        }
     }
 }

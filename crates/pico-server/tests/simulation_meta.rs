@@ -292,7 +292,7 @@ impl Catalog for FaultCatalog {
 
     async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError> {
         if take(&self.fail_commits) {
-            return Err(CatalogError("injected commit failure".into()));
+            return Err(CatalogError::Unavailable("injected commit failure".into()));
         }
         let out = self.inner.commit(commit).await;
         if take(&self.hang_after_commits) {

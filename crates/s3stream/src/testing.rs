@@ -69,6 +69,7 @@ pub struct MemCatalog {
     fail_commits: AtomicUsize,
     hang_commits: AtomicUsize,
     hang_after_commits: AtomicUsize,
+    fenced: AtomicBool,
 }
 
 impl MemCatalog {
@@ -94,6 +95,12 @@ impl MemCatalog {
     /// answer lost.
     pub fn hang_after_commits(&self, n: usize) {
         self.hang_after_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// Fences the committer as a whole (what the host's catalog answers once the node's
+    /// incarnation is fenced): every commit from now on is [`CatalogError::Fenced`].
+    pub fn fence_node(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
     }
 
     /// Fences the stream: ranges with an epoch below `min_epoch` are rejected from now on
@@ -140,8 +147,11 @@ impl Catalog for MemCatalog {
     }
 
     async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError> {
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(CatalogError::Fenced("stale node epoch (test)".into()));
+        }
         if take_failure(&self.fail_commits) {
-            return Err(CatalogError("injected commit failure".into()));
+            return Err(CatalogError::Unavailable("injected commit failure".into()));
         }
         if take_failure(&self.hang_commits) {
             std::future::pending::<()>().await;

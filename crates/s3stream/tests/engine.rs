@@ -792,6 +792,64 @@ async fn rejected_range_is_dropped_and_breaks_the_stream() {
     );
 }
 
+/// A node fenced as a whole (failover fenced it while it was paused; it resumed and uploads
+/// before its heartbeat tells it) must leave its WAL to the recoverer: dropping and trimming
+/// what the catalog refused, as for a rejected range, would delete appends it acknowledged
+/// before the fence, which the recoverer has not read yet.
+#[tokio::test]
+async fn a_fenced_node_trims_nothing_and_its_recoverer_gets_every_acked_append() {
+    let env = Env::memory();
+    let (zombie, _) = env.start(cfg()).await;
+    zombie.open(1, 1, 0);
+    let want = append_n(&zombie, 1, 1, 3).await;
+    env.catalog.fence_node();
+    let err = tokio::time::timeout(Duration::from_secs(10), zombie.flush())
+        .await
+        .expect("a flush on a fenced node answers")
+        .unwrap_err();
+    assert!(matches!(err, EngineError::WalFenced(_)), "{err}");
+    assert_eq!(env.wal.recover().await.unwrap().len(), 3, "nothing trimmed");
+    // The uploader stopped: no refused commit is retried into the metadata log.
+    let calls = env.catalog.commits().len();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(env.catalog.commits().len(), calls);
+    assert!(zombie.read(1, 0, 1 << 20).await.is_ok());
+
+    // A recoverer fenced in turn commits nothing and trims nothing either, and says so at once.
+    let fenced_holder = Arc::new(MemCatalog::new());
+    fenced_holder.fence_node();
+    let wal = || Arc::new(ObjectWal::new(env.storage.clone(), "wal/0".into()));
+    let err = Engine::recover_wal(
+        cfg(),
+        "data/holder-1".into(),
+        env.storage.clone(),
+        wal(),
+        fenced_holder,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, EngineError::Catalog(CatalogError::Fenced(_))),
+        "{err}"
+    );
+    assert_eq!(env.wal.recover().await.unwrap().len(), 3, "nothing trimmed");
+
+    // Failover: the holder reads the fenced node's WAL and commits every acknowledged append.
+    let holder = Arc::new(MemCatalog::new());
+    let report = Engine::recover_wal(
+        cfg(),
+        "data/holder-2".into(),
+        env.storage.clone(),
+        wal(),
+        holder.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.records_replayed, want.len());
+    assert_eq!(holder.committed_end(1), 6);
+    assert!(env.wal.recover().await.unwrap().is_empty());
+}
+
 /// An append that passed the broken check before its stream broke (the catalog rejected an
 /// earlier range) and reached the WAL after must not be acknowledged, nor read: its range can
 /// never commit after the hole.

@@ -204,16 +204,30 @@ pub trait Catalog: Send + Sync + 'static {
     /// End of committed data for the stream (0 if none / unknown).
     fn committed_end(&self, stream: u64) -> u64;
     /// Make an uploaded object visible. Returns, per range, whether it was accepted (false =
-    /// fenced: stale epoch or non-contiguous; that data is dropped, never retried).
-    /// Err = transient, retried later with the same object. The engine may drop a call that
-    /// takes longer than `upload_timeout` and retry it, so a commit of a key that already
-    /// landed must answer what the landed one did, not reject it as non-contiguous.
+    /// that stream fenced this range: stale stream epoch or non-contiguous; its data is
+    /// dropped, never retried). [`CatalogError::Unavailable`] = transient, retried later with
+    /// the same object. The engine may drop a call that takes longer than `upload_timeout` and
+    /// retry it, so a commit of a key that already landed must answer what the landed one
+    /// did, not reject it as non-contiguous. A committer that was fenced as a whole answers
+    /// [`CatalogError::Fenced`], never per-range `false`: see there.
     async fn commit(&self, commit: ObjectCommit) -> Result<Vec<bool>, CatalogError>;
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("catalog: {0}")]
-pub struct CatalogError(pub String);
+pub enum CatalogError {
+    /// Transient (the metadata store unreachable, a timeout): the same object is committed
+    /// again later.
+    #[error("catalog: {0}")]
+    Unavailable(String),
+    /// The committer itself (this node's incarnation) was fenced: it commits nothing more.
+    /// Its WAL now belongs to whoever recovers it (failover, or the node's next incarnation),
+    /// so the engine neither drops nor trims anything of it: the uploader stops, and waits for
+    /// its progress fail with [`EngineError::WalFenced`]. Answering per-range `false` instead
+    /// would let this process trim WAL entries it acknowledged before their recoverer read
+    /// them.
+    #[error("catalog: this node is fenced, it commits nothing more: {0}")]
+    Fenced(String),
+}
 
 /// Called by the WAL writer after each durable write, once per stream in it, in order,
 /// with the stream's new durable end offset.
@@ -450,6 +464,9 @@ struct Progress {
     /// The background tasks are gone (shutdown or abort): nothing above will move again, and
     /// waiters must not wait for it (the sender lives as long as the engine).
     stopped: bool,
+    /// The catalog answered that this incarnation is fenced ([`CatalogError::Fenced`]): the
+    /// uploader stopped, and nothing queued will be uploaded or trimmed by this process.
+    fenced: bool,
 }
 
 #[derive(Debug, Default)]
@@ -578,6 +595,9 @@ async fn wait_for_space(
                 if changed.is_err() || p.stopped {
                     return Err(EngineError::ShuttingDown);
                 }
+                if p.fenced {
+                    return Err(fenced_error());
+                }
                 if p.uploads_failing(start_failures) {
                     return Err(EngineError::NoRoom(format!(
                         "uploads are failing ({} in a row)",
@@ -587,6 +607,15 @@ async fn wait_for_space(
             }
         }
     }
+}
+
+/// What waiters for upload progress answer once the catalog fenced this incarnation.
+fn fenced_error() -> EngineError {
+    EngineError::WalFenced(
+        "the catalog fenced this node: it uploads and commits nothing more, and its WAL is left \
+         to whoever recovers it"
+            .into(),
+    )
 }
 
 /// The stream storage engine. Cheap to clone.
@@ -1049,7 +1078,10 @@ impl Engine {
         // The uploader retries on its own with backoff; give up after repeated failures.
         let p = *progress
             .wait_for(|p| {
-                p.uploaded_upto >= target || p.uploads_failing(start_failures) || p.stopped
+                p.uploaded_upto >= target
+                    || p.uploads_failing(start_failures)
+                    || p.stopped
+                    || p.fenced
             })
             .await
             .map_err(|_| EngineError::ShuttingDown)?;
@@ -1057,6 +1089,8 @@ impl Engine {
             Ok(())
         } else if p.stopped {
             Err(EngineError::ShuttingDown)
+        } else if p.fenced {
+            Err(fenced_error())
         } else {
             Err(EngineError::Upload(format!(
                 "upload failed {} times while flushing ({} in a row)",

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::uploader::{plan_objects, put_and_commit};
-use super::{EngineError, RecoveryReport, Shared};
+use super::{CatalogError, EngineError, RecoveryReport, Shared};
 use crate::wal::WalRecord;
 
 const RECOVERY_ATTEMPTS: u32 = 5;
@@ -99,6 +99,10 @@ pub(super) fn select(
     }
 }
 
+fn is_fenced(e: &EngineError) -> bool {
+    matches!(e, EngineError::Catalog(CatalogError::Fenced(_)))
+}
+
 pub(super) async fn recover(shared: &Shared) -> Result<RecoveryReport, EngineError> {
     let entries = shared.wal.recover().await?;
     let catalog = shared.catalog.clone();
@@ -118,7 +122,8 @@ pub(super) async fn recover(shared: &Shared) -> Result<RecoveryReport, EngineErr
         loop {
             match put_and_commit(shared, &mut objects).await {
                 Ok(()) => break,
-                Err(e) if attempt + 1 < RECOVERY_ATTEMPTS => {
+                // Fenced: no retry can commit, and nothing is trimmed (see `CatalogError`).
+                Err(e) if attempt + 1 < RECOVERY_ATTEMPTS && !is_fenced(&e) => {
                     tracing::warn!(error = %e, attempt, "recovery upload failed, retrying");
                     tokio::time::sleep(Duration::from_millis(50 * 2u64.pow(attempt))).await;
                     attempt += 1;

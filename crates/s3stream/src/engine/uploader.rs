@@ -9,8 +9,10 @@
 //! PUTs finish, then the WAL is trimmed to its P, and only then is the next cycle committed.
 //!
 //! Invariants:
-//! - The WAL is trimmed to P only after every record at positions <= P is committed or fenced;
-//!   trims ascend.
+//! - The WAL is trimmed to P only after every record at positions <= P is committed or
+//!   rejected for its stream; trims ascend. A committer fenced as a whole
+//!   ([`CatalogError::Fenced`]) stops the uploader: this process trims and drops nothing more,
+//!   as its WAL belongs to its recoverer from then on.
 //! - Commits follow WAL order, whatever order the PUTs finish in: a stream's ranges reach the
 //!   catalog in offset order.
 //! - A commit error keeps the cycle (same keys, same bytes) and retries it: the data stays in
@@ -27,7 +29,9 @@ use futures::{StreamExt, stream};
 use tokio::task::{self, JoinSet};
 use tokio::time::Instant;
 
-use super::{CommitRange, EngineError, ObjectCommit, RangeAux, SLICE_TARGET_BYTES, Shared};
+use super::{
+    CatalogError, CommitRange, EngineError, ObjectCommit, RangeAux, SLICE_TARGET_BYTES, Shared,
+};
 use crate::format::{self, DATA_HEADER_LEN};
 use crate::parts::{Parts, PartsWriter};
 use crate::storage::StorageError;
@@ -359,6 +363,16 @@ pub(super) async fn run(shared: Arc<Shared>) {
                     if progressed {
                         failures = 0;
                     }
+                }
+                Err(EngineError::Catalog(CatalogError::Fenced(why))) => {
+                    // Nothing of the WAL may be trimmed or dropped by this process now, and
+                    // retrying would only append refused commits to the metadata log.
+                    tracing::error!(
+                        error = %why,
+                        "this node was fenced: uploads stop, the WAL is left for its recoverer"
+                    );
+                    shared.progress.send_modify(|p| p.fenced = true);
+                    return;
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
