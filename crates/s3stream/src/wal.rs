@@ -127,9 +127,40 @@ pub struct ObjectWal {
     prefix: String,
     /// Next position to write; `None` until the existing entries were listed once.
     next: Mutex<Option<u64>>,
-    /// A put of this (position, CRC32C, length) failed without telling whether it landed:
-    /// finding exactly that entry there later means it is this writer's own.
-    in_doubt: std::sync::Mutex<Option<(u64, u32, usize)>>,
+    /// Puts at this position that failed without telling whether they landed, with their
+    /// bytes: finding exactly one of them there later means the entry is this writer's own.
+    /// The whole bytes, not a checksum: every entry ends with the CRC32C of what precedes it,
+    /// so the CRC32C of any whole entry is the same constant, and a length and a checksum
+    /// would not tell a successor's entry from ours.
+    in_doubt: std::sync::Mutex<InDoubt>,
+}
+
+/// [`ObjectWal::in_doubt`]: the position and the bytes of each failed attempt there (at most
+/// [`MAX_IN_DOUBT`], the newest; an older attempt found there then reads as another writer's,
+/// which fails safe: fenced, never overwritten).
+#[derive(Default)]
+struct InDoubt {
+    position: u64,
+    attempts: Vec<Bytes>,
+}
+
+const MAX_IN_DOUBT: usize = 8;
+
+impl InDoubt {
+    fn add(&mut self, position: u64, bytes: Bytes) {
+        if self.position != position {
+            self.position = position;
+            self.attempts.clear();
+        }
+        if self.attempts.len() == MAX_IN_DOUBT {
+            self.attempts.remove(0);
+        }
+        self.attempts.push(bytes);
+    }
+
+    fn holds(&self, position: u64, existing: &[u8]) -> bool {
+        self.position == position && self.attempts.iter().any(|a| a[..] == *existing)
+    }
 }
 
 impl ObjectWal {
@@ -139,7 +170,7 @@ impl ObjectWal {
             storage,
             prefix,
             next: Mutex::new(None),
-            in_doubt: std::sync::Mutex::new(None),
+            in_doubt: std::sync::Mutex::new(InDoubt::default()),
         }
     }
 
@@ -175,6 +206,10 @@ impl ObjectWal {
         Ok(n)
     }
 
+    fn doubts(&self) -> std::sync::MutexGuard<'_, InDoubt> {
+        self.in_doubt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// `key` already existed when this writer went to create it. Its own entry (an earlier
     /// attempt landed, its answer lost) is fine; its own failed write of other records is
     /// replaced, as an unconditional put used to; anything else is another writer's, which
@@ -185,9 +220,12 @@ impl ObjectWal {
         if existing == bytes {
             return Ok(());
         }
-        let doubt = *self.in_doubt.lock().unwrap_or_else(|p| p.into_inner());
-        if doubt == Some((position, crc32c::crc32c(&existing), existing.len())) {
-            self.storage.put(key, bytes).await?;
+        if self.doubts().holds(position, &existing) {
+            // Held by this position's earlier attempts only: nobody else writes here.
+            if let Err(e) = self.storage.put(key, bytes.clone()).await {
+                self.doubts().add(position, bytes);
+                return Err(e.into());
+            }
             return Ok(());
         }
         Err(WalError::Fenced(format!(
@@ -217,18 +255,20 @@ impl Wal for ObjectWal {
             Ok(false) => self
                 .resolve_taken(position, &key, data)
                 .await
-                .inspect_err(|_| {
-                    // Someone else wrote here: list again before the next write.
-                    *next = None;
+                .inspect_err(|e| {
+                    // Someone else wrote here: list again before the next write. After a
+                    // storage error the retry stays at this position: what is there may be
+                    // this writer's own, and writing past it would duplicate its records.
+                    if matches!(e, WalError::Fenced(_)) {
+                        *next = None;
+                    }
                 })?,
             Err(e) => {
-                let bytes = data.concat();
-                *self.in_doubt.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((position, crc32c::crc32c(&bytes), bytes.len()));
+                self.doubts().add(position, data.concat());
                 return Err(e.into());
             }
         }
-        *self.in_doubt.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.doubts() = InDoubt::default();
         *next = Some(position + 1);
         Ok(position)
     }
@@ -364,6 +404,37 @@ pub(crate) mod tests {
         let err = zombie.append(vec![rec(1, 0, 1)]).await.unwrap_err();
         assert!(matches!(err, WalError::Fenced(_)), "{err}");
         assert!(err.to_string().contains(&wal_key(p)), "{err}");
+        assert_eq!(
+            successor.recover().await.unwrap(),
+            vec![(p, vec![rec(2, 0, 1)])]
+        );
+    }
+
+    /// Every whole entry has the same CRC32C (it ends with the CRC of what precedes it), so
+    /// only its bytes tell a writer's own failed attempt from another writer's entry: a
+    /// zombie whose put failed without landing must not take its successor's entry of the same
+    /// length at that position for its own and overwrite it.
+    #[tokio::test]
+    async fn a_failed_put_never_claims_another_writers_entry_of_the_same_length() {
+        let a = format::encode_wal_entry_parts(1, &[rec(1, 0, 1)])
+            .unwrap()
+            .concat();
+        let b = format::encode_wal_entry_parts(1, &[rec(2, 0, 1)])
+            .unwrap()
+            .concat();
+        assert_eq!(a.len(), b.len());
+        assert_eq!(crc32c::crc32c(&a), crc32c::crc32c(&b));
+
+        let storage = Arc::new(MemoryStorage::new());
+        let zombie = ObjectWal::new(storage.clone(), "wal".into());
+        assert!(zombie.recover().await.unwrap().is_empty());
+        storage.fail_puts(1);
+        assert!(zombie.append(vec![rec(1, 0, 1)]).await.is_err());
+        let successor = ObjectWal::new(storage.clone(), "wal".into());
+        assert!(successor.recover().await.unwrap().is_empty());
+        let p = successor.append(vec![rec(2, 0, 1)]).await.unwrap();
+        let err = zombie.append(vec![rec(1, 0, 1)]).await.unwrap_err();
+        assert!(matches!(err, WalError::Fenced(_)), "{err}");
         assert_eq!(
             successor.recover().await.unwrap(),
             vec![(p, vec![rec(2, 0, 1)])]
