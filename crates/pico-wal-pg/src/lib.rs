@@ -35,20 +35,26 @@ const MAX_CONNECTIONS: u32 = 3;
 /// first, the re-checked row no longer matches and nothing is inserted (no row returned).
 /// A plain INSERT: a position is new unless an append at it failed (see [`APPEND_RETRY`]), and
 /// an upsert costs Postgres a speculative insertion (more WAL, an extra lock) on every append.
+/// A position at or below the trim watermark is never written: a statement that arrives after
+/// its position was trimmed (one whose client gave up long ago) inserts nothing.
 /// Public so the latency measurement (`tests/latency.rs`) times this very statement.
-pub const APPEND: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
-     SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
-         WHERE node_id = $1 AND epoch <= $3 FOR SHARE
+pub const APPEND: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload, attempt)
+     SELECT node_id, $2, $3, $4, $5 FROM pico_wal_nodes
+         WHERE node_id = $1 AND epoch <= $3 AND trimmed_upto < $2 FOR SHARE
      RETURNING position";
 
 /// [`APPEND`] for a retry after a failed append at the same position, with the same fence: if
-/// that failed commit did land, its row is replaced by the same records, never kept at a
-/// second position.
-const APPEND_RETRY: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload)
-     SELECT node_id, $2, $3, $4 FROM pico_wal_nodes
-         WHERE node_id = $1 AND epoch <= $3 FOR SHARE
+/// that failed commit did land, its row is replaced, never kept at a second position. Only a
+/// later attempt replaces a row (`attempt`, increasing per statement): an earlier attempt's
+/// statement that reaches Postgres late (its client timed out, the network still held it) must
+/// not overwrite what a later append, perhaps of other records and acknowledged, wrote there.
+const APPEND_RETRY: &str = "INSERT INTO pico_wal (node_id, position, node_epoch, payload, attempt)
+     SELECT node_id, $2, $3, $4, $5 FROM pico_wal_nodes
+         WHERE node_id = $1 AND epoch <= $3 AND trimmed_upto < $2 FOR SHARE
      ON CONFLICT (node_id, position)
-     DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload
+     DO UPDATE SET node_epoch = EXCLUDED.node_epoch, payload = EXCLUDED.payload,
+                   attempt = EXCLUDED.attempt
+         WHERE pico_wal.attempt < EXCLUDED.attempt
      RETURNING position";
 
 /// How long a WAL statement, and a whole append or trim transaction, may take.
@@ -77,7 +83,7 @@ impl Default for PgWalOptions {
 /// Key of the advisory lock that serializes schema creation across processes.
 const SCHEMA_LOCK: i64 = 0x7069_636f_5f77_616c; // "pico_wal"
 
-const SCHEMA: [&str; 2] = [
+const SCHEMA: [&str; 3] = [
     "CREATE TABLE IF NOT EXISTS pico_wal_nodes (
         node_id INT PRIMARY KEY,
         epoch BIGINT NOT NULL,
@@ -90,6 +96,8 @@ const SCHEMA: [&str; 2] = [
         payload BYTEA NOT NULL,
         PRIMARY KEY (node_id, position)
     )",
+    // The statement that wrote the row ([`APPEND_RETRY`]); tables created before it have 0.
+    "ALTER TABLE pico_wal ADD COLUMN IF NOT EXISTS attempt BIGINT NOT NULL DEFAULT 0",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -152,9 +160,15 @@ pub struct PgWal {
 struct Writer {
     /// Next position to write.
     next: i64,
-    /// An append at `next` failed: it may have committed all the same (an answer lost), so the
-    /// next one at `next` must replace that row rather than collide with it.
+    /// An append at `next` failed, or was dropped mid-statement: it may have committed all the
+    /// same (an answer lost), so the next one at `next` must replace that row rather than
+    /// collide with it.
     retrying: bool,
+    /// The last statement's attempt number ([`APPEND_RETRY`]); each append statement takes the
+    /// next. Started at open from the wall clock in µs, above every number stored, so that a
+    /// late statement of an earlier process of this node at the same epoch (a restart at an
+    /// explicit `--node-epoch`) is older too: it sent fewer statements than µs went by.
+    attempt: i64,
     /// The append connection: not pooled, so an append costs no acquire (no liveness ping,
     /// no hand-back task) and its prepared statement stays warm. Dropped after any failed
     /// append (its state is unknown) and reconnected by the next one.
@@ -245,14 +259,18 @@ impl PgWal {
             });
         }
         // Positions continue after the highest ever written, even when all were trimmed.
-        let last: i64 = sqlx::query_scalar(
+        let (last, last_attempt): (i64, i64) = sqlx::query_as(
             "SELECT GREATEST(
                  (SELECT trimmed_upto FROM pico_wal_nodes WHERE node_id = $1),
-                 (SELECT COALESCE(MAX(position), 0) FROM pico_wal WHERE node_id = $1))",
+                 (SELECT COALESCE(MAX(position), 0) FROM pico_wal WHERE node_id = $1)),
+                 (SELECT COALESCE(MAX(attempt), 0) FROM pico_wal WHERE node_id = $1)",
         )
         .bind(node)
         .fetch_one(&pool)
         .await?;
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX / 2));
         tracing::info!(
             node_id,
             epoch,
@@ -268,6 +286,7 @@ impl PgWal {
             writer: Mutex::new(Writer {
                 next: last + 1,
                 retrying: false,
+                attempt: now_us.max(last_attempt),
                 conn: None,
                 deadline: Box::pin(tokio::time::sleep_until(Instant::now())),
             }),
@@ -358,11 +377,16 @@ impl PgWal {
         } else {
             APPEND
         };
+        // Until it answers, the statement may land or not: a retry, or an append after this
+        // future was dropped, replaces its row.
+        writer.retrying = true;
+        writer.attempt += 1;
         let write = sqlx::query_scalar::<_, i64>(sql)
             .bind(self.node())
             .bind(position)
             .bind(self.epoch)
             .bind(payload)
+            .bind(writer.attempt)
             .fetch_optional(&mut conn);
         let deadline = writer.deadline(limit);
         let inserted = tokio::select! {
@@ -473,10 +497,7 @@ impl Wal for PgWal {
                     source,
                 }
             })?;
-        if let Err(e) = self.insert(&mut writer, position, &payload).await {
-            writer.retrying = true;
-            return Err(e.into());
-        }
+        self.insert(&mut writer, position, &payload).await?;
         writer.next = position + 1;
         writer.retrying = false;
         Ok(position_of(position))
@@ -536,6 +557,7 @@ mod tests {
         let mut w = Writer {
             next: 1,
             retrying: false,
+            attempt: 0,
             conn: None,
             deadline: Box::pin(tokio::time::sleep_until(Instant::now())),
         };

@@ -94,6 +94,7 @@ async fn bare(conn: &mut PgConnection, sql: &str, node: i32, i: usize, payload: 
         .bind(i as i64 + 1)
         .bind(1i64)
         .bind(payload)
+        .bind(i as i64 + 1)
         .fetch_optional(conn)
         .await
         .unwrap();

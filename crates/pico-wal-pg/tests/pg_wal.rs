@@ -279,3 +279,28 @@ async fn a_retry_replaces_a_row_whose_failed_commit_had_landed() {
         vec![(p1, vec![rec(1, 0, 1)]), (p2, vec![rec(1, 1, 1)])]
     );
 }
+
+/// A statement that reaches Postgres after its position was trimmed (its client gave up on it
+/// long before) writes nothing: no row reappears below the trim watermark to be replayed.
+#[tokio::test]
+async fn a_statement_for_a_trimmed_position_writes_nothing() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let wal = open(&db, 1, 1).await;
+    let p = wal.append(vec![rec(1, 0, 1)]).await.unwrap();
+    wal.trim(p).await.unwrap();
+    let late = s3stream::format::encode_wal_entry(p, &[rec(1, 0, 1)]).unwrap();
+    let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let wrote: Option<i64> = sqlx::query_scalar(pico_wal_pg::APPEND)
+        .bind(1i32)
+        .bind(i64::try_from(p).unwrap())
+        .bind(1i64)
+        .bind(late.as_ref())
+        .bind(i64::MAX)
+        .fetch_optional(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(wrote, None);
+    assert!(wal.recover().await.unwrap().is_empty());
+}
