@@ -479,9 +479,11 @@ impl LogStore for PgStore {
         .fetch_one(&mut *tx)
         .await
         .map_err(MetaError::store("append"))?;
-        tx.commit()
-            .await
-            .map_err(MetaError::store("commit append"))?;
+        // A COMMIT whose answer is lost may have committed: not "nothing written".
+        tx.commit().await.map_err(|e| {
+            tracing::warn!(error = %e, row_id = id, "metadata append: no answer to COMMIT");
+            MetaError::OutcomeUnknown { row_id: id }
+        })?;
         Ok(id)
     }
 

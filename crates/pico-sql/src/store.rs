@@ -39,7 +39,8 @@ pub struct SnapshotMeta {
 
 #[async_trait]
 pub trait LogStore: Send + Sync + 'static {
-    /// Appends one row durably; returns its id (ids only grow, never reused).
+    /// Appends one row durably; returns its id (ids only grow, never reused). `Store`: nothing
+    /// was written; `OutcomeUnknown`: the row may have been (its commit went unanswered).
     async fn append(&self, payload: &[u8], count: u32, now_ms: i64) -> Result<i64, MetaError>;
     /// Rows with id > `after_id`, ascending, at most `limit`.
     async fn read_after(&self, after_id: i64, limit: u32) -> Result<Vec<LogRow>, MetaError>;
