@@ -10,8 +10,10 @@ use crate::chunks::{self, ChunkWriter};
 use crate::error::MetaError;
 use crate::store::{LogRow, LogStore, SnapshotMeta};
 use async_trait::async_trait;
-use sqlx::Row;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row};
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,6 +139,31 @@ pub struct PgStore {
     /// Signalled on every append notification (any node's, this one's included).
     appended: Arc<Notify>,
     listener: Mutex<Option<JoinHandle<()>>>,
+    /// Client-side bound on each step of an append, a tail read and a ping (see [`bounded`]).
+    op_timeout: Duration,
+}
+
+/// Default [`PgStore::with_op_timeout`].
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs one step of a store operation within `limit`. A connection the network black-holed
+/// (the database host frozen, a failover behind a virtual address, NAT state dropped) answers
+/// nothing, and sqlx sets no TCP keepalive: without a bound the single committer or the tailer
+/// would wait for the kernel to give up on the socket (~15 min) while fresh connections would
+/// work. `None`: the step ran out of time, and its connection must be [`abandon`]ed.
+async fn timed<T>(limit: Duration, step: impl Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(limit, step).await.ok()
+}
+
+/// Drops a connection whose step ran out of time without handing it back: the pool pings a
+/// connection on release, which would hang as long and hold its slot; detached, its socket is
+/// closed at once and the pool opens another next time.
+fn abandon(conn: PoolConnection<Postgres>, op: &'static str, limit: Duration) -> MetaError {
+    drop(conn.detach());
+    MetaError::Store {
+        op,
+        message: format!("no answer within {limit:?}"),
+    }
 }
 
 /// Forwards notifications to `appended` until aborted. A lost connection is re-established
@@ -230,6 +257,7 @@ impl PgStore {
             failed_blobs: Mutex::new(Vec::new()),
             appended,
             listener: Mutex::new(Some(task)),
+            op_timeout: DEFAULT_OP_TIMEOUT,
         };
         // Garbage only costs space: a failure here must not keep the log from opening.
         if let Err(e) = store.collect_garbage(None).await {
@@ -242,6 +270,23 @@ impl PgStore {
     pub fn with_snapshot_chunk_bytes(mut self, bytes: usize) -> PgStore {
         self.chunk_bytes = bytes.clamp(1, MAX_SNAPSHOT_CHUNK_BYTES);
         self
+    }
+
+    /// Sets the client-side bound on each step of an append, a tail read and a ping.
+    pub fn with_op_timeout(mut self, limit: Duration) -> PgStore {
+        self.op_timeout = limit.max(Duration::from_millis(1));
+        self
+    }
+
+    /// A pooled connection within the op timeout (the pool tests an idle one first).
+    async fn acquire(&self, op: &'static str) -> Result<PoolConnection<Postgres>, MetaError> {
+        match tokio::time::timeout(self.op_timeout, self.pool.acquire()).await {
+            Ok(r) => r.map_err(MetaError::store(op)),
+            Err(_) => Err(MetaError::Store {
+                op,
+                message: format!("no connection within {:?}", self.op_timeout),
+            }),
+        }
     }
 
     /// The underlying pool (tests and tooling inspect tables through it).
@@ -460,42 +505,67 @@ impl LogStore for PgStore {
         //
         // The notification is part of the transaction: Postgres delivers it at commit, when
         // the row is visible, and never for a rolled-back one.
-        let mut tx = self
-            .pool
-            .begin()
+        //
+        // Each step is bounded (`timed`): until the COMMIT is sent nothing can have been
+        // written, so a step that fails or times out before it is `Store` ("nothing written");
+        // a COMMIT that fails or goes unanswered may have committed, and is `OutcomeUnknown`.
+        let limit = self.op_timeout;
+        let mut conn = self.acquire("begin append").await?;
+        let Some(begun) = timed(limit, sqlx::Connection::begin(&mut *conn)).await else {
+            return Err(abandon(conn, "begin append", limit));
+        };
+        let mut tx = begun.map_err(MetaError::store("begin append"))?;
+        let insert = async {
+            xact_lock(&mut tx, APPEND_LOCK, "lock append").await?;
+            sqlx::query_scalar::<_, i64>(
+                "WITH r AS (
+                   INSERT INTO meta_log (payload, count, created_at_ms) VALUES ($1, $2, $3)
+                   RETURNING id)
+                 SELECT r.id FROM r CROSS JOIN LATERAL (SELECT pg_notify($4, r.id::TEXT)) n",
+            )
+            .bind(payload)
+            .bind(i64::from(count))
+            .bind(now_ms)
+            .bind(NOTIFY_CHANNEL)
+            .fetch_one(&mut *tx)
             .await
-            .map_err(MetaError::store("begin append"))?;
-        xact_lock(&mut tx, APPEND_LOCK, "lock append").await?;
-        let id: i64 = sqlx::query_scalar(
-            "WITH r AS (
-               INSERT INTO meta_log (payload, count, created_at_ms) VALUES ($1, $2, $3)
-               RETURNING id)
-             SELECT r.id FROM r CROSS JOIN LATERAL (SELECT pg_notify($4, r.id::TEXT)) n",
-        )
-        .bind(payload)
-        .bind(i64::from(count))
-        .bind(now_ms)
-        .bind(NOTIFY_CHANNEL)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(MetaError::store("append"))?;
+            .map_err(MetaError::store("append"))
+        };
+        let id = match timed(limit, insert).await {
+            Some(r) => r?,
+            None => {
+                drop(tx);
+                return Err(abandon(conn, "append", limit));
+            }
+        };
         // A COMMIT whose answer is lost may have committed: not "nothing written".
-        tx.commit().await.map_err(|e| {
-            tracing::warn!(error = %e, row_id = id, "metadata append: no answer to COMMIT");
-            MetaError::OutcomeUnknown { row_id: id }
-        })?;
-        Ok(id)
+        match timed(limit, tx.commit()).await {
+            Some(Ok(())) => Ok(id),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, row_id = id, "metadata append: COMMIT failed");
+                Err(MetaError::OutcomeUnknown { row_id: id })
+            }
+            None => {
+                tracing::warn!(row_id = id, "metadata append: no answer to COMMIT");
+                drop(abandon(conn, "commit append", limit));
+                Err(MetaError::OutcomeUnknown { row_id: id })
+            }
+        }
     }
 
     async fn read_after(&self, after_id: i64, limit: u32) -> Result<Vec<LogRow>, MetaError> {
-        let rows = sqlx::query(
+        let bound = self.op_timeout;
+        let mut conn = self.acquire("read log").await?;
+        let read = sqlx::query(
             "SELECT id, payload, count FROM meta_log WHERE id > $1 ORDER BY id LIMIT $2",
         )
         .bind(after_id)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(MetaError::store("read log"))?;
+        .fetch_all(&mut *conn);
+        let rows = match timed(bound, read).await {
+            Some(r) => r.map_err(MetaError::store("read log"))?,
+            None => return Err(abandon(conn, "read log", bound)),
+        };
         rows.into_iter()
             .map(|r| {
                 let id: i64 = r.try_get("id").map_err(MetaError::store("read log id"))?;
@@ -676,11 +746,12 @@ impl LogStore for PgStore {
     }
 
     async fn ping(&self) -> Result<(), MetaError> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map_err(MetaError::store("ping"))?;
-        Ok(())
+        let limit = self.op_timeout;
+        let mut conn = self.acquire("ping").await?;
+        match timed(limit, sqlx::query("SELECT 1").execute(&mut *conn)).await {
+            Some(r) => r.map(drop).map_err(MetaError::store("ping")),
+            None => Err(abandon(conn, "ping", limit)),
+        }
     }
 
     fn appended(&self) -> Option<Arc<Notify>> {

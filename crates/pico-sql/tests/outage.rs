@@ -151,3 +151,42 @@ async fn a_hung_server_turns_unreachable_and_a_stalled_proposal_finishes_after()
     assert!(log.view().registry.get("before").is_some());
     log.close().await;
 }
+
+/// A connection that stops answering mid-proposal (the server host frozen, the network
+/// black-holing it) fails the proposal retryably within the store's op timeout, rather than
+/// holding the single committer for as long as the kernel keeps the socket; once the server
+/// answers again, proposals succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_on_a_hung_connection_fails_within_the_op_timeout() {
+    let Some(db) = common::Db::postgres().await else {
+        return;
+    };
+    let proxy = PgProxy::start(&db.url).await;
+    let store = pico_sql::PgStore::open(&proxy.url(&db.url))
+        .await
+        .unwrap()
+        .with_op_timeout(Duration::from_millis(500));
+    let log = MetaLog::with_store(std::sync::Arc::new(store), opts())
+        .await
+        .unwrap();
+    log.propose(create("before")).await.unwrap().unwrap();
+
+    proxy.hang();
+    let started = tokio::time::Instant::now();
+    let out = tokio::time::timeout(Duration::from_secs(10), log.propose(create("hung")))
+        .await
+        .expect("the proposal answered while the server still hangs");
+    let e = out.expect_err("no answer from the server, so no success");
+    assert_eq!(e.kind(), ErrorKind::Unavailable(None), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    proxy.resume();
+    propose_until_ok(&log, "hung").await;
+    propose_until_ok(&log, "after").await;
+    assert!(log.view().registry.get("before").is_some());
+    log.close().await;
+}
