@@ -32,7 +32,22 @@ impl FileStorage {
             key: root.display().to_string(),
             source,
         };
+        // The directories made here are synced into their parents too: every object below is
+        // fsynced with its own directory chain up to `root`, not above it.
+        let mut made = Vec::new();
+        let mut cur = root.as_path();
+        while !cur.exists() {
+            made.push(cur.to_path_buf());
+            match cur.parent() {
+                Some(p) if !p.as_os_str().is_empty() => cur = p,
+                _ => break,
+            }
+        }
         std::fs::create_dir_all(&root).map_err(io)?;
+        for dir in &made {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            fsync_dir(parent.unwrap_or(Path::new("."))).map_err(io)?;
+        }
         clean_temp_files(&root).map_err(io)?;
         Ok(FileStorage {
             root,
