@@ -7,86 +7,21 @@
 //! a marker (the failed group's payload) and forwards it when released.
 
 mod common;
+#[path = "../../pico-sql/tests/common/proxy.rs"]
+mod proxy;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::TestDb;
 use pico_wal_pg::{PgWal, PgWalOptions};
+use proxy::PgProxy;
 use s3stream::testing::MemCatalog;
 use s3stream::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
+/// In the held group's payload: the proxy holds the statements that carry it.
 const MARKER: &[u8] = b"HOLD-THIS-STATEMENT";
-
-struct MarkerProxy {
-    addr: SocketAddr,
-    hold: watch::Sender<bool>,
-}
-
-impl MarkerProxy {
-    async fn start(target: String) -> MarkerProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (hold, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(relay(client, target.clone(), rx.clone()));
-            }
-        });
-        MarkerProxy { addr, hold }
-    }
-    fn hold(&self, on: bool) {
-        self.hold.send_replace(on);
-    }
-}
-
-async fn relay(client: TcpStream, target: String, hold: watch::Receiver<bool>) {
-    let Ok(server) = TcpStream::connect(&target).await else {
-        return;
-    };
-    let (mut cr, mut cw) = client.into_split();
-    let (mut sr, mut sw) = server.into_split();
-    let up = async move {
-        let mut hold = hold;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match cr.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            let chunk = &buf[..n];
-            if *hold.borrow() && chunk.windows(MARKER.len()).any(|w| w == MARKER) {
-                // Delayed in transit: delivered once released, whether or not the client
-                // is still there (the kernel keeps retransmitting after close()).
-                let _ = hold.wait_for(|h| !*h).await;
-            }
-            if sw.write_all(chunk).await.is_err() {
-                return;
-            }
-        }
-    };
-    let down = async move {
-        let _ = tokio::io::copy(&mut sr, &mut cw).await;
-    };
-    // The server side stays open until the client->server direction is done.
-    tokio::join!(up, down);
-}
-
-fn target_of(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
-    let hostport = rest.split(['/', '?']).next().unwrap_or(rest);
-    if hostport.contains(':') {
-        hostport.to_string()
-    } else {
-        format!("{hostport}:5432")
-    }
-}
 
 fn quick() -> PgWalOptions {
     PgWalOptions {
@@ -113,13 +48,12 @@ async fn a_late_retry_never_replaces_a_later_acknowledged_append() {
     let Some(db) = TestDb::create().await else {
         return;
     };
-    let target = target_of(&db.url);
-    let proxy = MarkerProxy::start(target.clone()).await;
-    let url = db.url.replacen(&target, &proxy.addr.to_string(), 1);
+    let proxy = PgProxy::start(&db.url).await;
+    let url = proxy.url(&db.url);
     let wal = PgWal::open_with(&url, 1, 1, quick()).await.unwrap();
     let p1 = wal.append(vec![rec(1, 1, 0, b"zero")]).await.unwrap();
 
-    proxy.hold(true);
+    proxy.hold_containing(MARKER);
     let failed = vec![rec(1, 1, 1, MARKER)];
     // Attempt 1 (plain INSERT) and attempt 2 (the upsert) both time out client-side.
     assert!(wal.append(failed.clone()).await.is_err());
@@ -136,7 +70,7 @@ async fn a_late_retry_never_replaces_a_later_acknowledged_append() {
     );
 
     // The failed group's statements arrive late.
-    proxy.hold(false);
+    proxy.release();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let now = PgWal::open(&db.url, 1, 1)
         .await
@@ -158,9 +92,8 @@ async fn the_engine_keeps_an_acknowledged_append_a_late_statement_arrives_after(
     let Some(db) = TestDb::create().await else {
         return;
     };
-    let target = target_of(&db.url);
-    let proxy = MarkerProxy::start(target.clone()).await;
-    let url = db.url.replacen(&target, &proxy.addr.to_string(), 1);
+    let proxy = PgProxy::start(&db.url).await;
+    let url = proxy.url(&db.url);
     let storage = Arc::new(MemoryStorage::new());
     let catalog = Arc::new(MemCatalog::new());
     let cfg = |node_epoch| EngineConfig {
@@ -200,7 +133,7 @@ async fn the_engine_keeps_an_acknowledged_append_a_late_statement_arrives_after(
     engine.open(2, 1, 0);
     append(1, 1, b"first").await.unwrap();
 
-    proxy.hold(true);
+    proxy.hold_containing(MARKER);
     let err = append(1, 1, MARKER)
         .await
         .expect_err("held: all attempts time out");
@@ -209,7 +142,7 @@ async fn the_engine_keeps_an_acknowledged_append_a_late_statement_arrives_after(
     let ok = append(2, 1, b"acknowledged").await.unwrap();
     assert_eq!(ok.base_offset, 0);
 
-    proxy.hold(false);
+    proxy.release();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     drop(engine); // crash: nothing uploaded
 

@@ -23,6 +23,8 @@ pub enum Mode {
 pub struct PgProxy {
     pub addr: SocketAddr,
     mode: watch::Sender<Mode>,
+    /// See [`PgProxy::hold_containing`].
+    hold: watch::Sender<Option<Vec<u8>>>,
     accept: JoinHandle<()>,
 }
 
@@ -33,16 +35,23 @@ impl PgProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (mode, _) = watch::channel(Mode::Forward);
+        let (hold, _) = watch::channel(None);
         let rx = mode.subscribe();
+        let held = hold.subscribe();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if *rx.borrow() == Mode::Cut {
                     continue; // dropped: closed at once
                 }
-                tokio::spawn(relay(client, target.clone(), rx.clone()));
+                tokio::spawn(relay(client, target.clone(), rx.clone(), held.clone()));
             }
         });
-        PgProxy { addr, mode, accept }
+        PgProxy {
+            addr,
+            mode,
+            hold,
+            accept,
+        }
     }
 
     /// `url` pointed at the proxy instead of the server.
@@ -61,6 +70,17 @@ impl PgProxy {
 
     pub fn resume(&self) {
         self.mode.send_replace(Mode::Forward);
+    }
+
+    /// From now on, a client-to-server chunk containing `marker` is held (everything else
+    /// flows) until [`PgProxy::release`], and then delivered even if its client has gone: a
+    /// statement the network delays past its client's deadline.
+    pub fn hold_containing(&self, marker: &[u8]) {
+        self.hold.send_replace(Some(marker.to_vec()));
+    }
+
+    pub fn release(&self) {
+        self.hold.send_replace(None);
     }
 }
 
@@ -83,7 +103,12 @@ fn target_of(url: &str) -> String {
     }
 }
 
-async fn relay(client: TcpStream, target: String, mode: watch::Receiver<Mode>) {
+async fn relay(
+    client: TcpStream,
+    target: String,
+    mode: watch::Receiver<Mode>,
+    hold: watch::Receiver<Option<Vec<u8>>>,
+) {
     let Ok(server) = TcpStream::connect(&target).await else {
         return;
     };
@@ -91,8 +116,8 @@ async fn relay(client: TcpStream, target: String, mode: watch::Receiver<Mode>) {
     let (sr, sw) = server.into_split();
     // Either direction ending (or a cut) drops both sockets.
     tokio::select! {
-        _ = pump(cr, sw, mode.clone()) => {}
-        _ = pump(sr, cw, mode) => {}
+        _ = pump(cr, sw, mode.clone(), Some(hold)) => {}
+        _ = pump(sr, cw, mode, None) => {}
     }
 }
 
@@ -100,6 +125,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
+    mut hold: Option<watch::Receiver<Option<Vec<u8>>>>,
 ) {
     let mut cut = mode.clone();
     let mut buf = vec![0u8; 64 * 1024];
@@ -111,6 +137,15 @@ async fn pump(
             },
             _ = cut.wait_for(|m| *m == Mode::Cut) => return,
         };
+        // A held chunk is not read past, so its client's close is noticed only after it went.
+        if let Some(hold) = hold.as_mut() {
+            let _ = hold
+                .wait_for(|m| {
+                    m.as_ref()
+                        .is_none_or(|m| !buf[..n].windows(m.len()).any(|w| w == &m[..]))
+                })
+                .await;
+        }
         // Held while hanging; dropped with the connection on a cut.
         match mode.wait_for(|m| *m != Mode::Hang).await.map(|m| *m) {
             Ok(Mode::Forward) => {}
