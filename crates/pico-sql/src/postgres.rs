@@ -155,6 +155,20 @@ async fn timed<T>(limit: Duration, step: impl Future<Output = T>) -> Option<T> {
     tokio::time::timeout(limit, step).await.ok()
 }
 
+/// A query on a pooled connection (`$c` in `$q`), bounded like each step of an append (see
+/// [`timed`]): a connection that stops answering is abandoned after the op timeout.
+macro_rules! bounded {
+    ($store:expr, $op:expr, |$c:ident| $q:expr) => {{
+        let (op, limit) = ($op, $store.op_timeout);
+        let mut conn = $store.acquire(op).await?;
+        let $c: &mut PgConnection = &mut conn;
+        match timed(limit, $q).await {
+            Some(r) => r.map_err(MetaError::store(op)),
+            None => Err(abandon(conn, op, limit)),
+        }
+    }};
+}
+
 /// Drops a connection whose step ran out of time without handing it back: the pool pings a
 /// connection on release, which would hang as long and hold its slot; detached, its socket is
 /// closed at once and the pool opens another next time.
@@ -554,18 +568,14 @@ impl LogStore for PgStore {
     }
 
     async fn read_after(&self, after_id: i64, limit: u32) -> Result<Vec<LogRow>, MetaError> {
-        let bound = self.op_timeout;
-        let mut conn = self.acquire("read log").await?;
-        let read = sqlx::query(
-            "SELECT id, payload, count FROM meta_log WHERE id > $1 ORDER BY id LIMIT $2",
-        )
-        .bind(after_id)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *conn);
-        let rows = match timed(bound, read).await {
-            Some(r) => r.map_err(MetaError::store("read log"))?,
-            None => return Err(abandon(conn, "read log", bound)),
-        };
+        let rows = bounded!(self, "read log", |c| {
+            sqlx::query(
+                "SELECT id, payload, count FROM meta_log WHERE id > $1 ORDER BY id LIMIT $2",
+            )
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .fetch_all(c)
+        })?;
         rows.into_iter()
             .map(|r| {
                 let id: i64 = r.try_get("id").map_err(MetaError::store("read log id"))?;
@@ -583,12 +593,13 @@ impl LogStore for PgStore {
     }
 
     async fn snapshots(&self) -> Result<Vec<SnapshotMeta>, MetaError> {
-        let rows: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT applied_index, last_row_id FROM meta_snapshot ORDER BY applied_index DESC",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(MetaError::store("list snapshots"))?;
+        let rows: Vec<(i64, i64)> = bounded!(self, "list snapshots", |c| {
+            sqlx::query_as(
+                "SELECT applied_index, last_row_id FROM meta_snapshot
+                     ORDER BY applied_index DESC",
+            )
+            .fetch_all(c)
+        })?;
         Ok(rows
             .into_iter()
             .map(|(applied_index, last_row_id)| SnapshotMeta {
@@ -691,18 +702,20 @@ impl LogStore for PgStore {
         now_ms: i64,
     ) -> Result<bool, MetaError> {
         // Times come from the caller's clock (the log's injected one), not the server's.
-        let r = sqlx::query(
-            "INSERT INTO meta_lease (name, holder, expires_at_ms) VALUES ($1, $2, $3)
-             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at_ms = excluded.expires_at_ms
-             WHERE meta_lease.expires_at_ms <= $4 OR meta_lease.holder = excluded.holder",
-        )
-        .bind(name)
-        .bind(holder)
-        .bind(now_ms.saturating_add(ttl_ms))
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await
-        .map_err(MetaError::store("acquire lease"))?;
+        // A timed-out write may have taken the lease: the caller acts as not holding it, and
+        // the lease lapses (or its next renewal finds it).
+        let r = bounded!(self, "acquire lease", |c| {
+            sqlx::query(
+                    "INSERT INTO meta_lease (name, holder, expires_at_ms) VALUES ($1, $2, $3)
+                     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at_ms = excluded.expires_at_ms
+                     WHERE meta_lease.expires_at_ms <= $4 OR meta_lease.holder = excluded.holder",
+                )
+                .bind(name)
+                .bind(holder)
+                .bind(now_ms.saturating_add(ttl_ms))
+                .bind(now_ms)
+                .execute(c)
+        })?;
         Ok(r.rows_affected() == 1)
     }
 
@@ -713,45 +726,40 @@ impl LogStore for PgStore {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<bool, MetaError> {
-        let r = sqlx::query(
-            "UPDATE meta_lease SET expires_at_ms = $1
-             WHERE name = $2 AND holder = $3 AND expires_at_ms > $4",
-        )
-        .bind(now_ms.saturating_add(ttl_ms))
-        .bind(name)
-        .bind(holder)
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await
-        .map_err(MetaError::store("renew lease"))?;
+        let r = bounded!(self, "renew lease", |c| {
+            sqlx::query(
+                "UPDATE meta_lease SET expires_at_ms = $1
+                     WHERE name = $2 AND holder = $3 AND expires_at_ms > $4",
+            )
+            .bind(now_ms.saturating_add(ttl_ms))
+            .bind(name)
+            .bind(holder)
+            .bind(now_ms)
+            .execute(c)
+        })?;
         Ok(r.rows_affected() == 1)
     }
 
     async fn release_lease(&self, name: &str, holder: &str) -> Result<bool, MetaError> {
-        let r = sqlx::query("DELETE FROM meta_lease WHERE name = $1 AND holder = $2")
-            .bind(name)
-            .bind(holder)
-            .execute(&self.pool)
-            .await
-            .map_err(MetaError::store("release lease"))?;
+        let r = bounded!(self, "release lease", |c| {
+            sqlx::query("DELETE FROM meta_lease WHERE name = $1 AND holder = $2")
+                .bind(name)
+                .bind(holder)
+                .execute(c)
+        })?;
         Ok(r.rows_affected() == 1)
     }
 
     async fn lease(&self, name: &str) -> Result<Option<(String, i64)>, MetaError> {
-        sqlx::query_as("SELECT holder, expires_at_ms FROM meta_lease WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(MetaError::store("read lease"))
+        bounded!(self, "read lease", |c| {
+            sqlx::query_as("SELECT holder, expires_at_ms FROM meta_lease WHERE name = $1")
+                .bind(name)
+                .fetch_optional(c)
+        })
     }
 
     async fn ping(&self) -> Result<(), MetaError> {
-        let limit = self.op_timeout;
-        let mut conn = self.acquire("ping").await?;
-        match timed(limit, sqlx::query("SELECT 1").execute(&mut *conn)).await {
-            Some(r) => r.map(drop).map_err(MetaError::store("ping")),
-            None => Err(abandon(conn, "ping", limit)),
-        }
+        bounded!(self, "ping", |c| sqlx::query("SELECT 1").execute(c)).map(drop)
     }
 
     fn appended(&self) -> Option<Arc<Notify>> {

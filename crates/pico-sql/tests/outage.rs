@@ -190,3 +190,51 @@ async fn a_proposal_on_a_hung_connection_fails_within_the_op_timeout() {
     assert!(log.view().registry.get("before").is_some());
     log.close().await;
 }
+
+/// Lease calls and the snapshot listing on a connection that stops answering fail within the
+/// op timeout too (a hung lease renewal would stall the maintenance lease holder), and work
+/// again once the server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_and_snapshot_calls_on_a_hung_connection_fail_within_the_op_timeout() {
+    use pico_sql::LogStore;
+    let Some(db) = common::Db::postgres().await else {
+        return;
+    };
+    let proxy = PgProxy::start(&db.url).await;
+    let store = pico_sql::PgStore::open(&proxy.url(&db.url))
+        .await
+        .unwrap()
+        .with_op_timeout(Duration::from_millis(300));
+    assert!(store.try_acquire_lease("m", "a", 60_000, 1).await.unwrap());
+
+    proxy.hang();
+    let started = tokio::time::Instant::now();
+    let bounded = Duration::from_secs(10);
+    let renew = tokio::time::timeout(bounded, store.renew_lease("m", "a", 60_000, 2)).await;
+    assert!(renew.expect("renewal answered").is_err());
+    let read = tokio::time::timeout(bounded, store.lease("m")).await;
+    assert!(read.expect("lease read answered").is_err());
+    let listed = tokio::time::timeout(bounded, store.snapshots()).await;
+    assert!(listed.expect("snapshot listing answered").is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    proxy.resume();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match store.lease("m").await {
+            Ok(Some((holder, _))) => {
+                assert_eq!(holder, "a");
+                break;
+            }
+            other => {
+                assert!(tokio::time::Instant::now() < deadline, "{other:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert!(store.renew_lease("m", "a", 60_000, 3).await.unwrap());
+}
