@@ -92,7 +92,7 @@ use crate::format;
 use crate::segment_format::{
     self as layout, END_MARKER, FRAME_HEADER, MANIFEST, Manifest, SEGMENT_HEADER, SegmentHeader,
 };
-use crate::storage::write_all_at;
+use crate::storage::{create_dir_durably, write_all_at};
 use crate::telemetry;
 use crate::wal::{BlockingAppend, Wal, WalError, WalRecord};
 
@@ -291,18 +291,8 @@ fn segment_name(first: u64, key: u64) -> String {
 }
 
 fn load(dir: &Path, st: &mut State) -> Result<Vec<(u64, Vec<WalRecord>)>, WalError> {
-    if !dir.is_dir() {
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        // The new directories' entries must be durable before segments in them are.
-        let mut d = Some(dir);
-        for _ in 0..3 {
-            let Some(cur) = d else { break };
-            if let Some(parent) = cur.parent().filter(|p| !p.as_os_str().is_empty()) {
-                fsync_dir(parent)?;
-            }
-            d = cur.parent();
-        }
-    }
+    // The new directories' entries must be durable before segments in them are.
+    create_dir_durably(dir).map_err(|e| io(dir, e))?;
     if !st.loaded {
         // A recycled spare holds frames of positions an earlier process wrote, and this one
         // must not reason about them: spares from an earlier process are dropped, whatever

@@ -32,22 +32,8 @@ impl FileStorage {
             key: root.display().to_string(),
             source,
         };
-        // The directories made here are synced into their parents too: every object below is
-        // fsynced with its own directory chain up to `root`, not above it.
-        let mut made = Vec::new();
-        let mut cur = root.as_path();
-        while !cur.exists() {
-            made.push(cur.to_path_buf());
-            match cur.parent() {
-                Some(p) if !p.as_os_str().is_empty() => cur = p,
-                _ => break,
-            }
-        }
-        std::fs::create_dir_all(&root).map_err(io)?;
-        for dir in &made {
-            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-            fsync_dir(parent.unwrap_or(Path::new("."))).map_err(io)?;
-        }
+        // Every object is fsynced with its directory chain up to `root`; `root` itself here.
+        create_dir_durably(&root).map_err(io)?;
         clean_temp_files(&root).map_err(io)?;
         Ok(FileStorage {
             root,
@@ -155,6 +141,25 @@ fn clean_temp_files(dir: &Path) -> std::io::Result<()> {
 /// `pico_common::fs::fsync_dir` is the host's.
 pub(crate) fn fsync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// `create_dir_all`, with each directory it creates synced into its parent: a file is only as
+/// durable as the path to it. The engine's copy of `pico_common::fs::create_dir_durably`
+/// (as with [`fsync_dir`]).
+pub(crate) fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|d| !d.is_dir()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    for d in missing {
+        match d.parent() {
+            Some(p) if p.as_os_str().is_empty() => fsync_dir(Path::new("."))?,
+            Some(p) => fsync_dir(p)?,
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 /// Creates the missing directories between `root` and `dir` and makes every entry on the way

@@ -9,7 +9,7 @@ mod memory;
 mod s3;
 
 pub use file::FileStorage;
-pub(crate) use file::{fsync_dir, write_all_at};
+pub(crate) use file::{create_dir_durably, fsync_dir, write_all_at};
 pub use memory::MemoryStorage;
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use memory::take_failure;
