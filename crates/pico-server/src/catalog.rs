@@ -172,6 +172,23 @@ mod tests {
     use pico_metadata::{Initial, StreamConfig};
     use pico_sql::MetaLogOptions;
 
+    /// Object `key` holding offsets 0..5 of stream 0 at epoch 0.
+    fn one_range_commit(key: &str) -> ObjectCommit {
+        ObjectCommit {
+            key: key.into(),
+            size: 5,
+            ranges: vec![s3stream::CommitRange {
+                stream: 0,
+                epoch: 0,
+                start_offset: 0,
+                end_offset: 5,
+                position: 0,
+                len: 5,
+                aux: vec![],
+            }],
+        }
+    }
+
     /// A range committed after its stream was trimmed past it is accepted without a slice. If
     /// that answer is lost, the retry is rejected (its range no longer follows the committed
     /// end) and must still read as accepted: refusing it would break a healthy stream.
@@ -217,19 +234,7 @@ mod tests {
             node_epoch: 1,
             clock: pico_common::clock::system(),
         };
-        let commit = || ObjectCommit {
-            key: "k".into(),
-            size: 5,
-            ranges: vec![s3stream::CommitRange {
-                stream: 0,
-                epoch: 0,
-                start_offset: 0,
-                end_offset: 5,
-                position: 0,
-                len: 5,
-                aux: vec![],
-            }],
-        };
+        let commit = || one_range_commit("k");
         assert_eq!(catalog.commit(commit()).await.unwrap(), vec![true]);
         assert_eq!(catalog.commit(commit()).await.unwrap(), vec![true]);
         // Garbage collection forgets the object (no live slice refers to it); a retry still
@@ -268,19 +273,7 @@ mod tests {
             .unwrap()
             .unwrap();
         }
-        let commit = ObjectCommit {
-            key: "k".into(),
-            size: 5,
-            ranges: vec![s3stream::CommitRange {
-                stream: 0,
-                epoch: 0,
-                start_offset: 0,
-                end_offset: 5,
-                position: 0,
-                len: 5,
-                aux: vec![],
-            }],
-        };
+        let commit = one_range_commit("k");
         for (node_id, node_epoch) in [(1, 1), (7, 1)] {
             let catalog = MetaCatalog {
                 meta: meta.clone(),

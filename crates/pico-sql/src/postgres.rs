@@ -139,7 +139,8 @@ pub struct PgStore {
     /// Signalled on every append notification (any node's, this one's included).
     appended: Arc<Notify>,
     listener: Mutex<Option<JoinHandle<()>>>,
-    /// Client-side bound on each step of an append, a tail read and a ping (see [`bounded`]).
+    /// Client-side bound on each step of an append and on every single-query call (see
+    /// [`timed`]).
     op_timeout: Duration,
 }
 
@@ -286,7 +287,8 @@ impl PgStore {
         self
     }
 
-    /// Sets the client-side bound on each step of an append, a tail read and a ping.
+    /// Sets the client-side bound on each step of an append, the tail read, the ping, the lease
+    /// calls and the snapshot listing (not on loading or writing a snapshot).
     pub fn with_op_timeout(mut self, limit: Duration) -> PgStore {
         self.op_timeout = limit.max(Duration::from_millis(1));
         self
@@ -596,7 +598,7 @@ impl LogStore for PgStore {
         let rows: Vec<(i64, i64)> = bounded!(self, "list snapshots", |c| {
             sqlx::query_as(
                 "SELECT applied_index, last_row_id FROM meta_snapshot
-                     ORDER BY applied_index DESC",
+                 ORDER BY applied_index DESC",
             )
             .fetch_all(c)
         })?;
@@ -706,15 +708,16 @@ impl LogStore for PgStore {
         // the lease lapses (or its next renewal finds it).
         let r = bounded!(self, "acquire lease", |c| {
             sqlx::query(
-                    "INSERT INTO meta_lease (name, holder, expires_at_ms) VALUES ($1, $2, $3)
-                     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at_ms = excluded.expires_at_ms
-                     WHERE meta_lease.expires_at_ms <= $4 OR meta_lease.holder = excluded.holder",
-                )
-                .bind(name)
-                .bind(holder)
-                .bind(now_ms.saturating_add(ttl_ms))
-                .bind(now_ms)
-                .execute(c)
+                "INSERT INTO meta_lease (name, holder, expires_at_ms) VALUES ($1, $2, $3)
+                 ON CONFLICT (name) DO UPDATE
+                     SET holder = excluded.holder, expires_at_ms = excluded.expires_at_ms
+                 WHERE meta_lease.expires_at_ms <= $4 OR meta_lease.holder = excluded.holder",
+            )
+            .bind(name)
+            .bind(holder)
+            .bind(now_ms.saturating_add(ttl_ms))
+            .bind(now_ms)
+            .execute(c)
         })?;
         Ok(r.rows_affected() == 1)
     }

@@ -397,7 +397,8 @@ impl PgWal {
         writer.conn = Some(conn);
         match inserted {
             Some(_) => Ok(()),
-            // Nothing written: a higher epoch is registered, or the row is gone.
+            // Nothing written: a higher epoch is registered, the row is gone, or (only for a
+            // process at this epoch beside another) a later attempt holds the position.
             None => Err(self.why_not_inserted().await),
         }
     }
@@ -417,9 +418,12 @@ impl PgWal {
             Ok(Ok(None)) => PgWalError::Unregistered {
                 node_id: self.node_id,
             },
-            // The epoch read back is ours (it cannot go down): the fence did not refuse.
+            // The epoch read back is ours (it cannot go down): the fence did not refuse, so a
+            // later attempt holds the position (another process at this epoch) or it is trimmed.
             Ok(Ok(Some(registered))) => PgWalError::Db(sqlx::Error::Protocol(format!(
-                "fenced insert wrote nothing though epoch {registered} is registered"
+                "append wrote nothing though epoch {registered} is registered: a later attempt \
+                 holds the position (another process at this node id and epoch?) or it is \
+                 trimmed"
             ))),
             Ok(Err(e)) => e.into(),
             Err(_) => PgWalError::Timeout(self.opts.statement_timeout),
