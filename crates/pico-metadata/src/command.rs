@@ -266,7 +266,12 @@ impl Command {
 /// What an accepted command did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    NodeRegistered,
+    /// `replaced_unfenced`: the epoch of the incarnation this registration replaced, when
+    /// failover had not fenced it: that process may still run (paused or cut off) and
+    /// acknowledge writes until its window closes (docs/design/failover.md).
+    NodeRegistered {
+        replaced_unfenced: Option<u64>,
+    },
     /// A heartbeat was recorded.
     HeartbeatRecorded,
     /// `created == false`: the stream existed with the same config.

@@ -35,7 +35,7 @@ fn err(s: &mut State, c: Command) -> ApplyError {
     e
 }
 
-fn register(s: &mut State, node_id: u32, node_epoch: u64) {
+fn register(s: &mut State, node_id: u32, node_epoch: u64) -> Outcome {
     ok(
         s,
         Command::RegisterNode {
@@ -44,7 +44,7 @@ fn register(s: &mut State, node_id: u32, node_epoch: u64) {
             address: format!("n{node_id}"),
             now_ms: 1,
         },
-    );
+    )
 }
 
 fn create(s: &mut State, name: &str) -> u64 {
@@ -145,8 +145,20 @@ fn register_node_requires_higher_epoch() {
             current: 3
         }
     );
-    register(&mut s, 1, 4);
+    // The answer names the incarnation replaced while it may still run.
+    assert_eq!(
+        register(&mut s, 1, 4),
+        Outcome::NodeRegistered {
+            replaced_unfenced: Some(3)
+        }
+    );
     assert_eq!(s.node(1).unwrap().epoch, 4);
+    assert_eq!(
+        register(&mut s, 2, 1),
+        Outcome::NodeRegistered {
+            replaced_unfenced: None
+        }
+    );
 }
 
 #[test]
@@ -1330,7 +1342,13 @@ fn fence_commits_on_behalf_and_releases_the_fenced_incarnations_streams() {
         ),
         ApplyError::StaleNodeEpoch { .. }
     ));
-    register(&mut s, 1, 3);
+    // Replacing a fenced incarnation: nothing of it can still acknowledge.
+    assert_eq!(
+        register(&mut s, 1, 3),
+        Outcome::NodeRegistered {
+            replaced_unfenced: None
+        }
+    );
     assert_eq!(s.nodes[&1].fenced_epoch, None);
     assert!(matches!(err(&mut s, release), ApplyError::Invalid(_)));
     // The fenced state survives a snapshot.

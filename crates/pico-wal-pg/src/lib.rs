@@ -491,6 +491,11 @@ fn position_of(raw: i64) -> u64 {
 
 #[async_trait::async_trait]
 impl Wal for PgWal {
+    /// Opening registered this epoch in `pico_wal_nodes`: every earlier process's insert fails.
+    fn fences_earlier_writers(&self) -> bool {
+        true
+    }
+
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
         let mut writer = self.writer.lock().await;
         let position = writer.next;

@@ -330,6 +330,10 @@ impl Wal for FaultWal {
         self.inner.blocking().map(|_| self as _)
     }
 
+    fn fences_earlier_writers(&self) -> bool {
+        self.inner.fences_earlier_writers()
+    }
+
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError> {
         // The sender lives in `self`, so the wait ends only when the hold is lifted.
         let _ = self.hold.subscribe().wait_for(|held| !*held).await;

@@ -113,6 +113,13 @@ pub trait Wal: Send + Sync + 'static {
     fn blocking(&self) -> Option<&dyn BlockingAppend> {
         None
     }
+    /// Whether opening this WAL fenced every earlier process of the same node id: their
+    /// appends fail from the open on (the Postgres WAL's registration). When false and other
+    /// processes can reach the WAL (object storage), a new process waits out its predecessor's
+    /// acknowledgement window before it reads the WAL (docs/design/failover.md).
+    fn fences_earlier_writers(&self) -> bool {
+        false
+    }
     /// One durable write holding all `records`; returns its position (strictly increasing).
     async fn append(&self, records: Vec<WalRecord>) -> Result<u64, WalError>;
     /// Everything still in the WAL, ascending by position.

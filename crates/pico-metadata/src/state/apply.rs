@@ -48,6 +48,11 @@ impl State {
                         current: n.epoch,
                     });
                 }
+                let replaced_unfenced = self
+                    .nodes
+                    .get(node_id)
+                    .filter(|n| n.fenced_epoch.is_none())
+                    .map(|n| n.epoch);
                 self.nodes.insert(
                     *node_id,
                     NodeInfo {
@@ -59,7 +64,7 @@ impl State {
                         fenced_epoch: None,
                     },
                 );
-                Ok(Outcome::NodeRegistered)
+                Ok(Outcome::NodeRegistered { replaced_unfenced })
             }
             Command::Heartbeat {
                 node_id,

@@ -359,7 +359,13 @@ mod tests {
 
     /// Nodes 1 (epoch 11) and 2 (epoch 12) on one metadata log, bucket and WAL store, loops
     /// stopped, uploads only on demand (acknowledged appends stay in the WAL).
-    async fn cluster(clock: &Arc<ManualClock>, wals: &Arc<Wals>) -> (Node, Node) {
+    /// Also the shared WAL store, and stream `s` created through node 1.
+    async fn cluster(clock: &Arc<ManualClock>) -> (Node, Node, Arc<Wals>) {
+        let wals = Arc::new(Wals {
+            storage: Arc::new(MemoryStorage::new()),
+            meta: std::sync::OnceLock::new(),
+            events: Arc::default(),
+        });
         let (a, b) = two_nodes_with(clock, |id| Parts {
             wal: Some(Arc::new(ObjectWal::new(
                 wals.storage.clone(),
@@ -370,7 +376,14 @@ mod tests {
         })
         .await;
         assert!(wals.meta.set(a.meta().clone()).is_ok());
-        (a, b)
+        a.create(CreateRequest {
+            name: name("s"),
+            config: CreateConfig::default(),
+            initial: vec![],
+        })
+        .await
+        .unwrap();
+        (a, b, wals)
     }
 
     async fn append(node: &Node, n: &str, value: &str) -> Result<(), crate::AppendError> {
@@ -416,22 +429,10 @@ mod tests {
     #[tokio::test]
     async fn lapse_then_fence_then_recover_then_release() {
         let clock = ManualClock::new(1_000_000);
-        let wals = Arc::new(Wals {
-            storage: Arc::new(MemoryStorage::new()),
-            meta: std::sync::OnceLock::new(),
-            events: Arc::default(),
-        });
-        let (a, b) = cluster(&clock, &wals).await;
+        let (a, b, wals) = cluster(&clock).await;
         release_lease(&a).await;
         lease_pass(b.clone()).await;
         assert!(b.holds_maintenance_lease());
-        a.create(CreateRequest {
-            name: name("s"),
-            config: CreateConfig::default(),
-            initial: vec![],
-        })
-        .await
-        .unwrap();
         for v in ["r0", "r1", "r2"] {
             append(&a, "s", v).await.unwrap();
         }
@@ -519,5 +520,75 @@ mod tests {
         // Nothing more to do: later passes leave the released streams alone.
         tick(&clock, &b, &state).await;
         assert_eq!(wals.events.lock().unwrap().len(), 2);
+    }
+
+    /// A process started with the id of one that still runs (paused or cut off, not dead) and
+    /// owns streams reads the shared object WAL only once the running one's acknowledgement
+    /// window is over: an append that one acknowledges meanwhile is recovered, not missed
+    /// (and later trimmed) by the replacement.
+    #[tokio::test]
+    async fn a_replacement_reads_the_wal_only_after_the_running_process_window() {
+        let clock = ManualClock::new(1_000_000);
+        let (a, _b, wals) = cluster(&clock).await;
+        append(&a, "s", "r0").await.unwrap();
+
+        let idle_sleepers = clock.sleepers();
+        let replacement = tokio::spawn({
+            let (meta, data) = (a.meta().clone(), a.inner.data.clone());
+            let (clock, wals) = (clock.clone(), wals.clone());
+            async move {
+                let parts = Parts {
+                    wal: Some(Arc::new(ObjectWal::new(
+                        wals.storage.clone(),
+                        "wal/1".to_string(),
+                    ))),
+                    engine: uploads_on_demand(),
+                    peer_wals: Some(wals),
+                };
+                process_with(
+                    &meta,
+                    &data,
+                    &clock,
+                    (1, 13, "http://127.0.0.1:4001"),
+                    parts,
+                )
+                .await
+            }
+        });
+        // Registered (A's heartbeats are refused from here on), and waiting, or started.
+        let mut waiting = false;
+        for _ in 0..100_000 {
+            let registered = a.meta().view().nodes[&1].epoch == 13;
+            waiting = registered && clock.sleepers() > idle_sleepers;
+            if waiting || replacement.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        // A has not heard of it yet: its last accepted heartbeat is recent, so it acknowledges.
+        append(&a, "s", "r1").await.unwrap();
+
+        if waiting {
+            clock.advance(Duration::from_secs(5) - Duration::from_millis(1));
+            for _ in 0..1_000 {
+                tokio::task::yield_now().await;
+            }
+            assert!(!replacement.is_finished(), "read the WAL inside A's window");
+            clock.advance(Duration::from_millis(1));
+        }
+        let a2 = replacement.await.unwrap();
+        assert_eq!(
+            values(&a2, "s").await,
+            vec![(0, "r0".to_string()), (1, "r1".to_string())],
+            "every append A acknowledged, once"
+        );
+        assert!(waiting, "the replacement did not wait, yet lost nothing?");
+        assert!(
+            a2.ready().ready,
+            "its heartbeat after the wait was recorded"
+        );
+        // A learns it was replaced and acknowledges nothing more.
+        heartbeat_pass(a.clone()).await;
+        assert!(append(&a, "s", "zombie").await.is_err());
     }
 }

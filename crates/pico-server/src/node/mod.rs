@@ -194,6 +194,51 @@ pub(crate) struct Resolved {
     meta: Arc<StreamMeta>,
 }
 
+/// Whether incarnation `node_epoch` of `node_id` owns a stream in the view. One that owns none
+/// (a graceful shutdown released them) has nothing it could still acknowledge: opening a
+/// stream takes a proposal at its epoch, refused since the newer one registered.
+fn owns_streams(meta: &MetaLog, node_id: u32, node_epoch: u64) -> bool {
+    let owner = pico_metadata::Owner {
+        node_id,
+        node_epoch,
+    };
+    meta.view().streams.values().any(|m| m.owner == Some(owner))
+}
+
+/// Waits until the replaced process `previous` of this node id can no longer acknowledge a
+/// write, then records a heartbeat; returns its start (this process's first accepted one).
+///
+/// That process may still run (paused, or cut off from the metadata log), and an object WAL
+/// cannot refuse its writes. What bounds it is its acknowledgement window: it acknowledges
+/// only within `ack_window` after the start of its last accepted heartbeat, and every
+/// heartbeat of it applied after this registration is rejected. So once `liveness_timeout`
+/// (the window plus the fencer's margin for clock rates) has passed here since the
+/// registration was applied, every write it acknowledged is in the WAL, and the recovery that
+/// follows lists it (docs/design/failover.md, "Two processes with one node id").
+async fn wait_out_previous(
+    config: &NodeConfig,
+    meta: &MetaLog,
+    previous: u64,
+) -> Result<i64, StartError> {
+    tracing::info!(
+        previous_epoch = previous,
+        wait_ms = config.liveness_timeout.as_millis() as u64,
+        "the process this one replaces may still be running and acknowledging writes to the \
+         shared WAL: waiting out its acknowledgement window before reading the WAL"
+    );
+    config.clock.sleep(config.liveness_timeout).await;
+    let now_ms = config.clock.now_ms();
+    meta.propose(Command::Heartbeat {
+        node_id: config.node_id,
+        node_epoch: config.node_epoch,
+        now_ms,
+    })
+    .await
+    .map_err(StartError::Meta)?
+    .map_err(|e| StartError::Register(e.to_string()))?;
+    Ok(now_ms)
+}
+
 impl Node {
     /// Registers this incarnation (new node epoch), recovers the WAL into committed objects, and
     /// starts the maintenance loops. Returns once the node can serve.
@@ -204,7 +249,7 @@ impl Node {
         wal: Arc<dyn Wal>,
         mut engine_config: EngineConfig,
     ) -> Result<Node, StartError> {
-        let registered_at_ms = config.clock.now_ms();
+        let mut registered_at_ms = config.clock.now_ms();
         let registered = meta
             .propose(Command::RegisterNode {
                 node_id: config.node_id,
@@ -213,8 +258,17 @@ impl Node {
                 now_ms: registered_at_ms,
             })
             .await
-            .map_err(StartError::Meta)?;
-        registered.map_err(|e| StartError::Register(e.to_string()))?;
+            .map_err(StartError::Meta)?
+            .map_err(|e| StartError::Register(e.to_string()))?;
+        if let Outcome::NodeRegistered {
+            replaced_unfenced: Some(previous),
+        } = registered
+            && config.peer_wals.is_some()
+            && !wal.fences_earlier_writers()
+            && owns_streams(&meta, config.node_id, previous)
+        {
+            registered_at_ms = wait_out_previous(&config, &meta, previous).await?;
+        }
 
         engine_config.node_id = config.node_id;
         engine_config.node_epoch = config.node_epoch;
