@@ -8,6 +8,8 @@
 //! concurrent writer's create, is said where the warning is logged (`storage/s3.rs`).
 //! The same proxy, told to, refuses DeleteObjects instead (with 501, 405 or 400, as stores
 //! without it or wanting another checksum header do): deletes fall back to one per key.
+//! Told to hold part uploads unanswered instead, it shows that a multipart upload whose
+//! future is dropped mid-way (the uploader's timeout) is aborted, not left behind.
 //! Without a server the test is skipped loudly (failed under `PICO_TEST_REQUIRE_ALL=1`).
 
 use std::sync::Arc;
@@ -38,6 +40,8 @@ enum Refuse {
     Conditional,
     /// DeleteObjects (`POST /bucket?delete`), with this status.
     BatchDelete(u16),
+    /// Nothing; it holds every UploadPart (`PUT …?partNumber=…`) unanswered.
+    HoldParts,
 }
 
 /// Serves one request per client connection (every answer says `Connection: close`): one
@@ -102,6 +106,11 @@ async fn one_request(mut client: TcpStream, upstream: String, seen: Arc<Seen>, r
         }
         _ => None,
     };
+    if matches!(refuse, Refuse::HoldParts) && request_line.contains("partNumber=") {
+        // Until the client gives up on it: the connection closes when its future is dropped.
+        let _ = client.read(&mut [0u8; 1]).await;
+        return;
+    }
     if let Some((status, reason, code)) = refusal {
         seen.refused.fetch_add(1, Ordering::SeqCst);
         let body = format!(
@@ -305,4 +314,65 @@ async fn deletes_fall_back_to_one_per_key_when_delete_objects_is_refused() {
         ));
         bucket.destroy().await;
     }
+}
+
+/// The uploader drops an upload that outlives its timeout. A multipart upload dropped so, with
+/// its parts in flight, is aborted (its parts would otherwise cost space until a lifecycle rule
+/// removed them), and no object appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multipart_upload_dropped_mid_way_is_aborted() {
+    let Some(bucket) = TestBucket::create().await else {
+        return;
+    };
+    let (s3, _) =
+        storage_through_proxy(&bucket, "dropped", MIN_PART_BYTES, Refuse::HoldParts).await;
+    let direct = bucket.storage().await;
+    let uploads = || async {
+        let out = direct
+            .client()
+            .list_multipart_uploads()
+            .bucket(&bucket.bucket)
+            .send()
+            .await
+            .unwrap();
+        out.uploads().len()
+    };
+    let s3 = Arc::new(s3);
+    let put = tokio::spawn({
+        let s3 = s3.clone();
+        async move {
+            let big = Bytes::from(vec![7u8; MIN_PART_BYTES + 1]);
+            s3.put("big", big).await
+        }
+    });
+    let mut started = false;
+    for _ in 0..200 {
+        if uploads().await == 1 {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(started, "the multipart upload never started");
+    // The parts are held: the put cannot have finished. Dropped as a timeout drops it.
+    assert!(!put.is_finished());
+    put.abort();
+    assert!(put.await.unwrap_err().is_cancelled());
+    let mut left = 1;
+    for _ in 0..200 {
+        left = uploads().await;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        left, 0,
+        "the dropped multipart upload was left behind, not aborted"
+    );
+    assert!(matches!(
+        direct.get("dropped/big").await,
+        Err(StorageError::NotFound { .. })
+    ));
+    bucket.destroy().await;
 }

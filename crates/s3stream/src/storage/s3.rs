@@ -189,6 +189,39 @@ impl std::fmt::Debug for S3Storage {
     }
 }
 
+/// Aborts a multipart upload whose `put_multipart` future was dropped before it completed or
+/// aborted the upload itself. The abort runs as a task of its own (a drop cannot wait), without
+/// a permit: one request per dropped upload, which the uploader's own bound on uploads in
+/// flight already limits. Left behind, the parts would cost space until a lifecycle rule
+/// removes them.
+struct AbortIfDropped {
+    request: Option<
+        aws_sdk_s3::operation::abort_multipart_upload::builders::AbortMultipartUploadFluentBuilder,
+    >,
+}
+
+impl Drop for AbortIfDropped {
+    fn drop(&mut self) {
+        let Some(request) = self.request.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("a dropped multipart upload was not aborted: no runtime to send it");
+            return;
+        };
+        runtime.spawn(async move {
+            match request.send().await {
+                Ok(_) => tracing::debug!("aborted a dropped multipart upload"),
+                Err(e) => tracing::warn!(
+                    error = %DisplayErrorContext(&e),
+                    "aborting a dropped multipart upload failed; its parts stay until a \
+                     lifecycle rule removes them"
+                ),
+            }
+        });
+    }
+}
+
 /// The SDK client for `cfg`: credentials from the standard chain (`AWS_*` environment,
 /// profiles, web identity, container and instance metadata), explicit retries and timeouts.
 pub(crate) async fn client(cfg: &S3Config) -> aws_sdk_s3::Client {
@@ -365,7 +398,8 @@ impl S3Storage {
     }
 
     /// A multipart upload in parts of `part_bytes`, `PARTS_IN_FLIGHT` at once; the object
-    /// appears whole at the complete (conditional with `if_absent`). Aborted on any failure.
+    /// appears whole at the complete (conditional with `if_absent`). Aborted on any failure,
+    /// and when the future is dropped ([`AbortIfDropped`]).
     async fn put_multipart(
         &self,
         key: &str,
@@ -387,9 +421,21 @@ impl S3Storage {
                     StorageError::Other(format!("s3 multipart upload without an id: key=`{key}`"))
                 })?
         };
+        // Armed until this call finished or aborted the upload itself: a caller that drops
+        // the future (the uploader's timeout) would otherwise leave the parts behind.
+        let mut dropped = AbortIfDropped {
+            request: Some(
+                self.client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(&object_key)
+                    .upload_id(&upload_id),
+            ),
+        };
         let result = self
             .upload_parts_and_complete(key, &object_key, &upload_id, data, if_absent)
             .await;
+        dropped.request = None;
         if !matches!(result, Ok(Conditional::Done)) {
             let abort = async {
                 let _permit = self.permit().await?;
