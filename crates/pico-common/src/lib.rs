@@ -7,6 +7,7 @@
 //! - [`clock`]: the injected [`clock::Clock`] (system and manual); the only place the time is read.
 //! - [`fs`]: directories created durably (each new entry synced into its parent).
 //! - [`failure_log`]: a repeating failure logged once per period with a count, not each time.
+//! - [`pg_durability`]: Postgres settings that lose commits, and `allowUnsafe=true` to accept them.
 
 pub mod clock;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod failure_log;
 pub mod fs;
 pub mod ids;
 pub mod name;
+pub mod pg_durability;
 pub mod uri;
 
 pub use error::ErrorKind;

@@ -9,6 +9,17 @@ use thiserror::Error;
 pub enum MetaError {
     #[error("bad metadata url: {0}")]
     BadUrl(String),
+    /// The Postgres server may lose a committed transaction in a crash (`fsync=off`), and the
+    /// URL did not accept that with `allowUnsafe=true`.
+    #[error(
+        "the metadata database runs with {setting}={value}: a crash can lose committed cluster \
+         state; refusing to use it. Turn {setting} on, or add allowUnsafe=true to the \
+         --meta-url to accept that (tests only)"
+    )]
+    Unsafe {
+        setting: &'static str,
+        value: String,
+    },
     #[error("metadata store io: {0}")]
     Io(String),
     #[error("metadata store failed: op={op} error={message}")]
@@ -44,7 +55,7 @@ impl MetaError {
     /// (see [`MetaError::is_permanent`]).
     pub fn kind(&self) -> ErrorKind {
         match self {
-            MetaError::BadUrl(_) => ErrorKind::BadRequest,
+            MetaError::BadUrl(_) | MetaError::Unsafe { .. } => ErrorKind::BadRequest,
             MetaError::Store { .. }
             | MetaError::Io(_)
             | MetaError::OutcomeUnknown { .. }

@@ -181,6 +181,24 @@ fn abandon(conn: PoolConnection<Postgres>, op: &'static str, limit: Duration) ->
     }
 }
 
+/// Refuses `fsync=off` (a crash can lose committed log rows: commits of objects whose WAL
+/// entries were then trimmed, epochs that fence zombies) unless `allow_unsafe`.
+fn check_fsync(fsync: &str, allow_unsafe: bool) -> Result<(), MetaError> {
+    match pico_common::pg_durability::unsafe_setting(fsync, "on") {
+        Some((setting, value)) if allow_unsafe => {
+            tracing::warn!(
+                setting,
+                value,
+                "metadata log on a server that may lose committed cluster state in a crash \
+                 (allowUnsafe=true)"
+            );
+            Ok(())
+        }
+        Some((setting, value)) => Err(MetaError::Unsafe { setting, value }),
+        None => Ok(()),
+    }
+}
+
 /// Forwards notifications to `appended` until aborted. A lost connection is re-established
 /// (with backoff while that fails) and also signalled: notifications sent meanwhile are gone,
 /// so the tailer must look for itself.
@@ -215,6 +233,9 @@ impl PgStore {
     /// Opens `postgres://…` / `postgresql://…`, creates the tables (safe when several nodes
     /// start at once), and deletes the chunks of snapshot writes that never committed.
     pub async fn open(url: &str) -> Result<PgStore, MetaError> {
+        let (url, allow_unsafe) =
+            pico_common::pg_durability::split_allow_unsafe(url).map_err(MetaError::BadUrl)?;
+        let url = url.as_str();
         // Redacted: the URL may hold a password.
         let opts = PgConnectOptions::from_str(url).map_err(|e| {
             MetaError::BadUrl(format!("{e}: url=`{}`", pico_common::uri::redact(url)))
@@ -239,6 +260,12 @@ impl PgStore {
             .connect_with(opts)
             .await
             .map_err(MetaError::store("connect"))?;
+        // Each connection already asks for synchronous commit; fsync is the server's alone.
+        let fsync: String = sqlx::query_scalar("SHOW fsync")
+            .fetch_one(&pool)
+            .await
+            .map_err(MetaError::store("show fsync"))?;
+        check_fsync(&fsync, allow_unsafe)?;
         // `CREATE TABLE IF NOT EXISTS` is not safe against itself: two sessions can both see
         // the table missing and one then fails on the catalog's unique index. One transaction
         // under an advisory lock makes concurrent starts take turns.
@@ -288,7 +315,8 @@ impl PgStore {
     }
 
     /// Sets the client-side bound on each step of an append, the tail read, the ping, the lease
-    /// calls and the snapshot listing (not on loading or writing a snapshot).
+    /// calls and the snapshot listing; a snapshot's load gets it once per chunk, and its write
+    /// once per chunk plus eight.
     pub fn with_op_timeout(mut self, limit: Duration) -> PgStore {
         self.op_timeout = limit.max(Duration::from_millis(1));
         self
@@ -531,8 +559,19 @@ impl LogStore for PgStore {
             return Err(abandon(conn, "begin append", limit));
         };
         let mut tx = begun.map_err(MetaError::store("begin append"))?;
+        // The server ends this transaction if it sits idle longer than twice the op timeout:
+        // a client that gave up on it (its close lost in a network that black-holes the
+        // connection) would otherwise hold the append lock, and stall every node's appends,
+        // until the server's own keepalive noticed (hours by default). Set with the lock, in
+        // one round trip; `is_local`, so it ends with the transaction.
+        let idle_ms = limit.saturating_mul(2).as_millis().to_string();
         let insert = async {
-            xact_lock(&mut tx, APPEND_LOCK, "lock append").await?;
+            sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true), pg_advisory_xact_lock($2)")
+                .bind(&idle_ms)
+                .bind(APPEND_LOCK)
+                .execute(&mut *tx)
+                .await
+                .map_err(MetaError::store("lock append"))?;
             sqlx::query_scalar::<_, i64>(
                 "WITH r AS (
                    INSERT INTO meta_log (payload, count, created_at_ms) VALUES ($1, $2, $3)
@@ -613,21 +652,38 @@ impl LogStore for PgStore {
 
     async fn load_snapshot(&self, applied_index: u64) -> Result<Option<Vec<u8>>, MetaError> {
         // One repeatable-read transaction: the row and its chunks as of one moment (a
-        // concurrent prune cannot delete chunks halfway through).
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(MetaError::store("begin load snapshot"))?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await
-            .map_err(MetaError::store("begin load snapshot"))?;
-        match manifest_at(&mut tx, applied_index).await? {
-            None => Ok(None),
-            Some(m) => PgStore::load_chunked(&mut tx, applied_index, m)
+        // concurrent prune cannot delete chunks halfway through). Bounded like an append
+        // (`timed`): the manifest within the op timeout, the chunks within it per chunk. A
+        // node behind a truncation loads one from its tailer, which must not hang with it.
+        let limit = self.op_timeout;
+        let mut conn = self.acquire("begin load snapshot").await?;
+        let Some(begun) = timed(limit, async {
+            let mut tx = sqlx::Connection::begin(&mut *conn)
                 .await
-                .map(Some),
+                .map_err(MetaError::store("begin load snapshot"))?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                .execute(&mut *tx)
+                .await
+                .map_err(MetaError::store("begin load snapshot"))?;
+            let manifest = manifest_at(&mut tx, applied_index).await?;
+            Ok::<_, MetaError>((tx, manifest))
+        })
+        .await
+        else {
+            return Err(abandon(conn, "read snapshot manifest", limit));
+        };
+        let (mut tx, manifest) = begun?;
+        let Some(m) = manifest else {
+            return Ok(None);
+        };
+        let chunks = u32::try_from(m.chunks.max(1)).unwrap_or(u32::MAX);
+        let whole = limit.saturating_mul(chunks);
+        match timed(whole, PgStore::load_chunked(&mut tx, applied_index, m)).await {
+            Some(loaded) => loaded.map(Some),
+            None => {
+                drop(tx);
+                Err(abandon(conn, "load snapshot", whole))
+            }
         }
     }
 
@@ -693,7 +749,24 @@ impl LogStore for PgStore {
         keep: u32,
         now_ms: i64,
     ) -> Result<u64, MetaError> {
-        chunks::write_snapshot(self, meta, payload, keep, now_ms).await
+        // A background job (the snapshotter): bounded as a whole, so a connection that stops
+        // answering fails this write, and the next one, on a fresh connection, can succeed.
+        // The chunks are written a statement each, so the bound grows with them.
+        let chunks = payload.len().div_ceil(self.chunk_bytes.max(1));
+        let steps = u32::try_from(chunks.saturating_add(8)).unwrap_or(u32::MAX);
+        let whole = self.op_timeout.saturating_mul(steps);
+        match timed(
+            whole,
+            chunks::write_snapshot(self, meta, payload, keep, now_ms),
+        )
+        .await
+        {
+            Some(written) => written,
+            None => Err(MetaError::Store {
+                op: "write snapshot",
+                message: format!("no answer within {whole:?}"),
+            }),
+        }
     }
 
     async fn try_acquire_lease(
@@ -792,5 +865,32 @@ impl PgStore {
 impl Drop for PgStore {
     fn drop(&mut self) {
         self.stop_listening();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fsync_off_is_refused_unless_allowed() {
+        assert!(check_fsync("on", false).is_ok());
+        let e = check_fsync("off", false).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                MetaError::Unsafe {
+                    setting: "fsync",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("fsync=off") && msg.contains("allowUnsafe=true"),
+            "{msg}"
+        );
+        assert!(check_fsync("off", true).is_ok());
     }
 }

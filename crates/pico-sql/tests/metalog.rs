@@ -1273,3 +1273,35 @@ async fn a_single_blob_snapshot_from_before_chunking_still_loads() {
     assert_eq!(*log.view(), *before);
     log.close().await;
 }
+
+/// `allowUnsafe=true|false` is the metadata log's to read, not the driver's: it is taken off
+/// the URL (the store opens), and a value that is neither is refused as a bad URL. (That the
+/// server's `fsync=off` is refused without it is `postgres::tests`: this server runs with
+/// fsync on, and only a restart could turn it off.)
+#[tokio::test]
+async fn allow_unsafe_is_read_off_a_postgres_url() {
+    let Some(db) = common::Db::postgres().await else {
+        return;
+    };
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let log = MetaLog::open(
+        &format!("{}{sep}allowUnsafe=true", db.url),
+        MetaLogOptions::default(),
+    )
+    .await
+    .unwrap();
+    log.propose(create("a")).await.unwrap().unwrap();
+    log.close().await;
+    let Err(e) = MetaLog::open(
+        &format!("{}{sep}allowUnsafe=maybe", db.url),
+        MetaLogOptions::default(),
+    )
+    .await
+    else {
+        panic!("a bad allowUnsafe was accepted");
+    };
+    assert!(
+        matches!(&e, MetaError::BadUrl(m) if m.contains("allowUnsafe")),
+        "{e}"
+    );
+}

@@ -203,8 +203,8 @@ async fn a_proposal_on_a_hung_connection_fails_within_the_op_timeout() {
     log.close().await;
 }
 
-/// Lease calls and the snapshot listing on a connection that stops answering fail within the
-/// op timeout too (a hung lease renewal would stall the maintenance lease holder), and work
+/// Lease calls, the snapshot listing and a snapshot's load and write on a connection that
+/// stops answering fail within the op timeout too (a hung lease renewal would stall the maintenance lease holder), and work
 /// again once the server answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_and_snapshot_calls_on_a_hung_connection_fail_within_the_op_timeout() {
@@ -214,6 +214,14 @@ async fn lease_and_snapshot_calls_on_a_hung_connection_fail_within_the_op_timeou
     };
     let (proxy, store) = store_behind_proxy(&db.url, Duration::from_millis(300)).await;
     assert!(store.try_acquire_lease("m", "a", 60_000, 1).await.unwrap());
+    let snapshot = pico_sql::SnapshotMeta {
+        applied_index: 7,
+        last_row_id: 0,
+    };
+    store
+        .write_snapshot(snapshot, b"seven", 2, 1)
+        .await
+        .unwrap();
 
     proxy.hang();
     let started = tokio::time::Instant::now();
@@ -224,6 +232,17 @@ async fn lease_and_snapshot_calls_on_a_hung_connection_fail_within_the_op_timeou
     assert!(read.expect("lease read answered").is_err());
     let listed = tokio::time::timeout(bounded, store.snapshots()).await;
     assert!(listed.expect("snapshot listing answered").is_err());
+    let loaded = tokio::time::timeout(bounded, store.load_snapshot(7)).await;
+    assert!(loaded.expect("snapshot load answered").is_err());
+    assert_bounded(started);
+    // A write is bounded as a whole: its chunk plus eight steps of the op timeout.
+    let started = tokio::time::Instant::now();
+    let next = pico_sql::SnapshotMeta {
+        applied_index: 8,
+        last_row_id: 0,
+    };
+    let written = tokio::time::timeout(bounded, store.write_snapshot(next, b"eight", 2, 2)).await;
+    assert!(written.expect("snapshot write answered").is_err());
     assert_bounded(started);
 
     proxy.resume();
@@ -241,4 +260,38 @@ async fn lease_and_snapshot_calls_on_a_hung_connection_fail_within_the_op_timeou
         }
     }
     assert!(store.renew_lease("m", "a", 60_000, 3).await.unwrap());
+    assert_eq!(
+        store.load_snapshot(7).await.unwrap().as_deref(),
+        Some(&b"seven"[..])
+    );
+}
+
+/// A client that gives up on an append after taking the append lock, on a connection the
+/// network keeps half-open (its close never reaches the server), must not hold that lock:
+/// the server ends the idle transaction after twice the op timeout, and another node's
+/// appends go on. Without that bound they would wait until the server's keepalive noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_abandoned_inside_its_transaction_does_not_hold_the_append_lock() {
+    use pico_sql::LogStore;
+    let Some(db) = common::Db::postgres().await else {
+        return;
+    };
+    let (proxy, stuck) = store_behind_proxy(&db.url, Duration::from_millis(300)).await;
+    let other = pico_sql::PgStore::open(&db.url).await.unwrap();
+    let first = other.append(b"first", 1, 1).await.unwrap();
+
+    // The lock statement reaches the server; the insert after it does not, nor, later, the
+    // client's close.
+    proxy.hold_containing(b"INSERT INTO meta_log");
+    let e = stuck.append(b"stuck", 1, 2).await.unwrap_err();
+    assert!(matches!(e, pico_sql::MetaError::Store { .. }), "{e}");
+
+    let started = tokio::time::Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(10), other.append(b"next", 1, 3))
+        .await
+        .expect("another node's append waited behind the abandoned transaction's lock")
+        .unwrap();
+    assert!(next > first);
+    assert_bounded(started);
+    proxy.release();
 }

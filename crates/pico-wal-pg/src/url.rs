@@ -2,50 +2,11 @@
 
 use crate::PgWalError;
 
-/// The URL parameter that accepts a server which may lose committed transactions.
-pub const ALLOW_UNSAFE: &str = "allowUnsafe";
+pub use pico_common::pg_durability::ALLOW_UNSAFE;
 
-/// Splits `allowUnsafe=true|false` off `url`: returns the URL to connect with (the parameter
-/// removed, every other one kept in order) and whether unsafe settings are accepted.
+/// Splits `allowUnsafe=true|false` off `url` ([`pico_common::pg_durability::split_allow_unsafe`]).
 pub fn split_allow_unsafe(url: &str) -> Result<(String, bool), PgWalError> {
-    let (head, query, fragment) = match url.split_once('?') {
-        None => return Ok((url.to_string(), false)),
-        Some((head, rest)) => match rest.split_once('#') {
-            Some((q, f)) => (head, q, Some(f)),
-            None => (head, rest, None),
-        },
-    };
-    let mut allow = None;
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if k != ALLOW_UNSAFE {
-            kept.push(pair);
-            continue;
-        }
-        if allow.is_some() {
-            return Err(PgWalError::Url(format!("{ALLOW_UNSAFE} is given twice")));
-        }
-        allow = Some(match v {
-            "true" => true,
-            "false" => false,
-            other => {
-                return Err(PgWalError::Url(format!(
-                    "{ALLOW_UNSAFE} must be `true` or `false`, not `{other}`"
-                )));
-            }
-        });
-    }
-    let mut out = head.to_string();
-    if !kept.is_empty() {
-        out.push('?');
-        out.push_str(&kept.join("&"));
-    }
-    if let Some(f) = fragment {
-        out.push('#');
-        out.push_str(f);
-    }
-    Ok((out, allow.unwrap_or(false)))
+    pico_common::pg_durability::split_allow_unsafe(url).map_err(PgWalError::Url)
 }
 
 /// Refuses server settings under which a commit the WAL acknowledged can be lost in a crash
@@ -56,14 +17,7 @@ pub fn check_durability(
     synchronous_commit: &str,
     allow_unsafe: bool,
 ) -> Result<(), PgWalError> {
-    let unsafe_setting = if fsync.trim().eq_ignore_ascii_case("off") {
-        Some(("fsync", fsync))
-    } else if synchronous_commit.trim().eq_ignore_ascii_case("off") {
-        Some(("synchronous_commit", synchronous_commit))
-    } else {
-        None
-    };
-    match unsafe_setting {
+    match pico_common::pg_durability::unsafe_setting(fsync, synchronous_commit) {
         Some((setting, value)) if allow_unsafe => {
             tracing::warn!(
                 setting,
@@ -73,10 +27,7 @@ pub fn check_durability(
             );
             Ok(())
         }
-        Some((setting, value)) => Err(PgWalError::Unsafe {
-            setting,
-            value: value.to_string(),
-        }),
+        Some((setting, value)) => Err(PgWalError::Unsafe { setting, value }),
         None => Ok(()),
     }
 }
@@ -86,33 +37,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn allow_unsafe_is_stripped_and_other_parameters_kept() {
-        let (u, a) = split_allow_unsafe("postgres://u:p@h:5432/db").unwrap();
-        assert_eq!((u.as_str(), a), ("postgres://u:p@h:5432/db", false));
+    fn a_bad_allow_unsafe_is_a_url_error() {
+        let e = split_allow_unsafe("postgres://h/db?allowUnsafe=yes").unwrap_err();
+        assert!(matches!(e, PgWalError::Url(_)), "{e}");
+        assert!(e.to_string().contains(ALLOW_UNSAFE), "{e}");
         let (u, a) = split_allow_unsafe("postgres://h/db?allowUnsafe=true").unwrap();
         assert_eq!((u.as_str(), a), ("postgres://h/db", true));
-        let (u, a) =
-            split_allow_unsafe("postgres://h/db?sslmode=disable&allowUnsafe=false&user=x#f")
-                .unwrap();
-        assert_eq!(
-            (u.as_str(), a),
-            ("postgres://h/db?sslmode=disable&user=x#f", false)
-        );
-        let (u, a) = split_allow_unsafe("postgres://h/db?sslmode=disable").unwrap();
-        assert_eq!((u.as_str(), a), ("postgres://h/db?sslmode=disable", false));
-    }
-
-    #[test]
-    fn a_bad_or_repeated_allow_unsafe_is_refused() {
-        for url in [
-            "postgres://h/db?allowUnsafe=yes",
-            "postgres://h/db?allowUnsafe",
-            "postgres://h/db?allowUnsafe=true&allowUnsafe=true",
-        ] {
-            let e = split_allow_unsafe(url).unwrap_err();
-            assert!(matches!(e, PgWalError::Url(_)), "{url}: {e}");
-            assert!(e.to_string().contains(ALLOW_UNSAFE), "{e}");
-        }
     }
 
     #[test]
