@@ -156,6 +156,21 @@ async fn timed<T>(limit: Duration, step: impl Future<Output = T>) -> Option<T> {
     tokio::time::timeout(limit, step).await.ok()
 }
 
+/// `work` within `limit`, or a `Store` error naming `op`. For work on pooled connections
+/// that are handed back if it is dropped (the snapshot writer's steps in the background).
+async fn within<T>(
+    limit: Duration,
+    op: &'static str,
+    work: impl Future<Output = Result<T, MetaError>>,
+) -> Result<T, MetaError> {
+    timed(limit, work).await.unwrap_or_else(|| {
+        Err(MetaError::Store {
+            op,
+            message: format!("no answer within {limit:?}"),
+        })
+    })
+}
+
 /// A query on a pooled connection (`$c` in `$q`), bounded like each step of an append (see
 /// [`timed`]): a connection that stops answering is abandoned after the op timeout.
 macro_rules! bounded {
@@ -315,8 +330,8 @@ impl PgStore {
     }
 
     /// Sets the client-side bound on each step of an append, the tail read, the ping, the lease
-    /// calls and the snapshot listing; a snapshot's load gets it once per chunk, and its write
-    /// once per chunk plus eight.
+    /// calls and the snapshot listing; a snapshot's load gets it once per chunk, and each step
+    /// of its write a multiple of it (see `ChunkWriter for PgStore`).
     pub fn with_op_timeout(mut self, limit: Duration) -> PgStore {
         self.op_timeout = limit.max(Duration::from_millis(1));
         self
@@ -346,10 +361,61 @@ impl ChunkWriter for PgStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Bounded as a whole (it deletes orphan chunks one statement each): the snapshotter
+    /// and `open` go on without it.
+    async fn collect_garbage(&self, only: Option<&[i64]>) -> Result<(), MetaError> {
+        let limit = self.op_timeout.saturating_mul(8);
+        within(
+            limit,
+            "collect snapshot garbage",
+            self.collect_garbage_unbounded(only),
+        )
+        .await
+    }
+
+    async fn delete_orphan_chunks(&self) -> Result<(), MetaError> {
+        let limit = self.op_timeout.saturating_mul(8);
+        within(
+            limit,
+            "delete orphan snapshot chunks",
+            self.delete_orphan_chunks_unbounded(),
+        )
+        .await
+    }
+
+    async fn register_blob(&self, now_ms: i64) -> Result<i64, MetaError> {
+        within(
+            self.op_timeout,
+            "register snapshot blob",
+            self.register_blob_unbounded(now_ms),
+        )
+        .await
+    }
+
+    /// The op timeout per chunk, plus four for the commit's statements. A write that runs out
+    /// fails like any other: its blob is collected before the next write.
+    async fn write_chunked(
+        &self,
+        blob_id: i64,
+        meta: SnapshotMeta,
+        payload: &[u8],
+        keep: u32,
+        now_ms: i64,
+    ) -> Result<u64, MetaError> {
+        let chunks = payload.len().div_ceil(self.chunk_bytes.max(1));
+        let steps = u32::try_from(chunks.saturating_add(4)).unwrap_or(u32::MAX);
+        let limit = self.op_timeout.saturating_mul(steps);
+        let write = self.write_chunked_unbounded(blob_id, meta, payload, keep, now_ms);
+        within(limit, "write snapshot", write).await
+    }
+}
+
+/// The snapshot writer's steps, unbounded; [`ChunkWriter`] runs each within a bound.
+impl PgStore {
     /// Deletes the blobs no snapshot row references (only those in `only`, if given), then
     /// every chunk whose blob is gone. At open this also takes blobs another node is still
     /// writing; that write then fails its completeness check and is retried, harmlessly.
-    async fn collect_garbage(&self, only: Option<&[i64]>) -> Result<(), MetaError> {
+    async fn collect_garbage_unbounded(&self, only: Option<&[i64]>) -> Result<(), MetaError> {
         let mut tx = self
             .pool
             .begin()
@@ -374,7 +440,7 @@ impl ChunkWriter for PgStore {
 
     /// Deletes the chunks whose blob is gone, one per statement (short transactions). Blob
     /// ids are never reused, so an orphan stays one.
-    async fn delete_orphan_chunks(&self) -> Result<(), MetaError> {
+    async fn delete_orphan_chunks_unbounded(&self) -> Result<(), MetaError> {
         let orphans: Vec<(i64, i64)> = sqlx::query_as(
             "SELECT blob_id, seq FROM meta_snapshot_chunk c
              WHERE NOT EXISTS (SELECT 1 FROM meta_snapshot_blob b WHERE b.id = c.blob_id)",
@@ -393,7 +459,7 @@ impl ChunkWriter for PgStore {
         Ok(())
     }
 
-    async fn register_blob(&self, now_ms: i64) -> Result<i64, MetaError> {
+    async fn register_blob_unbounded(&self, now_ms: i64) -> Result<i64, MetaError> {
         sqlx::query_scalar(
             "INSERT INTO meta_snapshot_blob (created_at_ms) VALUES ($1) RETURNING id",
         )
@@ -406,7 +472,7 @@ impl ChunkWriter for PgStore {
     /// Writes `payload` as chunks of `blob_id`, each in its own statement (nothing references
     /// them yet), then commits the snapshot row, the prune and the truncation in one short
     /// transaction.
-    async fn write_chunked(
+    async fn write_chunked_unbounded(
         &self,
         blob_id: i64,
         meta: SnapshotMeta,
@@ -564,7 +630,12 @@ impl LogStore for PgStore {
         // connection) would otherwise hold the append lock, and stall every node's appends,
         // until the server's own keepalive noticed (hours by default). Set with the lock, in
         // one round trip; `is_local`, so it ends with the transaction.
-        let idle_ms = limit.saturating_mul(2).as_millis().to_string();
+        // Postgres takes at most i32::MAX ms.
+        let idle_ms = limit
+            .saturating_mul(2)
+            .as_millis()
+            .min(i32::MAX as u128)
+            .to_string();
         let insert = async {
             sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true), pg_advisory_xact_lock($2)")
                 .bind(&idle_ms)
@@ -749,24 +820,7 @@ impl LogStore for PgStore {
         keep: u32,
         now_ms: i64,
     ) -> Result<u64, MetaError> {
-        // A background job (the snapshotter): bounded as a whole, so a connection that stops
-        // answering fails this write, and the next one, on a fresh connection, can succeed.
-        // The chunks are written a statement each, so the bound grows with them.
-        let chunks = payload.len().div_ceil(self.chunk_bytes.max(1));
-        let steps = u32::try_from(chunks.saturating_add(8)).unwrap_or(u32::MAX);
-        let whole = self.op_timeout.saturating_mul(steps);
-        match timed(
-            whole,
-            chunks::write_snapshot(self, meta, payload, keep, now_ms),
-        )
-        .await
-        {
-            Some(written) => written,
-            None => Err(MetaError::Store {
-                op: "write snapshot",
-                message: format!("no answer within {whole:?}"),
-            }),
-        }
+        chunks::write_snapshot(self, meta, payload, keep, now_ms).await
     }
 
     async fn try_acquire_lease(

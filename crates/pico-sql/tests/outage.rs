@@ -235,7 +235,7 @@ async fn lease_and_snapshot_calls_on_a_hung_connection_fail_within_the_op_timeou
     let loaded = tokio::time::timeout(bounded, store.load_snapshot(7)).await;
     assert!(loaded.expect("snapshot load answered").is_err());
     assert_bounded(started);
-    // A write is bounded as a whole: its chunk plus eight steps of the op timeout.
+    // A write's steps are bounded too (the first, registering its blob, by the op timeout).
     let started = tokio::time::Instant::now();
     let next = pico_sql::SnapshotMeta {
         applied_index: 8,

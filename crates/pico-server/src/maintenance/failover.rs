@@ -524,13 +524,26 @@ mod tests {
 
     /// A process started with the id of one that still runs (paused or cut off, not dead) and
     /// owns streams reads the shared object WAL only once the running one's acknowledgement
-    /// window is over: an append that one acknowledges meanwhile is recovered, not missed
-    /// (and later trimmed) by the replacement.
+    /// window is over, even when another registration came in between: an append the running
+    /// one acknowledges meanwhile is recovered, not missed (and later trimmed).
     #[tokio::test]
     async fn a_replacement_reads_the_wal_only_after_the_running_process_window() {
         let clock = ManualClock::new(1_000_000);
         let (a, _b, wals) = cluster(&clock).await;
         append(&a, "s", "r0").await.unwrap();
+        // A process that registered in between and never finished its own wait (killed while
+        // waiting, or its start retried after a lost answer): A's streams are still owned at
+        // A's epoch, so the next one waits just the same.
+        a.meta()
+            .propose(Command::RegisterNode {
+                node_id: 1,
+                node_epoch: 12,
+                address: "http://127.0.0.1:4001".into(),
+                now_ms: 1_000_000,
+            })
+            .await
+            .unwrap()
+            .unwrap();
 
         let idle_sleepers = clock.sleepers();
         let replacement = tokio::spawn({

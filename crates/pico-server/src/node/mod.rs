@@ -194,49 +194,73 @@ pub(crate) struct Resolved {
     meta: Arc<StreamMeta>,
 }
 
-/// Whether incarnation `node_epoch` of `node_id` owns a stream in the view. One that owns none
-/// (a graceful shutdown released them) has nothing it could still acknowledge: opening a
-/// stream takes a proposal at its epoch, refused since the newer one registered.
-fn owns_streams(meta: &MetaLog, node_id: u32, node_epoch: u64) -> bool {
-    let owner = pico_metadata::Owner {
-        node_id,
-        node_epoch,
-    };
-    meta.view().streams.values().any(|m| m.owner == Some(owner))
+/// Whether an incarnation of `node_id` older than `node_epoch` owns a stream in the view. One
+/// that owns none (a graceful shutdown released them) has nothing it could still acknowledge:
+/// opening a stream takes a proposal at its epoch, refused since a newer one registered. Not
+/// only the incarnation this registration replaced: one that registered beside a running
+/// process and never finished its own wait (killed while waiting, or its start retried after
+/// a lost answer) leaves that process's streams owned at the older epoch.
+fn earlier_owns_streams(meta: &MetaLog, node_id: u32, node_epoch: u64) -> bool {
+    meta.view().streams.values().any(|m| {
+        m.owner
+            .is_some_and(|o| o.node_id == node_id && o.node_epoch < node_epoch)
+    })
 }
 
-/// Waits until the replaced process `previous` of this node id can no longer acknowledge a
-/// write, then records a heartbeat; returns its start (this process's first accepted one).
+/// Waits until every earlier process of this node id can no longer acknowledge a write,
+/// heartbeating meanwhile; returns the start of the last heartbeat, accepted at the end.
 ///
-/// That process may still run (paused, or cut off from the metadata log), and an object WAL
+/// Such a process may still run (paused, or cut off from the metadata log), and an object WAL
 /// cannot refuse its writes. What bounds it is its acknowledgement window: it acknowledges
 /// only within `ack_window` after the start of its last accepted heartbeat, and every
 /// heartbeat of it applied after this registration is rejected. So once `liveness_timeout`
 /// (the window plus the fencer's margin for clock rates) has passed here since the
 /// registration was applied, every write it acknowledged is in the WAL, and the recovery that
-/// follows lists it (docs/design/failover.md, "Two processes with one node id").
-async fn wait_out_previous(
+/// follows lists it (docs/design/failover.md, "Two processes with one node id"). The
+/// heartbeats keep this process from looking lapsed to failover while it waits; one that fails
+/// meanwhile is only logged, the last one must be accepted.
+async fn wait_out_earlier(
     config: &NodeConfig,
     meta: &MetaLog,
-    previous: u64,
+    replaced: u64,
 ) -> Result<i64, StartError> {
+    let clock = &config.clock;
+    let until = clock
+        .now_ms()
+        .saturating_add(i64::try_from(config.liveness_timeout.as_millis()).unwrap_or(i64::MAX));
     tracing::info!(
-        previous_epoch = previous,
+        replaced_epoch = replaced,
         wait_ms = config.liveness_timeout.as_millis() as u64,
-        "the process this one replaces may still be running and acknowledging writes to the \
-         shared WAL: waiting out its acknowledgement window before reading the WAL"
+        "an earlier process of this node id may still be running and acknowledging writes to \
+         the shared WAL: waiting out its acknowledgement window before reading the WAL"
     );
-    config.clock.sleep(config.liveness_timeout).await;
-    let now_ms = config.clock.now_ms();
-    meta.propose(Command::Heartbeat {
-        node_id: config.node_id,
-        node_epoch: config.node_epoch,
-        now_ms,
-    })
-    .await
-    .map_err(StartError::Meta)?
-    .map_err(|e| StartError::Register(e.to_string()))?;
-    Ok(now_ms)
+    loop {
+        let left = until.saturating_sub(clock.now_ms()).max(0);
+        let step = config
+            .heartbeat_every
+            .min(Duration::from_millis(u64::try_from(left).unwrap_or(0)));
+        clock.sleep(step).await;
+        let now_ms = clock.now_ms();
+        let beat = meta
+            .propose(Command::Heartbeat {
+                node_id: config.node_id,
+                node_epoch: config.node_epoch,
+                now_ms,
+            })
+            .await;
+        if now_ms >= until {
+            beat.map_err(StartError::Meta)?
+                .map_err(|e| StartError::Register(e.to_string()))?;
+            return Ok(now_ms);
+        }
+        match beat {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "heartbeat rejected while waiting to read the WAL")
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed while waiting to read the WAL"),
+        }
+    }
 }
 
 impl Node {
@@ -265,9 +289,9 @@ impl Node {
         } = registered
             && config.peer_wals.is_some()
             && !wal.fences_earlier_writers()
-            && owns_streams(&meta, config.node_id, previous)
+            && earlier_owns_streams(&meta, config.node_id, config.node_epoch)
         {
-            registered_at_ms = wait_out_previous(&config, &meta, previous).await?;
+            registered_at_ms = wait_out_earlier(&config, &meta, previous).await?;
         }
 
         engine_config.node_id = config.node_id;

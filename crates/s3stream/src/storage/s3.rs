@@ -193,7 +193,9 @@ impl std::fmt::Debug for S3Storage {
 /// aborted the upload itself. The abort runs as a task of its own (a drop cannot wait), without
 /// a permit: one request per dropped upload, which the uploader's own bound on uploads in
 /// flight already limits. Left behind, the parts would cost space until a lifecycle rule
-/// removes them.
+/// removes them; that still happens when the runtime is shutting down (its new tasks do not
+/// run), or when the drop came during the completion and the object exists (the abort then
+/// answers NoSuchUpload, logged).
 struct AbortIfDropped {
     request: Option<
         aws_sdk_s3::operation::abort_multipart_upload::builders::AbortMultipartUploadFluentBuilder,
@@ -435,7 +437,6 @@ impl S3Storage {
         let result = self
             .upload_parts_and_complete(key, &object_key, &upload_id, data, if_absent)
             .await;
-        dropped.request = None;
         if !matches!(result, Ok(Conditional::Done)) {
             let abort = async {
                 let _permit = self.permit().await?;
@@ -453,6 +454,8 @@ impl S3Storage {
                 tracing::warn!(error = %e, "aborting a multipart upload failed");
             }
         }
+        // Disarmed only now: a drop during the abort above still aborts.
+        dropped.request = None;
         result
     }
 
