@@ -4,6 +4,7 @@
 
 use crate::error::MetaError;
 use crate::store::SnapshotMeta;
+use std::time::Duration;
 
 /// What a chunked blob's manifest records.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +76,13 @@ pub(crate) async fn equals(b: Blob, payload: &[u8], conn: &mut impl ReadChunk) -
 pub(crate) trait ChunkWriter {
     /// Blobs of this store's failed writes, collected before the next write.
     fn failed_blobs(&self) -> std::sync::MutexGuard<'_, Vec<i64>>;
+    /// Bytes per chunk of a new snapshot.
+    fn chunk_bytes(&self) -> usize;
+    /// The bound [`write_snapshot`] puts on each step, in multiples (`None`: unbounded, for a
+    /// store with no network between it and its data).
+    fn step_timeout(&self) -> Option<Duration> {
+        None
+    }
     /// Deletes the blobs no snapshot row references (only those in `only`, if given), then
     /// every chunk whose blob is gone.
     async fn collect_garbage(&self, only: Option<&[i64]>) -> Result<(), MetaError>;
@@ -104,21 +112,29 @@ pub(crate) async fn write_snapshot(
 ) -> Result<u64, MetaError> {
     // Chunks left by this store's failed attempts go first, so repeated failures do not pile
     // them up. Garbage only costs space: a failure here must not stop the write.
+    //
+    // With a step timeout, each step is bounded (a connection that stops answering fails the
+    // write like any other error): a statement per chunk, so the bounds grow with them.
+    let step = store.step_timeout();
+    let chunks = payload.len().div_ceil(store.chunk_bytes().max(1));
+    let chunks = u32::try_from(chunks).unwrap_or(u32::MAX);
+    let garbage = step.map(|t| t.saturating_mul(8));
     let failed = store.failed_blobs().clone();
     if !failed.is_empty() {
-        match store.collect_garbage(Some(&failed)).await {
+        let collect = store.collect_garbage(Some(&failed));
+        match within(garbage, "collect snapshot garbage", collect).await {
             Ok(()) => store.failed_blobs().retain(|id| !failed.contains(id)),
             Err(e) => tracing::warn!(error = %e, "could not delete a failed snapshot's chunks"),
         }
     }
-    let blob_id = store.register_blob(now_ms).await?;
-    match store
-        .write_chunked(blob_id, meta, payload, keep, now_ms)
-        .await
-    {
+    let blob_id = within(step, "register snapshot blob", store.register_blob(now_ms)).await?;
+    let write = store.write_chunked(blob_id, meta, payload, keep, now_ms);
+    let write_limit = step.map(|t| t.saturating_mul(chunks.saturating_add(4)));
+    match within(write_limit, "write snapshot", write).await {
         Ok(deleted) => {
             // The replaced and pruned snapshots' chunks (their blobs went with the commit).
-            if let Err(e) = store.delete_orphan_chunks().await {
+            let orphans = store.delete_orphan_chunks();
+            if let Err(e) = within(garbage, "delete snapshot chunks", orphans).await {
                 tracing::warn!(error = %e, "could not delete pruned snapshot chunks");
             }
             Ok(deleted)
@@ -128,4 +144,22 @@ pub(crate) async fn write_snapshot(
             Err(e)
         }
     }
+}
+
+/// `work` within `limit` (none: unbounded), or a `Store` error naming `op`. The snapshot
+/// writer's steps run on pooled connections, which are handed back if the work is dropped.
+async fn within<T>(
+    limit: Option<Duration>,
+    op: &'static str,
+    work: impl Future<Output = Result<T, MetaError>>,
+) -> Result<T, MetaError> {
+    let Some(limit) = limit else {
+        return work.await;
+    };
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+        Err(MetaError::Store {
+            op,
+            message: format!("no answer within {limit:?}"),
+        })
+    })
 }

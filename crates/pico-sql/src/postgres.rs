@@ -156,21 +156,6 @@ async fn timed<T>(limit: Duration, step: impl Future<Output = T>) -> Option<T> {
     tokio::time::timeout(limit, step).await.ok()
 }
 
-/// `work` within `limit`, or a `Store` error naming `op`. For work on pooled connections
-/// that are handed back if it is dropped (the snapshot writer's steps in the background).
-async fn within<T>(
-    limit: Duration,
-    op: &'static str,
-    work: impl Future<Output = Result<T, MetaError>>,
-) -> Result<T, MetaError> {
-    timed(limit, work).await.unwrap_or_else(|| {
-        Err(MetaError::Store {
-            op,
-            message: format!("no answer within {limit:?}"),
-        })
-    })
-}
-
 /// A query on a pooled connection (`$c` in `$q`), bounded like each step of an append (see
 /// [`timed`]): a connection that stops answering is abandoned after the op timeout.
 macro_rules! bounded {
@@ -331,7 +316,7 @@ impl PgStore {
 
     /// Sets the client-side bound on each step of an append, the tail read, the ping, the lease
     /// calls and the snapshot listing; a snapshot's load gets it once per chunk, and each step
-    /// of its write a multiple of it (see `ChunkWriter for PgStore`).
+    /// of its write a multiple of it (`chunks::write_snapshot`).
     pub fn with_op_timeout(mut self, limit: Duration) -> PgStore {
         self.op_timeout = limit.max(Duration::from_millis(1));
         self
@@ -361,61 +346,17 @@ impl ChunkWriter for PgStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Bounded as a whole (it deletes orphan chunks one statement each): the snapshotter
-    /// and `open` go on without it.
-    async fn collect_garbage(&self, only: Option<&[i64]>) -> Result<(), MetaError> {
-        let limit = self.op_timeout.saturating_mul(8);
-        within(
-            limit,
-            "collect snapshot garbage",
-            self.collect_garbage_unbounded(only),
-        )
-        .await
+    fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
     }
 
-    async fn delete_orphan_chunks(&self) -> Result<(), MetaError> {
-        let limit = self.op_timeout.saturating_mul(8);
-        within(
-            limit,
-            "delete orphan snapshot chunks",
-            self.delete_orphan_chunks_unbounded(),
-        )
-        .await
+    fn step_timeout(&self) -> Option<Duration> {
+        Some(self.op_timeout)
     }
-
-    async fn register_blob(&self, now_ms: i64) -> Result<i64, MetaError> {
-        within(
-            self.op_timeout,
-            "register snapshot blob",
-            self.register_blob_unbounded(now_ms),
-        )
-        .await
-    }
-
-    /// The op timeout per chunk, plus four for the commit's statements. A write that runs out
-    /// fails like any other: its blob is collected before the next write.
-    async fn write_chunked(
-        &self,
-        blob_id: i64,
-        meta: SnapshotMeta,
-        payload: &[u8],
-        keep: u32,
-        now_ms: i64,
-    ) -> Result<u64, MetaError> {
-        let chunks = payload.len().div_ceil(self.chunk_bytes.max(1));
-        let steps = u32::try_from(chunks.saturating_add(4)).unwrap_or(u32::MAX);
-        let limit = self.op_timeout.saturating_mul(steps);
-        let write = self.write_chunked_unbounded(blob_id, meta, payload, keep, now_ms);
-        within(limit, "write snapshot", write).await
-    }
-}
-
-/// The snapshot writer's steps, unbounded; [`ChunkWriter`] runs each within a bound.
-impl PgStore {
     /// Deletes the blobs no snapshot row references (only those in `only`, if given), then
     /// every chunk whose blob is gone. At open this also takes blobs another node is still
     /// writing; that write then fails its completeness check and is retried, harmlessly.
-    async fn collect_garbage_unbounded(&self, only: Option<&[i64]>) -> Result<(), MetaError> {
+    async fn collect_garbage(&self, only: Option<&[i64]>) -> Result<(), MetaError> {
         let mut tx = self
             .pool
             .begin()
@@ -440,7 +381,7 @@ impl PgStore {
 
     /// Deletes the chunks whose blob is gone, one per statement (short transactions). Blob
     /// ids are never reused, so an orphan stays one.
-    async fn delete_orphan_chunks_unbounded(&self) -> Result<(), MetaError> {
+    async fn delete_orphan_chunks(&self) -> Result<(), MetaError> {
         let orphans: Vec<(i64, i64)> = sqlx::query_as(
             "SELECT blob_id, seq FROM meta_snapshot_chunk c
              WHERE NOT EXISTS (SELECT 1 FROM meta_snapshot_blob b WHERE b.id = c.blob_id)",
@@ -459,7 +400,7 @@ impl PgStore {
         Ok(())
     }
 
-    async fn register_blob_unbounded(&self, now_ms: i64) -> Result<i64, MetaError> {
+    async fn register_blob(&self, now_ms: i64) -> Result<i64, MetaError> {
         sqlx::query_scalar(
             "INSERT INTO meta_snapshot_blob (created_at_ms) VALUES ($1) RETURNING id",
         )
@@ -472,7 +413,7 @@ impl PgStore {
     /// Writes `payload` as chunks of `blob_id`, each in its own statement (nothing references
     /// them yet), then commits the snapshot row, the prune and the truncation in one short
     /// transaction.
-    async fn write_chunked_unbounded(
+    async fn write_chunked(
         &self,
         blob_id: i64,
         meta: SnapshotMeta,

@@ -289,6 +289,10 @@ impl ChunkWriter for SqliteStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
     /// Deletes the blobs no snapshot row references (only those in `only`, if given) and then
     /// every chunk whose blob is gone. At open this also takes blobs another process is still
     /// writing; that write then fails its completeness check and is retried at its next due
